@@ -1,0 +1,251 @@
+"""Frozen text config of the Qwen3.5 family, read once from an HF ``config.json``.
+
+Both Programs, the converter and the planner read this one object; nothing downstream writes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+LINEAR = "linear_attention"
+FULL = "full_attention"
+
+# model_type -> (architecture, is the text config nested under "text_config")
+_MODEL_TYPES = {
+    "qwen3_5": ("Qwen3_5ForCausalLM", True),
+    "qwen3_5_text": ("Qwen3_5ForCausalLM", False),
+    "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", True),
+    "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", False),
+}
+ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+
+
+class ConfigError(ValueError):
+    """An HF config that ninfer cannot run, naming the offending field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"config field {field!r}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Qwen35Config:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_key_head_dim: int
+    linear_num_value_heads: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+    mrope_section: tuple[int, ...]
+    mrope_interleaved: bool
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    mtp_num_hidden_layers: int
+    # Dense FFN width; 0 for MoE models.
+    intermediate_size: int = 0
+    # MoE geometry; all 0 for dense models.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    has_vision: bool = False
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # ---- derived geometry -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.architecture == "Qwen3_5MoeForCausalLM"
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the GDN causal conv: q and k of all key heads, then v of all value heads."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
+
+    # ---- validation ---------------------------------------------------------------------------
+    def _validate(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError("architectures", f"unknown architecture {self.architecture!r}; expected one of {ARCHITECTURES}")
+        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+                    "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings"]
+        for name in positive:
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(name, f"must be a positive integer, got {getattr(self, name)!r}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError("layer_types", f"has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        bad = sorted({t for t in self.layer_types if t not in (LINEAR, FULL)})
+        if bad:
+            raise ConfigError("layer_types", f"unknown layer type(s) {bad}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError("num_key_value_heads", f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError("linear_num_value_heads", f"{self.linear_num_value_heads} is not a multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        rd = self.head_dim * self.partial_rotary_factor
+        if rd != int(rd) or int(rd) % 2 or not 0 < rd <= self.head_dim:
+            raise ConfigError("partial_rotary_factor", f"head_dim*factor={rd} must be an even integer in (0, head_dim]")
+        if self.mrope_section and sum(self.mrope_section) != self.rotary_dim // 2:
+            raise ConfigError("mrope_section", f"{list(self.mrope_section)} must sum to rotary_dim/2={self.rotary_dim // 2}")
+        if self.mtp_num_hidden_layers < 0:
+            raise ConfigError("mtp_num_hidden_layers", "must be >= 0")
+        if self.is_moe:
+            for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+                if getattr(self, name) <= 0:
+                    raise ConfigError(name, "must be positive for an MoE architecture")
+            if self.num_experts_per_tok > self.num_experts:
+                raise ConfigError("num_experts_per_tok", f"{self.num_experts_per_tok} > num_experts={self.num_experts}")
+        elif self.intermediate_size <= 0:
+            raise ConfigError("intermediate_size", "must be positive for a dense architecture")
+
+    # ---- (de)serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Qwen35Config":
+        """Inverse of :meth:`to_dict` (the artifact descriptor's form, not HF's)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(unknown[0], "unknown field in ninfer config")
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**kw)
+
+    @classmethod
+    def from_hf_file(cls, path: str | Path) -> "Qwen35Config":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_hf(json.load(f))
+
+    @classmethod
+    def from_hf(cls, raw: Mapping[str, Any]) -> "Qwen35Config":
+        return from_hf(raw)
+
+
+def _req(text: Mapping[str, Any], name: str) -> Any:
+    if name not in text:
+        raise ConfigError(name, "missing")
+    return text[name]
+
+
+def _rope_fields(text: Mapping[str, Any], outer: Mapping[str, Any]) -> dict[str, Any]:
+    """Rope fields live in ``rope_parameters`` (new) or ``rope_scaling`` + top level (old)."""
+    rp = dict(text.get("rope_parameters") or {})
+    scaling = text.get("rope_scaling") or {}
+    rope_type = rp.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if rope_type not in ("default", "mrope"):
+        raise ConfigError("rope_parameters.rope_type", f"{rope_type!r} is not supported (only default/mrope)")
+    theta = rp.get("rope_theta", text.get("rope_theta", outer.get("rope_theta", 10000000.0)))
+    factor = rp.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+    section = rp.get("mrope_section", scaling.get("mrope_section", [11, 11, 10]))
+    interleaved = rp.get("mrope_interleaved", scaling.get("mrope_interleaved", True))
+    return dict(rope_theta=float(theta), partial_rotary_factor=float(factor),
+                mrope_section=tuple(int(x) for x in section), mrope_interleaved=bool(interleaved))
+
+
+def _layer_types(text: Mapping[str, Any], n: int) -> tuple[str, ...]:
+    if text.get("layer_types") is not None:
+        return tuple(text["layer_types"])
+    interval = int(text.get("full_attention_interval", 4))
+    if interval <= 0:
+        raise ConfigError("full_attention_interval", "must be positive")
+    return tuple(LINEAR if (i + 1) % interval else FULL for i in range(n))
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(x) for x in value)
+
+
+def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
+    """Parse an HF ``config.json`` dict (multimodal or text-only, dense or MoE)."""
+    model_type = raw.get("model_type")
+    if model_type not in _MODEL_TYPES:
+        raise ConfigError("model_type", f"unknown model type {model_type!r}; expected one of {sorted(_MODEL_TYPES)}")
+    arch, nested = _MODEL_TYPES[model_type]
+    text = raw.get("text_config") if nested else raw
+    if nested and not isinstance(text, Mapping):
+        raise ConfigError("text_config", f"a {model_type!r} config must carry a text_config object")
+    assert text is not None
+    n = int(_req(text, "num_hidden_layers"))
+    tie = text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))
+    if nested and "tie_word_embeddings" in raw:
+        tie = raw["tie_word_embeddings"]
+    moe = arch == "Qwen3_5MoeForCausalLM"
+    kw: dict[str, Any] = dict(
+        architecture=arch,
+        vocab_size=int(_req(text, "vocab_size")),
+        hidden_size=int(_req(text, "hidden_size")),
+        num_hidden_layers=n,
+        layer_types=_layer_types(text, n),
+        num_attention_heads=int(_req(text, "num_attention_heads")),
+        num_key_value_heads=int(_req(text, "num_key_value_heads")),
+        head_dim=int(text.get("head_dim", 256)),
+        linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),
+        linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
+        linear_num_value_heads=int(text.get("linear_num_value_heads", 32)),
+        linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
+        linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(text.get("max_position_embeddings", 262144)),
+        tie_word_embeddings=bool(tie),
+        mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
+        bos_token_id=text.get("bos_token_id"),
+        eos_token_ids=_eos_ids(text.get("eos_token_id", raw.get("eos_token_id"))),
+        pad_token_id=text.get("pad_token_id"),
+        has_vision=bool(nested and raw.get("vision_config")),
+        **_rope_fields(text, raw),
+    )
+    if text.get("attn_output_gate", True) is not True:
+        raise ConfigError("attn_output_gate", "only gated attention (true) is supported")
+    if text.get("attention_bias", False):
+        raise ConfigError("attention_bias", "attention biases are not supported by Qwen3.5")
+    if text.get("hidden_act", "silu") != "silu":
+        raise ConfigError("hidden_act", f"{text.get('hidden_act')!r} is not supported (only silu)")
+    if moe:
+        kw.update(num_experts=int(_req(text, "num_experts")), num_experts_per_tok=int(_req(text, "num_experts_per_tok")),
+                  moe_intermediate_size=int(_req(text, "moe_intermediate_size")),
+                  shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0)),
+                  norm_topk_prob=bool(text.get("norm_topk_prob", True)))
+    else:
+        kw.update(intermediate_size=int(_req(text, "intermediate_size")))
+    return Qwen35Config(**kw)
