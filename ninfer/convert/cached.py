@@ -1,0 +1,34 @@
+"""Convert an HF checkpoint directory once and reuse the artifact from the cache afterwards.
+
+The cache key covers the config and the identity (name, size, mtime) of every weight and Frontend file, so an
+edited checkpoint is converted again while an unchanged one costs a few stat calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ninfer.cache import cache_dir
+
+_KEYED_SUFFIXES = (".safetensors", ".json", ".jinja", ".tiktoken", ".txt")
+
+
+def checkpoint_key(src_dir: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in src_dir.iterdir() if p.is_file() and p.suffix in _KEYED_SUFFIXES):
+        st = f.stat()
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def converted_path(src_dir: Path, *, progress: bool = True) -> Path:
+    """The cached artifact of `src_dir`, converting it first when the cache has none for this content."""
+    from ninfer.convert.convert import convert_checkpoint
+
+    src_dir = src_dir.resolve()
+    out = cache_dir() / "converted" / f"{src_dir.name}-{checkpoint_key(src_dir)}.ninfer"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert_checkpoint(src_dir, out, progress=progress)
+    return out
