@@ -1,0 +1,18 @@
+"""The one contract layer between Engine and Program: value types, states, errors and invariant rules.
+
+Imports nothing else from ninfer.
+"""
+
+from .batch import BatchKind, PendingBatch, PendingRow, RowDecision, SequenceHandle, check_row_decision
+from .errors import EngineFailure, RejectReason, RequestRejected, StalePlan
+from .events import GenerationResult, GenerationStart, OutputDelta, Usage
+from .resources import (CheckpointId, CheckpointInfo, Infeasible, ResourceChoice, ResourcePlan, ResourceResult,
+                        RunningTransaction, TransitionKind)
+from .states import (FinishReason, IllegalTransition, LaneState, RequestState, check_lane_transition,
+                     check_request_transition)
+
+__all__ = ["BatchKind", "CheckpointId", "CheckpointInfo", "EngineFailure", "FinishReason", "GenerationResult",
+           "GenerationStart", "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch",
+           "PendingRow", "RejectReason", "RequestRejected", "RequestState", "ResourceChoice", "ResourcePlan",
+           "ResourceResult", "RowDecision", "RunningTransaction", "SequenceHandle", "StalePlan", "TransitionKind",
+           "Usage", "check_lane_transition", "check_request_transition", "check_row_decision"]

@@ -1,0 +1,114 @@
+"""Model transactions: the move-only PendingBatch and the accepted-prefix decision rules.
+
+Prefill finalization, decode and forced control each produce one PendingBatch. The Engine previews every row
+through the Frontend, forms one RowDecision per row, and consumes the whole batch with exactly one Program commit
+or abort_pending; the Program then moves Main/backend KV, recurrent state, RNG position and speculative state
+together. Rows are never abandoned one by one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .errors import EngineFailure
+
+
+@dataclass(frozen=True)
+class SequenceHandle:
+    """The Program's execution resource of one active request. `generation` changes on every reuse of `slot`,
+    so a stale handle is detected instead of silently addressing another request's state."""
+
+    slot: int
+    generation: int
+
+
+class BatchKind(enum.Enum):
+    PREFILL = "prefill"  # the last prompt chunk, sampling the first output token
+    DECODE = "decode"  # one ordinary or speculative decode round over the compact batch
+    CONTROL = "control"  # a forced-control suffix supplied by the Frontend; no sampling, no RNG advance
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    handle: SequenceHandle
+    tokens: tuple[int, ...]  # provisional tokens; len(tokens) is the produced extent
+    base_frontier: int  # absolute position of tokens[0]
+    # Raw-distribution logprob of each provisional token, when the request asked for logprobs.
+    logprobs: tuple[float, ...] | None = None
+    # Per token: ((token id, logprob), ...) of the top alternatives, when asked for.
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+    @property
+    def produced(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class RowDecision:
+    accepted: int
+    terminal: bool
+    cancelled: bool = False
+    # Frontend metadata: where, inside the accepted span, the history renderer can reproduce the output exactly
+    # (relative index, e.g. just after <|im_end|>); the Program converts it to an absolute position on commit.
+    boundary: int | None = None
+
+
+def check_row_decision(produced: int, decision: RowDecision) -> None:
+    """The seed's accepted-prefix rules. Raises EngineFailure: a violation is an Engine bug, not a request error.
+
+    pre: produced >= 1
+    post: cancelled rows accept 0 and are terminal; others accept 1..produced, all of it unless terminal
+    """
+    a = decision.accepted
+    if decision.cancelled:
+        if a != 0 or not decision.terminal:
+            raise EngineFailure(f"cancelled row must accept 0 and be terminal, got accepted={a} terminal={decision.terminal}")
+    elif not 1 <= a <= produced:
+        raise EngineFailure(f"accepted={a} outside 1..produced={produced}")
+    elif not decision.terminal and a != produced:
+        raise EngineFailure(f"nonterminal row must accept all {produced} produced tokens, accepted {a}")
+    if decision.boundary is not None and not 0 <= decision.boundary <= a:
+        raise EngineFailure(f"boundary {decision.boundary} outside the accepted span 0..{a}")
+
+
+@dataclass(eq=False)
+class PendingBatch:
+    """Frozen membership and provisional tokens; the Program keeps its provisional state in `payload`.
+
+    Move-only: `take()` hands it over exactly once, to commit or abort_pending.
+    """
+
+    kind: BatchKind
+    rows: tuple[PendingRow, ...]
+    resource_revision: int
+    payload: Any = None
+    _consumed: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise EngineFailure("a PendingBatch needs at least one row")
+        slots = [r.handle.slot for r in self.rows]
+        if len(set(slots)) != len(slots):
+            raise EngineFailure(f"a PendingBatch names slot(s) twice: {slots}")
+        if any(r.produced < 1 for r in self.rows):
+            raise EngineFailure("every PendingBatch row produces at least one token")
+
+    @property
+    def consumed(self) -> bool:
+        return self._consumed
+
+    def take(self) -> "PendingBatch":
+        if self._consumed:
+            raise EngineFailure("PendingBatch consumed twice")
+        self._consumed = True
+        return self
+
+    def check_decisions(self, decisions: Sequence[RowDecision]) -> None:
+        if len(decisions) != len(self.rows):
+            raise EngineFailure(f"{len(decisions)} decisions for a batch of {len(self.rows)} rows")
+        for row, d in zip(self.rows, decisions):
+            check_row_decision(row.produced, d)
+            if self.kind is BatchKind.CONTROL and d.accepted not in (0, row.produced):
+                raise EngineFailure("a forced-control suffix is committed whole or not at all")

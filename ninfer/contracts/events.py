@@ -1,0 +1,45 @@
+"""Response events the Engine publishes to a request's consumer, in order: one GenerationStart, output deltas,
+then exactly one terminal GenerationResult."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .states import FinishReason
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationStart:
+    """Published once admission's resource choice is committed, before any delta (not after prefill)."""
+
+    request_id: int
+    prompt_tokens: int
+    reused_prefix_tokens: int
+
+
+@dataclass(frozen=True)
+class OutputDelta:
+    request_id: int
+    token_ids: tuple[int, ...]
+    text: str = ""
+    reasoning_text: str = ""
+    logprobs: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: int
+    finish_reason: FinishReason
+    usage: Usage
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    reasoning_text: str = ""
+    error: str | None = None
