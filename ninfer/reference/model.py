@@ -1,0 +1,151 @@
+"""The reference Qwen3.5 model: plain torch on CPU, fp32 by default, fp64 on request. It is the oracle.
+
+Weights are a mapping keyed by the logical names of :mod:`ninfer.models.qwen3_5.params`; all sequence state is
+explicit in a :class:`SequenceState` that the caller owns, clones and resumes.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.models.qwen3_5.config import FULL, Qwen35Config
+from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+
+from .attention import gated_attention
+from .gdn import CHUNK, gdn_mixer
+from .layer import decoder_layer
+from .mtp import mtp_hidden
+from .norms import zc_rms_norm
+from .scope import Scope
+from .state import GDNState, SequenceState
+
+
+class ReferenceModel:
+    def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.has_mtp = cfg.mtp_num_hidden_layers > 0 and any(k.startswith("mtp.") for k in weights)
+        self.weights = _prepare_weights(cfg, weights, dtype, self.has_mtp)
+        self.root = Scope(self.weights, "")
+
+    def new_state(self) -> SequenceState:
+        return SequenceState.empty(self.cfg, self.dtype)
+
+    # ---- main decoder --------------------------------------------------------------------------
+    def prefill(self, tokens: torch.Tensor, state: SequenceState, chunked: bool = True, return_hidden: bool = False,
+                checkpoints: list[SequenceState] | None = None):
+        """Consume ``tokens`` [T] at positions ``state.next_position ..``; ``state`` is advanced in place.
+
+        Returns logits [T, V], or (logits, hidden [T, H]) with ``return_hidden`` (final-normed: the MTP input).
+        With ``chunked`` the GDN layers use the 64-token parallel form, chunks aligned to this call's start; when
+        ``checkpoints`` is a list, a complete state at every interior chunk boundary (positions start+64,
+        start+128, ... < start+T) is appended to it, taken from the chunked form's boundary states.
+        """
+        if tokens.ndim != 1 or tokens.numel() == 0:
+            raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
+        if checkpoints is not None and not chunked:
+            raise ValueError("chunk-boundary checkpoints come from the chunked GDN form; pass chunked=True")
+        start = state.next_position
+        per_layer: dict[int, list[GDNState]] | None = None if checkpoints is None else {}
+        hidden = self._forward(tokens, state, chunked, per_layer)
+        if checkpoints is not None:
+            checkpoints.extend(self._boundary_states(state, start, hidden, per_layer))
+        logits = self.logits(hidden)
+        return (logits, hidden) if return_hidden else logits
+
+    def decode_step(self, token: int | torch.Tensor, state: SequenceState, return_hidden: bool = False):
+        """One token through the step recurrence; returns logits [V] (and the hidden [H] with ``return_hidden``)."""
+        tokens = torch.as_tensor(token, dtype=torch.long).reshape(1)
+        hidden = self._forward(tokens, state, chunked=False, per_layer=None)
+        logits = self.logits(hidden)[0]
+        return (logits, hidden[0]) if return_hidden else logits
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [T, H] -> logits [T, V] through the (possibly tied) lm_head."""
+        return F.linear(hidden, self.weights["lm_head.weight"])
+
+    def _forward(self, tokens: torch.Tensor, state: SequenceState, chunked: bool,
+                 per_layer: dict[int, list[GDNState]] | None) -> torch.Tensor:
+        """Embed -> layers -> final norm; returns the final-normed hidden [T, H] and advances ``state``."""
+        cfg = self.cfg
+        _check_tokens(tokens, cfg.vocab_size)
+        x = self.weights["embed_tokens.weight"][tokens]  # [T, H]
+        for i, kind in enumerate(cfg.layer_types):
+            lw = self.root.sub(f"layers.{i}")
+            if kind == FULL:
+                cache = state.kv[i]
+                if cache.length != state.next_position:
+                    raise RuntimeError(f"layer {i}: KV holds {cache.length} positions, state is at {state.next_position}")
+                mixer = lambda y, lw=lw, cache=cache: gated_attention(y, lw.sub("self_attn"), cfg, cache)
+            else:
+                sink = None if per_layer is None else per_layer.setdefault(i, [])
+                mixer = lambda y, lw=lw, i=i, sink=sink: gdn_mixer(y, lw.sub("linear_attn"), cfg, state.gdn[i],
+                                                                    chunked, sink)
+            x = decoder_layer(x, lw, cfg, mixer)
+        hidden = zc_rms_norm(x, self.weights["norm.weight"], cfg.rms_norm_eps)
+        state.next_position += tokens.numel()
+        state.last_hidden = hidden[-1].clone()
+        return hidden
+
+    def _boundary_states(self, state: SequenceState, start: int, hidden: torch.Tensor,
+                         per_layer: dict[int, list[GDNState]]) -> list[SequenceState]:
+        """Assemble complete checkpoints at the interior chunk boundaries of the prefill that just ran."""
+        out = []
+        for n, offset in enumerate(range(CHUNK, hidden.shape[0], CHUNK)):
+            pos = start + offset
+            out.append(SequenceState(
+                gdn={i: states[n] for i, states in per_layer.items()},
+                kv={i: c.truncated(pos) for i, c in state.kv.items()},
+                next_position=pos,
+                mtp_kv=[c.truncated(pos) for c in state.mtp_kv],
+                last_hidden=hidden[offset - 1].clone(),
+            ))
+        return out
+
+    # ---- MTP head ------------------------------------------------------------------------------
+    def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, state: SequenceState, step: int = 0,
+                    return_hidden: bool = False):
+        """Draft logits [T, V] from hidden [T, H] and the token after each, next_tokens [T].
+
+        Uses MTP layer ``step % mtp_num_hidden_layers`` and extends that layer's KV in ``state.mtp_kv``.
+        With ``return_hidden`` also returns the MTP output h' [T, H] (the hidden for a chained draft).
+        """
+        if not self.has_mtp:
+            raise RuntimeError("this model was built without MTP weights (no 'mtp.*' tensors)")
+        if hidden.ndim != 2 or next_tokens.shape != hidden.shape[:1]:
+            raise ValueError(f"mtp_forward: hidden {tuple(hidden.shape)} and next_tokens "
+                             f"{tuple(next_tokens.shape)} must be [T, H] and [T]")
+        _check_tokens(next_tokens, self.cfg.vocab_size)
+        layer = step % self.cfg.mtp_num_hidden_layers
+        h = mtp_hidden(hidden.to(self.dtype), next_tokens, self.root, self.cfg, state.mtp_kv[layer], layer)
+        logits = self.logits(h)
+        return (logits, h) if return_hidden else logits
+
+
+def _check_tokens(tokens: torch.Tensor, vocab: int) -> None:
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"token ids must lie in [0, {vocab}), got range [{int(tokens.min())}, {int(tokens.max())}]")
+
+
+def _prepare_weights(cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
+                     with_mtp: bool) -> dict[str, torch.Tensor]:
+    """Check names and shapes against the logical parameter table and cast: ``fp32``-kind parameters (A_log,
+    dt_bias) to at least fp32, everything else to ``dtype``. A tied lm_head falls back to the embedding."""
+    specs = logical_parameters(cfg, (TEXT, MTP) if with_mtp else (TEXT,))
+    fp32 = torch.float64 if dtype == torch.float64 else torch.float32
+    out: dict[str, torch.Tensor] = {}
+    for name, spec in specs.items():
+        src = weights.get(name)
+        if src is None and name == "lm_head.weight" and cfg.tie_word_embeddings:
+            src = weights.get("embed_tokens.weight")
+        if src is None:
+            raise KeyError(f"reference model: missing weight {name!r}")
+        if tuple(src.shape) != spec.shape:
+            raise ValueError(f"reference model: weight {name!r} has shape {tuple(src.shape)}, expected {spec.shape}")
+        out[name] = src.to(fp32 if spec.kind == "fp32" else dtype)
+    if cfg.tie_word_embeddings:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
