@@ -1,0 +1,4 @@
+from .naive import rmsnorm_naive
+from .triton import rmsnorm
+
+__all__ = ["rmsnorm", "rmsnorm_naive"]
