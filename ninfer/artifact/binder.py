@@ -1,0 +1,41 @@
+"""Checks that an artifact's Bindings cover exactly the logical parameters of the selected features."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ninfer.models.qwen3_5.config import ConfigError, Qwen35Config
+from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+
+from .descriptor import Binding
+from .errors import ArtifactError
+
+
+def parse_config(raw: Mapping) -> Qwen35Config:
+    try:
+        return Qwen35Config.from_dict(raw)
+    except ConfigError as e:
+        raise ArtifactError(f"descriptor.config.{e.field}", "invalid config", str(e)) from None
+    except TypeError as e:
+        raise ArtifactError("descriptor.config", "invalid config", str(e)) from None
+
+
+def check_bindings(cfg: Qwen35Config, bindings: Mapping[str, Binding], features: tuple[str, ...]) -> None:
+    """Text must be complete; every selected model feature (MTP) must be complete; shapes must be the logical ones."""
+    for feature in (f for f in features if f in (TEXT, MTP)):
+        specs = logical_parameters(cfg, (feature,))
+        if feature == MTP and not specs:
+            raise ArtifactError("feature 'mtp'", "not available", "config has mtp_num_hidden_layers=0")
+        missing = sorted(n for n in specs if n not in bindings)
+        if missing:
+            raise ArtifactError(f"feature {feature!r}", "missing bindings",
+                                f"{len(missing)} missing: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        for name, spec in specs.items():
+            b = bindings[name]
+            if b.shape != spec.shape:
+                raise ArtifactError(f"binding {name!r}", "shape differs from the config's logical shape",
+                                    f"{list(b.shape)} vs {list(spec.shape)}")
+        extra = sorted(n for n, b in bindings.items() if b.feature == feature and n not in specs)
+        if extra:
+            raise ArtifactError(f"binding {extra[0]!r}", "not a logical parameter of the config",
+                                f"{len(extra)} unexpected {feature} binding(s)")

@@ -1,0 +1,70 @@
+"""NVFP4: e2m1 values in 16-element blocks, an fp8-e4m3 scale per block and one fp32 scale per tensor.
+
+``value = e2m1(code) * e4m3(block_scale) * global_scale``. The global scale maps the tensor's absolute maximum onto
+``448 * 6`` (largest e4m3 times largest e2m1) so the block scales use the whole e4m3 range.
+
+Planes: ``data`` uint8 ``[..., C/2]`` (element 2j in the low nibble of byte j; a code is sign bit 3 plus a 3-bit
+index into the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), ``scales`` e4m3 bits ``[..., C/16]``, ``global_scale`` fp32
+``[1]`` shared by every row (so a row view keeps the whole plane).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from .base import Format, need_matrix, pack_bits, unpack_bits
+from .fp8 import E4M3_MAX, fp8_bits, fp8_values
+from .planes import PlaneSpec
+
+BLOCK = 16
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+
+
+def e2m1_codes(x: np.ndarray) -> np.ndarray:
+    """Round to the nearest e2m1 value (ties toward the smaller magnitude index) and return 4-bit codes."""
+    mag = np.minimum(np.abs(x), 6.0)
+    idx = np.abs(mag[..., None] - E2M1).argmin(axis=-1).astype(np.uint8)
+    return idx | (np.signbit(x).astype(np.uint8) << 3)
+
+
+def e2m1_values(codes: np.ndarray) -> np.ndarray:
+    v = E2M1[codes & 7]
+    return np.where(codes & 8, -v, v).astype(np.float32)
+
+
+class NVFP4(Format):
+    name = "nvfp4"
+    dtypes = ("nvfp4",)
+
+    def check(self, shape, dtype, params) -> None:
+        super().check(shape, dtype, params)
+        need_matrix(self.name, shape, BLOCK)
+
+    def planes(self, shape, dtype, params) -> list[PlaneSpec]:
+        self.check(shape, dtype, params)
+        lead, c = tuple(shape[:-1]), shape[-1]
+        return [PlaneSpec("data", "uint8", (*lead, c // 2), 1),
+                PlaneSpec("scales", "float8_e4m3fn", (*lead, c // BLOCK), 1),
+                PlaneSpec("global_scale", "float32", (1,), 0)]
+
+    def pack(self, values: np.ndarray, dtype: str, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        x = np.asarray(values, dtype=np.float32)
+        amax = float(np.abs(x).max()) if x.size else 0.0
+        gscale = np.float32(amax / (E4M3_MAX * 6.0) if amax > 0 else 1.0)
+        xb = x.reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+        sbits = fp8_bits(np.abs(xb).max(axis=-1) / (6.0 * gscale))
+        block_scale = fp8_values(sbits) * gscale  # [..., C/16]
+        safe = np.where(block_scale > 0, block_scale, 1.0)[..., None]
+        codes = np.where(block_scale[..., None] > 0, e2m1_codes(xb / safe), 0).astype(np.uint8)
+        return {"data": pack_bits(codes.reshape(x.shape), 4), "scales": sbits,
+                "global_scale": np.array([gscale], dtype=np.float32)}
+
+    def unpack(self, planes, shape, dtype, params) -> np.ndarray:
+        data_spec, scale_spec, _ = self.planes(shape, dtype, params)
+        codes = unpack_bits(np.asarray(planes["data"], dtype=np.uint8).reshape(data_spec.shape), 4, shape[-1])
+        s = fp8_values(np.asarray(planes["scales"]).reshape(scale_spec.shape))
+        g = np.asarray(planes["global_scale"]).view(np.float32).reshape(-1)[0]
+        v = e2m1_values(codes).reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK) * (s * g)[..., None]
+        return v.reshape(shape)
