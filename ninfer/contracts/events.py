@@ -3,7 +3,8 @@ then exactly one terminal GenerationResult."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from .states import FinishReason
 
@@ -27,10 +28,11 @@ class GenerationStart:
 
 @dataclass(frozen=True)
 class OutputDelta:
+    """Committed tokens and what the request's OutputSession made of them (text, reasoning, tool-call pieces)."""
+
     request_id: int
     token_ids: tuple[int, ...]
-    text: str = ""
-    reasoning_text: str = ""
+    deltas: tuple[Any, ...] = ()
     logprobs: tuple[float, ...] | None = None
 
 
@@ -40,6 +42,5 @@ class GenerationResult:
     finish_reason: FinishReason
     usage: Usage
     token_ids: tuple[int, ...] = ()
-    text: str = ""
-    reasoning_text: str = ""
+    output: Mapping[str, Any] = field(default_factory=dict)  # the OutputSession's final fields
     error: str | None = None

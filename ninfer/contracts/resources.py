@@ -51,6 +51,8 @@ class ResourceChoice:
     source: CheckpointId | None = None  # materialize from this checkpoint (a prefix of the prompt)
     victims: tuple[CheckpointId, ...] = ()  # inactive checkpoints this transition may release
     capture_at: int | None = None  # frontier to capture (CAPTURE / RETAIN)
+    sampling: Any = None  # MATERIALIZE: the request's ninfer.sampling.SamplingParams, kept with the sequence
+    seed: int = 0  # MATERIALIZE: the request's resolved sampling seed
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""The Program protocol: the only way the Engine reaches physical state and model execution.
+
+Both the reference Program (CPU torch) and the fast Program (GPU) implement it; the Engine cannot tell them apart.
+Only the Engine worker thread calls it. Handles are checked on every call: a stale (slot, generation) pair is an
+EngineFailure, never a silent access to another request's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from .batch import PendingBatch, RowDecision, SequenceHandle
+from .resources import Infeasible, ResourceChoice, ResourcePlan, ResourceResult, RunningTransaction
+
+
+@dataclass(frozen=True)
+class ProgramLimits:
+    """Facts fixed when the Program starts; the Engine sizes its lanes and queue from them."""
+
+    max_concurrency: int  # 1..8 active sequences
+    max_context: int  # prompt + output tokens of one sequence
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@runtime_checkable
+class Program(Protocol):
+    limits: ProgramLimits
+
+    @property
+    def resource_revision(self) -> int:
+        """Advances on every change of global resource topology; plans sealed earlier go stale."""
+
+    # ---- resource transactions ---------------------------------------------------------------------------
+    def plan(self, choice: ResourceChoice) -> ResourcePlan | Infeasible:
+        """Seal the logical choice against the current revision, or say why it cannot run now / ever."""
+
+    def start(self, plan: ResourcePlan) -> RunningTransaction:
+        """Begin the one physical transition. Raises StalePlan (no side effect) when the revision moved."""
+
+    def advance(self, txn: RunningTransaction) -> ResourceResult | None:
+        """Run the next stage; the complete result when the transition is done, else None."""
+
+    def abort(self, txn: RunningTransaction) -> ResourceResult:
+        """Stop a started transition and return its complete terminal result (claims, pins, releases)."""
+
+    def backfill_feasible(self, head: ResourceChoice, donors: Sequence[SequenceHandle],
+                          borrower: ResourceChoice) -> bool:
+        """True when, with `borrower` holding its full reservation, the end of `donors` still lets `head` enter
+        from root with every inactive checkpoint released. No timing assumption."""
+
+    # ---- model transactions ------------------------------------------------------------------------------
+    def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
+        """Consume up to `max_tokens` further prompt tokens. Returns the PendingBatch holding the first sampled
+        token when this chunk finishes the prompt, else None (the frontier advanced, nothing to preview)."""
+
+    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
+        """One compact decode round over exactly these sequences (B = len(handles))."""
+
+    def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
+        """Feed a Frontend-supplied forced-control suffix; no sampling, no RNG advance."""
+
+    def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
+        """Atomically keep each row's accepted prefix (KV, recurrent state, RNG position, backend state)."""
+
+    def abort_pending(self, batch: PendingBatch) -> None:
+        """Drop the whole batch; every row returns to its state before the batch."""
+
+    def prompt_remaining(self, handle: SequenceHandle) -> int:
+        """Prompt tokens not yet consumed by prefill."""
+
+    def check_invariants(self) -> None:
+        """Expensive no-op when all is well; raises AssertionError naming the broken fact otherwise."""
