@@ -1,0 +1,102 @@
+"""``ninfer convert SRC_DIR OUT.ninfer``: an HF Qwen3.5 checkpoint directory -> one value-preserving artifact.
+
+The conversion is planned from safetensors headers first (all problems raised together as ConversionError), then
+streamed object by object into an :class:`ArtifactWriter`: peak memory stays near the largest single source tensor
+(per-expert MoE weights are streamed expert by expert into their fused parent, never assembled), and the output
+appears atomically or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ninfer.artifact.binder import check_bindings
+from ninfer.artifact.build import add_uses, default_provenance, media_type
+from ninfer.artifact.writer import ArtifactWriter
+from ninfer.models.qwen3_5.params import MTP, TEXT
+
+from .errors import ConversionError
+from .hf_source import HFSource
+from .plan import Item, Plan, plan_conversion
+from .resources import collect_resources
+
+# Files up to this size are hashed whole; larger weight files by their safetensors header (names, dtypes, shapes,
+# offsets) plus size, so provenance costs no second pass over tens of GB.
+FULL_HASH_LIMIT = 64 << 20
+RECIPE = "preserve"
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    size = path.stat().st_size
+    rec: dict[str, Any] = {"name": path.name, "size": size}
+    with open(path, "rb") as f:
+        if size <= FULL_HASH_LIMIT:
+            rec["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+        else:
+            head = f.read(8)
+            rec["header_sha256"] = hashlib.sha256(head + f.read(int.from_bytes(head, "little"))).hexdigest()
+    return rec
+
+
+def source_provenance(src: HFSource) -> dict[str, Any]:
+    names = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "chat_template.jinja", "model.safetensors.index.json"]
+    files = [src.dir / n for n in names if (src.dir / n).is_file()] + list(src.files)
+    return {"dir": str(src.dir.resolve()), "files": [_file_record(f) for f in files]}
+
+
+def _chunks(src: HFSource, item: Item) -> Iterator[torch.Tensor]:
+    """The item's source tensors in order, cast to its dtype; each is dropped once written."""
+    target = getattr(torch, item.dtype)
+    for key in item.keys:
+        t = src.get(key)
+        yield t if t.dtype == target else t.to(target)
+
+
+def _write(src: HFSource, plan: Plan, out: Path, metadata: dict, provenance: dict, progress: bool,
+           resources: dict[str, bytes]) -> Path:
+    with ArtifactWriter(out, progress=progress, total_bytes=plan.nbytes, desc=f"convert {src.dir.name}") as w:
+        for item in plan.items:
+            w.add_object(item.name, dtype=item.dtype, shape=item.shape, planes={"data": _chunks(src, item)})
+            w.bind(item.name, item.name, feature=item.feature, kind=item.kind)
+        if plan.tied:
+            w.bind("lm_head.weight", "embed_tokens.weight", feature=TEXT, kind="embedding")
+        features = (TEXT, MTP) if any(b.feature == MTP for b in w.bindings.values()) else (TEXT,)
+        check_bindings(plan.config, w.bindings, features)
+        add_uses(w)
+        for name, data in resources.items():
+            w.add_resource(name, data, media_type(name))
+        return w.finish(plan.config.to_dict(), metadata, provenance)
+
+
+def convert_checkpoint(src_dir: str | Path, out_path: str | Path, *, name: str | None = None,
+                       progress: bool = True, dtype: str | torch.dtype | None = None) -> Path:
+    """Convert an HF Qwen3.5 / Qwen3.5-MoE checkpoint directory into ``out_path`` and return it.
+
+    - ``name``: ``metadata.name`` (default: the architecture, e.g. ``Qwen3_5ForCausalLM``).
+    - ``dtype``: ``"bfloat16"``/``"float16"``/``"float32"`` (or the torch dtype) to cast every weight except the
+      fp32-kind ``A_log``/``dt_bias``; ``None`` keeps each tensor's source dtype (values preserved exactly).
+    - ``progress``: show a tqdm bar over the bytes written.
+
+    Raises ConversionError listing every missing, unexpected, mis-shaped or unsupported tensor (nothing is
+    written then), and leaves no partial file behind on any failure.
+    """
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    src = HFSource(src_dir)
+    try:
+        plan = plan_conversion(src, dtype)
+        if plan.problems:
+            raise ConversionError(str(src.dir), list(plan.problems))
+        resources, origins = collect_resources(src.dir)
+        metadata = {"name": name or plan.config.architecture}
+        provenance = default_provenance(
+            source=source_provenance(src), recipe={"name": RECIPE, "dtype": dtype or "source"},
+            tied_lm_head=plan.tie_reason, resources=origins)
+        return _write(src, plan, Path(out_path), metadata, provenance, progress, resources)
+    finally:
+        src.close()
