@@ -1,0 +1,61 @@
+"""gdn_decode kernels vs the naive step: state slots addressed through slot_ids, GVA head grouping, odd head dims,
+several consecutive steps, and padding rows (slot -1) that must not touch any state."""
+
+import pytest
+import torch
+
+from _device import DEVICE, IO_DTYPES, ON_GPU
+from ninfer.fast.ops.gdn_decode import gdn_decode, gdn_decode_naive
+from ninfer.testing.numerics import assert_close
+
+# (B, HK, HV, dk, dv, slots): the GPU checks Qwen3.5-9B dims (HK=16, HV=32, dk=dv=128) and 27B's HV=48
+SHAPES = ([(1, 16, 32, 128, 128, 4), (8, 16, 32, 128, 128, 12), (3, 16, 48, 128, 128, 5)] if ON_GPU
+          else [(3, 2, 6, 24, 20, 5), (1, 1, 1, 16, 16, 2)])
+K = 4
+
+
+def _inputs(B, HK, HV, dk, dv, slots, dtype):
+    C = 2 * HK * dk + HV * dv
+    mk = lambda *s, scale=1.0: (scale * torch.randn(*s, device=DEVICE)).to(dtype)  # noqa: E731
+    weights = dict(conv_weight=mk(C, 1, K, scale=0.5), A_log=torch.randn(HV, device=DEVICE).clamp(-2, 1),
+                   dt_bias=torch.randn(HV, device=DEVICE), norm_weight=mk(dv, scale=0.2) + 1)
+    conv_state = mk(slots, C, K - 1)
+    ssm_state = 0.1 * torch.randn(slots, HV, dk, dv, device=DEVICE)
+    step = lambda: dict(mixed=mk(B, C), z=mk(B, HV * dv), a=mk(B, HV), b=mk(B, HV))  # noqa: E731
+    return weights, conv_state, ssm_state, step
+
+
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
+@pytest.mark.parametrize("B,HK,HV,dk,dv,slots", SHAPES)
+def test_gdn_decode_steps(B, HK, HV, dk, dv, slots, dtype):
+    weights, conv_state, ssm_state, step = _inputs(B, HK, HV, dk, dv, slots, dtype)
+    # distinct slots in a scrambled order; the unused slots must come back untouched
+    slot_ids = torch.randperm(slots, device=DEVICE)[:B].to(torch.int32)
+    conv_ref, ssm_ref = conv_state.clone(), ssm_state.clone()
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for t in range(3):
+        x = step()
+        y_ref = gdn_decode_naive(**x, **weights, conv_state=conv_ref, ssm_state=ssm_ref, slot_ids=slot_ids,
+                                 num_k_heads=HK, head_k_dim=dk, head_v_dim=dv)
+        y = gdn_decode(**x, **weights, conv_state=conv_state, ssm_state=ssm_state, slot_ids=slot_ids,
+                       num_k_heads=HK, head_k_dim=dk, head_v_dim=dv)
+        assert_close(f"gdn_decode.y[step {t}]", y_ref, y, tol)
+    assert_close("gdn_decode.ssm_state", ssm_ref, ssm_state, tol)
+    assert_close("gdn_decode.conv_state", conv_ref, conv_state, tol)
+
+
+def test_gdn_decode_padding_rows_write_no_state():
+    B, HK, HV, dk, dv, slots = (4, 2, 4, 16, 12, 3)
+    weights, conv_state, ssm_state, step = _inputs(B, HK, HV, dk, dv, slots, torch.float32)
+    slot_ids = torch.tensor([2, -1, 0, -1], dtype=torch.int32, device=DEVICE)
+    conv_ref, ssm_ref = conv_state.clone(), ssm_state.clone()
+    x = step()
+    y_ref = gdn_decode_naive(**x, **weights, conv_state=conv_ref, ssm_state=ssm_ref, slot_ids=slot_ids,
+                             num_k_heads=HK, head_k_dim=dk, head_v_dim=dv)
+    before = ssm_state[1].clone()
+    y = gdn_decode(**x, **weights, conv_state=conv_state, ssm_state=ssm_state, slot_ids=slot_ids,
+                   num_k_heads=HK, head_k_dim=dk, head_v_dim=dv)
+    assert_close("gdn_decode.y", y_ref, y, 1e-5)
+    assert torch.equal(ssm_state[1], before)
+    assert_close("gdn_decode.ssm_state", ssm_ref, ssm_state, 1e-5)
+    assert_close("gdn_decode.conv_state", conv_ref, conv_state, 1e-5)
