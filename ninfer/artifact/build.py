@@ -109,3 +109,28 @@ def missing_parameters(specs: Mapping[str, ParamSpec], bound: Mapping[str, Any])
     has_mtp = any(n.startswith("mtp.") for n in bound)
     return [f"missing tensor {n!r}" for n, s in specs.items()
             if n not in bound and (s.feature == TEXT or has_mtp)]
+
+
+def add_packed(w: ArtifactWriter, name: str, values: torch.Tensor, *, format: str, dtype: str,
+               params: Mapping[str, Any] | None = None):
+    """Quantize/pack a tensor with a numeric format and append it as one object (dense keeps its bytes as given
+    when ``dtype`` matches the tensor)."""
+    from .formats import get_format
+
+    if format == "dense" and str(values.dtype).removeprefix("torch.") == dtype:
+        return w.add_tensor(name, values)
+    planes = get_format(format).pack(values.detach().float().numpy(), dtype, dict(params or {}))
+    return w.add_object(name, format=format, dtype=dtype, shape=tuple(values.shape), planes=planes, params=params)
+
+
+def add_fused(w: ArtifactWriter, parent: str, members: list[tuple[str, torch.Tensor]], *, feature: str, kind: str,
+              format: str = "dense", dtype: str | None = None, params: Mapping[str, Any] | None = None) -> list:
+    """Store several logical parameters' rows in ONE parent object (concatenated along axis 0, in order) and bind
+    each member as a row view of it, e.g. q_proj and k_proj in one int4 parent. Returns the Bindings."""
+    dtype = dtype or str(members[0][1].dtype).removeprefix("torch.")
+    add_packed(w, parent, torch.cat([t for _, t in members], dim=0), format=format, dtype=dtype, params=params)
+    out, start = [], 0
+    for name, t in members:
+        out.append(w.bind(name, parent, feature=feature, kind=kind, rows=(start, start + t.shape[0])))
+        start += t.shape[0]
+    return out

@@ -31,9 +31,11 @@ _CRC_CHUNK = 64 << 20
 class Artifact:
     """An open artifact restricted to the selected features. Use :func:`open_artifact` to create one."""
 
-    def __init__(self, path: str | Path, features: Iterable[str] = (TEXT,)):
+    def __init__(self, path: str | Path, features: Iterable[str] | None = (TEXT,)):
         self.path = Path(path)
-        self.features = tuple(features)
+        # None selects every feature the artifact binds (inspection, verification).
+        self.features = tuple(features) if features is not None else (TEXT,)
+        self._all_features = features is None
         if TEXT not in self.features:
             raise ArtifactError("features", "text is required", f"selected {self.features}")
         unknown = [f for f in self.features if f not in FEATURES]
@@ -62,6 +64,8 @@ class Artifact:
         self.config = parse_config(self.descriptor.config)
         self.objects: dict[str, Object] = {o.name: o for o in self.descriptor.objects}
         self.available_features = tuple(sorted({b.feature for b in self.descriptor.bindings}))
+        if self._all_features:
+            self.features = tuple(sorted({TEXT, *self.available_features}))
         absent = [f for f in self.features if f not in self.available_features]
         if absent:
             raise ArtifactError(f"feature {absent[0]!r}", "not available",
@@ -184,6 +188,7 @@ class Artifact:
         return [u for u in self.uses if u.binding == binding]
 
 
-def open_artifact(path: str | Path, features: Iterable[str] = (TEXT,)) -> Artifact:
-    """Open and validate a ``.ninfer`` file for the given features (``"text"`` required; ``"mtp"``, ``"vision"``)."""
+def open_artifact(path: str | Path, features: Iterable[str] | None = (TEXT,)) -> Artifact:
+    """Open and validate a ``.ninfer`` file for the given features (``"text"`` required; ``"mtp"``, ``"vision"``;
+    ``None``: every feature the file binds)."""
     return Artifact(path, features)
