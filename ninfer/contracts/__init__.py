@@ -6,7 +6,7 @@ Imports nothing else from ninfer.
 from .batch import BatchKind, PendingBatch, PendingRow, RowDecision, SequenceHandle, check_row_decision
 from .digest import token_digest
 from .errors import EngineFailure, RejectReason, RequestRejected, StalePlan
-from .program import Program, ProgramLimits
+from .program import Program, ProgramLimits, ResourceUsage
 from .events import GenerationResult, GenerationStart, OutputDelta, Usage
 from .resources import (CheckpointId, CheckpointInfo, Infeasible, ResourceChoice, ResourcePlan, ResourceResult,
                         RunningTransaction, TransitionKind)
@@ -16,5 +16,5 @@ from .states import (FinishReason, IllegalTransition, LaneState, RequestState, c
 __all__ = ["BatchKind", "CheckpointId", "CheckpointInfo", "EngineFailure", "FinishReason", "GenerationResult",
            "GenerationStart", "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch",
            "PendingRow", "Program", "ProgramLimits", "RejectReason", "RequestRejected", "RequestState", "ResourceChoice", "ResourcePlan",
-           "ResourceResult", "RowDecision", "RunningTransaction", "SequenceHandle", "StalePlan", "TransitionKind",
+           "ResourceResult", "ResourceUsage", "RowDecision", "RunningTransaction", "SequenceHandle", "StalePlan", "TransitionKind",
            "Usage", "check_lane_transition", "check_request_transition", "check_row_decision", "token_digest"]

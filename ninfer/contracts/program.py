@@ -24,6 +24,21 @@ class ProgramLimits:
     eos_token_ids: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class ResourceUsage:
+    """A Program's physical occupancy summary (metrics, and the harness's return-to-baseline check)."""
+
+    active_sequences: int
+    reserved_pages: int  # reserved for growth, not yet taken
+    sequence_pages: int  # pages referenced by active sequences (shared ones included)
+    checkpoint_pages: int  # pages referenced only by published checkpoints
+    free_pages: int
+    total_pages: int
+    checkpoints: int
+    free_slots: int
+    total_slots: int
+
+
 @runtime_checkable
 class Program(Protocol):
     limits: ProgramLimits
@@ -69,6 +84,9 @@ class Program(Protocol):
 
     def prompt_remaining(self, handle: SequenceHandle) -> int:
         """Prompt tokens not yet consumed by prefill."""
+
+    def resource_usage(self) -> ResourceUsage:
+        """Current occupancy; with no active sequence, every used page and slot belongs to a checkpoint."""
 
     def check_invariants(self) -> None:
         """Expensive no-op when all is well; raises AssertionError naming the broken fact otherwise."""

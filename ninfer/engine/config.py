@@ -1,0 +1,30 @@
+"""Engine configuration, resolved once at start and never written afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_concurrency: int = 4  # active lanes, 1..8, fixed at start
+    queue_bound: int = 64  # waiting requests beyond the lanes before submit says "overloaded"
+    prefill_chunk: int = 512  # prompt tokens per prefill unit (one lane's chunk per worker boundary)
+    concurrent_prefill: bool = False  # admit while another request is still in staged prefill
+    prefix_caching: bool = True
+    queue_timeout: float | None = None  # default seconds a request may wait before admission
+    check_invariants: bool = False  # run every check_invariants() after each boundary (tests, debugging)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_concurrency <= 8:
+            raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
+        if self.queue_bound < 0:
+            raise ValueError(f"queue_bound must be >= 0, got {self.queue_bound}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.queue_timeout is not None and self.queue_timeout <= 0:
+            raise ValueError(f"queue_timeout must be positive, got {self.queue_timeout}")
+
+    @property
+    def max_outstanding(self) -> int:
+        return self.max_concurrency + self.queue_bound

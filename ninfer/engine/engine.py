@@ -1,0 +1,177 @@
+"""The public Engine facade: submit, stream or wait, cancel, availability.
+
+Outstanding capacity is taken at a successful submit and released exactly once, when both facts hold in either
+order: `response_done` (the worker formed the final result) and `consumer_released` (the wait ended or the handle
+was abandoned). Abandoning a handle sets cancellation and consumer_released; it never calls the Program.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import random
+import threading
+import time
+from typing import Iterator
+
+from ninfer.contracts import GenerationResult, Program, RejectReason, RequestRejected
+
+from .config import EngineConfig
+from .core import EngineCore
+from .records import GenerationRequest, RequestRecord
+
+_IDLE_WAIT_S = 0.01  # the worker re-checks deadlines and timeouts at least this often when idle
+
+
+class GenerationHandle:
+    def __init__(self, engine: "Engine", rec: RequestRecord):
+        self._engine, self._rec = engine, rec
+        self.request_id = rec.rid
+        self._done = False
+
+    def events(self, timeout: float | None = None) -> Iterator[object]:
+        """GenerationStart, OutputDelta..., then the GenerationResult (always last, always exactly one)."""
+        while not self._done:
+            try:
+                ev = self._rec.events.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.request_id}: no event within {timeout} s") from None
+            if isinstance(ev, GenerationResult):
+                self._done = True
+                self._engine._consumer_released(self._rec)
+            yield ev
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        last = None
+        for ev in self.events(timeout):
+            last = ev
+        assert isinstance(last, GenerationResult)
+        return last
+
+    def cancel(self) -> None:
+        self._rec.cancel_requested = True
+        self._engine._wake()
+
+    def close(self) -> None:
+        """Abandon the handle: cancel if still running and stop consuming; capacity frees once the worker ends it."""
+        if not self._done:
+            self._done = True
+            self._rec.cancel_requested = True
+            self._engine._consumer_released(self._rec)
+            self._engine._wake()
+
+    def __enter__(self) -> "GenerationHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Engine:
+    def __init__(self, program: Program, config: EngineConfig = EngineConfig(), *, threaded: bool = True,
+                 clock=time.monotonic):
+        self.config = config
+        self.core = EngineCore(program, config, clock=clock)
+        self.core.on_finish = self._response_done
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._order = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._seeds = random.Random()
+        self._wakeup = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._worker, name="ninfer-engine-core", daemon=True)
+            self._thread.start()
+
+    # ---- availability ------------------------------------------------------------------------------------
+    @property
+    def available(self) -> bool:
+        return self.core.failed is None and not self._stop
+
+    @property
+    def failure(self) -> str | None:
+        return self.core.failed
+
+    @property
+    def outstanding(self) -> int:
+        with self._lock:
+            return self._outstanding
+
+    # ---- submit --------------------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> GenerationHandle:
+        self._validate(request)
+        with self._lock:
+            if not self.available:
+                raise RequestRejected(RejectReason.ENGINE_UNAVAILABLE, self.core.failed or "engine is shut down")
+            if self._outstanding >= self.config.max_outstanding:
+                raise RequestRejected(RejectReason.OVERLOADED, f"{self._outstanding} requests outstanding "
+                                      f"(limit {self.config.max_outstanding})")
+            self._outstanding += 1
+            seed = request.seed if request.seed is not None else self._seeds.getrandbits(63)
+            rec = RequestRecord(next(self._rids), request, next(self._order), self._clock(), seed)
+            self.core.inbox.append(rec)
+        self._wake()
+        return GenerationHandle(self, rec)
+
+    def _validate(self, request: GenerationRequest) -> None:
+        limits = self.core.program.limits
+        if not request.prompt:
+            raise RequestRejected(RejectReason.UNREPRESENTABLE, "the prompt has no tokens")
+        if request.max_tokens < 1:
+            raise RequestRejected(RejectReason.UNREPRESENTABLE, f"max_tokens must be >= 1, got {request.max_tokens}")
+        bad = [t for t in request.prompt if not 0 <= t < limits.vocab_size]
+        if bad:
+            raise RequestRejected(RejectReason.UNREPRESENTABLE, f"token id {bad[0]} outside the vocabulary")
+        need = len(request.prompt) + request.max_tokens
+        if need > limits.max_context:
+            raise RequestRejected(RejectReason.CONTEXT_TOO_LONG, f"prompt ({len(request.prompt)}) + max_tokens "
+                                  f"({request.max_tokens}) = {need} exceeds the context of {limits.max_context}")
+
+    # ---- capacity release ----------------------------------------------------------------------------------
+    def _response_done(self, rec: RequestRecord) -> None:
+        rec.response_done = True
+        self._maybe_release(rec)
+
+    def _consumer_released(self, rec: RequestRecord) -> None:
+        rec.consumer_released = True
+        self._maybe_release(rec)
+
+    def _maybe_release(self, rec: RequestRecord) -> None:
+        with rec.lock:
+            release = rec.response_done and rec.consumer_released and not rec.capacity_released
+            if release:
+                rec.capacity_released = True
+        if release:
+            with self._lock:
+                self._outstanding -= 1
+
+    # ---- driving the worker ----------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one worker boundary on the caller's thread (only for an Engine built with threaded=False)."""
+        assert self._thread is None, "step() drives an unthreaded Engine only"
+        return self.core.boundary()
+
+    def run_until_idle(self, max_boundaries: int = 100_000) -> int:
+        for n in range(max_boundaries):
+            if not self.step() and not self.core.inbox:
+                return n
+        raise RuntimeError(f"engine still busy after {max_boundaries} boundaries")
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    def _worker(self) -> None:
+        while not self._stop:
+            worked = self.core.boundary()
+            if not worked:
+                self._wakeup.wait(_IDLE_WAIT_S)
+                self._wakeup.clear()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

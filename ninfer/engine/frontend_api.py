@@ -1,0 +1,33 @@
+"""What the Engine needs of a Frontend's per-request OutputSession (the Frontend owns output semantics).
+
+The Engine previews each PendingBatch row on a fork, commits the Program first, then the session, then
+publishes what `commit` returned. A dropped preview leaves the session untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from ninfer.contracts import FinishReason
+
+
+class OutputPreview(Protocol):
+    accepted: int  # provisional tokens this row keeps (<= produced)
+    terminal: bool
+    finish_reason: FinishReason | None  # set when terminal
+    boundary: int | None  # reconstruction boundary relative to the accepted span
+
+
+class OutputSession(Protocol):
+    max_tokens: int
+
+    def preview(self, tokens: Sequence[int], *, forced: bool = False) -> OutputPreview: ...
+
+    def commit(self, preview: OutputPreview) -> Sequence[Any]:
+        """Move the preview into the session; returns the deltas the Engine publishes."""
+
+    def control_suffix(self) -> tuple[int, ...] | None:
+        """A forced-control suffix the session needs committed next (e.g. `</think>` after a thinking budget)."""
+
+    def result_fields(self) -> dict[str, Any]:
+        """Text fields of the final result (text, reasoning_text, ...)."""

@@ -1,0 +1,69 @@
+"""Request records: the Engine worker's private view of each accepted request.
+
+Only the worker mutates a record, except the two consumer-side facts (`cancel_requested`, `consumer_released`),
+which are plain flags the worker reads at its next boundary.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer.contracts import FinishReason, RequestState, SequenceHandle, check_request_transition
+
+from .frontend_api import OutputSession
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What a Gateway submits: an owning prompt (token ids) and a request-owned OutputSession."""
+
+    prompt: tuple[int, ...]
+    session: OutputSession
+    sampling: Any = None  # ninfer.sampling.SamplingParams; None means greedy
+    seed: int | None = None
+    session_key: str | None = None  # a lookup hint for prefix reuse, never an owner of state
+    deadline: float | None = None  # absolute time.monotonic() after which the request ends
+    queue_timeout: float | None = None  # seconds it may wait before admission
+
+    @property
+    def max_tokens(self) -> int:
+        return self.session.max_tokens
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    rid: int
+    request: GenerationRequest
+    publication_order: int
+    enqueued_at: float
+    seed: int
+    state: RequestState = RequestState.WAITING
+    lane: int | None = None
+    handle: SequenceHandle | None = None
+    reused_tokens: int = 0
+    output_tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    capture_pending: bool = False  # a prompt-end checkpoint waits to be published
+    events: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    cancel_requested: bool = False
+    consumer_released: bool = False
+    response_done: bool = False
+    capacity_released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.prompt
+
+    def move(self, state: RequestState) -> None:
+        check_request_transition(self.state, state)
+        self.state = state
+
+    @property
+    def frontier(self) -> int:
+        """Tokens the sequence has consumed once the last committed output token is fed back."""
+        return len(self.prompt) + max(0, len(self.output_tokens) - 1)

@@ -1,0 +1,171 @@
+"""ResourceManager: logical lanes, the checkpoint catalog, SessionIndex, prefix index and cache policy.
+
+Pure Python. It makes logical choices and adopts the Program's complete ResourceResults; it keeps no mirror of
+device/host bytes, page refcounts or allocator free space (those facts belong to the Program).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, LaneState, ResourceChoice,
+                              ResourceResult, SequenceHandle, TransitionKind, check_lane_transition, token_digest)
+
+
+class Retention(enum.Enum):
+    PREFIX = "prefix"  # a prompt-end checkpoint: any request whose prompt starts with it may reuse it
+    SESSION = "session"  # a finished conversation's frontier, bound to a session key
+
+
+@dataclass
+class CatalogEntry:
+    info: CheckpointInfo
+    retention: Retention
+    session_key: str | None
+    last_used: int  # logical clock of the last hit or publication (LRU victim order)
+    pins: int = 0  # materializations currently reading this checkpoint as their source
+
+
+@dataclass(frozen=True)
+class SessionBinding:
+    checkpoint: CheckpointId
+    publication_order: int
+
+
+class ResourceManager:
+    def __init__(self, max_concurrency: int, *, prefix_caching: bool = True):
+        self.lanes: list[LaneState] = [LaneState.FREE] * max_concurrency
+        self.lane_owner: list[int | None] = [None] * max_concurrency
+        self.catalog: dict[CheckpointId, CatalogEntry] = {}
+        self.sessions: dict[str, SessionBinding] = {}
+        self.prefix_caching = prefix_caching
+        self._claims: dict[int, CheckpointId] = {}  # request -> pinned source during materialization
+        self._clock = 0
+
+    # ---- lanes ---------------------------------------------------------------------------------------------
+    def free_lane(self) -> int | None:
+        for i, s in enumerate(self.lanes):
+            if s is LaneState.FREE:
+                return i
+        return None
+
+    def _set_lane(self, lane: int, state: LaneState, owner: int | None) -> None:
+        check_lane_transition(self.lanes[lane], state)
+        self.lanes[lane], self.lane_owner[lane] = state, owner
+
+    def active_lanes(self) -> list[int]:
+        return [i for i, s in enumerate(self.lanes) if s is not LaneState.FREE]
+
+    # ---- admission choice ----------------------------------------------------------------------------------
+    def find_source(self, prompt: tuple[int, ...], session_key: str | None) -> CatalogEntry | None:
+        """The deepest published checkpoint that is a strict prefix of the prompt (the last prompt token must
+        still run to give the first output token's logits): session binding first, then the prefix index."""
+        if not self.prefix_caching:
+            return None
+        best: CatalogEntry | None = None
+        digests: dict[int, str] = {}
+        for entry in self.catalog.values():
+            n = entry.info.tokens
+            if not 0 < n < len(prompt) or (best is not None and n <= best.info.tokens):
+                continue
+            if entry.retention is Retention.SESSION and entry.session_key != session_key:
+                continue
+            if n not in digests:
+                digests[n] = token_digest(prompt[:n])
+            if digests[n] == entry.info.digest:
+                best = entry
+        return best
+
+    def victims(self, exclude: CheckpointId | None = None) -> tuple[CheckpointId, ...]:
+        """Inactive, unpinned checkpoints in least-recently-used order: what a transition may release."""
+        free = [e for e in self.catalog.values() if e.pins == 0 and e.info.id != exclude]
+        return tuple(e.info.id for e in sorted(free, key=lambda e: e.last_used))
+
+    def materialize_choice(self, rid: int, prompt: tuple[int, ...], max_new_tokens: int, session_key: str | None,
+                           sampling: object, seed: int, *, from_root: bool = False) -> ResourceChoice:
+        source = None if from_root else self.find_source(prompt, session_key)
+        sid = source.info.id if source else None
+        return ResourceChoice(TransitionKind.MATERIALIZE, request_id=rid, prompt=prompt, max_new_tokens=max_new_tokens,
+                              source=sid, victims=self.victims(exclude=sid), sampling=sampling, seed=seed)
+
+    def begin_materialize(self, rid: int, lane: int, choice: ResourceChoice) -> None:
+        self._set_lane(lane, LaneState.MATERIALIZING, rid)
+        if choice.source is not None:
+            self.catalog[choice.source].pins += 1
+            self._claims[rid] = choice.source
+
+    # ---- capture and terminal choices ------------------------------------------------------------------------
+    def capture_choice(self, handle: SequenceHandle, frontier: int) -> ResourceChoice | None:
+        if not self.prefix_caching:
+            return None
+        return ResourceChoice(TransitionKind.CAPTURE, handle=handle, capture_at=frontier, victims=self.victims())
+
+    def terminal_choice(self, handle: SequenceHandle, frontier: int, session_key: str | None,
+                        succeeded: bool) -> ResourceChoice:
+        """Retain a finished conversation for its session key; release everything otherwise."""
+        if self.prefix_caching and succeeded and session_key is not None and frontier > 0:
+            return ResourceChoice(TransitionKind.RETAIN, handle=handle, capture_at=frontier, victims=self.victims())
+        return ResourceChoice(TransitionKind.RELEASE, handle=handle)
+
+    # ---- adoption ------------------------------------------------------------------------------------------
+    def adopt(self, result: ResourceResult, *, rid: int | None, lane: int | None, session_key: str | None = None,
+              publication_order: int = 0) -> None:
+        """Take the Program's complete result; the only way the catalog and lanes change after a transition."""
+        self._clock += 1
+        for cid in result.released:
+            entry = self.catalog.pop(cid, None)
+            if entry is None:
+                raise EngineFailure(f"Program released unknown checkpoint {cid.value}")
+            if entry.pins:
+                raise EngineFailure(f"Program released pinned checkpoint {cid.value}")
+            self._drop_session_binding(cid)
+        if rid is not None and rid in self._claims:
+            source = self._claims.pop(rid)
+            self.catalog[source].pins -= 1
+            if result.succeeded and result.kind is TransitionKind.MATERIALIZE:
+                self.catalog[source].last_used = self._clock
+        retention = Retention.SESSION if result.kind is TransitionKind.RETAIN else Retention.PREFIX
+        for info in result.published:
+            if info.id in self.catalog:
+                raise EngineFailure(f"checkpoint {info.id.value} published twice")
+            self.catalog[info.id] = CatalogEntry(info, retention, session_key if retention is Retention.SESSION
+                                                 else None, self._clock)
+            if retention is Retention.SESSION and session_key is not None:
+                self._bind_session(session_key, info.id, publication_order)
+        if lane is not None:
+            self._adopt_lane(result, lane, rid)
+
+    def _adopt_lane(self, result: ResourceResult, lane: int, rid: int | None) -> None:
+        if result.kind is TransitionKind.MATERIALIZE:
+            self._set_lane(lane, LaneState.ACTIVE if result.succeeded else LaneState.FREE,
+                           rid if result.succeeded else None)
+        elif result.kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
+            self._set_lane(lane, LaneState.FREE, None)
+
+    def enter_terminal(self, lane: int) -> None:
+        self._set_lane(lane, LaneState.TERMINAL_PENDING, self.lane_owner[lane])
+
+    def _bind_session(self, key: str, cid: CheckpointId, order: int) -> None:
+        """Only a later publication_order may replace a binding; the replaced checkpoint stays cached."""
+        old = self.sessions.get(key)
+        if old is None or order > old.publication_order:
+            self.sessions[key] = SessionBinding(cid, order)
+
+    def _drop_session_binding(self, cid: CheckpointId) -> None:
+        for key in [k for k, b in self.sessions.items() if b.checkpoint == cid]:
+            del self.sessions[key]
+
+    def check_invariants(self) -> None:
+        for i, (s, owner) in enumerate(zip(self.lanes, self.lane_owner)):
+            assert (s is LaneState.FREE) == (owner is None), f"lane {i} is {s.value} with owner {owner}"
+        owners = [o for o in self.lane_owner if o is not None]
+        assert len(owners) == len(set(owners)), "a request owns two lanes"
+        pins: dict[CheckpointId, int] = {}
+        for cid in self._claims.values():
+            pins[cid] = pins.get(cid, 0) + 1
+        for cid, entry in self.catalog.items():
+            assert entry.info.id == cid, "catalog key differs from its checkpoint id"
+            assert entry.pins == pins.get(cid, 0), f"checkpoint {cid.value} pins {entry.pins} != claims"
+        for key, b in self.sessions.items():
+            assert b.checkpoint in self.catalog, f"session {key!r} bound to a released checkpoint"

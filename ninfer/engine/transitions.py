@@ -1,0 +1,86 @@
+"""Settling resource transitions: which capture or terminal settlement starts next, and how a finished
+transition's result is adopted (ResourceManager first, then lane and request state, then publication)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ninfer.contracts import (FinishReason, GenerationStart, Infeasible, RejectReason, RequestState, ResourceResult,
+                              TransitionKind)
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+    from .records import RequestRecord
+
+_SUCCESS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
+
+
+def next_settlement(core: "EngineCore") -> bool:
+    """Start at most one transition: a terminal request's pending capture, then its retain/release (lanes free
+    up first), then captures of active requests."""
+    terminal = [r for r in core.records.values() if r.state is RequestState.TERMINAL_PENDING]
+    for rec in terminal:
+        if rec.capture_pending and _start_capture(core, rec):
+            return True
+        _start_terminal(core, rec)
+        return True
+    for rec in core.records.values():
+        if rec.capture_pending and rec.handle is not None and _start_capture(core, rec):
+            return True
+    return False
+
+
+def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:
+    rec.capture_pending = False
+    choice = core.resources.capture_choice(rec.handle, len(rec.prompt))
+    if choice is None:
+        return False
+    outcome = core.begin_transition(choice, rec)
+    # A capture that does not fit is simply skipped: it is a cache opportunity, not an obligation.
+    return not isinstance(outcome, Infeasible)
+
+
+def _start_terminal(core: "EngineCore", rec: "RequestRecord") -> None:
+    succeeded = rec.finish_reason in _SUCCESS and rec.error is None
+    choice = core.resources.terminal_choice(rec.handle, rec.frontier, rec.request.session_key, succeeded)
+    outcome = core.begin_transition(choice, rec)
+    if isinstance(outcome, Infeasible):
+        # Retention that cannot form a complete continuation ends deterministically in release.
+        release = core.resources.terminal_choice(rec.handle, rec.frontier, None, False)
+        outcome = core.begin_transition(release, rec)
+        if isinstance(outcome, Infeasible):
+            from ninfer.contracts import EngineFailure
+
+            raise EngineFailure(f"Program cannot release request {rec.rid}: {outcome.reason}")
+
+
+def adopt_result(core: "EngineCore", result: ResourceResult, owner: "RequestRecord | None") -> None:
+    kind = result.kind
+    if kind is TransitionKind.MATERIALIZE:
+        assert owner is not None
+        core.resources.adopt(result, rid=owner.rid, lane=owner.lane)
+        _after_materialize(core, result, owner)
+    elif kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
+        assert owner is not None
+        core.resources.adopt(result, rid=owner.rid, lane=owner.lane, session_key=owner.request.session_key,
+                             publication_order=owner.publication_order)
+        owner.lane, owner.handle = None, None
+        core.finish(owner, owner.finish_reason or FinishReason.ERROR)
+    else:
+        core.resources.adopt(result, rid=None, lane=None)
+
+
+def _after_materialize(core: "EngineCore", result: ResourceResult, rec: "RequestRecord") -> None:
+    if not result.succeeded:
+        rec.lane = None
+        if rec.cancel_requested:
+            rec.error = "cancelled while materializing"
+            core.finish(rec, FinishReason.CANCELLED)
+        else:
+            rec.error = f"{RejectReason.INFEASIBLE.value}: {result.detail or 'materialization failed'}"
+            core.finish(rec, FinishReason.REJECTED)
+        return
+    rec.handle, rec.reused_tokens = result.handle, result.reused_tokens
+    rec.move(RequestState.PREFILL)
+    core.scheduler.start_prefill(rec.rid)
+    rec.events.put(GenerationStart(rec.rid, len(rec.prompt), result.reused_tokens))

@@ -1,0 +1,60 @@
+"""TokenSession: a minimal OutputSession over token ids (stop ids, max_tokens, min_tokens, a thinking budget).
+
+It stands in for the real Frontend in Engine tests and the property harness, and follows the same contract:
+preview on a fork, commit moves the fork in, a dropped preview changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ninfer.contracts import FinishReason
+
+
+@dataclass(frozen=True)
+class TokenPreview:
+    accepted: int
+    terminal: bool
+    finish_reason: FinishReason | None
+    boundary: int | None
+    tokens: tuple[int, ...]
+    forced: bool
+
+
+class TokenSession:
+    def __init__(self, max_tokens: int, *, stop_ids: Sequence[int] = (0,), min_tokens: int = 0,
+                 think_budget: int | None = None, think_end: int = 1):
+        self.max_tokens, self.stop_ids, self.min_tokens = max_tokens, frozenset(stop_ids), min_tokens
+        self.think_budget, self.think_end = think_budget, think_end
+        self.tokens: list[int] = []
+        self.forced: list[tuple[int, ...]] = []
+        self.commits = 0
+
+    def preview(self, tokens: Sequence[int], *, forced: bool = False) -> TokenPreview:
+        n = len(self.tokens)
+        for i, t in enumerate(tokens):
+            count = n + i + 1
+            if not forced and t in self.stop_ids and count > self.min_tokens:
+                return TokenPreview(i + 1, True, FinishReason.STOP, i + 1, tuple(tokens[:i + 1]), forced)
+            if count >= self.max_tokens:
+                return TokenPreview(i + 1, True, FinishReason.LENGTH, None, tuple(tokens[:i + 1]), forced)
+        return TokenPreview(len(tokens), False, None, None, tuple(tokens), forced)
+
+    def commit(self, preview: TokenPreview) -> tuple[tuple[int, ...], ...]:
+        self.tokens.extend(preview.tokens)
+        if preview.forced:
+            self.forced.append(preview.tokens)
+        self.commits += 1
+        return (preview.tokens,)
+
+    def control_suffix(self) -> tuple[int, ...] | None:
+        """Once the thinking budget is spent without a think-end token, force one (once)."""
+        if self.think_budget is None or self.forced or self.think_end in self.tokens:
+            return None
+        if len(self.tokens) >= self.think_budget and len(self.tokens) < self.max_tokens:
+            return (self.think_end,)
+        return None
+
+    def result_fields(self) -> dict[str, object]:
+        return {"tokens": tuple(self.tokens), "forced": tuple(self.forced)}
