@@ -1,0 +1,51 @@
+"""Reference vs HF transformers in fp32 on tiny random checkpoints written through transformers' model classes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.testing.checkpoints import make_hf_checkpoint
+from oracle.hf import TOLERANCE, main_hf, run_hf_parity
+from oracle.metrics import rel_rms
+
+CONFIGS = {
+    "dense-hv2": dict(),
+    "dense-tied-hv1": dict(tie=True, hv_per_hk=1),
+    "dense-hv3": dict(hv_per_hk=3),
+    "dense-multimodal-sharded-hv4": dict(multimodal=True, sharded=True, hv_per_hk=4),
+    "moe-hv2": dict(moe=True),
+    "moe-tied-multimodal-per-expert-hv1": dict(moe=True, tie=True, multimodal=True, per_expert=True, hv_per_hk=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_reference_matches_hf(tmp_path, name):
+    ckpt = make_hf_checkpoint(tmp_path / name, seed=len(name), **CONFIGS[name])
+    # 150 tokens: the chunked GDN crosses two 64-token boundaries.
+    report = run_hf_parity(ckpt, num_prompts=1, prompt_len=150, decode_steps=4)
+    assert {r.case for r in report.rows} == {"prefill", "prefill-step", "decode"}
+    assert [r.positions for r in report.rows] == [150, 150, 4]
+    assert report.worst <= TOLERANCE, report.table()
+
+
+def test_main_prints_table_and_worst_line(tmp_path):
+    ckpt = make_hf_checkpoint(tmp_path / "ck", num_layers=4)
+    lines: list[str] = []
+    assert main_hf(ckpt, num_prompts=1, prompt_len=20, decode_steps=2, echo=lines.append) == 0
+    assert lines[-1].startswith("worst relative RMS error: ")
+    worst = float(lines[-1].split(": ")[1])
+    assert 0 < worst <= TOLERANCE
+    assert any(line.startswith("decode") for line in "\n".join(lines).splitlines())
+    # An impossible tolerance must fail with a non-zero exit code and still end with the worst line.
+    lines.clear()
+    assert main_hf(ckpt, num_prompts=1, prompt_len=20, decode_steps=0, tolerance=1e-30, echo=lines.append) == 1
+    assert lines[-1].startswith("worst relative RMS error: ")
+
+
+def test_rel_rms():
+    b = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert rel_rms(b, b) == 0.0
+    assert abs(rel_rms(b + torch.tensor([0.3, 0.4], dtype=torch.float64), b) - 0.1) < 1e-12
+    with pytest.raises(ValueError, match="shapes differ"):
+        rel_rms(b, torch.zeros(3))
