@@ -1,0 +1,61 @@
+"""GDN prefill for one sequence in plain fp32 torch: the causal conv continuing from a window, and the gated delta
+rule run token by token (the step-7 recurrence of qwen35-architecture.md, which the chunked kernel must reproduce),
+recording S at every chunk end, followed by the gated RMSNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gdn_conv_prefill_naive(m: torch.Tensor, window: torch.Tensor,
+                           conv_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """m [T, C] pre-conv inputs, window [C, K-1] the K-1 inputs before them, conv_weight [C, 1, K] or [C, K].
+    Returns (silu(conv) [T, C] in m's dtype, the window after the last token [C, K-1] in window's dtype)."""
+    T, C = m.shape
+    K = conv_weight.shape[-1]
+    full = torch.cat([window.float(), m.float().t()], dim=1)  # [C, K-1+T]
+    taps = full.unfold(1, K, 1)  # [C, T, K]: taps[c, t, i] = input at t-K+1+i
+    out = F.silu((taps * conv_weight.reshape(C, 1, K).float()).sum(-1)).t()
+    return out.to(m.dtype), full[:, T:].to(window.dtype)
+
+
+def conv_window_at(m: torch.Tensor, window: torch.Tensor, end: int) -> torch.Tensor:
+    """The conv window [C, K-1] after the first ``end`` tokens of m [T, C] (for a checkpoint at a chunk boundary):
+    just the last K-1 pre-conv inputs, so it is a slice, not a kernel."""
+    full = torch.cat([window, m[:end].t().to(window.dtype)], dim=1)
+    return full[:, end:end + window.shape[1]].clone()
+
+
+def gdn_chunk_naive(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                    dt_bias: torch.Tensor, norm_weight: torch.Tensor, initial_state: torch.Tensor | None,
+                    num_k_heads: int, head_k_dim: int, head_v_dim: int, eps: float = 1e-6,
+                    chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv [T, conv_dim] post-conv, z [T, HV*dv], a/b [T, HV], initial_state [HV, dk, dv] (None = zeros).
+    Returns (y [T, HV*dv] in qkv's dtype, states [ceil(T/C), HV, dk, dv] fp32: S after each chunk, the last one
+    being the final state)."""
+    T = qkv.shape[0]
+    HK, dk, dv = num_k_heads, head_k_dim, head_v_dim
+    HV = a.shape[1]
+    q, k, v = torch.split(qkv.float(), [HK * dk, HK * dk, HV * dv], dim=-1)
+    q = q.reshape(T, HK, dk)
+    k = k.reshape(T, HK, dk)
+    q = (q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5).repeat_interleave(HV // HK, 1)
+    k = (k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)).repeat_interleave(HV // HK, 1)  # [T, HV, dk]
+    v = v.reshape(T, HV, dv)
+    beta = torch.sigmoid(b.float())
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())  # [T, HV]
+    S = qkv.new_zeros(HV, dk, dv, dtype=torch.float32) if initial_state is None else initial_state.float().clone()
+    outs, states = [], []
+    for t in range(T):
+        S = S * g[t].exp()[:, None, None]
+        u = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", S, k[t]))
+        S = S + k[t][:, :, None] * u[:, None, :]
+        outs.append(torch.einsum("hkv,hk->hv", S, q[t]))
+        if (t + 1) % chunk_size == 0 or t == T - 1:
+            states.append(S.clone())
+    o = torch.stack(outs)  # [T, HV, dv]
+    on = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    y = on * F.silu(z.float().view(T, HV, dv))
+    return y.reshape(T, HV * dv).to(qkv.dtype), torch.stack(states)

@@ -1,0 +1,81 @@
+"""gdn_chunk kernels vs the token-by-token recurrence: partial last chunks, T < C, initial state or none, GVA
+grouping, odd head dims, every chunk-boundary state; and the prefill conv vs its naive form, continuing from a
+window, with an in-place window update."""
+
+import pytest
+import torch
+
+from _device import DEVICE, DOT_IO_DTYPES, IO_DTYPES, ON_GPU
+from ninfer.fast.ops.gdn_chunk import (conv_window_at, gdn_chunk, gdn_chunk_naive, gdn_conv_prefill,
+                                       gdn_conv_prefill_naive)
+from ninfer.testing.numerics import assert_close
+
+# (T, HK, HV, dk, dv, chunk): the GPU checks Qwen3.5-9B GDN dims at real chunk size 64
+SHAPES = ([(1, 16, 32, 128, 128, 64), (63, 16, 32, 128, 128, 64), (1000, 16, 32, 128, 128, 64),
+           (200, 16, 48, 128, 128, 64)] if ON_GPU
+          else [(37, 1, 2, 20, 12, 16), (5, 2, 4, 16, 16, 16), (130, 1, 1, 16, 16, 64)])
+
+
+def _inputs(T, HK, HV, dk, dv, dtype):
+    C = 2 * HK * dk + HV * dv
+    mk = lambda *s, scale=1.0: (scale * torch.randn(*s, device=DEVICE)).to(dtype)  # noqa: E731
+    x = dict(qkv=mk(T, C), z=mk(T, HV * dv), a=mk(T, HV), b=mk(T, HV))
+    w = dict(A_log=torch.randn(HV, device=DEVICE).clamp(-3, 0.5), dt_bias=torch.randn(HV, device=DEVICE),
+             norm_weight=mk(dv, scale=0.2) + 1)
+    return x, w
+
+
+def _tol(dtype):
+    # GPU dots on fp32 operands run as TF32; bf16 io rounds the inputs and the output
+    return 2e-2 if dtype == torch.bfloat16 else (5e-3 if ON_GPU else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
+@pytest.mark.parametrize("T,HK,HV,dk,dv,chunk", SHAPES)
+def test_gdn_chunk(T, HK, HV, dk, dv, chunk, with_state, dtype):
+    x, w = _inputs(T, HK, HV, dk, dv, dtype)
+    s0 = 0.2 * torch.randn(HV, dk, dv, device=DEVICE) if with_state else None
+    y_ref, st_ref = gdn_chunk_naive(**x, **w, initial_state=s0, num_k_heads=HK, head_k_dim=dk, head_v_dim=dv,
+                                    chunk_size=chunk)
+    y, st = gdn_chunk(**x, **w, initial_state=s0, num_k_heads=HK, head_k_dim=dk, head_v_dim=dv, chunk_size=chunk)
+    assert_close("gdn_chunk.y", y_ref, y, _tol(dtype))
+    assert_close("gdn_chunk.states", st_ref, st, _tol(dtype))
+
+
+def test_gdn_chunk_resumes_from_its_own_checkpoint():
+    # prefill split at a chunk boundary, the second call starting from the first call's last state, equals one call
+    T, split, HK, HV, dk, dv = 40, 16, 1, 2, 16, 16
+    x, w = _inputs(T, HK, HV, dk, dv, torch.float32)
+    kw = dict(num_k_heads=HK, head_k_dim=dk, head_v_dim=dv, chunk_size=16)
+    y_ref, st_ref = gdn_chunk_naive(**x, **w, initial_state=None, **kw)
+    head = {n: t[:split] for n, t in x.items()}
+    tail = {n: t[split:] for n, t in x.items()}
+    y1, st1 = gdn_chunk(**head, **w, initial_state=None, **kw)
+    y2, st2 = gdn_chunk(**tail, **w, initial_state=st1[-1].contiguous(), **kw)
+    assert_close("gdn_chunk.resumed_y", y_ref, torch.cat([y1, y2]), 1e-5)
+    assert_close("gdn_chunk.resumed_states", st_ref, torch.cat([st1, st2]), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
+@pytest.mark.parametrize("T,C", [(1, 40), (2, 70), (37, 130)] if not ON_GPU else [(1, 8192), (1000, 8192)])
+def test_gdn_conv_prefill(T, C, dtype):
+    m = torch.randn(T, C, device=DEVICE).to(dtype)
+    window = torch.randn(C, 3, device=DEVICE).to(dtype)
+    weight = (0.5 * torch.randn(C, 1, 4, device=DEVICE)).to(dtype)
+    out_ref, win_ref = gdn_conv_prefill_naive(m, window, weight)
+    out, win = gdn_conv_prefill(m, window, weight, window_out=window)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert_close("gdn_conv_prefill.out", out_ref, out, tol)
+    assert_close("gdn_conv_prefill.window", win_ref, win, tol)
+    assert win.data_ptr() == window.data_ptr()
+
+
+def test_conv_window_at_matches_a_split_prefill():
+    m = torch.randn(9, 6, device=DEVICE)
+    window = torch.randn(6, 3, device=DEVICE)
+    weight = torch.randn(6, 1, 4, device=DEVICE)
+    out_ref, _ = gdn_conv_prefill_naive(m, window, weight)
+    mid = conv_window_at(m, window, 2)
+    out_tail, _ = gdn_conv_prefill(m[2:].contiguous(), mid, weight)
+    assert_close("gdn_conv_prefill.resumed", out_ref[2:], out_tail, 1e-5)
