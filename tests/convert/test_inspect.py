@@ -1,0 +1,49 @@
+"""inspect_artifact's report and verify_artifact's error."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.artifact import ArtifactError, open_artifact, write_artifact
+from ninfer.convert.convert import convert_checkpoint
+from ninfer.convert.inspect import inspect_artifact, verify_artifact
+
+
+def test_report_of_converted_checkpoint(tmp_path, checkpoints):
+    out = convert_checkpoint(checkpoints["moe_fused_multimodal_bf16"], tmp_path / "m.ninfer", progress=False)
+    report = inspect_artifact(out, verify=True)
+    for needle in ("architecture      Qwen3_5MoeForCausalLM", "4 (3 linear attention, 1 full attention), MTP layers 1",
+                   "moe               4 experts, top-2", "features          mtp, text, vision",
+                   "checksums         all", "tokenizer.json", "chat_template.jinja", "text     experts",
+                   "vision   vision", "layers.0.mlp.experts.gate_up_proj", "uses by activation: A16Only"):
+        assert needle in report, needle
+    assert "RANDOM" not in report
+
+
+def test_report_flags_random_weights_and_sharing(tmp_path, checkpoints):
+    from ninfer.testing.checkpoints import read_checkpoint_tensors
+    from ninfer.convert.hf_source import logical_name
+
+    src = checkpoints["dense_multimodal_tied"]
+    with open_artifact(convert_checkpoint(src, tmp_path / "c.ninfer", progress=False)) as a:
+        cfg = a.config
+    tensors = ((logical_name(k), v) for k, v in read_checkpoint_tensors(src).items())
+    p = write_artifact(tmp_path / "r.ninfer", cfg, tensors, metadata={"random_weights": True})
+    report = inspect_artifact(p)
+    assert "NOTE: this artifact holds RANDOM weights" in report
+    assert "embed_tokens.weight <- embed_tokens.weight, lm_head.weight" in report
+
+
+def test_verify_names_broken_object(tmp_path, checkpoints):
+    out = convert_checkpoint(checkpoints["dense"], tmp_path / "m.ninfer", progress=False)
+    assert verify_artifact(out) > 0
+    with open_artifact(out) as a:
+        o = a.objects["layers.2.linear_attn.in_proj_qkv.weight"]
+    data = bytearray(out.read_bytes())
+    data[o.offset + 3] ^= 1
+    out.write_bytes(bytes(data))
+    inspect_artifact(out)  # without verify, a report still comes out
+    with pytest.raises(ArtifactError, match="object 'layers.2.linear_attn.in_proj_qkv.weight': checksum mismatch"):
+        inspect_artifact(out, verify=True)
+    with pytest.raises(ArtifactError, match="layers.2.linear_attn.in_proj_qkv.weight"):
+        verify_artifact(out)
