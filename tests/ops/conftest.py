@@ -4,9 +4,13 @@
 ``TRITON_INTERPRET=1`` must be set before triton is first imported: ``_device`` does that at collection time.
 """
 
+import os
+import sys
+
 import pytest
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
 import _device  # noqa: F401  (sets TRITON_INTERPRET before any kernel module imports triton)
 from ninfer.testing.numerics import nan_poisoning
 

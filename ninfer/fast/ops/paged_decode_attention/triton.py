@@ -1,0 +1,126 @@
+"""Paged decode attention with split-K over the context (flash-decoding).
+
+One program per (sequence, KV head, split) serves all the query heads of its GQA group at once, so each K/V page is
+read once per group; keys are gathered token by token through the block table, so any page size works. With more
+than one split each program writes a partial output and its log-sum-exp, and a second kernel merges the splits.
+The split count depends only on shapes (never on the context lengths on the device), so it is CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, o_ptr, po_ptr, lse_ptr, scale, SPLIT_LEN,
+                   stride_qb, stride_qh, stride_page, stride_tok, stride_kvh, stride_bt, stride_ob, stride_oh,
+                   G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                   BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    g = tl.arange(0, BG)
+    d = tl.arange(0, BD)
+    mg = g < G
+    md = d < D
+    heads = kvh * G + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=mg[:, None] & md[None, :],
+                other=0.0)  # [BG, BD]
+    start = sp * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, ctx)
+    m_i = tl.full([BG], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BG], dtype=tl.float32)
+    acc = tl.zeros([BG, BD], dtype=tl.float32)
+    for s in range(start, end, BN):
+        n = s + tl.arange(0, BN)
+        mn = n < end
+        page = tl.load(bt_ptr + b * stride_bt + n // PAGE, mask=mn, other=0).to(tl.int64)
+        kv_off = page * stride_page + (n % PAGE) * stride_tok + kvh * stride_kvh  # [BN]
+        kvmask = mn[:, None] & md[None, :]
+        k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kvmask, other=0.0)  # [BN, BD]
+        s_ij = tl.where(mn[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))  # [BG, BN] fp32
+        m_new = tl.maximum(m_i, tl.max(s_ij, axis=1))
+        p = tl.exp(s_ij - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kvmask, other=0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    # an empty range (context 0, or a split past the context) leaves l_i = 0: emit zeros and lse = -inf
+    has = l_i > 0.0
+    o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+    omask = mg[:, None] & md[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=omask)
+    else:
+        row = (b * G * tl.num_programs(1) + heads) * NUM_SPLITS + sp  # [BG] index into [B, nh, NUM_SPLITS]
+        tl.store(po_ptr + row[:, None] * D + d[None, :], o, mask=omask)
+        tl.store(lse_ptr + row, tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), mask=mg)
+
+
+@triton.jit
+def _merge_kernel(po_ptr, lse_ptr, o_ptr, stride_ob, stride_oh, NH: tl.constexpr, D: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BS)
+    d = tl.arange(0, BD)
+    ms = s < NUM_SPLITS
+    row = (b * NH + h) * NUM_SPLITS + s
+    lse = tl.load(lse_ptr + row, mask=ms, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m))  # all -inf (context 0) gives all-zero weights
+    po = tl.load(po_ptr + row[:, None] * D + d[None, :], mask=ms[:, None] & (d < D)[None, :], other=0.0)
+    total = tl.sum(w, axis=0)
+    o = tl.sum(w[:, None] * po, axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H200's count, so the interpreter exercises the same split choices
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Enough splits to give every SM about two programs, but no split shorter than 256 keys."""
+    per_split_min = 256
+    want = triton.cdiv(2 * _num_sms(device), batch * num_kv_heads)
+    return max(1, min(want, triton.cdiv(max_context, per_split_min), 64))
+
+
+def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                           context_lens: torch.Tensor, scale: float | None = None, num_splits: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, nh, d]; k_pages, v_pages [P, page_size, nkv, d]; block_table [B, max_pages] int32; context_lens [B]
+    int32 (keys per sequence, the current token included; 0 yields zeros). Returns [B, nh, d] in q's dtype.
+    ``num_splits`` defaults to ``choose_num_splits`` over the block table's capacity."""
+    B, nh, D = q.shape
+    _, page, nkv, _ = k_pages.shape
+    assert nh % nkv == 0 and q.stride(2) == 1 and k_pages.stride() == v_pages.stride() and k_pages.stride(3) == 1
+    G = nh // nkv
+    scale = D ** -0.5 if scale is None else scale
+    capacity = block_table.shape[1] * page
+    ns = choose_num_splits(B, nkv, capacity, q.device) if num_splits is None else num_splits
+    BN = 32 if D > 128 else 64
+    split_len = triton.cdiv(triton.cdiv(capacity, ns), BN) * BN
+    out = q.new_empty(B, nh, D) if out is None else out
+    if ns > 1:
+        po = torch.empty(B, nh, ns, D, device=q.device, dtype=torch.float32)
+        lse = torch.empty(B, nh, ns, device=q.device, dtype=torch.float32)
+    else:
+        po = lse = out
+    BG, BD = max(16, triton.next_power_of_2(G)), triton.next_power_of_2(D)
+    _decode_kernel[(B, nkv, ns)](
+        q, k_pages, v_pages, block_table, context_lens, out, po, lse, scale, split_len,
+        q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
+        out.stride(0), out.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD, BN=BN,
+        num_warps=4 if BD <= 128 else 8)
+    if ns > 1:
+        _merge_kernel[(B, nh)](po, lse, out, out.stride(0), out.stride(1), NH=nh, D=D, NUM_SPLITS=ns,
+                               BS=triton.next_power_of_2(ns), BD=BD)
+    return out

@@ -1,0 +1,27 @@
+"""paged_decode_attention vs the naive gather + softmax: GQA groups of odd size, odd head dim and page size,
+scrambled pages, empty rows, and split-K on and off."""
+
+import pytest
+import torch
+
+from _device import DEVICE, DOT_IO_DTYPES, ON_GPU
+from _paged import random_paged_cache
+from ninfer.fast.ops.paged_decode_attention import paged_decode_attention, paged_decode_attention_naive
+from ninfer.testing.numerics import assert_close
+
+# (context lengths, nh, nkv, d, page_size): the GPU checks the 9B attention dims (16/4 heads, head_dim 256)
+CASES = ([([4097], 16, 4, 256, 16), ([1, 700, 5000, 33, 129, 16, 17, 2048], 16, 4, 256, 16),
+          ([30000], 16, 4, 256, 32), ([100, 9000, 3], 24, 4, 256, 16)] if ON_GPU
+         else [([1, 17, 300], 6, 2, 60, 5), ([9, 0], 4, 4, 16, 8)])
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3, None], ids=["splits1", "splits3", "auto"])
+@pytest.mark.parametrize("lengths,nh,nkv,d,page_size", CASES)
+def test_paged_decode_attention(lengths, nh, nkv, d, page_size, num_splits, dtype):
+    k_pages, v_pages, table = random_paged_cache(lengths, nkv, d, page_size, dtype, DEVICE)
+    q = torch.randn(len(lengths), nh, d, device=DEVICE).to(dtype)
+    ctx = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    ref = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
+    out = paged_decode_attention(q, k_pages, v_pages, table, ctx, num_splits=num_splits)
+    assert_close("paged_decode_attention", ref, out, 1e-2 if dtype == torch.bfloat16 else (2e-3 if ON_GPU else 1e-5))
