@@ -30,7 +30,7 @@ def top_k_keep(order: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 
     order [B, V] from ``rank_order``; top_k [B] with 0 meaning off. Returns bool [B, V].
     """
-    batch, vocab = order.shape
+    vocab = order.shape[-1]
     k = top_k.to(device=order.device, dtype=torch.int64).reshape(-1, 1)  # [B, 1]
     k = torch.where(k > 0, k, vocab)
     rank_keep = torch.arange(vocab, device=order.device).reshape(1, -1) < k  # [B, V] by rank

@@ -26,9 +26,13 @@ def probs(z):
     return torch.softmax(torch.tensor(z, dtype=torch.float64), dim=-1).tolist()
 
 
-def test_temperature_divides():
+def test_temperature_is_a_correctly_rounded_division():
     x = torch.tensor([[1.0, -3.0], [1.0, -3.0]])
     assert apply_temperature(x, torch.tensor([0.5, 2.0])).tolist() == [[2.0, -6.0], [0.5, -1.5]]
+    x = torch.randn(3, 5000, generator=torch.Generator().manual_seed(0)) * 10
+    t = torch.tensor([0.7, 1.3, 0.3]).reshape(-1, 1)
+    # a float32 quotient rounded from float64 is correctly rounded; x * (1 / t) is not
+    assert torch.equal(apply_temperature(x, t.reshape(-1)), (x.double() / t.double()).float())
 
 
 def test_top_k_by_hand():
