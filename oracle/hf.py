@@ -4,10 +4,14 @@ Cases per random prompt, every position compared:
 - ``prefill``: HF full-sequence forward vs the reference's chunked prefill;
 - ``prefill-step``: the same against the reference's prefill through the GDN step recurrence;
 - ``decode``: HF with its cache fed one token at a time vs the reference's ``decode_step`` after a prefill.
+
+The reference's weights come through the product path by default (``via="artifact"``: the converter writes a
+``.ninfer`` file, the artifact reader reads it back), or straight from the safetensors files (``via="checkpoint"``).
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,11 +19,13 @@ from typing import Callable
 import torch
 
 from ninfer.reference.model import ReferenceModel
-from ninfer.reference.weights import checkpoint_summary, hf_config, weights_from_hf_dir
+from ninfer.models.qwen3_5.params import MTP, TEXT
+from ninfer.reference.weights import checkpoint_summary, hf_config, load_weights, weights_from_hf_dir
 
 from .metrics import max_abs, rel_rms
 
 TOLERANCE = 1e-5
+VIAS = ("artifact", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,21 @@ def load_hf(checkpoint_dir: str | Path):
     return AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32).eval()
 
 
+def reference_weights(checkpoint_dir: str | Path, via: str = "artifact") -> tuple[dict[str, torch.Tensor], str]:
+    """fp32 logical weights of the checkpoint (MTP included when the config has it) and a line saying how."""
+    cfg = hf_config(checkpoint_dir)
+    features = (TEXT, MTP) if cfg.mtp_num_hidden_layers > 0 else (TEXT,)
+    if via == "checkpoint":
+        return weights_from_hf_dir(checkpoint_dir, features), "checkpoint safetensors (converter bypassed)"
+    if via != "artifact":
+        raise ValueError(f"via must be one of {VIAS}, got {via!r}")
+    from ninfer.convert.convert import convert_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="ninfer-oracle-") as tmp:
+        path = convert_checkpoint(checkpoint_dir, Path(tmp) / "oracle.ninfer", progress=False)
+        return load_weights(path, features), "convert_checkpoint -> .ninfer artifact reader"
+
+
 def _hf_decode(hf, prompt: torch.Tensor, cont: torch.Tensor) -> torch.Tensor:
     """HF logits [n, V] for each token of ``cont`` fed one at a time after caching ``prompt``."""
     out = hf(input_ids=prompt[None], use_cache=True)
@@ -88,17 +109,14 @@ def _prompt_rows(hf, ref: ReferenceModel, p: int, prompt: torch.Tensor, cont: to
 
 def run_hf_parity(checkpoint_dir: str | Path, *, num_prompts: int = 2, prompt_len: int = 150,
                   decode_steps: int = 8, seed: int = 0, tolerance: float = TOLERANCE,
-                  weights: dict[str, torch.Tensor] | None = None, weights_source: str | None = None) -> ParityReport:
+                  via: str = "artifact") -> ParityReport:
     """Compare reference and HF logits on ``num_prompts`` random prompts of ``prompt_len`` tokens, each followed
-    by ``decode_steps`` random tokens decoded one at a time.
-
-    ``weights`` (logical names) default to a direct read of the checkpoint's safetensors files.
+    by ``decode_steps`` random tokens decoded one at a time. ``via`` picks the weight path (see the module doc).
     """
     if num_prompts < 1 or prompt_len < 1 or decode_steps < 0:
         raise ValueError("run_hf_parity needs num_prompts >= 1, prompt_len >= 1, decode_steps >= 0")
     cfg = hf_config(checkpoint_dir)
-    if weights is None:
-        weights, weights_source = weights_from_hf_dir(checkpoint_dir), "checkpoint safetensors"
+    weights, source = reference_weights(checkpoint_dir, via)
     ref = ReferenceModel(cfg, weights, dtype=torch.float32)
     hf = load_hf(checkpoint_dir)
     gen = torch.Generator().manual_seed(seed)
@@ -107,14 +125,15 @@ def run_hf_parity(checkpoint_dir: str | Path, *, num_prompts: int = 2, prompt_le
         for p in range(num_prompts):
             tokens = torch.randint(0, cfg.vocab_size, (prompt_len + decode_steps,), generator=gen)
             rows += _prompt_rows(hf, ref, p, tokens[:prompt_len], tokens[prompt_len:])
-    return ParityReport(checkpoint_summary(checkpoint_dir), weights_source or "caller", tuple(rows), tolerance)
+    return ParityReport(checkpoint_summary(checkpoint_dir), source, tuple(rows), tolerance)
 
 
 def main_hf(checkpoint_dir: str | Path, *, num_prompts: int = 2, prompt_len: int = 150, decode_steps: int = 8,
-            seed: int = 0, tolerance: float = TOLERANCE, echo: Callable[[str], None] = print) -> int:
+            seed: int = 0, tolerance: float = TOLERANCE, via: str = "artifact",
+            echo: Callable[[str], None] = print) -> int:
     """Run the parity check, print the table; exit code 0 when every case is within ``tolerance``, else 1."""
     report = run_hf_parity(checkpoint_dir, num_prompts=num_prompts, prompt_len=prompt_len,
-                           decode_steps=decode_steps, seed=seed, tolerance=tolerance)
+                           decode_steps=decode_steps, seed=seed, tolerance=tolerance, via=via)
     echo(f"checkpoint: {report.checkpoint}")
     echo(f"reference weights from: {report.weights_source}; tolerance {tolerance:.1e}")
     echo(report.table())

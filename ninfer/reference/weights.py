@@ -1,5 +1,5 @@
-"""Weights glue: build the reference model's logical weight map from an artifact or, directly, from an HF
-checkpoint directory (the oracle's independent path, which does not go through the converter)."""
+"""Weights glue: the reference model's logical weight map from a ``.ninfer`` artifact (the product path), or
+directly from an HF checkpoint directory (an independent path that bypasses the converter, for cross-checks)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,38 @@ from pathlib import Path
 
 import torch
 
+from ninfer.artifact import Artifact, open_artifact
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
 
+from .model import ReferenceModel
+
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _PER_EXPERT = re.compile(r"^(?P<base>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
+
+
+def load_weights(artifact_path: str | Path, features: tuple[str, ...] = (TEXT, MTP),
+                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Every binding of the selected features as a tensor owned by the caller (values through the binding's
+    format, so quantized artifacts work too): ``fp32``-kind parameters in at least fp32, the rest in ``dtype``.
+    A tied lm_head comes back as the embedding tensor itself."""
+    with open_artifact(artifact_path, features=features) as art:
+        return _artifact_weights(art, dtype)
+
+
+def load_model(artifact_path: str | Path, features: tuple[str, ...] = (TEXT, MTP),
+               dtype: torch.dtype = torch.float32) -> ReferenceModel:
+    """A :class:`ReferenceModel` of the artifact's config and weights."""
+    with open_artifact(artifact_path, features=features) as art:
+        return ReferenceModel(art.config, _artifact_weights(art, dtype), dtype=dtype)
+
+
+def _artifact_weights(art: Artifact, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    out = {name: art.dequantize(name).to(wide if b.kind == "fp32" else dtype) for name, b in art.bindings.items()}
+    if art.config.tie_word_embeddings:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
 
 
 def hf_logical_name(key: str) -> str | None:

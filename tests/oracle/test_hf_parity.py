@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ninfer.convert.convert import convert_checkpoint
+from ninfer.reference.weights import load_model, load_weights, weights_from_hf_dir
 from ninfer.testing.checkpoints import make_hf_checkpoint
 from oracle.hf import TOLERANCE, main_hf, run_hf_parity
 from oracle.metrics import rel_rms
@@ -24,9 +26,31 @@ def test_reference_matches_hf(tmp_path, name):
     ckpt = make_hf_checkpoint(tmp_path / name, seed=len(name), **CONFIGS[name])
     # 150 tokens: the chunked GDN crosses two 64-token boundaries.
     report = run_hf_parity(ckpt, num_prompts=1, prompt_len=150, decode_steps=4)
+    assert report.weights_source.startswith("convert_checkpoint")
     assert {r.case for r in report.rows} == {"prefill", "prefill-step", "decode"}
     assert [r.positions for r in report.rows] == [150, 150, 4]
     assert report.worst <= TOLERANCE, report.table()
+
+
+def test_checkpoint_path_bypassing_the_converter(tmp_path):
+    ckpt = make_hf_checkpoint(tmp_path / "ck", moe=True, per_expert=True, multimodal=True, hv_per_hk=2)
+    report = run_hf_parity(ckpt, num_prompts=1, prompt_len=70, decode_steps=2, via="checkpoint")
+    assert report.weights_source.startswith("checkpoint safetensors")
+    assert report.worst <= TOLERANCE, report.table()
+
+
+@pytest.mark.parametrize("opts", [dict(moe=True, per_expert=True, multimodal=True, tie=True), dict(sharded=True)])
+def test_artifact_and_checkpoint_weights_agree(tmp_path, opts):
+    ckpt = make_hf_checkpoint(tmp_path / "ck", **opts)
+    art = convert_checkpoint(ckpt, tmp_path / "a.ninfer", progress=False)
+    direct, read = weights_from_hf_dir(ckpt), load_weights(art)
+    assert direct.keys() == read.keys()
+    assert any(k.startswith("mtp.") for k in read)
+    for name in direct:
+        assert torch.equal(direct[name], read[name]), name
+    model = load_model(art, dtype=torch.float64)
+    assert model.has_mtp and model.weights["embed_tokens.weight"].dtype == torch.float64
+    assert model.weights["layers.0.linear_attn.A_log"].dtype == torch.float64
 
 
 def test_main_prints_table_and_worst_line(tmp_path):
