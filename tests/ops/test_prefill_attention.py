@@ -1,0 +1,58 @@
+"""prefill_attention vs naive: varlen chunks with cached prefixes of various lengths, GQA, odd head dim and page
+size, scrambled pages; and the prefill pipeline rope_kv_write -> prefill_attention against the naive pair."""
+
+import pytest
+import torch
+
+from _device import DEVICE, DOT_IO_DTYPES, ON_GPU
+from _paged import random_paged_cache
+from ninfer.fast.ops.prefill_attention import prefill_attention, prefill_attention_naive
+from ninfer.fast.ops.rope_kv_write import rope_kv_write, rope_kv_write_naive
+from ninfer.testing.numerics import assert_close
+
+# (chunk lengths, prefix lengths, nh, nkv, d, page_size): the GPU checks the 9B dims at real lengths
+CASES = ([([2048], [0], 16, 4, 256, 16), ([1000, 37, 513], [0, 4000, 100], 16, 4, 256, 16),
+          ([63, 200], [65, 0], 24, 4, 256, 32)] if ON_GPU
+         else [([5, 1, 13], [0, 7, 20], 6, 2, 60, 6), ([70], [3], 4, 1, 16, 16)])
+
+
+def _varlen(lens, prefixes):
+    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return cu.to(DEVICE), torch.tensor(prefixes, dtype=torch.int32, device=DEVICE)
+
+
+def _tol(dtype):
+    return 1e-2 if dtype == torch.bfloat16 else (2e-3 if ON_GPU else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("lens,prefixes,nh,nkv,d,page_size", CASES)
+def test_prefill_attention(lens, prefixes, nh, nkv, d, page_size, dtype):
+    k_pages, v_pages, table = random_paged_cache([n + p for n, p in zip(lens, prefixes)], nkv, d, page_size, dtype,
+                                                 DEVICE)
+    cu, prefix = _varlen(lens, prefixes)
+    q = torch.randn(sum(lens), nh, d, device=DEVICE).to(dtype)
+    ref = prefill_attention_naive(q, k_pages, v_pages, table, cu, prefix)
+    out = prefill_attention(q, k_pages, v_pages, table, cu, prefix, max_seqlen=max(lens))
+    assert_close("prefill_attention", ref, out, _tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+def test_prefill_pipeline_writes_chunk_then_attends(dtype):
+    lens, prefixes, nh, nkv, d, rd, page_size = ([6, 3], [5, 0], 4, 2, 32, 16, 4)
+    k_pages, v_pages, table = random_paged_cache([n + p for n, p in zip(lens, prefixes)], nkv, d, page_size, dtype,
+                                                 DEVICE)
+    cu, prefix = _varlen(lens, prefixes)
+    T = sum(lens)
+    q, k, v = (torch.randn(T, h, d, device=DEVICE).to(dtype) for h in (nh, nkv, nkv))
+    # token i of sequence b goes to cache position prefix[b] + i, through the block table
+    pos = torch.cat([torch.arange(p, p + n) for n, p in zip(lens, prefixes)]).to(DEVICE)
+    seq = torch.cat([torch.full((n,), b) for b, n in enumerate(lens)]).to(DEVICE)
+    slots = (table[seq, pos // page_size].long() * page_size + pos % page_size)
+    wq, wk = (0.1 * torch.randn(d, device=DEVICE)).to(dtype), (0.1 * torch.randn(d, device=DEVICE)).to(dtype)
+    kp_ref, vp_ref = k_pages.clone(), v_pages.clone()
+    q_ref = rope_kv_write_naive(q, k, v, pos, slots, kp_ref, vp_ref, rd, 1e7, wq, wk)
+    o_ref = prefill_attention_naive(q_ref, kp_ref, vp_ref, table, cu, prefix)
+    qr = rope_kv_write(q, k, v, pos, slots, k_pages, v_pages, rd, 1e7, wq, wk)
+    o = prefill_attention(qr, k_pages, v_pages, table, cu, prefix, max_seqlen=max(lens))
+    assert_close("prefill_pipeline", o_ref, o, _tol(dtype))
