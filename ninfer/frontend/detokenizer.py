@@ -1,0 +1,80 @@
+"""Incremental detokenization that never emits a broken UTF-8 sequence.
+
+Byte-level BPE decodes by concatenating token bytes and reading them as UTF-8, invalid bytes becoming U+FFFD
+(what `tokenizers` decode does). A token may end inside a multi-byte character; the incremental decoder keeps
+those bytes until the character completes, so every piece of text it emits is final.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+
+from .tokenizer import Qwen35Tokenizer
+
+# GPT-2's byte <-> printable-character table of byte-level BPE.
+_PRINTABLE = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+
+
+def _byte_decoder() -> dict[str, int]:
+    bs = list(_PRINTABLE)
+    cs = list(_PRINTABLE)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """Per token id: its bytes, and whether it is a special (control) token that skip_special_tokens drops."""
+
+    pieces: tuple[bytes, ...]
+    special: frozenset[int]
+
+    @classmethod
+    def build(cls, tokenizer: Qwen35Tokenizer) -> "TokenTable":
+        raw = tokenizer.tokenizer
+        added = raw.get_added_tokens_decoder()
+        table = _byte_decoder()
+        pieces = []
+        for token_id in range(tokenizer.vocab_size):
+            if token_id in added:
+                pieces.append(added[token_id].content.encode())
+            else:
+                pieces.append(bytes(table[c] for c in raw.id_to_token(token_id)))
+        special = frozenset(i for i, t in added.items() if t.special)
+        return cls(tuple(pieces), special)
+
+    def piece(self, token_id: int, skip_special: bool) -> bytes:
+        if token_id >= len(self.pieces) or (skip_special and token_id in self.special):
+            return b""  # padding ids have no text
+        return self.pieces[token_id]
+
+
+class Detokenizer:
+    """Feed token ids one at a time; `push` returns the text that became final."""
+
+    def __init__(self, table: TokenTable, skip_special_tokens: bool = True):
+        self.table = table
+        self.skip_special_tokens = skip_special_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._decoder.decode(self.table.piece(token_id, self.skip_special_tokens))
+
+    def flush(self) -> str:
+        """End of output: bytes of an unfinished character become U+FFFD, as a full decode would."""
+        return self._decoder.decode(b"", final=True)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._decoder.getstate()[0])
+
+    def clone(self) -> "Detokenizer":
+        twin = Detokenizer(self.table, self.skip_special_tokens)
+        twin._decoder.setstate(self._decoder.getstate())
+        return twin

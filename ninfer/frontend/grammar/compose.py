@@ -1,0 +1,64 @@
+"""Compose reasoning, the Qwen XML tool envelope and the final JSON into ONE structural tag.
+
+    [reasoning: any text without <think>/</think>(/<tool_call>) ... "</think>" "\n\n"]   (only if thinking)
+    then one of
+      json format only          : the final JSON
+      tools auto                : free text with triggered tool calls
+      tools auto + json format  : one or more tool calls  |  the final JSON
+      tools required            : free text, then at least one tool call
+      tool named                : exactly that tool call
+
+Because it is one grammar, a token (or a speculative block) may cross from reasoning into a tool call or the
+final JSON with no out-of-band phase switch, and a forced `</think>` is just more text for the same matcher.
+Under a grammar the reasoning cannot contain <tool_call>: a constrained turn closes its thinking first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xgrammar.structural_tag import (AnyTextFormat, ConstStringFormat, JSONSchemaFormat, OrFormat, SequenceFormat,
+                                     StructuralTag, TagFormat, TagsWithSeparatorFormat, TriggeredTagsFormat)
+
+from ..messages import ToolSpec
+from .options import StructuredOutputOptions
+
+THINK_END = "</think>"
+THINK_SUFFIX = "\n\n"
+CALL_TRIGGER = "<tool_call>\n<function="
+CALL_END = "\n</function>\n</tool_call>"
+REASONING_EXCLUDES = ["<think>", "</think>"]
+
+
+def tool_tag(tool: ToolSpec) -> TagFormat:
+    params: Any = tool.parameters if tool.parameters is not None else True
+    return TagFormat(begin=f"{CALL_TRIGGER}{tool.name}>\n",
+                     content=JSONSchemaFormat(json_schema=params, style="qwen_xml"), end=CALL_END)
+
+
+def _answer(options: StructuredOutputOptions) -> Any:
+    fmt = options.response_format
+    final = JSONSchemaFormat(json_schema=fmt.final_schema()) if fmt.is_json else None
+    tools = options.callable_tools
+    if not tools:
+        return final if final is not None else AnyTextFormat(excludes=REASONING_EXCLUDES)
+    tags = [tool_tag(t) for t in tools]
+    single = not options.parallel_tool_calls
+    mode = options.tool_choice.mode
+    if mode == "named":
+        return tags[0]
+    if mode == "auto" and final is not None:
+        calls = TagsWithSeparatorFormat(tags=tags, separator="\n", at_least_one=True, stop_after_first=single)
+        return OrFormat(elements=[calls, final])
+    return TriggeredTagsFormat(triggers=[CALL_TRIGGER], tags=tags, excludes=REASONING_EXCLUDES,
+                               at_least_one=mode == "required", stop_after_first=single)
+
+
+def structural_tag(options: StructuredOutputOptions, *, reasoning: bool) -> StructuralTag:
+    """The one grammar of a request; `reasoning` when the prompt left a <think> block open."""
+    answer = _answer(options)
+    if not reasoning:
+        return StructuralTag(format=answer)
+    excludes = REASONING_EXCLUDES + (["<tool_call>"] if options.callable_tools else [])
+    think = TagFormat(begin="", content=AnyTextFormat(excludes=excludes), end=THINK_END)
+    return StructuralTag(format=SequenceFormat(elements=[think, ConstStringFormat(value=THINK_SUFFIX), answer]))

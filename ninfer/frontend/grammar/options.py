@@ -1,0 +1,141 @@
+"""StructuredOutputOptions: what a request asks of its output's structure, as schema data.
+
+It crosses the public Engine boundary unchanged; the Frontend compiles it into a request-owned GrammarState.
+Everything XGrammar would silently not enforce is refused here with RequestRejected(UNREPRESENTABLE), so a
+compiled grammar never promises more than it checks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..messages import ToolSpec, reject
+
+# Keywords XGrammar 0.2.x accepts but does not enforce (measured: a violating document is accepted).
+UNENFORCED_KEYWORDS = frozenset({"not", "if", "then", "else", "dependentSchemas", "unevaluatedItems", "$dynamicRef",
+                                 "$dynamicAnchor", "$recursiveRef"})
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "contains", "unevaluatedProperties")
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    kind: str = "text"  # "text" | "json_object" | "json_schema"
+    schema: Mapping[str, Any] | None = None
+    name: str = ""
+    strict: bool = True
+
+    @classmethod
+    def parse(cls, raw: Any) -> "ResponseFormat":
+        """From an OpenAI `response_format` value (None means text)."""
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping) or raw.get("type") not in ("text", "json_object", "json_schema"):
+            raise reject("response_format.type must be one of text, json_object, json_schema")
+        if raw["type"] != "json_schema":
+            return cls(raw["type"])
+        spec = raw.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema", {}), (Mapping, bool)):
+            raise reject("response_format.json_schema must be an object with a 'schema' object")
+        schema = spec.get("schema", {})
+        check_schema(schema, "response_format.json_schema.schema")
+        return cls("json_schema", _plain(schema, "response_format.json_schema.schema"), str(spec.get("name", "")),
+                   bool(spec.get("strict", True)))
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind != "text"
+
+    def final_schema(self) -> Mapping[str, Any] | bool:
+        """The JSON schema of the final answer: any object for json_object."""
+        return {"type": "object"} if self.kind == "json_object" else (self.schema if self.schema is not None else True)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str = "auto"  # "none" | "auto" | "required" | "named"
+    name: str = ""
+
+    @classmethod
+    def parse(cls, raw: Any, tools: Sequence[ToolSpec]) -> "ToolChoice":
+        if raw is None:
+            return cls("auto" if tools else "none")
+        if raw in ("none", "auto", "required"):
+            if raw == "required" and not tools:
+                raise reject("tool_choice 'required' needs at least one tool")
+            return cls(raw)
+        fn = raw.get("function") if isinstance(raw, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise reject("tool_choice must be none, auto, required or {'type': 'function', 'function': {'name': ...}}")
+        if not any(t.name == fn["name"] for t in tools):
+            raise reject(f"tool_choice names tool {fn['name']!r}, which is not among the declared tools")
+        return cls("named", fn["name"])
+
+
+@dataclass(frozen=True)
+class StructuredOutputOptions:
+    response_format: ResponseFormat = ResponseFormat()
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = ToolChoice("none")
+    parallel_tool_calls: bool = True
+
+    @classmethod
+    def create(cls, *, response_format: Any = None, tools: Sequence[ToolSpec] = (), tool_choice: Any = None,
+               parallel_tool_calls: bool = True) -> "StructuredOutputOptions":
+        """Validate OpenAI-shaped fields against the (already normalized) tool specs."""
+        tools = tuple(tools)
+        for t in tools:
+            if t.parameters is not None:
+                check_schema(t.parameters, f"tool {t.name!r} parameters")
+        return cls(ResponseFormat.parse(response_format), tools, ToolChoice.parse(tool_choice, tools),
+                   bool(parallel_tool_calls))
+
+    @property
+    def tools_active(self) -> bool:
+        return bool(self.tools) and self.tool_choice.mode != "none"
+
+    @property
+    def callable_tools(self) -> tuple[ToolSpec, ...]:
+        if not self.tools_active:
+            return ()
+        if self.tool_choice.mode == "named":
+            return tuple(t for t in self.tools if t.name == self.tool_choice.name)
+        return self.tools
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar enforces the output: a JSON format, a forced tool call, or a strict tool."""
+        forced = self.tool_choice.mode in ("required", "named")
+        return self.response_format.is_json or forced or (self.tools_active and any(t.strict for t in self.tools))
+
+
+def _plain(value: Any, where: str) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as e:
+        raise reject(f"{where} is not JSON data: {e}") from e
+
+
+def check_schema(schema: Any, where: str) -> None:
+    """Refuse schema shapes the grammar cannot enforce, naming the keyword and where it sits."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, Mapping):
+        raise reject(f"{where} must be a JSON schema object or boolean, got {type(schema).__name__}")
+    bad = UNENFORCED_KEYWORDS.intersection(schema)
+    if bad:
+        raise reject(f"{where}: JSON schema keyword {sorted(bad)[0]!r} is not supported by structured output")
+    if len(schema.get("allOf", ())) > 1:
+        raise reject(f"{where}: 'allOf' with more than one subschema is not supported by structured output")
+    for key in SCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items():
+            check_schema(sub, f"{where}.{key}.{name}")
+    for key in SCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or ()):
+            check_schema(sub, f"{where}.{key}[{i}]")
+    for key in SCHEMA_VALUES:
+        if key in schema:
+            check_schema(schema[key], f"{where}.{key}")

@@ -1,0 +1,95 @@
+"""PreparedPrompt: the owning token ids of one request and their content identity.
+
+The identity is a SHA-256 chain over the token ids (int32 little-endian, under a vocabulary namespace): one
+digest of the whole prompt and one of the prefix at every explicit cache boundary (the end of the system
+turn, the end of each message). The Engine's prefix index looks up the deepest boundary digest it holds a
+checkpoint for; two prompts share a boundary digest exactly when they share those tokens.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+DIGEST_NAMESPACE = b"ninfer:qwen3_5:tokens:v1\0"
+
+
+@dataclass(frozen=True)
+class PrefixDigest:
+    """The digest of token_ids[:length]."""
+
+    length: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    token_ids: tuple[int, ...]
+    digest: str  # of all token_ids
+    boundaries: tuple[PrefixDigest, ...]  # strictly increasing lengths in 1..len(token_ids)
+    reasoning_open: bool = False  # the prompt ends inside an open <think> block
+    text: str = field(default="", repr=False)  # the rendered text, for logs and /tokenize; "" for token prompts
+
+    def __post_init__(self) -> None:
+        lengths = [b.length for b in self.boundaries]
+        if any(not 0 < n <= len(self.token_ids) for n in lengths) or lengths != sorted(set(lengths)):
+            raise ValueError(f"cache boundaries {lengths} must increase strictly within 1..{len(self.token_ids)}")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def deepest(self, known: Iterable[str]) -> PrefixDigest | None:
+        """The longest boundary whose digest is in `known` (e.g. the Engine's checkpoint index)."""
+        known = set(known)
+        return next((b for b in reversed(self.boundaries) if b.digest in known), None)
+
+    def check_invariants(self) -> None:
+        """Recompute every digest from the token ids: an expensive no-op when all is well."""
+        fresh = digest_prefixes(self.token_ids, [b.length for b in self.boundaries])
+        if fresh != (self.boundaries, self.digest):
+            raise AssertionError("PreparedPrompt digests do not match its token ids")
+
+
+def digest_prefixes(token_ids: Sequence[int], lengths: Sequence[int]) -> tuple[tuple[PrefixDigest, ...], str]:
+    """One pass of the hash chain: digests at each of `lengths` (ascending) and of the whole sequence."""
+    data = array.array("i", token_ids)
+    if data.itemsize != 4:
+        raise RuntimeError("the token digest needs a 4-byte C int")
+    if sys.byteorder == "big":
+        data.byteswap()
+    raw = data.tobytes()
+    h = hashlib.sha256(DIGEST_NAMESPACE)
+    done = 0
+    out = []
+    for n in lengths:
+        h.update(raw[done * 4:n * 4])
+        done = n
+        out.append(PrefixDigest(n, h.hexdigest()))
+    h.update(raw[done * 4:])
+    return tuple(out), h.hexdigest()
+
+
+def prepare_ids(token_ids: Sequence[int], boundary_lengths: Iterable[int] = (), *, reasoning_open: bool = False,
+                text: str = "") -> PreparedPrompt:
+    ids = tuple(int(t) for t in token_ids)
+    lengths = sorted({n for n in boundary_lengths if 0 < n <= len(ids)})
+    boundaries, digest = digest_prefixes(ids, lengths)
+    return PreparedPrompt(ids, digest, boundaries, reasoning_open, text)
+
+
+def char_to_token_boundaries(offsets: Sequence[tuple[int, int]], chars: Iterable[int]) -> list[int]:
+    """Token counts at which the tokenization splits exactly at each character offset in `chars`.
+
+    A boundary falling inside a token (the BPE merged across it) has no token count and is dropped.
+    """
+    ends = [e for _, e in offsets]
+    out = []
+    for c in chars:
+        k = bisect.bisect_right(ends, c)
+        if k > 0 and ends[k - 1] == c and (k == len(offsets) or offsets[k][0] >= c):
+            out.append(k)
+    return out
