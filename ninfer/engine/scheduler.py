@@ -63,8 +63,11 @@ class Scheduler:
         self.admission_dirty = False
 
     def protect_head(self, rid: int, donors: frozenset[int]) -> None:
+        """Record the blocked head and the incumbents that must end for it. The donor set is fixed when the head
+        is first blocked: requests admitted later are borrowers, proven never to be needed as donors."""
         assert self.waiting and self.waiting[0] == rid, "only the FIFO head can be protected"
-        self.protected_head, self.donors = rid, donors
+        if self.protected_head != rid:
+            self.protected_head, self.donors = rid, donors
 
     def clear_protection(self) -> None:
         self.protected_head, self.donors = None, frozenset()
@@ -75,6 +78,8 @@ class Scheduler:
 
     def set_decode_ready(self, rid: int, lane: int) -> None:
         self._drop_staged(rid)
+        if rid in self.control_ready:
+            self.control_ready.remove(rid)
         self.decode_ready[rid] = lane
 
     def set_control_ready(self, rid: int) -> None:

@@ -58,3 +58,10 @@ class TokenSession:
 
     def result_fields(self) -> dict[str, object]:
         return {"tokens": tuple(self.tokens), "forced": tuple(self.forced)}
+
+
+def token_request(prompt, max_tokens: int = 6, *, think_budget: int | None = None, **kw):
+    """A GenerationRequest with a TokenSession: the usual request of Engine tests."""
+    from ninfer.engine.records import GenerationRequest
+
+    return GenerationRequest(tuple(prompt), TokenSession(max_tokens, think_budget=think_budget), **kw)
