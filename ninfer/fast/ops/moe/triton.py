@@ -1,0 +1,134 @@
+"""MoE routing and the small-M grouped GEMM behind the routed experts.
+
+``moe_route``: one program per token does the fp32 softmax over all experts, k rounds of argmax and the top-k
+renormalisation. ``moe_align`` (torch, no host sync) sorts the (token, slot) pairs by expert and pads every expert's
+group to a multiple of BM rows, so ``grouped_gemm`` programs each own BM pairs of a single expert and stream that
+expert's weight tile once for all of them. ``moe_experts`` chains gate_up GEMM -> swiglu -> down GEMM (scaled by the
+routing weights) -> sum over the k slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..swiglu import swiglu
+
+BM = 16
+
+
+@triton.jit
+def _route_kernel(logit_ptr, w_ptr, id_ptr, E, stride_l, TOPK: tl.constexpr, RENORM: tl.constexpr,
+                  BE: tl.constexpr, BK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BE)
+    me = e < E
+    x = tl.load(logit_ptr + t * stride_l + e, mask=me, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = tl.where(me, p / tl.sum(p, axis=0), -1.0)
+    k = tl.arange(0, BK)
+    w_sel = tl.zeros([BK], dtype=tl.float32)
+    id_sel = tl.zeros([BK], dtype=tl.int32)
+    for j in tl.static_range(TOPK):
+        best = tl.max(p, axis=0)
+        idx = tl.argmax(p, axis=0)
+        w_sel = tl.where(k == j, best, w_sel)
+        id_sel = tl.where(k == j, idx.to(tl.int32), id_sel)
+        p = tl.where(e == idx, -1.0, p)
+    if RENORM:
+        w_sel = w_sel / tl.sum(tl.where(k < TOPK, w_sel, 0.0), axis=0)
+    tl.store(w_ptr + t * TOPK + k, w_sel, mask=k < TOPK)
+    tl.store(id_ptr + t * TOPK + k, id_sel, mask=k < TOPK)
+
+
+@triton.jit
+def _grouped_gemm_kernel(a_ptr, w_ptr, o_ptr, sorted_ptr, bexp_ptr, pw_ptr, N, K, num_pairs, stride_a, stride_we,
+                         stride_wn, stride_o, TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr,
+                         HAS_PW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    mn = n < N
+    e = tl.load(bexp_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))  # [BM] flat (token, slot) ids; padding = num_pairs
+    valid = pairs < num_pairs
+    # gate_up reads the token's row, down reads the pair's own activation row
+    rows = (pairs if A_PER_PAIR else pairs // TOPK).to(tl.int64)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    k_end = tl.where(e >= 0, K, 0)  # blocks past the last expert group do no work
+    for k0 in range(0, k_end, BK):
+        mk = k0 + kk < K
+        a = tl.load(a_ptr + rows[:, None] * stride_a + (k0 + kk)[None, :], mask=valid[:, None] & mk[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + e * stride_we + n[:, None] * stride_wn + (k0 + kk)[None, :],
+                    mask=mn[:, None] & mk[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w))
+    if HAS_PW:
+        acc *= tl.load(pw_ptr + pairs, mask=valid, other=0.0)[:, None]
+    tl.store(o_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=valid[:, None] & mn[None, :])
+
+
+def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (weights [T, k] fp32, expert ids [T, k] int32), highest probability first."""
+    T, E = logits.shape
+    assert logits.stride(1) == 1
+    w = torch.empty(T, top_k, device=logits.device, dtype=torch.float32)
+    ids = torch.empty(T, top_k, device=logits.device, dtype=torch.int32)
+    _route_kernel[(T,)](logits, w, ids, E, logits.stride(0), TOPK=top_k, RENORM=renormalize,
+                        BE=triton.next_power_of_2(E), BK=triton.next_power_of_2(top_k))
+    return w, ids
+
+
+def moe_align(ids: torch.Tensor, num_experts: int, block: int = BM) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort the flat (token, slot) pairs of ids [T, k] by expert, each expert's group padded to ``block`` rows.
+
+    Returns (sorted_pairs [max_rows] int32, padding = T*k; block_expert [max_rows/block] int32, -1 past the last
+    group). Sizes depend only on T*k, so no device value is read back (CUDA-graph safe).
+    """
+    flat = ids.flatten().long()
+    P = flat.numel()
+    max_rows = P + min(num_experts, P) * (block - 1)
+    max_rows = triton.cdiv(max_rows, block) * block
+    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block - 1) // block * block
+    ends = padded.cumsum(0)  # [E] end row of each expert's group
+    order = torch.argsort(flat, stable=True)
+    by_expert = flat[order]
+    rank = torch.arange(P, device=ids.device) - (counts.cumsum(0) - counts)[by_expert]
+    sorted_pairs = torch.full((max_rows,), P, dtype=torch.int32, device=ids.device)
+    sorted_pairs.scatter_(0, (ends - padded)[by_expert] + rank, order.to(torch.int32))
+    starts = torch.arange(0, max_rows, block, device=ids.device)
+    block_expert = torch.searchsorted(ends, starts, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_pairs, block_expert
+
+
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor,
+                 top_k: int, a_per_pair: bool, pair_weights: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out[p] = w[expert(p)] @ a[row(p)] for every (token, slot) pair p, row(p) = p if ``a_per_pair`` else
+    p // top_k; optionally scaled by pair_weights [T*k]. a [rows, K]; w [E, N, K]. Returns [T*k, N]."""
+    E, N, K = w.shape
+    assert a.stride(1) == 1 and w.stride(2) == 1
+    num_pairs = a.shape[0] if a_per_pair else a.shape[0] * top_k
+    out = torch.empty(num_pairs, N, device=a.device, dtype=out_dtype or a.dtype)
+    BN, BK = 64, 64
+    pw = pair_weights if pair_weights is not None else out
+    _grouped_gemm_kernel[(block_expert.numel(), triton.cdiv(N, BN))](
+        a, w, out, sorted_pairs, block_expert, pw, N, K, num_pairs, a.stride(0), w.stride(0), w.stride(1),
+        out.stride(0), TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, BM=BM, BN=BN, BK=BK)
+    return out
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, weights: torch.Tensor,
+                ids: torch.Tensor) -> torch.Tensor:
+    """Same contract as ``moe_experts_naive``: x [T, H] -> [T, H] in x's dtype."""
+    T, k = ids.shape
+    sorted_pairs, block_expert = moe_align(ids, w_gate_up.shape[0])
+    h = grouped_gemm(x, w_gate_up, sorted_pairs, block_expert, k, a_per_pair=False)  # [T*k, 2I]
+    act = swiglu(h)  # [T*k, I]
+    y = grouped_gemm(act, w_down, sorted_pairs, block_expert, k, a_per_pair=True,
+                     pair_weights=weights.flatten(), out_dtype=torch.float32)  # [T*k, H]
+    return y.view(T, k, -1).sum(1).to(x.dtype)
