@@ -9,7 +9,6 @@ from ninfer.reference.attention import apply_rope, causal_attention, rope_cos_si
 from ninfer.reference.ffn import moe, route
 from ninfer.reference.norms import gated_rms_norm, zc_rms_norm
 from ninfer.reference.scope import Scope
-from refmodels import random_weights, tiny_config
 
 G = torch.Generator().manual_seed(7)
 
@@ -71,7 +70,7 @@ def test_router_renormalises_top_k():
     assert torch.allclose(w_raw, probs.topk(2, dim=-1).values)
 
 
-def test_moe_block_matches_per_token_loop():
+def test_moe_block_matches_per_token_loop(tiny_config, random_weights):
     cfg = tiny_config(moe=True)
     weights = {k: v.double() for k, v in random_weights(cfg).items()}
     w = Scope(weights, "layers.0.mlp")

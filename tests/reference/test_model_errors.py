@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from ninfer.reference.model import ReferenceModel
-from refmodels import random_weights, tiny_config, tokens
 
 
-def test_missing_weight_is_named():
+def test_missing_weight_is_named(tiny_config, random_weights):
     cfg = tiny_config()
     w = random_weights(cfg)
     del w["layers.1.linear_attn.A_log"]
@@ -17,7 +16,7 @@ def test_missing_weight_is_named():
         ReferenceModel(cfg, w)
 
 
-def test_wrong_shape_is_named():
+def test_wrong_shape_is_named(tiny_config, random_weights):
     cfg = tiny_config()
     w = random_weights(cfg)
     w["norm.weight"] = torch.zeros(3)
@@ -25,7 +24,7 @@ def test_wrong_shape_is_named():
         ReferenceModel(cfg, w)
 
 
-def test_tied_model_needs_no_lm_head_and_shares_the_embedding():
+def test_tied_model_needs_no_lm_head_and_shares_the_embedding(tiny_config, random_weights):
     cfg = tiny_config(tie=True)
     w = random_weights(cfg)
     del w["lm_head.weight"]
@@ -33,23 +32,23 @@ def test_tied_model_needs_no_lm_head_and_shares_the_embedding():
     assert m.weights["lm_head.weight"] is m.weights["embed_tokens.weight"]
 
 
-def test_fp32_kind_parameters_stay_fp32_and_the_rest_cast():
+def test_fp32_kind_parameters_stay_fp32_and_the_rest_cast(tiny_config, random_weights):
     cfg = tiny_config()
     m = ReferenceModel(cfg, random_weights(cfg), dtype=torch.bfloat16)
     assert m.weights["layers.0.linear_attn.A_log"].dtype == torch.float32
     assert m.weights["layers.0.linear_attn.in_proj_qkv.weight"].dtype == torch.bfloat16
 
 
-def test_bad_inputs(dense64):
+def test_bad_inputs(dense64, make_tokens):
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 512\)"):
         dense64.prefill(torch.tensor([1, 512]), dense64.new_state())
     with pytest.raises(ValueError, match="non-empty 1-D"):
         dense64.prefill(torch.zeros(0, dtype=torch.long), dense64.new_state())
     with pytest.raises(ValueError, match="chunked=True"):
-        dense64.prefill(tokens(4), dense64.new_state(), chunked=False, checkpoints=[])
+        dense64.prefill(make_tokens(4), dense64.new_state(), chunked=False, checkpoints=[])
 
 
-def test_mtp_without_weights():
+def test_mtp_without_weights(tiny_config, random_weights):
     cfg = tiny_config()
     w = {k: v for k, v in random_weights(cfg).items() if not k.startswith("mtp.")}
     m = ReferenceModel(cfg, w)

@@ -10,7 +10,6 @@ from ninfer.reference.ffn import ffn
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.norms import zc_rms_norm
 from ninfer.reference.scope import Scope
-from refmodels import tokens
 
 
 def _hand_attention(x: torch.Tensor, W: dict, p: str, model: ReferenceModel) -> torch.Tensor:
@@ -45,8 +44,8 @@ def _hand_mtp(model: ReferenceModel, hidden: torch.Tensor, next_tokens: torch.Te
     return zc_rms_norm(h, W["mtp.norm.weight"], eps) @ W["lm_head.weight"].T
 
 
-def test_mtp_forward_matches_hand_composition(model64):
-    toks = tokens(12, seed=6)
+def test_mtp_forward_matches_hand_composition(model64, make_tokens):
+    toks = make_tokens(12, seed=6)
     state = model64.new_state()
     _, hidden = model64.prefill(toks, state, return_hidden=True)
     drafts = model64.mtp_forward(hidden[:-1], toks[1:], state)  # pair h_t with token t+1
@@ -55,10 +54,10 @@ def test_mtp_forward_matches_hand_composition(model64):
     assert state.mtp_kv[0].length == 11
 
 
-def test_mtp_kv_continuity_and_chained_hidden(model64):
+def test_mtp_kv_continuity_and_chained_hidden(model64, make_tokens):
     g = torch.Generator().manual_seed(8)
     hidden = torch.randn(8, model64.cfg.hidden_size, generator=g, dtype=torch.float64)
-    nxt = tokens(8, seed=9)
+    nxt = make_tokens(8, seed=9)
     one = model64.mtp_forward(hidden, nxt, model64.new_state())
     state = model64.new_state()
     parts = [model64.mtp_forward(hidden[:5], nxt[:5], state), model64.mtp_forward(hidden[5:], nxt[5:], state)]
@@ -67,9 +66,9 @@ def test_mtp_kv_continuity_and_chained_hidden(model64):
     assert torch.allclose(F.linear(h, model64.weights["lm_head.weight"]), logits)
 
 
-def test_last_hidden_is_the_lm_head_input(dense64):
+def test_last_hidden_is_the_lm_head_input(dense64, make_tokens):
     state = dense64.new_state()
-    logits, hidden = dense64.prefill(tokens(5), state, return_hidden=True)
+    logits, hidden = dense64.prefill(make_tokens(5), state, return_hidden=True)
     assert torch.equal(state.last_hidden, hidden[-1])
     assert torch.allclose(dense64.logits(hidden), logits)
     step_logits, step_hidden = dense64.decode_step(3, state, return_hidden=True)

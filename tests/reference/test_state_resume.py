@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from ninfer.reference.state import SequenceState
-from refmodels import tokens
 
 EXACT = 1e-11  # fp64: the forms differ only by summation order
 
@@ -26,8 +25,8 @@ def _assert_states_equal(a: SequenceState, b: SequenceState, tol: float = EXACT)
         assert _max_diff(a.kv[i].k, b.kv[i].k) < tol and _max_diff(a.kv[i].v, b.kv[i].v) < tol, f"KV layer {i}"
 
 
-def test_chunked_and_step_prefill_agree(model64):
-    toks = tokens(150)
+def test_chunked_and_step_prefill_agree(model64, make_tokens):
+    toks = make_tokens(150)
     sc, ss = model64.new_state(), model64.new_state()
     lc = model64.prefill(toks, sc, chunked=True)
     ls = model64.prefill(toks, ss, chunked=False)
@@ -35,8 +34,8 @@ def test_chunked_and_step_prefill_agree(model64):
     _assert_states_equal(sc, ss)
 
 
-def test_decode_steps_equal_prefill_positions(model64):
-    toks = tokens(20, seed=1)
+def test_decode_steps_equal_prefill_positions(model64, make_tokens):
+    toks = make_tokens(20, seed=1)
     full = model64.prefill(toks, model64.new_state())
     state = model64.new_state()
     model64.prefill(toks[:12], state)
@@ -46,22 +45,22 @@ def test_decode_steps_equal_prefill_positions(model64):
 
 
 @pytest.mark.parametrize("t", [1, 3, 64, 70, 129])
-def test_resume_from_clone_equals_straight_run(dense64, t):
-    toks = tokens(140, seed=2)
+def test_resume_from_clone_equals_straight_run(dense64, t, make_tokens):
+    toks = make_tokens(140, seed=2)
     straight = dense64.prefill(toks, dense64.new_state())
     state = dense64.new_state()
     dense64.prefill(toks[:t], state)
     checkpoint = state.clone()
     # Advancing the original must not disturb the checkpoint.
-    dense64.prefill(tokens(9, seed=99), state)
+    dense64.prefill(make_tokens(9, seed=99), state)
     resumed = dense64.prefill(toks[t:], checkpoint)
     assert _max_diff(resumed, straight[t:]) < EXACT
     assert checkpoint.next_position == 140
 
 
 @pytest.mark.parametrize("sizes", [[37, 64, 5, 44], [1, 1, 148], [64, 64, 22], [100, 50]])
-def test_split_prefill_equals_one_prefill(model64, sizes):
-    toks = tokens(150, seed=3)
+def test_split_prefill_equals_one_prefill(model64, sizes, make_tokens):
+    toks = make_tokens(150, seed=3)
     one_state = model64.new_state()
     one = model64.prefill(toks, one_state)
     state, parts, s = model64.new_state(), [], 0
@@ -72,8 +71,8 @@ def test_split_prefill_equals_one_prefill(model64, sizes):
     _assert_states_equal(state, one_state)
 
 
-def test_chunk_boundary_checkpoints_equal_step_states(model64):
-    toks = tokens(150, seed=4)
+def test_chunk_boundary_checkpoints_equal_step_states(model64, make_tokens):
+    toks = make_tokens(150, seed=4)
     state = model64.new_state()
     model64.prefill(toks[:10], state)  # a non-empty start: boundaries are relative to the prefill start
     checkpoints: list[SequenceState] = []
@@ -88,14 +87,14 @@ def test_chunk_boundary_checkpoints_equal_step_states(model64):
         assert _max_diff(resumed, logits[cp.next_position - 10:]) < EXACT
 
 
-def test_fp32_mode_keeps_fp32_state(dense64):
+def test_fp32_mode_keeps_fp32_state(dense64, make_tokens):
     from ninfer.reference.model import ReferenceModel
 
     m32 = ReferenceModel(dense64.cfg, dense64.weights, dtype=torch.float32)
     state = m32.new_state()
-    logits = m32.prefill(tokens(70, seed=5), state)
+    logits = m32.prefill(make_tokens(70, seed=5), state)
     assert logits.dtype == torch.float32
     assert all(s.recurrent.dtype == torch.float32 for s in state.gdn.values())
-    ref = dense64.prefill(tokens(70, seed=5), dense64.new_state())
+    ref = dense64.prefill(make_tokens(70, seed=5), dense64.new_state())
     # Unit-scale random weights amplify fp32 rounding about a hundredfold over 4 layers (measured ~2e-5).
     assert float((logits.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()) < 1e-4
