@@ -42,6 +42,10 @@ def atomic_path(dest: Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        # mkstemp creates 0600; published cache files get the usual 0644 (reading the umask would briefly
+        # change it for every thread of the process).
+        if tmp.exists():
+            tmp.chmod(0o644)
         os.replace(tmp, dest)
     finally:
         if tmp.exists():

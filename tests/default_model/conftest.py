@@ -1,4 +1,4 @@
-"""Build the default model once per session into a private cache dir (never the home cache)."""
+"""Build the default model once per session into a session cache dir (never the home cache)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from ninfer.convert.default_model import default_model_path
 
 @pytest.fixture(scope="session")
 def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("ninfer-cache")
+    # One directory per test session, shared by tests/tokenizer and tests/default_model, so the tokenizer
+    # JSON (seconds to build) is built once per session.
+    path = tmp_path_factory.getbasetemp() / "ninfer-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

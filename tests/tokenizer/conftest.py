@@ -1,4 +1,4 @@
-"""Build the Qwen3.5 tokenizer once per session, in a private cache dir, so no test touches the home cache."""
+"""Build the Qwen3.5 tokenizer once per session, in a session cache dir, so no test touches the home cache."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from ninfer.frontend.tokenizer import Qwen35Tokenizer
 
 @pytest.fixture(scope="session")
 def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("ninfer-cache")
+    # One directory per test session, shared by tests/tokenizer and tests/default_model, so the tokenizer
+    # JSON (seconds to build) is built once per session.
+    path = tmp_path_factory.getbasetemp() / "ninfer-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
