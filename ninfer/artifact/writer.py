@@ -95,7 +95,8 @@ class ArtifactWriter:
         except ValueError as e:
             raise ArtifactError(subject, "format/dtype/shape inconsistent", str(e)) from None
         if set(planes) != {s.name for s in specs}:
-            raise ArtifactError(subject, "wrong planes", f"got {sorted(planes)}, format {format!r} needs {[s.name for s in specs]}")
+            raise ArtifactError(subject, "wrong planes",
+                                f"got {sorted(planes)}, format {format!r} needs {[s.name for s in specs]}")
         offsets, total = layout(specs)
         pad = -self._pos % ALIGN
         self._f.write(_ZEROS[:pad])

@@ -49,12 +49,10 @@ def source_provenance(src: HFSource) -> dict[str, Any]:
     return {"dir": str(src.dir.resolve()), "files": [_file_record(f) for f in files]}
 
 
-def _chunks(src: HFSource, item: Item) -> Iterator[torch.Tensor]:
-    """The item's source tensors in order, cast to its dtype; each is dropped once written."""
-    target = getattr(torch, item.dtype)
+def _chunks(src: HFSource, item: Item) -> Iterator[memoryview | torch.Tensor]:
+    """The item's source tensors in order (per-expert parts one after another), in the item's dtype."""
     for key in item.keys:
-        t = src.get(key)
-        yield t if t.dtype == target else t.to(target)
+        yield from src.chunks(key, item.dtype)
 
 
 def _write(src: HFSource, plan: Plan, out: Path, metadata: dict, provenance: dict, progress: bool,

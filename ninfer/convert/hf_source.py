@@ -1,7 +1,10 @@
 """An HF Qwen3.5 checkpoint directory as a lazy source of tensors under ninfer's logical names.
 
-Only safetensors headers are read up front (names, shapes, dtypes); tensor bytes are read one at a time with
-``safe_open`` when the writer asks for them. Key mapping:
+Only safetensors headers are read up front (names, shapes, dtypes, offsets); tensor bytes are read when the writer
+asks for them, with plain positioned reads rather than ``safe_open``'s memory map: mapped pages stay resident (and
+count in RSS) until the file is closed, which would grow the converter's footprint to whole shards. A tensor kept in
+its dtype is streamed in 16 MiB chunks; one that is cast is read whole, so peak memory is one tensor at most.
+Key mapping:
 
 ==============================================  =====================================  ========
 checkpoint key                                   logical name                           feature
@@ -19,16 +22,23 @@ checkpoint key                                   logical name                   
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+
+import torch
 
 from ninfer.models.qwen3_5.config import ConfigError, Qwen35Config
 
 from .errors import ConversionError
 
 SOURCE_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "BOOL": 1,
+            "F8_E4M3": 1, "F8_E5M2": 1}
+CHUNK = 16 << 20
 _EXPERT = re.compile(r"^(?P<base>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
 _PREFIXES = (("model.language_model.", ""), ("model.visual.", "visual."), ("model.", ""))
 
@@ -39,6 +49,8 @@ class SourceTensor:
     file: Path
     shape: tuple[int, ...]
     dtype: str  # safetensors dtype name ("BF16", "F32", ...)
+    start: int  # absolute byte offset of the data in the file
+    nbytes: int
 
 
 def logical_name(key: str) -> str | None:
@@ -57,8 +69,9 @@ def expert_key(name: str) -> tuple[str, int, str] | None:
     return (m["base"], int(m["e"]), m["proj"]) if m else None
 
 
-def read_safetensors_header(path: Path) -> dict:
-    """The JSON header of a safetensors file (names, dtypes, shapes, offsets) without touching tensor bytes."""
+def read_safetensors_header(path: Path) -> list[SourceTensor]:
+    """The tensors of a safetensors file (names, dtypes, shapes, byte ranges) without touching tensor bytes."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
@@ -69,7 +82,17 @@ def read_safetensors_header(path: Path) -> dict:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConversionError(str(path), [f"corrupt safetensors header: {e}"]) from None
     header.pop("__metadata__", None)
-    return header
+    out = []
+    for key, info in header.items():
+        shape, dtype, (begin, end) = tuple(info["shape"]), info["dtype"], info["data_offsets"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        if end - begin != numel * ITEMSIZE.get(dtype, 0) or 8 + n + end > size:
+            raise ConversionError(str(path), [f"tensor {key!r}: byte range [{begin}, {end}) does not hold "
+                                              f"{dtype} {list(shape)} inside a file of {size} bytes"])
+        out.append(SourceTensor(key, path, shape, dtype, 8 + n + begin, end - begin))
+    return out
 
 
 def weight_files(src: Path) -> list[Path]:
@@ -80,7 +103,8 @@ def weight_files(src: Path) -> list[Path]:
         files = sorted({src / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise ConversionError(str(src), [f"shard {m!r} named in model.safetensors.index.json is missing" for m in missing])
+            raise ConversionError(str(src), [f"shard {m!r} named in model.safetensors.index.json is missing"
+                                             for m in missing])
         return files
     single = src / "model.safetensors"
     if single.is_file():
@@ -106,18 +130,43 @@ class HFSource:
         self.files = weight_files(self.dir)
         self.tensors: dict[str, SourceTensor] = {}
         for f in self.files:
-            for key, info in read_safetensors_header(f).items():
-                self.tensors[key] = SourceTensor(key, f, tuple(info["shape"]), info["dtype"])
-        self._handles: dict[Path, object] = {}
+            for t in read_safetensors_header(f):
+                self.tensors[t.key] = t
+        self._fds: dict[Path, int] = {}
+        self._buf = bytearray(CHUNK)
 
-    def get(self, key: str):
-        """One tensor as a torch tensor (read now, from a lazily opened file handle)."""
-        from safetensors import safe_open
+    def _fd(self, path: Path) -> int:
+        if path not in self._fds:
+            self._fds[path] = os.open(path, os.O_RDONLY)
+        return self._fds[path]
 
+    def _read_into(self, t: SourceTensor, dst: memoryview, pos: int) -> None:
+        n = os.preadv(self._fd(t.file), [dst], t.start + pos)
+        if n != len(dst):
+            raise ConversionError(str(t.file), [f"tensor {t.key!r}: short read ({n} of {len(dst)} bytes)"])
+
+    def get(self, key: str) -> torch.Tensor:
+        """One tensor, read whole into a fresh buffer."""
         t = self.tensors[key]
-        if t.file not in self._handles:
-            self._handles[t.file] = safe_open(str(t.file), framework="pt")
-        return self._handles[t.file].get_tensor(key)
+        buf = torch.empty(t.nbytes, dtype=torch.uint8)
+        if t.nbytes:
+            self._read_into(t, memoryview(buf.numpy()), 0)
+        return buf.view(getattr(torch, SOURCE_DTYPES[t.dtype])).reshape(t.shape)
+
+    def chunks(self, key: str, dtype: str) -> Iterator[memoryview | torch.Tensor]:
+        """The tensor's bytes in ``dtype``: raw chunks (one reused buffer: consume each before the next) when the
+        source already has that dtype, else the whole tensor cast."""
+        t = self.tensors[key]
+        if SOURCE_DTYPES[t.dtype] != dtype:
+            yield self.get(key).to(getattr(torch, dtype))
+            return
+        view = memoryview(self._buf)
+        for pos in range(0, t.nbytes, CHUNK):
+            n = min(CHUNK, t.nbytes - pos)
+            self._read_into(t, view[:n], pos)
+            yield view[:n]
 
     def close(self) -> None:
-        self._handles.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.models.qwen3_5.params import mtp_parameters
+from ninfer.models.qwen3_5.params import logical_parameters, mtp_parameters
 
 # A byte-level tokenizer: ids 0..255 are the byte-level alphabet, the specials follow.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
@@ -53,9 +53,35 @@ def tiny_text_config(*, moe: bool = False, tie: bool = False, mtp: bool = True, 
     return kw
 
 
+# Checkpoint layouts worth covering, as make_hf_checkpoint kwargs (the converter tests run each one).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "dense": dict(),
+    "dense_bf16_sharded_hv1": dict(dtype=torch.bfloat16, sharded=True, hv_per_hk=1),
+    "dense_multimodal_tied": dict(multimodal=True, tie=True),
+    "moe_per_expert_sharded": dict(moe=True, per_expert=True, sharded=True),
+    "moe_fused_multimodal_bf16": dict(moe=True, multimodal=True, dtype=torch.bfloat16),
+    "moe_tied_per_expert_nomtp": dict(moe=True, tie=True, per_expert=True, mtp=False),
+}
+
+
+def tiny_config(*, moe: bool = False, tie: bool = False, hv_per_hk: int = 2, vocab: int = 512, num_layers: int = 4,
+                mtp: bool = True) -> Qwen35Config:
+    """The Qwen35Config of :func:`make_hf_checkpoint` with the same arguments, without building anything."""
+    raw = dict(tiny_text_config(moe=moe, tie=tie, hv_per_hk=hv_per_hk, vocab=vocab, num_layers=num_layers),
+               model_type="qwen3_5_moe_text" if moe else "qwen3_5_text", mtp_num_hidden_layers=1 if mtp else 0)
+    return Qwen35Config.from_hf(raw)
+
+
+def random_logical_tensors(cfg: Qwen35Config, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                           features: tuple[str, ...] = ("text", "mtp")) -> dict[str, torch.Tensor]:
+    """Standard-normal tensors for every logical parameter (fp32-kind ones in fp32), keyed by logical name."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s.shape, generator=g).to(torch.float32 if s.kind == "fp32" else dtype)
+            for n, s in logical_parameters(cfg, features).items()}
+
+
 def _build_model(text_kw: dict[str, Any], moe: bool, seed: int, dtype: torch.dtype):
-    from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig,
-                              Qwen3_5TextConfig)
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
     hf_cfg = (Qwen3_5MoeTextConfig if moe else Qwen3_5TextConfig)(**text_kw)
     torch.manual_seed(seed)

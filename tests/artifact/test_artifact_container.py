@@ -5,18 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_cfg, random_tensors
 
-from ninfer.artifact import (ArtifactError, ArtifactWriter, intersect_activations, open_artifact,
-                             write_artifact)
+from ninfer.artifact import ArtifactError, ArtifactWriter, intersect_activations, open_artifact, write_artifact
 from ninfer.artifact.build import add_fused, add_packed, add_uses
 from ninfer.artifact.formats import get_format
 from ninfer.models.qwen3_5.params import logical_parameters
+from ninfer.testing.checkpoints import random_logical_tensors, tiny_config
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_values_preserved_zero_copy(tmp_path, cfg, dtype):
-    tensors = random_tensors(cfg, dtype)
+    tensors = random_logical_tensors(cfg, dtype)
     p = write_artifact(tmp_path / "m.ninfer", cfg, tensors.items(), metadata={"random_weights": True})
     with open_artifact(p, ("text", "mtp")) as a:
         assert a.config == cfg
@@ -31,7 +30,7 @@ def test_values_preserved_zero_copy(tmp_path, cfg, dtype):
 
 
 def test_fp32_kind_is_stored_fp32(tmp_path, cfg):
-    tensors = random_tensors(cfg, torch.bfloat16)
+    tensors = random_logical_tensors(cfg, torch.bfloat16)
     tensors["layers.0.linear_attn.A_log"] = tensors["layers.0.linear_attn.A_log"].to(torch.bfloat16)
     p = write_artifact(tmp_path / "m.ninfer", cfg, tensors.items())
     with open_artifact(p) as a:
@@ -41,8 +40,8 @@ def test_fp32_kind_is_stored_fp32(tmp_path, cfg):
 
 
 def test_tied_embedding_is_one_object_two_bindings(tmp_path):
-    cfg = make_cfg(tie=True)
-    tensors = random_tensors(cfg)
+    cfg = tiny_config(tie=True)
+    tensors = random_logical_tensors(cfg)
     tensors.pop("lm_head.weight")
     p = write_artifact(tmp_path / "m.ninfer", cfg, tensors.items())
     with open_artifact(p, ("text", "mtp")) as a:
@@ -54,7 +53,7 @@ def test_tied_embedding_is_one_object_two_bindings(tmp_path):
 
 
 def test_feature_selection(tmp_path, cfg):
-    text_only = random_tensors(cfg, features=("text",))
+    text_only = random_logical_tensors(cfg, features=("text",))
     p = write_artifact(tmp_path / "t.ninfer", cfg, text_only.items())
     with open_artifact(p) as a:
         assert a.available_features == ("text",)
@@ -62,7 +61,7 @@ def test_feature_selection(tmp_path, cfg):
         open_artifact(p, ("text", "mtp"))
     with pytest.raises(ArtifactError, match="text is required"):
         open_artifact(p, ("mtp",))
-    full = random_tensors(cfg)
+    full = random_logical_tensors(cfg)
     full["visual.patch_embed.proj.weight"] = torch.randn(8, 3, 2, 2)
     p2 = write_artifact(tmp_path / "f.ninfer", cfg, full.items())
     with open_artifact(p2, ("text",)) as a:
@@ -79,7 +78,7 @@ def test_feature_selection(tmp_path, cfg):
 
 
 def test_write_artifact_reports_every_problem(tmp_path, cfg):
-    tensors = random_tensors(cfg)
+    tensors = random_logical_tensors(cfg)
     tensors.pop("norm.weight")
     tensors.pop("mtp.fc.weight")
     tensors["layers.0.mlp.up_proj.weight"] = torch.zeros(3, 3)
@@ -94,7 +93,7 @@ def test_write_artifact_reports_every_problem(tmp_path, cfg):
 
 def test_resources_round_trip(tmp_path, cfg):
     res = {"tokenizer.json": '{"x": 1}', "chat_template.jinja": "{{ messages }}", "blob.bin": bytes(range(256))}
-    p = write_artifact(tmp_path / "m.ninfer", cfg, random_tensors(cfg).items(), res)
+    p = write_artifact(tmp_path / "m.ninfer", cfg, random_logical_tensors(cfg).items(), res)
     with open_artifact(p) as a:
         assert a.resource("tokenizer.json") == b'{"x": 1}'
         assert a.resource("blob.bin") == bytes(range(256))
@@ -129,7 +128,7 @@ def _write_fused(path, cfg, tensors):
 
 
 def test_fused_parent_views_and_quantized_objects(tmp_path, cfg):
-    tensors = random_tensors(cfg, torch.float32)
+    tensors = random_logical_tensors(cfg, torch.float32)
     p = _write_fused(tmp_path / "q.ninfer", cfg, tensors)
     att = f"layers.{cfg.attention_layers[0]}.self_attn"
     q, k = tensors[f"{att}.q_proj.weight"], tensors[f"{att}.k_proj.weight"]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_tensors, rewrite_descriptor
 
 from ninfer.artifact import ArtifactError, open_artifact, write_artifact
 from ninfer.artifact.header import ALIGN
+from ninfer.testing.checkpoints import random_logical_tensors
 
 
 @pytest.fixture()
 def art(tmp_path, cfg):
-    return write_artifact(tmp_path / "m.ninfer", cfg, random_tensors(cfg).items(), {"tokenizer.json": "{}"})
+    return write_artifact(tmp_path / "m.ninfer", cfg, random_logical_tensors(cfg).items(), {"tokenizer.json": "{}"})
 
 
 def _object(path, name):
@@ -83,7 +83,7 @@ def test_descriptor_bit_flip(art):
         open_artifact(art)
 
 
-def test_descriptor_invalid_json(art):
+def test_descriptor_invalid_json(art, rewrite_descriptor):
     rewrite_descriptor(art, raw=b'{"format": "ninfer", "version": 3,')
     with pytest.raises(ArtifactError, match="descriptor: invalid JSON"):
         open_artifact(art)
@@ -119,7 +119,7 @@ MUTATIONS = {
 
 
 @pytest.mark.parametrize("case", sorted(MUTATIONS))
-def test_inconsistent_descriptor(art, case):
+def test_inconsistent_descriptor(art, case, rewrite_descriptor):
     mutate, needle = MUTATIONS[case]
     rewrite_descriptor(art, mutate)
     with pytest.raises(ArtifactError, match=needle):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_tensors
 
 from ninfer.artifact import ArtifactError, ArtifactWriter, open_artifact, write_artifact
+from ninfer.testing.checkpoints import random_logical_tensors
 
 
 def _listing(d):
@@ -14,7 +14,7 @@ def _listing(d):
 
 
 def test_failure_mid_stream_leaves_nothing(tmp_path, cfg):
-    tensors = random_tensors(cfg)
+    tensors = random_logical_tensors(cfg)
 
     def stream():
         for i, item in enumerate(tensors.items()):
@@ -28,7 +28,7 @@ def test_failure_mid_stream_leaves_nothing(tmp_path, cfg):
 
 
 def test_failure_keeps_previous_file(tmp_path, cfg):
-    tensors = random_tensors(cfg)
+    tensors = random_logical_tensors(cfg)
     p = write_artifact(tmp_path / "m.ninfer", cfg, tensors.items())
     before = p.read_bytes()
     tensors.pop("norm.weight")
@@ -66,7 +66,7 @@ def test_chunked_planes_and_byte_count(tmp_path, cfg):
 
 
 def test_progress_bar_and_reopen(tmp_path, cfg, capsys):
-    p = write_artifact(tmp_path / "m.ninfer", cfg, random_tensors(cfg).items(), progress=True)
+    p = write_artifact(tmp_path / "m.ninfer", cfg, random_logical_tensors(cfg).items(), progress=True)
     assert "B" in capsys.readouterr().err
     with open_artifact(p) as a:
         assert a.verify() > 0

@@ -101,15 +101,15 @@ def test_failure_while_streaming_leaves_nothing(tmp_path, fresh_checkpoint, monk
     from ninfer.convert import hf_source
 
     calls = {"n": 0}
-    real = hf_source.HFSource.get
+    real = hf_source.HFSource.chunks
 
-    def flaky(self, key):
+    def flaky(self, key, dtype):
         calls["n"] += 1
         if calls["n"] == 20:
             raise OSError("disk read error")
-        return real(self, key)
+        return real(self, key, dtype)
 
-    monkeypatch.setattr(hf_source.HFSource, "get", flaky)
+    monkeypatch.setattr(hf_source.HFSource, "chunks", flaky)
     with pytest.raises(OSError, match="disk read error"):
         convert_checkpoint(src, tmp_path / "m.ninfer", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]

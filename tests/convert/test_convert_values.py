@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VARIANTS
 
 from ninfer.artifact import open_artifact
 from ninfer.convert.convert import convert_checkpoint
-from ninfer.testing.checkpoints import load_hf_model, read_checkpoint_tensors
+from ninfer.testing.checkpoints import VARIANTS, load_hf_model, read_checkpoint_tensors
 
 PER_EXPERT = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 

@@ -21,8 +21,8 @@ def test_report_of_converted_checkpoint(tmp_path, checkpoints):
 
 
 def test_report_flags_random_weights_and_sharing(tmp_path, checkpoints):
-    from ninfer.testing.checkpoints import read_checkpoint_tensors
     from ninfer.convert.hf_source import logical_name
+    from ninfer.testing.checkpoints import read_checkpoint_tensors
 
     src = checkpoints["dense_multimodal_tied"]
     with open_artifact(convert_checkpoint(src, tmp_path / "c.ninfer", progress=False)) as a:
