@@ -150,6 +150,7 @@ def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
         if len(parts) == 2:
             merges.append((parts[0], parts[1]))
             continue
+        # Unreachable from its own bytes: tiktoken forms it whenever two tokens that spell it meet.
         splits = [(token[:i], token[i:]) for i in range(1, len(token))]
         splits = [s for s in splits if s[0] in ranks and s[1] in ranks]
         merges.extend(sorted(splits, key=lambda s: (ranks[s[0]], ranks[s[1]])))
@@ -179,9 +180,9 @@ def tokenizer_from_ranks(ranks: dict[bytes, int]) -> Tokenizer:
             tok.add_special_tokens([added])
         else:
             tok.add_tokens([added])
-        got = tok.token_to_id(content)
-        if got != FIRST_ADDED_ID + offset:
-            raise TokenizerSourceError(f"added token {content!r} landed on id {got}, expected {FIRST_ADDED_ID + offset}")
+        got, expected = tok.token_to_id(content), FIRST_ADDED_ID + offset
+        if got != expected:
+            raise TokenizerSourceError(f"added token {content!r} landed on id {got}, expected {expected}")
     return tok
 
 

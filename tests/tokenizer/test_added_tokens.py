@@ -42,7 +42,8 @@ def test_special_flags_in_json(tokenizer_json):
 
 
 def test_skip_special_tokens_keeps_reasoning_and_tool_markers(qwen_tok):
-    text = "<|im_start|>assistant\n<think>\nhm\n</think>\n\n<tool_call>\n<function=f>\n</function>\n</tool_call><|im_end|>"
+    text = ("<|im_start|>assistant\n<think>\nhm\n</think>\n\n<tool_call>\n<function=f>\n</function>\n</tool_call>"
+            "<|im_end|>")
     ids = qwen_tok.encode(text)
     assert qwen_tok.decode(ids) == text
     assert qwen_tok.decode(ids, skip_special_tokens=True) == (
