@@ -132,8 +132,14 @@ def build_default_model(path: Path, progress: bool = False) -> Path:
     metadata = {"name": NAME, "random_weights": True, "seed": SEED, "recipe_version": RECIPE_VERSION,
                 "description": "tiny seeded random-weight Qwen3.5 with the real vocabulary; its output is noise"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_artifact(path, cfg, random_tensors(cfg), resources=_resources(), metadata=metadata,
-                          provenance=default_provenance(source="ninfer.convert.default_model"), progress=progress)
+    resources = _resources()
+    # Same provenance shape as converted artifacts: a source record, the recipe, and each resource's origin.
+    provenance = default_provenance(
+        source={"generator": __name__, "seed": SEED},
+        recipe={"name": NAME, "version": RECIPE_VERSION, "key": recipe_key()},
+        resources={name: "builtin" for name in resources})
+    return write_artifact(path, cfg, random_tensors(cfg), resources=resources, metadata=metadata,
+                          provenance=provenance, progress=progress)
 
 
 def default_model_path(progress: bool = False) -> Path:

@@ -32,6 +32,8 @@ def test_built_into_the_cache_dir(model_path, session_cache_dir):
 def test_metadata_says_random_weights(artifact):
     assert artifact.metadata["name"] == "ninfer-default-random"
     assert artifact.metadata["random_weights"] is True
+    assert artifact.provenance["recipe"] == {"name": dm.NAME, "version": dm.RECIPE_VERSION, "key": dm.recipe_key()}
+    assert artifact.provenance["resources"]["tokenizer.json"] == "builtin"
 
 
 def test_config(artifact):
