@@ -6,6 +6,7 @@ explicit in a :class:`SequenceState` that the caller owns, clones and resumes.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Mapping
 
 import torch
@@ -79,11 +80,11 @@ class ReferenceModel:
                 cache = state.kv[i]
                 if cache.length != state.next_position:
                     raise RuntimeError(f"layer {i}: KV holds {cache.length} positions, state is at {state.next_position}")
-                mixer = lambda y, lw=lw, cache=cache: gated_attention(y, lw.sub("self_attn"), cfg, cache)
+                mixer = partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=cache)
             else:
                 sink = None if per_layer is None else per_layer.setdefault(i, [])
-                mixer = lambda y, lw=lw, i=i, sink=sink: gdn_mixer(y, lw.sub("linear_attn"), cfg, state.gdn[i],
-                                                                    chunked, sink)
+                mixer = partial(gdn_mixer, w=lw.sub("linear_attn"), cfg=cfg, state=state.gdn[i], chunked=chunked,
+                                boundaries=sink)
             x = decoder_layer(x, lw, cfg, mixer)
         hidden = zc_rms_norm(x, self.weights["norm.weight"], cfg.rms_norm_eps)
         state.next_position += tokens.numel()

@@ -10,6 +10,8 @@ which equals the position of ``h_t`` when the MTP consumes every position in ord
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -34,5 +36,5 @@ def mtp_hidden(hidden: torch.Tensor, next_tokens: torch.Tensor, root: Scope, cfg
     hn = zc_rms_norm(hidden, w["pre_fc_norm_hidden.weight"], eps)
     u = F.linear(torch.cat([e, hn], dim=-1), w["fc.weight"])  # [T, H]
     lw = w.sub(f"layers.{layer}")
-    u = decoder_layer(u, lw, cfg, lambda y: gated_attention(y, lw.sub("self_attn"), cfg, cache))
+    u = decoder_layer(u, lw, cfg, partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=cache))
     return zc_rms_norm(u, w["norm.weight"], eps)

@@ -55,10 +55,12 @@ class SequenceState:
 
     @classmethod
     def empty(cls, cfg: Qwen35Config, dtype: torch.dtype = torch.float32) -> "SequenceState":
-        """The state before any token: zero conv windows and S, empty KV."""
+        """The state before any token: zero conv windows and S, empty KV. ``dtype`` is the activation dtype; S is
+        kept in fp32 whatever it is (fp64 in the fp64 mode), like every production kernel does."""
         K = cfg.linear_conv_kernel_dim
         HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        gdn = {i: GDNState(torch.zeros(cfg.conv_dim, K - 1, dtype=dtype), torch.zeros(HV, dk, dv, dtype=dtype))
+        s_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        gdn = {i: GDNState(torch.zeros(cfg.conv_dim, K - 1, dtype=dtype), torch.zeros(HV, dk, dv, dtype=s_dtype))
                for i in cfg.linear_layers}
         kv = {i: _empty_kv(cfg, dtype) for i in cfg.attention_layers}
         mtp_kv = [_empty_kv(cfg, dtype) for _ in range(cfg.mtp_num_hidden_layers)]

@@ -98,3 +98,15 @@ def test_fp32_mode_keeps_fp32_state(dense64, make_tokens):
     ref = dense64.prefill(make_tokens(70, seed=5), dense64.new_state())
     # Unit-scale random weights amplify fp32 rounding about a hundredfold over 4 layers (measured ~2e-5).
     assert float((logits.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()) < 1e-4
+
+
+def test_bf16_activations_keep_an_fp32_recurrent_state(dense64, make_tokens):
+    from ninfer.reference.model import ReferenceModel
+
+    m16 = ReferenceModel(dense64.cfg, dense64.weights, dtype=torch.bfloat16)
+    state = m16.new_state()
+    logits = m16.prefill(make_tokens(70, seed=6), state)
+    m16.decode_step(5, state)
+    assert logits.dtype == torch.bfloat16 and bool(torch.isfinite(logits).all())
+    assert all(s.recurrent.dtype == torch.float32 for s in state.gdn.values())
+    assert all(c.k.dtype == torch.bfloat16 for c in state.kv.values())
