@@ -73,3 +73,33 @@ def test_rel_rms():
     assert abs(rel_rms(b + torch.tensor([0.3, 0.4], dtype=torch.float64), b) - 0.1) < 1e-12
     with pytest.raises(ValueError, match="shapes differ"):
         rel_rms(b, torch.zeros(3))
+
+
+def test_released_head_geometry_in_memory():
+    """Per-head sizes of the released models (head_dim 256, rotary 64 with mrope [11, 11, 10], dk = dv = 128,
+    theta 1e7) with few heads, so dimension-specific slips (rotary split, l2norm axis) show up."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from ninfer.models.qwen3_5.config import Qwen35Config
+    from ninfer.reference.model import ReferenceModel
+
+    hf_cfg = Qwen3_5TextConfig(
+        vocab_size=256, hidden_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=256, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
+        linear_value_head_dim=128, intermediate_size=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+    torch.manual_seed(0)
+    hf = Qwen3_5ForCausalLM(hf_cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.1)
+    weights = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    cfg = Qwen35Config.from_hf(hf_cfg.to_dict())
+    assert cfg.rotary_dim == 64
+    ref = ReferenceModel(cfg, weights)
+    toks = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expect = hf(input_ids=toks[None]).logits[0]
+    assert rel_rms(ref.prefill(toks, ref.new_state()), expect) <= TOLERANCE
