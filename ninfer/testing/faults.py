@@ -19,6 +19,7 @@ class FaultyProgram:
         self._armed: tuple[str, int] | None = None
         self.calls: dict[str, int] = {}
         self.fired = False
+        self.pending_batches = 0  # produced and not yet consumed: sessions must never commit while > 0
 
     def arm(self, method: str, after: int) -> None:
         """Raise on the `after`-th next call of `method` (0 = the very next one)."""
@@ -41,6 +42,16 @@ class FaultyProgram:
             if self._armed == (name, n):
                 self._armed, self.fired = None, True
                 raise InjectedFault(f"injected fault in {name} call #{n}")
-            return target(*args, **kwargs)
+            out = target(*args, **kwargs)
+            if name in ("prefill", "decode", "control") and out is not None:
+                self.pending_batches += 1
+            elif name in ("commit", "abort_pending"):
+                self.pending_batches -= 1
+            return out
 
         return call
+
+    def check_no_pending_batch(self) -> None:
+        """The commit-order guard: an OutputSession commits only after the Program consumed its batch."""
+        if self.pending_batches:
+            raise AssertionError("an OutputSession committed while a PendingBatch was still unconsumed")

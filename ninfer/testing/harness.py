@@ -94,11 +94,12 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
             prompt = prev.request.prompt + prev.events[-1].token_ids + tuple(suffix)
             self._submit(prompt, max_tokens, prev.request.session_key, None, seed, None, None)
 
-        def _submit(self, prompt, max_tokens, session, deadline, seed, think, timeout):
-            sampling = None if seed is None else _Sampled(0.7)
-            req = GenerationRequest(prompt, TokenSession(max_tokens, think_budget=think), sampling,
-                                    seed if seed is not None else 0, session,
-                                    None if deadline is None else self.clock.now + deadline, timeout)
+        def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout):
+            out = TokenSession(max_tokens, think_budget=think, commit_guard=self.program.check_no_pending_batch)
+            req = GenerationRequest(prompt, out, sampling=None if seed is None else _Sampled(0.7),
+                                    seed=seed if seed is not None else 0, session_key=session_key,
+                                    deadline=None if deadline is None else self.clock.now + deadline,
+                                    queue_timeout=timeout)
             try:
                 handle = self.engine.submit(req)
             except RequestRejected:

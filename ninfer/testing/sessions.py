@@ -7,7 +7,7 @@ preview on a fork, commit moves the fork in, a dropped preview changes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ninfer.contracts import FinishReason
 
@@ -24,12 +24,14 @@ class TokenPreview:
 
 class TokenSession:
     def __init__(self, max_tokens: int, *, stop_ids: Sequence[int] = (0,), min_tokens: int = 0,
-                 think_budget: int | None = None, think_end: int = 1):
+                 think_budget: int | None = None, think_end: int = 1,
+                 commit_guard: Callable[[], None] | None = None):
         self.max_tokens, self.stop_ids, self.min_tokens = max_tokens, frozenset(stop_ids), min_tokens
         self.think_budget, self.think_end = think_budget, think_end
         self.tokens: list[int] = []
         self.forced: list[tuple[int, ...]] = []
         self.commits = 0
+        self.commit_guard = commit_guard
 
     def preview(self, tokens: Sequence[int], *, forced: bool = False) -> TokenPreview:
         n = len(self.tokens)
@@ -42,6 +44,8 @@ class TokenSession:
         return TokenPreview(len(tokens), False, None, None, tuple(tokens), forced)
 
     def commit(self, preview: TokenPreview) -> tuple[tuple[int, ...], ...]:
+        if self.commit_guard is not None:
+            self.commit_guard()
         self.tokens.extend(preview.tokens)
         if preview.forced:
             self.forced.append(preview.tokens)
