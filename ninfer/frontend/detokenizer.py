@@ -8,8 +8,6 @@ those bytes until the character completes, so every piece of text it emits is fi
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass
-
 from .tokenizer import Qwen35Tokenizer
 
 # GPT-2's byte <-> printable-character table of byte-level BPE.
@@ -28,31 +26,33 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-@dataclass(frozen=True)
 class TokenTable:
-    """Per token id: its bytes, and whether it is a special (control) token that skip_special_tokens drops."""
+    """Per token id: its bytes, and whether it is a special (control) token that skip_special_tokens drops.
 
-    pieces: tuple[bytes, ...]
-    special: frozenset[int]
+    Bytes are computed on first use and kept: building all 248k entries up front costs seconds.
+    """
+
+    def __init__(self, tokenizer: Qwen35Tokenizer):
+        self._raw = tokenizer.tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        added = self._raw.get_added_tokens_decoder()
+        self._pieces: dict[int, bytes] = {i: t.content.encode() for i, t in added.items()}
+        self.special = frozenset(i for i, t in added.items() if t.special)
+        self._bytes = _byte_decoder()
 
     @classmethod
     def build(cls, tokenizer: Qwen35Tokenizer) -> "TokenTable":
-        raw = tokenizer.tokenizer
-        added = raw.get_added_tokens_decoder()
-        table = _byte_decoder()
-        pieces = []
-        for token_id in range(tokenizer.vocab_size):
-            if token_id in added:
-                pieces.append(added[token_id].content.encode())
-            else:
-                pieces.append(bytes(table[c] for c in raw.id_to_token(token_id)))
-        special = frozenset(i for i, t in added.items() if t.special)
-        return cls(tuple(pieces), special)
+        return cls(tokenizer)
 
     def piece(self, token_id: int, skip_special: bool) -> bytes:
-        if token_id >= len(self.pieces) or (skip_special and token_id in self.special):
-            return b""  # padding ids have no text
-        return self.pieces[token_id]
+        if skip_special and token_id in self.special:
+            return b""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            token = self._raw.id_to_token(token_id) if 0 <= token_id < self.vocab_size else None
+            piece = bytes(self._bytes[c] for c in token) if token else b""  # padding ids have no text
+            self._pieces[token_id] = piece
+        return piece
 
 
 class Detokenizer:
