@@ -25,6 +25,9 @@ from .state import GDNState, SequenceState
 
 
 class ReferenceModel:
+    """Qwen3.5 forward passes over explicit state. ``dtype`` is the activation/weight dtype (fp32 default, fp64 for
+    the exact mode); gates, norms and the recurrent state S always run in at least fp32."""
+
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32):
         self.cfg = cfg
         self.dtype = dtype
@@ -73,14 +76,12 @@ class ReferenceModel:
         """Embed -> layers -> final norm; returns the final-normed hidden [T, H] and advances ``state``."""
         cfg = self.cfg
         _check_tokens(tokens, cfg.vocab_size)
+        _check_state(cfg, state)
         x = self.weights["embed_tokens.weight"][tokens]  # [T, H]
         for i, kind in enumerate(cfg.layer_types):
             lw = self.root.sub(f"layers.{i}")
             if kind == FULL:
-                cache = state.kv[i]
-                if cache.length != state.next_position:
-                    raise RuntimeError(f"layer {i}: KV holds {cache.length} positions, state is at {state.next_position}")
-                mixer = partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=cache)
+                mixer = partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=state.kv[i])
             else:
                 sink = None if per_layer is None else per_layer.setdefault(i, [])
                 mixer = partial(gdn_mixer, w=lw.sub("linear_attn"), cfg=cfg, state=state.gdn[i], chunked=chunked,
@@ -129,6 +130,17 @@ class ReferenceModel:
 def _check_tokens(tokens: torch.Tensor, vocab: int) -> None:
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(f"token ids must lie in [0, {vocab}), got range [{int(tokens.min())}, {int(tokens.max())}]")
+
+
+def _check_state(cfg: Qwen35Config, state: SequenceState) -> None:
+    """Refuse a state of another geometry or with inconsistent KV before anything is mutated."""
+    if sorted(state.gdn) != list(cfg.linear_layers) or sorted(state.kv) != list(cfg.attention_layers):
+        raise ValueError(f"state layers (GDN {sorted(state.gdn)}, attention {sorted(state.kv)}) do not match the "
+                         f"config (GDN {list(cfg.linear_layers)}, attention {list(cfg.attention_layers)})")
+    for i, cache in state.kv.items():
+        if cache.length != state.next_position:
+            raise ValueError(f"state: layer {i} KV holds {cache.length} positions but next_position is "
+                             f"{state.next_position}")
 
 
 def _prepare_weights(cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,

@@ -54,3 +54,13 @@ def test_mtp_without_weights(tiny_config, random_weights):
     m = ReferenceModel(cfg, w)
     with pytest.raises(RuntimeError, match="without MTP weights"):
         m.mtp_forward(torch.zeros(1, cfg.hidden_size), torch.tensor([0]), m.new_state())
+
+
+def test_inconsistent_state_is_refused_before_any_mutation(dense64, make_tokens):
+    state = dense64.new_state()
+    dense64.prefill(make_tokens(5), state)
+    state.next_position = 7
+    before = state.clone()
+    with pytest.raises(ValueError, match="layer 3 KV holds 5 positions but next_position is 7"):
+        dense64.decode_step(1, state)
+    assert all(torch.equal(state.gdn[i].recurrent, before.gdn[i].recurrent) for i in state.gdn)
