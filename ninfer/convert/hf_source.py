@@ -3,7 +3,7 @@
 Only safetensors headers are read up front (names, shapes, dtypes, offsets); tensor bytes are read when the writer
 asks for them, with plain positioned reads rather than ``safe_open``'s memory map: mapped pages stay resident (and
 count in RSS) until the file is closed, which would grow the converter's footprint to whole shards. A tensor kept in
-its dtype is streamed in 16 MiB chunks; one that is cast is read whole, so peak memory is one tensor at most.
+its dtype is streamed in 16 MiB chunks, and a cast one is cast chunk by chunk, so peak memory stays near one chunk.
 Key mapping:
 
 ==============================================  =====================================  ========
@@ -154,17 +154,21 @@ class HFSource:
         return buf.view(getattr(torch, SOURCE_DTYPES[t.dtype])).reshape(t.shape)
 
     def chunks(self, key: str, dtype: str) -> Iterator[memoryview | torch.Tensor]:
-        """The tensor's bytes in ``dtype``: raw chunks (one reused buffer: consume each before the next) when the
-        source already has that dtype, else the whole tensor cast."""
+        """The tensor's bytes in ``dtype``, 16 MiB of source at a time (cast chunk by chunk when the dtypes differ).
+
+        Chunks share one buffer: consume each before asking for the next.
+        """
         t = self.tensors[key]
-        if SOURCE_DTYPES[t.dtype] != dtype:
-            yield self.get(key).to(getattr(torch, dtype))
-            return
+        src_dtype = getattr(torch, SOURCE_DTYPES[t.dtype])
+        target = getattr(torch, dtype)
         view = memoryview(self._buf)
         for pos in range(0, t.nbytes, CHUNK):
-            n = min(CHUNK, t.nbytes - pos)
+            n = min(CHUNK, t.nbytes - pos)  # CHUNK is a multiple of every itemsize, so chunks hold whole elements
             self._read_into(t, view[:n], pos)
-            yield view[:n]
+            if src_dtype == target:
+                yield view[:n]
+            else:
+                yield torch.frombuffer(self._buf, dtype=src_dtype, count=n // ITEMSIZE[t.dtype]).to(target)
 
     def close(self) -> None:
         for fd in self._fds.values():
