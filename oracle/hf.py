@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 
-from ninfer.reference.model import ReferenceModel
 from ninfer.models.qwen3_5.params import MTP, TEXT
+from ninfer.reference.model import ReferenceModel
 from ninfer.reference.weights import checkpoint_summary, hf_config, load_weights, weights_from_hf_dir
 
 from .metrics import max_abs, rel_rms
