@@ -12,3 +12,18 @@ settings.register_profile("soak", deadline=None, max_examples=5000, stateful_ste
                           suppress_health_check=list(HealthCheck), print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=20)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """No test writes to the user's cache: the tokenizer and default model are built once per test session."""
+    if "NINFER_CACHE_DIR" in os.environ:
+        yield
+        return
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NINFER_CACHE_DIR", str(tmp_path_factory.mktemp("ninfer-cache")))
+    yield
+    mp.undo()
