@@ -165,3 +165,12 @@ def test_activation_intersection():
     assert intersect_activations(["AllowA4", "AllowA8"]) == "AllowA8"
     assert intersect_activations(["AllowA4", "A16Only", "AllowA8"]) == "A16Only"
     assert intersect_activations(["AllowA4"]) == "AllowA4"
+
+
+def test_tensors_outlive_close(tmp_path, cfg):
+    tensors = random_logical_tensors(cfg)
+    p = write_artifact(tmp_path / "m.ninfer", cfg, tensors.items())
+    a = open_artifact(p)
+    t = a.tensor("embed_tokens.weight")
+    a.close()
+    assert torch.equal(t, tensors["embed_tokens.weight"])
