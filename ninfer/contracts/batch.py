@@ -55,20 +55,27 @@ class RowDecision:
     boundary: int | None = None
 
 
-def check_row_decision(produced: int, decision: RowDecision) -> None:
-    """The seed's accepted-prefix rules. Raises EngineFailure: a violation is an Engine bug, not a request error.
+def row_decision_legal(produced: int, accepted: int, terminal: bool, cancelled: bool) -> bool:
+    """The seed's accepted-prefix rule as a predicate (crosshair checks these contracts).
 
     pre: produced >= 1
-    post: cancelled rows accept 0 and are terminal; others accept 1..produced, all of it unless terminal
+    post: not __return__ or 0 <= accepted <= produced
+    post: not (__return__ and cancelled) or (accepted == 0 and terminal)
+    post: not (__return__ and not cancelled) or accepted >= 1
+    post: not (__return__ and not terminal) or accepted == produced
     """
+    if cancelled:
+        return accepted == 0 and terminal
+    return 1 <= accepted <= produced and (terminal or accepted == produced)
+
+
+def check_row_decision(produced: int, decision: RowDecision) -> None:
+    """Raises EngineFailure on an illegal decision: a violation is an Engine bug, not a request error."""
     a = decision.accepted
-    if decision.cancelled:
-        if a != 0 or not decision.terminal:
-            raise EngineFailure(f"cancelled row must accept 0 and be terminal, got accepted={a} terminal={decision.terminal}")
-    elif not 1 <= a <= produced:
-        raise EngineFailure(f"accepted={a} outside 1..produced={produced}")
-    elif not decision.terminal and a != produced:
-        raise EngineFailure(f"nonterminal row must accept all {produced} produced tokens, accepted {a}")
+    if not row_decision_legal(produced, a, decision.terminal, decision.cancelled):
+        raise EngineFailure(f"illegal row decision (accepted={a}, terminal={decision.terminal}, "
+                            f"cancelled={decision.cancelled}) for {produced} produced tokens: cancelled rows accept 0 "
+                            f"and end; others accept 1..produced, and all of them unless terminal")
     if decision.boundary is not None and not 0 <= decision.boundary <= a:
         raise EngineFailure(f"boundary {decision.boundary} outside the accepted span 0..{a}")
 

@@ -19,6 +19,7 @@ from ninfer.contracts import GenerationResult, Program, RejectReason, RequestRej
 from .config import EngineConfig
 from .core import EngineCore
 from .records import GenerationRequest, RequestRecord
+from .rules import should_release_capacity
 
 _IDLE_WAIT_S = 0.01  # the worker re-checks deadlines and timeouts at least this often when idle
 
@@ -141,7 +142,7 @@ class Engine:
 
     def _maybe_release(self, rec: RequestRecord) -> None:
         with rec.lock:
-            release = rec.response_done and rec.consumer_released and not rec.capacity_released
+            release = should_release_capacity(rec.response_done, rec.consumer_released, rec.capacity_released)
             if release:
                 rec.capacity_released = True
         if release:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ninfer.contracts import (EngineFailure, FinishReason, OutputDelta, PendingBatch, RequestState,
                               RowDecision)
 
+from .rules import accepted_fits_budget, budget_room
 from .scheduler import Unit
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ class UnitRunner:
                 previews.append(None)
                 decisions.append(RowDecision(accepted=0, terminal=True, cancelled=True))
                 continue
-            room = rec.request.max_tokens - len(rec.output_tokens)
-            if p.accepted > room or (p.accepted == room and not p.terminal):
+            room = budget_room(rec.request.max_tokens, len(rec.output_tokens))
+            if not accepted_fits_budget(p.accepted, p.terminal, room):
                 raise EngineFailure(f"request {rec.rid}: session accepted {p.accepted} tokens with {room} left")
             previews.append(p)
             decisions.append(RowDecision(p.accepted, p.terminal, boundary=p.boundary))

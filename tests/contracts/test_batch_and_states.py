@@ -56,7 +56,7 @@ def test_batch_decisions_cover_every_row():
     b.check_decisions([RowDecision(1, False), RowDecision(2, True)])
     with pytest.raises(EngineFailure, match="decisions for a batch"):
         b.check_decisions([RowDecision(1, False)])
-    with pytest.raises(EngineFailure, match="nonterminal"):
+    with pytest.raises(EngineFailure, match="illegal row decision"):
         b.check_decisions([RowDecision(1, False), RowDecision(2, False)])
 
 

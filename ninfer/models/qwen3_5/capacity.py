@@ -78,7 +78,12 @@ def gdn_state_bytes_per_sequence(cfg: Qwen35Config, conv_dtype: str = "bfloat16"
 
 
 def kv_pages_for_tokens(tokens: int, page_size: int) -> int:
-    """Pages needed to hold `tokens` positions; ceil division, 0 tokens need 0 pages."""
+    """Pages needed to hold `tokens` positions; ceil division, 0 tokens need 0 pages.
+
+    pre: tokens >= 0 and page_size > 0
+    post: __return__ * page_size >= tokens
+    post: __return__ == 0 or (__return__ - 1) * page_size < tokens
+    """
     if tokens < 0 or page_size <= 0:
         raise ValueError(f"tokens={tokens} must be >= 0 and page_size={page_size} > 0")
     return -(-tokens // page_size)
