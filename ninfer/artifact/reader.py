@@ -2,7 +2,7 @@
 
 Tensors are zero-copy views of a private (copy-on-write) mapping of the file: reading costs page faults, not copies,
 and a consumer that writes into a tensor changes only its own process's pages, never the file. Treat them as
-read-only.
+read-only. Every tensor and array handed out holds the mapping open, so they stay valid after :meth:`close`.
 """
 
 from __future__ import annotations
@@ -166,10 +166,10 @@ class Artifact:
         o = self.objects[b.object]
         if o.format != "dense":
             raise ArtifactError(f"binding {name!r}", "not dense", f"object {o.name!r} is {o.format}; use dequantize()")
-        self._check(o)
-        p = o.planes[0]
-        t = torch.frombuffer(self._mm, dtype=TORCH_DTYPES[p.dtype], count=int(np.prod(p.shape)) if p.shape else 1,
-                             offset=o.offset + p.offset).reshape(p.shape)
+        data = self.object_planes(o.name)["data"]
+        # from_numpy keeps the numpy view, and through it the mapping, alive as long as the tensor lives;
+        # torch.frombuffer would not, and a close() would then leave the tensor pointing at unmapped memory.
+        t = torch.from_numpy(data).view(TORCH_DTYPES[o.planes[0].dtype])
         return t if b.rows is None else t[b.rows[0]: b.rows[1]]
 
     def dequantize(self, name: str) -> torch.Tensor:
