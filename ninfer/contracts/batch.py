@@ -30,7 +30,7 @@ class BatchKind(enum.Enum):
     CONTROL = "control"  # a forced-control suffix supplied by the Frontend; no sampling, no RNG advance
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingRow:
     handle: SequenceHandle
     tokens: tuple[int, ...]  # provisional tokens; len(tokens) is the produced extent
@@ -45,7 +45,7 @@ class PendingRow:
         return len(self.tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RowDecision:
     accepted: int
     terminal: bool

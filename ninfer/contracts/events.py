@@ -26,7 +26,7 @@ class GenerationStart:
     reused_prefix_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutputDelta:
     """Committed tokens and what the request's OutputSession made of them (text, reasoning, tool-call pieces)."""
 

@@ -48,7 +48,7 @@ class RequestRecord:
     finish_reason: FinishReason | None = None
     error: str | None = None
     capture_pending: bool = False  # a prompt-end checkpoint waits to be published
-    events: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    events: "queue.SimpleQueue[Any]" = field(default_factory=queue.SimpleQueue)
     cancel_requested: bool = False
     consumer_released: bool = False
     response_done: bool = False

@@ -115,6 +115,8 @@ class UnitRunner:
         elif rec.request.session.control_suffix():
             rec.move(RequestState.CONTROL_READY)
             self.core.scheduler.set_control_ready(rec.rid)
+        elif rec.state is RequestState.DECODE_READY:
+            pass  # the common decode path: the request stays in the next round, nothing to reschedule
         else:
             rec.move(RequestState.DECODE_READY)
             self.core.scheduler.set_decode_ready(rec.rid, rec.lane)

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from ninfer.contracts import FinishReason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TokenPreview:
     accepted: int
     terminal: bool
