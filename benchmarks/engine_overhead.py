@@ -74,7 +74,7 @@ class NoOpProgram:
 
 def per_round_us(batch: int, rounds: int) -> float:
     engine = Engine(NoOpProgram(8), EngineConfig(max_concurrency=8, prefix_caching=False), threaded=False)
-    handles = [engine.submit(GenerationRequest((1, 2, 3), TokenSession(10**8, stop_ids=()))) for _ in range(batch)]
+    handles = [engine.submit(GenerationRequest((1, 2, 3), TokenSession(10**8, stop_ids=()), 10**8)) for _ in range(batch)]
     while len(engine.core.scheduler.decode_ready) < batch:
         engine.step()
     t0 = time.process_time()

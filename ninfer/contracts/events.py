@@ -3,8 +3,8 @@ then exactly one terminal GenerationResult."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from .states import FinishReason
 
@@ -32,7 +32,7 @@ class OutputDelta:
 
     request_id: int
     token_ids: tuple[int, ...]
-    deltas: tuple[Any, ...] = ()
+    delta: Any = None  # the OutputSession's committed chunk for these tokens
     logprobs: tuple[float, ...] | None = None
 
 
@@ -42,5 +42,5 @@ class GenerationResult:
     finish_reason: FinishReason
     usage: Usage
     token_ids: tuple[int, ...] = ()
-    output: Mapping[str, Any] = field(default_factory=dict)  # the OutputSession's final fields
+    output: Any = None  # the OutputSession's final result (content, reasoning, tool calls, ...)
     error: str | None = None

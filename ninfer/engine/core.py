@@ -183,10 +183,10 @@ class EngineCore:
         rec.finish_reason = rec.finish_reason or reason
         usage = Usage(prompt_tokens=len(rec.prompt), completion_tokens=len(rec.output_tokens),
                       cached_prompt_tokens=rec.reused_tokens)
-        output = {}
+        output = None
         if rec.error is None:
             try:
-                output = dict(rec.request.session.result_fields())
+                output = rec.request.session.result()
             except Exception as e:  # noqa: BLE001 - a Frontend bug ends this request, not the Engine
                 rec.error = f"frontend failed to produce the result: {e}"
         rec.events.put(GenerationResult(rec.rid, rec.finish_reason, usage, tuple(rec.output_tokens), output,

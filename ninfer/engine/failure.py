@@ -37,5 +37,5 @@ def fail_engine(core: "EngineCore", exc: BaseException) -> None:
         rec.finish_reason = FinishReason.ERROR
         rec.error = f"engine failed: {core.failed}"
         usage = Usage(len(rec.prompt), len(rec.output_tokens), rec.reused_tokens)
-        rec.events.put(GenerationResult(rec.rid, FinishReason.ERROR, usage, tuple(rec.output_tokens), {}, rec.error))
+        rec.events.put(GenerationResult(rec.rid, FinishReason.ERROR, usage, tuple(rec.output_tokens), None, rec.error))
         core.on_finish(rec)

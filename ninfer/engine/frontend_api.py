@@ -19,15 +19,13 @@ class OutputPreview(Protocol):
 
 
 class OutputSession(Protocol):
-    max_tokens: int
-
     def preview(self, tokens: Sequence[int], *, forced: bool = False) -> OutputPreview: ...
 
-    def commit(self, preview: OutputPreview) -> Sequence[Any]:
-        """Move the preview into the session; returns the deltas the Engine publishes."""
+    def commit(self, preview: OutputPreview) -> Any:
+        """Move the preview into the session; returns the delta the Engine publishes."""
 
     def control_suffix(self) -> tuple[int, ...] | None:
         """A forced-control suffix the session needs committed next (e.g. `</think>` after a thinking budget)."""
 
-    def result_fields(self) -> dict[str, Any]:
-        """Text fields of the final result (text, reasoning_text, ...)."""
+    def result(self) -> Any:
+        """The final aggregate (content, reasoning, tool calls, ...), placed in GenerationResult.output."""

@@ -22,15 +22,12 @@ class GenerationRequest:
 
     prompt: tuple[int, ...]
     session: OutputSession
+    max_tokens: int  # the output budget; the session ends the request with LENGTH when it is spent
     sampling: Any = None  # ninfer.sampling.SamplingParams; None means greedy
     seed: int | None = None
     session_key: str | None = None  # a lookup hint for prefix reuse, never an owner of state
     deadline: float | None = None  # absolute time.monotonic() after which the request ends
     queue_timeout: float | None = None  # seconds it may wait before admission
-
-    @property
-    def max_tokens(self) -> int:
-        return self.session.max_tokens
 
 
 @dataclass(eq=False)

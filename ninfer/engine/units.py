@@ -108,7 +108,7 @@ class UnitRunner:
         if preview is None:
             self.enter_terminal(rec, FinishReason.ERROR)
             return
-        deltas = tuple(rec.request.session.commit(preview))  # the OutputSession commits after the Program
+        delta = rec.request.session.commit(preview)  # the OutputSession commits after the Program
         # Scheduler accounting reads the committed session: a forced-control need exists only after commit.
         if decision.terminal:
             self.enter_terminal(rec, preview.finish_reason or FinishReason.STOP)
@@ -120,4 +120,4 @@ class UnitRunner:
         else:
             rec.move(RequestState.DECODE_READY)
             self.core.scheduler.set_decode_ready(rec.rid, rec.lane)
-        rec.events.put(OutputDelta(rec.rid, tuple(tokens), deltas))
+        rec.events.put(OutputDelta(rec.rid, tuple(tokens), delta))

@@ -53,7 +53,7 @@ def _solo_tokens(factory: ProgramFactory, request: GenerationRequest, think_budg
     """The oracle for schedule invariance: the same request alone, no prefix caching, one lane."""
     engine = Engine(factory(), EngineConfig(max_concurrency=1, prefix_caching=False), threaded=False)
     session = TokenSession(request.max_tokens, think_budget=think_budget)
-    solo = GenerationRequest(request.prompt, session, request.sampling, request.seed)
+    solo = GenerationRequest(request.prompt, session, request.max_tokens, request.sampling, request.seed)
     handle = engine.submit(solo)
     engine.run_until_idle()
     result = handle.result(timeout=0)
@@ -96,7 +96,7 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
 
         def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout):
             out = TokenSession(max_tokens, think_budget=think, commit_guard=self.program.check_no_pending_batch)
-            req = GenerationRequest(prompt, out, sampling=None if seed is None else _Sampled(0.7),
+            req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else _Sampled(0.7),
                                     seed=seed if seed is not None else 0, session_key=session_key,
                                     deadline=None if deadline is None else self.clock.now + deadline,
                                     queue_timeout=timeout)

@@ -43,14 +43,14 @@ class TokenSession:
                 return TokenPreview(i + 1, True, FinishReason.LENGTH, None, tuple(tokens[:i + 1]), forced)
         return TokenPreview(len(tokens), False, None, None, tuple(tokens), forced)
 
-    def commit(self, preview: TokenPreview) -> tuple[tuple[int, ...], ...]:
+    def commit(self, preview: TokenPreview) -> tuple[int, ...]:
         if self.commit_guard is not None:
             self.commit_guard()
         self.tokens.extend(preview.tokens)
         if preview.forced:
             self.forced.append(preview.tokens)
         self.commits += 1
-        return (preview.tokens,)
+        return preview.tokens
 
     def control_suffix(self) -> tuple[int, ...] | None:
         """Once the thinking budget is spent without a think-end token, force one (once)."""
@@ -60,7 +60,7 @@ class TokenSession:
             return (self.think_end,)
         return None
 
-    def result_fields(self) -> dict[str, object]:
+    def result(self) -> dict[str, object]:
         return {"tokens": tuple(self.tokens), "forced": tuple(self.forced)}
 
 
@@ -68,4 +68,4 @@ def token_request(prompt, max_tokens: int = 6, *, think_budget: int | None = Non
     """A GenerationRequest with a TokenSession: the usual request of Engine tests."""
     from ninfer.engine.records import GenerationRequest
 
-    return GenerationRequest(tuple(prompt), TokenSession(max_tokens, think_budget=think_budget), **kw)
+    return GenerationRequest(tuple(prompt), TokenSession(max_tokens, think_budget=think_budget), max_tokens, **kw)
