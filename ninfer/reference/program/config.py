@@ -1,0 +1,72 @@
+"""ReferenceProgramConfig: the reference Program's fixed sizes, resolved once against the model config.
+
+Every byte figure the Program reports comes from the capacity queries of `ninfer.models.qwen3_5.capacity`, the
+same ones the fast Program plans with, so both Programs agree on what a page, a state slot and a checkpoint cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers,
+                                             kv_pages_for_tokens)
+from ninfer.models.qwen3_5.config import Qwen35Config
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class ReferenceProgramConfig:
+    max_concurrency: int = 4  # active sequences, 1..8; two GDN state slots each (live + publication)
+    max_context: int = 4096  # prompt + output tokens of one sequence
+    page_size: int = 16  # positions per KV page (every attention layer's K and V of those positions)
+    kv_pages: int | None = None  # None: room for every lane at full context, twice over (checkpoints share it)
+    checkpoint_slots: int = 8  # GDN state slots beyond 2 per lane: published and chunk-boundary checkpoints
+    host_bytes: int = 64 << 20  # host-tier budget for inactive checkpoints' GDN state
+    dtype: torch.dtype = torch.float32  # activations, KV and conv windows; S stays fp32 (fp64 in fp64 mode)
+    eos_token_ids: tuple[int, ...] | None = None  # None: the model config's
+
+    def resolved(self, cfg: Qwen35Config) -> "ReferenceProgramConfig":
+        """Every None filled in and every range checked; the Program keeps only a resolved config."""
+        if not 1 <= self.max_concurrency <= 8:
+            raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
+        if not 1 <= self.max_context <= cfg.max_position_embeddings:
+            raise ValueError(f"max_context must be in 1..{cfg.max_position_embeddings}, got {self.max_context}")
+        if self.page_size < 1 or self.checkpoint_slots < 0 or self.host_bytes < 0:
+            raise ValueError(f"page_size >= 1, checkpoint_slots >= 0, host_bytes >= 0 required, got "
+                             f"{self.page_size}, {self.checkpoint_slots}, {self.host_bytes}")
+        if self.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {sorted(map(str, _DTYPE_NAMES))}, got {self.dtype}")
+        pages = self.kv_pages
+        if pages is None:
+            pages = 2 * self.max_concurrency * kv_pages_for_tokens(self.max_context, self.page_size)
+        if pages < 1:
+            raise ValueError(f"kv_pages must be >= 1, got {pages}")
+        eos = tuple(cfg.eos_token_ids) if self.eos_token_ids is None else tuple(self.eos_token_ids)
+        bad = [t for t in eos if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"eos token {bad[0]} outside the vocabulary of {cfg.vocab_size}")
+        return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos)
+
+    @property
+    def total_slots(self) -> int:
+        return 2 * self.max_concurrency + self.checkpoint_slots
+
+    @property
+    def dtype_name(self) -> str:
+        return _DTYPE_NAMES[self.dtype]
+
+    def page_bytes(self, cfg: Qwen35Config) -> int:
+        """One page: `page_size` positions of K and V in every attention layer."""
+        return self.page_size * kv_bytes_per_token_all_layers(cfg, self.dtype_name)
+
+    def state_bytes(self, cfg: Qwen35Config) -> int:
+        """One GDN state slot: conv windows and recurrent state of every GDN layer."""
+        return gdn_state_bytes_per_sequence(cfg, self.dtype_name)
+
+    def pages_for(self, tokens: int) -> int:
+        return kv_pages_for_tokens(tokens, self.page_size)

@@ -1,0 +1,213 @@
+"""Model transactions of the reference Program: staged prefill, compact decode, forced control, and the
+accepted-prefix commit.
+
+A sequence's committed state lives in the stores (KV pages by block table, GDN state in its slot). Decode and
+control run the model on a private SequenceState assembled from the stores; that state travels in the
+PendingBatch payload and reaches the stores only in `commit`, so a dropped batch leaves no trace. Prompt tokens
+are not provisional: a prefill chunk writes its state at once, and the final chunk's batch holds only the sampled
+first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
+from ninfer.contracts import token_digest
+from ninfer.reference.gdn import CHUNK
+from ninfer.reference.state import SequenceState
+from ninfer.sampling import RowSampling, SamplingParams, sample_row, token_logprobs
+
+from .records import ActiveSequence, Checkpoint
+
+if TYPE_CHECKING:
+    from .program import ReferenceProgram
+
+
+@dataclass(frozen=True)
+class Provisional:
+    """One row's state after consuming `fed` (the pending token, then any forced tokens but the last)."""
+
+    state: SequenceState
+    fed: tuple[int, ...]
+
+
+def sampling_params(sampling: Any) -> SamplingParams:
+    """The request's SamplingParams; None is greedy. Any other object with a `temperature` (the Engine
+    harness's stand-in) means plain temperature sampling."""
+    if sampling is None:
+        return SamplingParams(temperature=0.0)
+    if isinstance(sampling, SamplingParams):
+        return sampling
+    temperature = getattr(sampling, "temperature", None)
+    if temperature is None:
+        raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
+    return SamplingParams(temperature=float(temperature))
+
+
+# ---- state between the stores and the model ----------------------------------------------------------------
+def state_of(prog: "ReferenceProgram", seq: ActiveSequence) -> SequenceState:
+    """A private SequenceState at the sequence's frontier: its slot's GDN state and its pages' KV."""
+    return SequenceState(gdn=prog.slots.load(seq.handle.slot), kv=prog.pages.gather(seq.table, seq.frontier),
+                         next_position=seq.frontier, mtp_kv=[])
+
+
+def _growth(prog: "ReferenceProgram", seq: ActiveSequence, fed: int) -> int:
+    """New pages that consuming `fed` more tokens takes from the reservation."""
+    grow = prog.config.pages_for(seq.frontier + fed) - len(seq.table)
+    if grow > seq.reserve_left:
+        raise EngineFailure(f"sequence {seq.handle} would grow past its reservation "
+                            f"({grow} pages, {seq.reserve_left} reserved)")
+    return grow
+
+
+def _store(prog: "ReferenceProgram", seq: ActiveSequence, state: SequenceState, fed: Sequence[int]) -> None:
+    """Write a state that consumed `fed` after the frontier back into the stores."""
+    start, end = seq.frontier, seq.frontier + len(fed)
+    if state.next_position != end:
+        raise EngineFailure(f"state at {state.next_position}, sequence {seq.handle} expects {end}")
+    for _ in range(_growth(prog, seq, len(fed))):
+        seq.table.append(prog.pages.alloc.take())
+        seq.reserve_left -= 1
+    prog.pages.write(seq.table, state.kv, start, end)
+    prog.slots.store(seq.handle.slot, state.gdn)
+    seq.tokens.extend(fed)
+
+
+def _sample(prog: "ReferenceProgram", seq: ActiveSequence, logits: torch.Tensor, position: int,
+            mask: Any | None) -> tuple[int, tuple | None]:
+    """Draw at absolute `position`; the raw logprob and top alternatives when the request asked for them."""
+    row = RowSampling(seq.params, seq.seed, position, prompt_token_ids=seq.prompt, output_token_ids=seq.outputs,
+                      eos_token_ids=prog.limits.eos_token_ids, allowed=mask)
+    token = sample_row(logits, row)
+    if seq.params.logprobs is None:
+        return token, None
+    lp = token_logprobs(logits, token, seq.params.logprobs)
+    return token, (lp.logprob, lp.top)
+
+
+def _row(handle: SequenceHandle, tokens: tuple[int, ...], base: int, lp: tuple | None) -> PendingRow:
+    if lp is None:
+        return PendingRow(handle, tokens, base)
+    return PendingRow(handle, tokens, base, logprobs=(lp[0],), top_logprobs=(lp[1],))
+
+
+# ---- prefill -------------------------------------------------------------------------------------------------
+def _segments(start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) cut at absolute multiples of the GDN chunk, so each cut is a chunk boundary of the chunked
+    form and the state there is a boundary checkpoint."""
+    cuts = [start] + list(range((start // CHUNK + 1) * CHUNK, end, CHUNK)) + [end]
+    return list(zip(cuts, cuts[1:]))
+
+
+def prefill(prog: "ReferenceProgram", handle: SequenceHandle, max_tokens: int, mask: Any | None) -> PendingBatch | None:
+    seq = prog.sequence(handle)
+    n = len(seq.prompt)
+    if seq.frontier >= n or max_tokens < 1:
+        raise EngineFailure(f"prefill of {handle}: frontier {seq.frontier} of a {n}-token prompt, chunk {max_tokens}")
+    end = min(n, seq.frontier + max_tokens)
+    state = state_of(prog, seq)
+    for a, b in _segments(seq.frontier, end):
+        logits = prog.model.prefill(torch.tensor(seq.prompt[a:b]), state)  # [b - a, V]
+        _store(prog, seq, state, seq.prompt[a:b])
+        if b % CHUNK == 0 and b < n:
+            _boundary_snapshot(prog, seq)
+    if end < n:
+        return None
+    token, lp = _sample(prog, seq, logits[-1], n, mask)
+    return PendingBatch(BatchKind.PREFILL, (_row(handle, (token,), n, lp),), prog.resource_revision)
+
+
+def _boundary_snapshot(prog: "ReferenceProgram", seq: ActiveSequence) -> None:
+    """Capture the state at a chunk boundary when the checkpoint allowance has a free slot; skip otherwise, and
+    skip a boundary whose tokens are already published."""
+    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
+        return
+    tokens = tuple(seq.tokens)
+    digest = token_digest(tokens)
+    if any(len(c.tokens) == len(tokens) and token_digest(c.tokens) == digest for c in prog.ckpts.values()):
+        return
+    slot = prog.slots.take()
+    prog.slots.copy(seq.handle.slot, slot)
+    for p in seq.table:
+        prog.pages.alloc.ref(p)  # shared by reference, partial page included: the checkpoint reads < frontier
+    seq.snapshots.append(Checkpoint(tokens, list(seq.table), slot, boundary=True))
+    prog.bump_revision()
+
+
+def _snapshot_prompt_end(prog: "ReferenceProgram", seq: ActiveSequence) -> None:
+    """Capture the prompt-end state into the publication slot reserved at activation."""
+    if seq.pub_slot is None:
+        return
+    slot, seq.pub_slot = seq.pub_slot, None
+    prog.slots.copy(seq.handle.slot, slot)
+    for p in seq.table:
+        prog.pages.alloc.ref(p)
+    seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot))
+
+
+# ---- decode and control --------------------------------------------------------------------------------------
+def decode(prog: "ReferenceProgram", handles: Sequence[SequenceHandle],
+           masks: Sequence[Any | None] | None) -> PendingBatch:
+    if masks is not None and len(masks) != len(handles):
+        raise EngineFailure(f"{len(masks)} masks for {len(handles)} decode rows")
+    rows, provisional = [], []
+    for i, handle in enumerate(handles):
+        seq = prog.sequence(handle)
+        if seq.pending is None:
+            raise EngineFailure(f"decode of {handle} before its prompt finished")
+        state = state_of(prog, seq)
+        logits = prog.model.decode_step(seq.pending, state)  # [V], the distribution at frontier + 1
+        token, lp = _sample(prog, seq, logits, seq.frontier + 1, None if masks is None else masks[i])
+        rows.append(_row(handle, (token,), seq.frontier + 1, lp))
+        provisional.append(Provisional(state, (seq.pending,)))
+    return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=tuple(provisional))
+
+
+def control(prog: "ReferenceProgram", handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
+    """Forced tokens: no sampling, no RNG position consumed beyond the tokens themselves."""
+    seq = prog.sequence(handle)
+    if not tokens or seq.pending is None:
+        raise EngineFailure(f"control of {handle} needs a finished prompt and a non-empty suffix")
+    fed = (seq.pending,) + tuple(tokens[:-1])
+    state = state_of(prog, seq)
+    prog.model.prefill(torch.tensor(fed), state)
+    row = PendingRow(handle, tuple(tokens), seq.frontier + 1)
+    return PendingBatch(BatchKind.CONTROL, (row,), prog.resource_revision, payload=(Provisional(state, fed),))
+
+
+# ---- commit ----------------------------------------------------------------------------------------------------
+def commit(prog: "ReferenceProgram", batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
+    """Validate every row first, then apply: the batch is committed whole or not at all."""
+    batch.check_decisions(decisions)
+    prefill_batch = batch.kind is BatchKind.PREFILL
+    if not prefill_batch and (batch.payload is None or len(batch.payload) != len(batch.rows)):
+        raise EngineFailure("a decode/control batch lost its provisional state")
+    seqs = []
+    for i, (row, d) in enumerate(zip(batch.rows, decisions)):
+        seq = prog.sequence(row.handle)
+        expected = seq.frontier if prefill_batch else seq.frontier + 1
+        if row.base_frontier != expected or (prefill_batch and seq.pending is not None):
+            raise EngineFailure(f"batch row {row.handle} at {row.base_frontier}, sequence expects {expected}")
+        if d.accepted and not prefill_batch:
+            if d.accepted != row.produced:
+                raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
+            _growth(prog, seq, len(batch.payload[i].fed))
+        seqs.append(seq)
+    for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
+        if d.accepted == 0:
+            continue
+        if not prefill_batch:
+            _store(prog, seq, batch.payload[i].state, batch.payload[i].fed)
+        seq.pending = row.tokens[d.accepted - 1]
+        if d.boundary is not None:
+            seq.boundary = row.base_frontier + d.boundary
+        if prefill_batch:
+            _snapshot_prompt_end(prog, seq)
+
+
+def abort_pending(prog: "ReferenceProgram", batch: PendingBatch) -> None:
+    """Provisional states live only in the batch payload: dropping the batch restores every row."""

@@ -1,0 +1,71 @@
+"""CausalScoring: per-token log-probabilities of a text under the model, with sliding windows for long texts.
+
+Each window starts from an empty temporary state (no request, continuation, checkpoint or cache entry), so
+scoring never reaches the Scheduler, the ResourceManager or the checkpoint catalog. Windows begin every `stride`
+tokens and hold at most `window` tokens; a token is scored by the first window that holds it and at least one
+token before it, and never again (lm-eval's rolling loglikelihood with `window - stride` tokens of overlap).
+The first token has no prefix and is not scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ninfer.reference.model import ReferenceModel
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]  # logprobs[j] = log p(tokens[j + 1] | its window's tokens before it)
+    greedy: tuple[bool, ...]  # greedy[j]: tokens[j + 1] is the argmax (lowest id on ties) at its position
+    windows: int  # forward passes run
+
+    @property
+    def total(self) -> float:
+        return sum(self.logprobs)
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(self.greedy)
+
+
+class CausalScoring:
+    def __init__(self, model: ReferenceModel):
+        self.model = model
+
+    def score(self, tokens: Sequence[int], *, window: int, stride: int) -> ScoreResult:
+        """Score tokens[1:], each given up to `window - 1` tokens before it. Requires 1 <= stride < window, so
+        every window's first token was already scored by the window before it."""
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens:
+            raise ValueError("score needs at least one token")
+        if window < 2 or not 1 <= stride < window:
+            raise ValueError(f"need window >= 2 and 1 <= stride < window, got window={window} stride={stride}")
+        logprobs: list[float] = []
+        greedy: list[bool] = []
+        scored, windows = 1, 0  # scored: the next position still to score
+        for begin in range(0, len(tokens), stride):
+            if scored >= len(tokens):
+                break
+            end = min(begin + window, len(tokens))
+            lp, top = self._window(tokens, begin, end, scored)
+            logprobs.extend(lp)
+            greedy.extend(top)
+            scored, windows = end, windows + 1
+        return ScoreResult(tokens, tuple(logprobs), tuple(greedy), windows)
+
+    def _window(self, tokens: tuple[int, ...], begin: int, end: int, first: int) -> tuple[list[float], list[bool]]:
+        """Positions first..end-1 scored from a fresh state over tokens[begin:end]."""
+        state = self.model.new_state()
+        logits = self.model.prefill(torch.tensor(tokens[begin:end]), state)  # [end - begin, V]
+        rows = logits[first - 1 - begin:end - 1 - begin]  # [m, V]: row i predicts position first + i
+        wide = torch.float64 if rows.dtype == torch.float64 else torch.float32
+        logp = torch.log_softmax(rows.to(wide), dim=-1)  # [m, V]
+        target = torch.tensor(tokens[first:end])  # [m]
+        chosen = logp.gather(1, target[:, None])[:, 0]  # [m]
+        best = torch.argmax(logp, dim=-1)  # first maximum: ties to the lowest id
+        return chosen.tolist(), (best == target).tolist()

@@ -1,0 +1,136 @@
+"""The reference Program's physical stores: a refcounted KV page pool, GDN state slots and the host tier.
+
+KV pages are real tensors, so sharing a page by reference and copying a partial page are real operations, not
+bookkeeping only: a sequence reads its KV by gathering its block table and writes new positions into its own pages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.reference.state import GDNState, KVCache
+
+
+class PageAllocator:
+    """Page ids with refcounts; a page is free exactly when nobody references it."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.free = list(range(total - 1, -1, -1))  # pop() hands out low ids first
+        self.refs: dict[int, int] = {}
+
+    @property
+    def available(self) -> int:
+        return len(self.free)
+
+    def take(self) -> int:
+        if not self.free:
+            raise RuntimeError("KV page pool exhausted despite the reservation")
+        page = self.free.pop()
+        self.refs[page] = 1
+        return page
+
+    def ref(self, page: int) -> None:
+        assert self.refs.get(page, 0) > 0, f"ref of free page {page}"
+        self.refs[page] += 1
+
+    def unref(self, page: int) -> None:
+        n = self.refs[page] - 1
+        if n:
+            self.refs[page] = n
+        else:
+            del self.refs[page]
+            self.free.append(page)
+
+
+class KVPages:
+    """K/V storage by page: k[p, layer, kv_head, offset, d] holds position `j * page_size + offset` of the
+    sequence whose block table names page p at index j."""
+
+    def __init__(self, cfg: Qwen35Config, num_pages: int, page_size: int, dtype: torch.dtype):
+        self.layers = tuple(cfg.attention_layers)
+        self.page_size = page_size
+        shape = (num_pages, len(self.layers), cfg.num_key_value_heads, page_size, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.alloc = PageAllocator(num_pages)
+
+    def gather(self, table: list[int], length: int) -> dict[int, KVCache]:
+        """Positions < length of the block table as contiguous per-layer caches [nkv, length, d]."""
+        idx = torch.tensor(table, dtype=torch.long)
+        n, L = len(table), len(self.layers)
+        _, _, nkv, ps, d = self.k.shape
+        k = self.k[idx].permute(1, 2, 0, 3, 4).reshape(L, nkv, n * ps, d)[:, :, :length]  # [L, nkv, length, d]
+        v = self.v[idx].permute(1, 2, 0, 3, 4).reshape(L, nkv, n * ps, d)[:, :, :length]
+        return {layer: KVCache(k[i].clone(), v[i].clone()) for i, layer in enumerate(self.layers)}
+
+    def write(self, table: list[int], caches: dict[int, KVCache], start: int, end: int) -> None:
+        """Copy positions [start, end) of the contiguous caches into the table's pages."""
+        ps = self.page_size
+        for j in range(start // ps, -(-end // ps)):
+            lo, hi = max(start, j * ps), min(end, (j + 1) * ps)
+            for i, layer in enumerate(self.layers):
+                self.k[table[j], i, :, lo - j * ps:hi - j * ps] = caches[layer].k[:, lo:hi]
+                self.v[table[j], i, :, lo - j * ps:hi - j * ps] = caches[layer].v[:, lo:hi]
+
+    def copy_page(self, src: int, dst: int) -> None:
+        self.k[dst] = self.k[src]
+        self.v[dst] = self.v[src]
+
+
+class StateSlots:
+    """A fixed number of GDN state slots; slot s holds every GDN layer's conv window and recurrent state."""
+
+    def __init__(self, cfg: Qwen35Config, total: int, dtype: torch.dtype):
+        self.layers = tuple(cfg.linear_layers)
+        self.total = total
+        n, K = len(self.layers), cfg.linear_conv_kernel_dim
+        s_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.conv = torch.zeros(total, n, cfg.conv_dim, K - 1, dtype=dtype)  # [slots, n, conv_dim, K-1]
+        self.recurrent = torch.zeros(total, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                     cfg.linear_value_head_dim, dtype=s_dtype)  # [slots, n, HV, dk, dv]
+        self.free = list(range(total - 1, -1, -1))
+
+    def take(self) -> int:
+        if not self.free:
+            raise RuntimeError("GDN state slot pool exhausted")
+        return self.free.pop()
+
+    def give(self, slot: int) -> None:
+        assert slot not in self.free, f"state slot {slot} freed twice"
+        self.free.append(slot)
+
+    def load(self, slot: int) -> dict[int, GDNState]:
+        """A private copy of the slot's state, for the model to advance."""
+        return {layer: GDNState(self.conv[slot, i].clone(), self.recurrent[slot, i].clone())
+                for i, layer in enumerate(self.layers)}
+
+    def store(self, slot: int, gdn: dict[int, GDNState]) -> None:
+        for i, layer in enumerate(self.layers):
+            self.conv[slot, i] = gdn[layer].conv
+            self.recurrent[slot, i] = gdn[layer].recurrent
+
+    def clear(self, slot: int) -> None:
+        """The state before any token: zero conv windows and recurrent state."""
+        self.conv[slot].zero_()
+        self.recurrent[slot].zero_()
+
+    def copy(self, src: int, dst: int) -> None:
+        self.conv[dst] = self.conv[src]
+        self.recurrent[dst] = self.recurrent[src]
+
+
+class HostTier:
+    """Host copies of inactive checkpoints' GDN state, within a byte budget (KV pages stay in the pool)."""
+
+    def __init__(self, budget: int, state_bytes: int):
+        self.budget, self.state_bytes = budget, state_bytes
+        self.entries: dict[int, dict[int, GDNState]] = {}  # checkpoint id value -> state
+
+    @property
+    def used(self) -> int:
+        return len(self.entries) * self.state_bytes
+
+    def fits(self) -> bool:
+        return self.used + self.state_bytes <= self.budget

@@ -1,0 +1,88 @@
+"""A tiny random Qwen3.5 (vocab 97, hidden 32, GDN + attention layers) and Programs over it.
+
+Helpers are fixtures because the suite imports test modules in importlib mode (no sibling imports).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
+from ninfer.models.qwen3_5.params import logical_parameters
+from ninfer.reference.model import ReferenceModel
+from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+
+VOCAB = 97
+
+
+def tiny_config(layers: tuple[str, ...] = (LINEAR, FULL, LINEAR)) -> Qwen35Config:
+    return Qwen35Config.from_hf(dict(
+        model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=len(layers),
+        layer_types=list(layers), num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, intermediate_size=32, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        tie_word_embeddings=False, mtp_num_hidden_layers=0, eos_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True}))
+
+
+def tiny_weights(cfg: Qwen35Config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights with realistic magnitudes (peaked enough that greedy tokens are not near-ties)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, spec in logical_parameters(cfg, ("text",)).items():
+        if name.endswith("A_log"):
+            t = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
+        elif name.endswith("dt_bias"):
+            t = torch.rand(spec.shape, generator=g)
+        elif name.endswith("linear_attn.norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
+        elif spec.kind == "norm":
+            t = 0.1 * torch.randn(spec.shape, generator=g)
+        else:
+            t = 2.0 * torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
+        out[name] = t
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors gain nothing from intra-op threads; the shared 2-core box loses a lot to oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def model32() -> ReferenceModel:
+    cfg = tiny_config()
+    return ReferenceModel(cfg, tiny_weights(cfg), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def model64() -> ReferenceModel:
+    cfg = tiny_config()
+    return ReferenceModel(cfg, tiny_weights(cfg), dtype=torch.float64)
+
+
+@pytest.fixture(scope="session")
+def make_program(model32):
+    def make(model=None, **kw) -> ReferenceProgram:
+        m = model or model32
+        base = dict(max_concurrency=2, max_context=256, page_size=4, kv_pages=160, checkpoint_slots=3,
+                    host_bytes=1 << 20, dtype=m.dtype)
+        base.update(kw)
+        return ReferenceProgram(m, ReferenceProgramConfig(**base))
+    return make
+
+
+@pytest.fixture(scope="session")
+def prompt_of():
+    def make(n: int, seed: int = 0) -> tuple[int, ...]:
+        g = torch.Generator().manual_seed(seed)
+        return tuple(int(t) for t in torch.randint(1, VOCAB, (n,), generator=g))
+    return make
