@@ -43,6 +43,23 @@ def test_gdn_chunk(T, HK, HV, dk, dv, chunk, with_state, dtype):
     assert_close("gdn_chunk.states", st_ref, st, _tol(dtype))
 
 
+def test_gdn_chunk_correlated_keys_no_decay():
+    # the hard case for the triangular inverse: nearly parallel keys, beta near 1, almost no decay
+    T, HK, HV, dk, dv = (128, 16, 32, 128, 128) if ON_GPU else (64, 1, 1, 16, 16)
+    x, w = _inputs(T, HK, HV, dk, dv, torch.float32)
+    base = torch.randn(1, HK * dk, device=DEVICE)
+    x["qkv"][:, HK * dk:2 * HK * dk] = base + 0.1 * torch.randn(T, HK * dk, device=DEVICE)
+    x["b"].fill_(6.0)
+    w["A_log"].fill_(-8.0)
+    kw = dict(num_k_heads=HK, head_k_dim=dk, head_v_dim=dv, chunk_size=64)
+    y_ref, st_ref = gdn_chunk_naive(**x, **w, initial_state=None, **kw)
+    y, st = gdn_chunk(**x, **w, initial_state=None, **kw)
+    # TF32 dots on an ill-conditioned WY system: measured 3e-3 (y) and 4e-3 (S) on the H200
+    tol = 1e-2 if ON_GPU else 1e-5
+    assert_close("gdn_chunk.correlated_y", y_ref, y, tol)
+    assert_close("gdn_chunk.correlated_states", st_ref, st, tol)
+
+
 def test_gdn_chunk_resumes_from_its_own_checkpoint():
     # prefill split at a chunk boundary, the second call starting from the first call's last state, equals one call
     T, split, HK, HV, dk, dv = 40, 16, 1, 2, 16, 16
@@ -53,8 +70,8 @@ def test_gdn_chunk_resumes_from_its_own_checkpoint():
     tail = {n: t[split:] for n, t in x.items()}
     y1, st1 = gdn_chunk(**head, **w, initial_state=None, **kw)
     y2, st2 = gdn_chunk(**tail, **w, initial_state=st1[-1].contiguous(), **kw)
-    assert_close("gdn_chunk.resumed_y", y_ref, torch.cat([y1, y2]), 1e-5)
-    assert_close("gdn_chunk.resumed_states", st_ref, torch.cat([st1, st2]), 1e-5)
+    assert_close("gdn_chunk.resumed_y", y_ref, torch.cat([y1, y2]), _tol(torch.float32))
+    assert_close("gdn_chunk.resumed_states", st_ref, torch.cat([st1, st2]), _tol(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)

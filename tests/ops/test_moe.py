@@ -21,7 +21,10 @@ def test_moe_route(T, E, k, dtype):
     logits = torch.randn(T, E, device=DEVICE).to(dtype)
     w_ref, ids_ref = moe_route_naive(logits, k)
     w, ids = moe_route(logits, k)
-    assert torch.equal(ids_ref, ids)
+    # bf16 logits tie often and tied experts may come in either order: compare the picked probabilities
+    probs = torch.softmax(logits.float(), -1)
+    assert torch.equal(probs.gather(1, ids_ref.long()), probs.gather(1, ids.long()))
+    assert (ids.sort(1).values.diff(1) != 0).all()
     assert_close("moe_route.weights", w_ref, w, 1e-5)
 
 
