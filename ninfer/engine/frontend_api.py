@@ -24,6 +24,10 @@ class OutputSession(Protocol):
     def commit(self, preview: OutputPreview) -> Any:
         """Move the preview into the session; returns the delta the Engine publishes."""
 
+    def next_token_mask(self) -> Any | None:
+        """The allowed-token bitmask for the next sampled token (int32 [ceil(V/32)]), None when unconstrained.
+        The Engine hands it to the Program with the row; the Program applies it before penalties and sampling."""
+
     def control_suffix(self) -> tuple[int, ...] | None:
         """A forced-control suffix the session needs committed next (e.g. `</think>` after a thinking budget)."""
 

@@ -58,13 +58,17 @@ class UnitRunner:
             self._commit(program.control(rec.handle, suffix), recs, forced=True)
         elif unit.kind == "prefill":
             rec = recs[0]
-            chunk = min(self.core.config.prefill_chunk, program.prompt_remaining(rec.handle))
-            batch = program.prefill(rec.handle, chunk)
+            remaining = program.prompt_remaining(rec.handle)
+            chunk = min(self.core.config.prefill_chunk, remaining)  # one lane's chunk per boundary
+            # Only the chunk that finishes the prompt samples, so only it needs the grammar's mask.
+            mask = rec.request.session.next_token_mask() if chunk == remaining else None
+            batch = program.prefill(rec.handle, chunk, mask)
             if batch is not None:
                 self._commit(batch, recs, forced=False)
                 rec.capture_pending = self.core.config.prefix_caching
         else:
-            batch = program.decode([r.handle for r in recs])
+            masks = [r.request.session.next_token_mask() for r in recs]
+            batch = program.decode([r.handle for r in recs], masks if any(m is not None for m in masks) else None)
             if len(batch.rows) != len(recs):
                 program.abort_pending(batch.take())
                 raise EngineFailure(f"decode returned {len(batch.rows)} rows for {len(recs)} sequences")

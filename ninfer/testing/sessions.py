@@ -52,6 +52,9 @@ class TokenSession:
         self.commits += 1
         return preview.tokens
 
+    def next_token_mask(self) -> None:
+        return None
+
     def control_suffix(self) -> tuple[int, ...] | None:
         """Once the thinking budget is spent without a think-end token, force one (once)."""
         if self.think_budget is None or self.forced or self.think_end in self.tokens:
