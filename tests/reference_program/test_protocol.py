@@ -1,0 +1,293 @@
+"""The Program protocol driven directly: transactions, provisional state, checkpoints, tiers and failures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contracts import (BatchKind, EngineFailure, Infeasible, ResourceChoice, RowDecision, SequenceHandle,
+                              StalePlan, TransitionKind, token_digest)
+from ninfer.sampling import SamplingParams
+
+LOGPROBS = SamplingParams(temperature=0.0, logprobs=2)
+TOL = 1e-5
+
+
+def run(prog, choice):
+    """Plan, start and advance one transition to its result."""
+    plan = prog.plan(choice)
+    assert not isinstance(plan, Infeasible), plan
+    txn = prog.start(plan)
+    result = prog.advance(txn)
+    while result is None:
+        result = prog.advance(txn)
+    prog.check_invariants()
+    return result
+
+
+def materialize(prog, prompt, max_new=8, source=None, victims=(), sampling=LOGPROBS):
+    return run(prog, ResourceChoice(TransitionKind.MATERIALIZE, prompt=tuple(prompt), max_new_tokens=max_new,
+                                    source=source, victims=tuple(victims), sampling=sampling))
+
+
+def generate(prog, handle, n, chunk=7):
+    """Prefill in chunks, then decode until n tokens are committed: (tokens, logprobs)."""
+    batch = None
+    while batch is None:
+        batch = prog.prefill(handle, chunk)
+        prog.check_invariants()
+    tokens, lps = [], []
+    while True:
+        prog.commit(batch.take(), [RowDecision(1, len(tokens) + 1 == n)])
+        tokens.append(batch.rows[0].tokens[0])
+        lps.append(batch.rows[0].logprobs[0])
+        prog.check_invariants()
+        if len(tokens) == n:
+            return tokens, lps
+        batch = prog.decode([handle])
+
+
+def cold(model, prompt, n):
+    """The oracle: the reference model alone, greedy."""
+    state = model.new_state()
+    logits = model.prefill(torch.tensor(prompt), state)[-1]
+    tokens, lps = [], []
+    for _ in range(n):
+        tokens.append(int(torch.argmax(logits)))
+        lps.append(float(torch.log_softmax(logits.double(), -1)[tokens[-1]]))
+        logits = model.decode_step(tokens[-1], state)
+    return tokens, lps
+
+
+def assert_same(got, want):
+    assert got[0] == want[0]
+    assert max(abs(a - b) for a, b in zip(got[1], want[1])) < TOL
+
+
+def finish(prog, handle, retain_at=None):
+    kind = TransitionKind.RETAIN if retain_at is not None else TransitionKind.RELEASE
+    return run(prog, ResourceChoice(kind, handle=handle, capture_at=retain_at))
+
+
+def assert_baseline(prog):
+    u = prog.resource_usage()
+    assert u.active_sequences == u.reserved_pages == u.sequence_pages == 0, u
+    assert u.free_pages + u.checkpoint_pages == u.total_pages, u
+
+
+def test_cold_run_equals_the_model(make_program, prompt_of, model32):
+    prog, prompt = make_program(), prompt_of(30)
+    h = materialize(prog, prompt).handle
+    assert_same(generate(prog, h, 6), cold(model32, prompt, 6))
+    finish(prog, h)
+    assert prog.resource_usage().free_pages == prog.resource_usage().total_pages
+    assert_baseline(prog)
+
+
+def test_provisional_state_does_not_leak(make_program, prompt_of):
+    prog = make_program()
+    h = materialize(prog, prompt_of(10)).handle
+    generate(prog, h, 1, chunk=16)
+    before = (prog.sequence(h).frontier, prog.slots.recurrent[h.slot].clone())
+    first = prog.decode([h])
+    prog.abort_pending(first.take())
+    again = prog.decode([h])
+    assert again.rows == first.rows
+    prog.commit(again.take(), [RowDecision(0, True, cancelled=True)])
+    assert prog.sequence(h).frontier == before[0]
+    assert torch.equal(prog.slots.recurrent[h.slot], before[1])
+    prog.check_invariants()
+
+
+def test_decode_batch_rows_equal_solo_runs(make_program, prompt_of, model32):
+    prog = make_program()
+    prompts = [prompt_of(9, seed=1), prompt_of(23, seed=2)]
+    hs = [materialize(prog, p).handle for p in prompts]
+    outs = [[], []]
+    for h, out in zip(hs, outs):
+        batch = prog.prefill(h, 64)
+        prog.commit(batch.take(), [RowDecision(1, False)])
+        out.append(batch.rows[0].tokens[0])
+    for _ in range(4):
+        batch = prog.decode(hs)
+        assert batch.kind is BatchKind.DECODE and [r.base_frontier for r in batch.rows] == \
+            [len(p) + len(o) for p, o in zip(prompts, outs)]
+        prog.commit(batch.take(), [RowDecision(1, False)] * 2)
+        for out, row in zip(outs, batch.rows):
+            out.append(row.tokens[0])
+    assert outs == [cold(model32, p, 5)[0] for p in prompts]
+
+
+def test_control_feeds_forced_tokens(make_program, prompt_of, model32):
+    prog, prompt = make_program(), prompt_of(12)
+    h = materialize(prog, prompt).handle
+    first, _ = generate(prog, h, 1)
+    batch = prog.control(h, (5, 6, 7))
+    assert batch.kind is BatchKind.CONTROL and batch.rows[0].base_frontier == len(prompt) + 1
+    prog.commit(batch.take(), [RowDecision(3, False)])
+    assert prog.sequence(h).frontier == len(prompt) + 3 and prog.sequence(h).pending == 7
+    nxt = prog.decode([h]).rows[0].tokens[0]
+    assert nxt == cold(model32, prompt + (first[0], 5, 6, 7), 1)[0][0]
+
+
+def test_sampled_rows_follow_seed_and_position(make_program, prompt_of):
+    params = SamplingParams(temperature=1.0)
+    outs = []
+    for _ in range(2):
+        prog = make_program()
+        h = run(prog, ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(8), max_new_tokens=6,
+                                     sampling=params, seed=123)).handle
+        batch, toks = prog.prefill(h, 8), []
+        for _ in range(5):
+            prog.commit(batch.take(), [RowDecision(1, False)])
+            toks.append(batch.rows[0].tokens[0])
+            batch = prog.decode([h])
+        outs.append(toks)
+    assert outs[0] == outs[1]
+
+
+def test_stale_plan_and_handles(make_program, prompt_of):
+    prog = make_program()
+    choice = ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(5), max_new_tokens=4)
+    plan = prog.plan(choice)
+    h = materialize(prog, prompt_of(6)).handle  # moves the revision
+    with pytest.raises(StalePlan):
+        prog.start(plan)
+    prog.check_invariants()
+    finish(prog, h)
+    with pytest.raises(EngineFailure):
+        prog.prefill(h, 4)
+    h2 = materialize(prog, prompt_of(6)).handle
+    assert h2.slot == h.slot and h2.generation != h.generation
+    with pytest.raises(EngineFailure):
+        prog.decode([SequenceHandle(h2.slot, h.generation)])
+    with pytest.raises(EngineFailure):
+        prog.decode([h2])  # prompt not finished
+
+
+def test_infeasible_now_versus_permanent(make_program, prompt_of):
+    prog = make_program(kv_pages=12, page_size=4, max_context=64)
+    too_big = prog.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(40), max_new_tokens=20))
+    assert isinstance(too_big, Infeasible) and too_big.permanent
+    h = materialize(prog, prompt_of(20), max_new=20).handle  # reserves 10 of 12 pages
+    busy = prog.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(9), max_new_tokens=3))
+    assert isinstance(busy, Infeasible) and not busy.permanent
+    finish(prog, h)
+    assert not isinstance(prog.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(9),
+                                                   max_new_tokens=3)), Infeasible)
+
+
+def capture(prog, handle):
+    return run(prog, ResourceChoice(TransitionKind.CAPTURE, handle=handle)).published
+
+
+def test_prompt_end_checkpoint_resume_equals_cold(make_program, prompt_of, model32):
+    prog, base = make_program(), prompt_of(10)  # 10 % 4: the resume copies a partial page
+    h = materialize(prog, base).handle
+    generate(prog, h, 2)
+    (info,) = capture(prog, h)
+    assert info.tokens == 10 and info.digest == token_digest(base)
+    finish(prog, h)
+    ck = prog.ckpts[info.id]
+    prompt = base + prompt_of(7, seed=5)
+    r = materialize(prog, prompt, source=info.id)
+    assert r.reused_tokens == 10
+    seq = prog.sequence(r.handle)
+    assert seq.table[:2] == ck.table[:2] and seq.table[2] != ck.table[2]  # full pages shared, partial copied
+    assert prog.pages.alloc.refs[ck.table[0]] == 2
+    assert_same(generate(prog, r.handle, 5), cold(model32, prompt, 5))
+    finish(prog, r.handle)
+    run(prog, ResourceChoice(TransitionKind.DELETE, victims=(info.id,)))
+    assert prog.resource_usage().free_pages == prog.resource_usage().total_pages
+
+
+def test_chunk_boundary_checkpoints(make_program, prompt_of, model32):
+    prog, base = make_program(), prompt_of(150, seed=3)
+    h = materialize(prog, base, max_new=4).handle
+    generate(prog, h, 2, chunk=40)
+    published = capture(prog, h)
+    assert sorted(i.tokens for i in published) == [64, 128, 150]
+    finish(prog, h)
+    at128 = next(i for i in published if i.tokens == 128)
+    prompt = base[:140] + prompt_of(20, seed=9)
+    r = materialize(prog, prompt, source=at128.id)
+    assert_same(generate(prog, r.handle, 4), cold(model32, prompt, 4))
+    finish(prog, r.handle)
+    assert_baseline(prog)
+
+
+def test_retain_publishes_the_conversation(make_program, prompt_of, model32):
+    prog, prompt = make_program(), prompt_of(13)
+    h = materialize(prog, prompt).handle
+    out, _ = generate(prog, h, 4)
+    (info,) = finish(prog, h, retain_at=len(prompt) + 3).published
+    assert info.tokens == len(prompt) + 3 and info.digest == token_digest(prompt + tuple(out[:3]))
+    nxt = prompt + tuple(out) + prompt_of(5, seed=4)
+    r = materialize(prog, nxt, source=info.id)
+    assert_same(generate(prog, r.handle, 3), cold(model32, nxt, 3))
+    with pytest.raises(EngineFailure):
+        finish(prog, r.handle, retain_at=3)  # the Engine and the Program disagree on the frontier
+
+
+def test_host_tier_place_and_resume(make_program, prompt_of, model32):
+    prog, base = make_program(), prompt_of(11)
+    h = materialize(prog, base).handle
+    generate(prog, h, 1)
+    (info,) = capture(prog, h)
+    finish(prog, h)
+    free = len(prog.slots.free)
+    run(prog, ResourceChoice(TransitionKind.PLACE, source=info.id))
+    assert prog.ckpts[info.id].slot is None and len(prog.slots.free) == free + 1
+    assert prog.checkpoint_info(info.id).host_bytes == prog.host.state_bytes
+    prompt = base + (3, 4, 5)
+    r = materialize(prog, prompt, source=info.id)  # two stages: copy back from the host replica, then activate
+    assert_same(generate(prog, r.handle, 3), cold(model32, prompt, 3))
+    finish(prog, r.handle)
+    run(prog, ResourceChoice(TransitionKind.PLACE, source=info.id))
+    assert prog.ckpts[info.id].slot is not None and not prog.host.entries
+
+
+def test_victims_released_or_demoted_under_pressure(make_program, prompt_of):
+    prog = make_program(max_concurrency=1, checkpoint_slots=0, kv_pages=12, page_size=4, max_context=48)
+    h = materialize(prog, prompt_of(16), max_new=4).handle
+    generate(prog, h, 1)
+    (info,) = capture(prog, h)
+    finish(prog, h)
+    # Slots short (2 total, the checkpoint holds one), pages fine: the victim moves to the host tier.
+    r = materialize(prog, prompt_of(8, seed=1), max_new=4, victims=(info.id,))
+    assert r.released == () and prog.ckpts[info.id].slot is None
+    finish(prog, r.handle)
+    # Pages short: the victim is released.
+    r = materialize(prog, prompt_of(30, seed=2), max_new=10, victims=(info.id,))
+    assert r.released == (info.id,) and not prog.ckpts and not prog.host.entries
+    finish(prog, r.handle)
+    assert_baseline(prog)
+
+
+def test_abort_after_the_claim_stage_returns_everything(make_program, prompt_of):
+    prog, base = make_program(), prompt_of(9)
+    h = materialize(prog, base).handle
+    generate(prog, h, 1)
+    (info,) = capture(prog, h)
+    finish(prog, h)
+    before = prog.resource_usage()
+    txn = prog.start(prog.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=base + (1, 2), max_new_tokens=4,
+                                              source=info.id)))
+    assert prog.advance(txn) is None
+    prog.check_invariants()
+    result = prog.abort(txn)
+    assert not result.succeeded and not prog.seqs
+    assert prog.resource_usage() == before
+    with pytest.raises(EngineFailure):
+        prog.advance(txn)
+
+
+def test_backfill_proof(make_program, prompt_of):
+    prog = make_program(kv_pages=20, page_size=4, max_context=64)
+    donor = materialize(prog, prompt_of(20), max_new=20).handle  # 10 pages committed
+    head = ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(30), max_new_tokens=10)  # 10 pages
+    small = ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(4), max_new_tokens=4)  # 2 pages
+    assert prog.backfill_feasible(head, [donor], small)  # once the donor ends: 2 + 10 <= 20
+    assert not prog.backfill_feasible(head, [], small)  # the donor stays: 10 + 2 + 10 > 20
+    big = ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(30), max_new_tokens=12)  # 11 pages
+    assert not prog.backfill_feasible(head, [donor], big)  # the borrower's full reservation leaves 9
