@@ -1,0 +1,100 @@
+"""The reference Program under the real Engine: prefix and session hits equal the cold run, concurrency does not
+change greedy outputs, and every page and slot comes back after drain."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.contracts import FinishReason
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.testing.sessions import token_request
+
+
+def serve(program, requests, **config):
+    """Submit every request at once, drain, and return the results in order."""
+    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
+    handles = [engine.submit(r) for r in requests]
+    engine.run_until_idle()
+    results = [h.result(timeout=0) for h in handles]
+    assert engine.available, engine.failure
+    return engine, results
+
+
+def cold(make_program, prompt, max_tokens):
+    _, (result,) = serve(make_program(), [token_request(prompt, max_tokens)], max_concurrency=1,
+                         prefix_caching=False)
+    return result.token_ids
+
+
+def assert_drained(program):
+    u = program.resource_usage()
+    assert u.active_sequences == u.reserved_pages == u.sequence_pages == 0, u
+    assert u.free_pages + u.checkpoint_pages == u.total_pages, u
+    assert u.free_slots + u.checkpoints == u.total_slots, u
+
+
+def in_turns(program, batches, **config):
+    """Serve the batches one after another on one Engine (later ones meet earlier checkpoints)."""
+    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
+    out = []
+    for batch in batches:
+        handles = [engine.submit(r) for r in batch]
+        engine.run_until_idle()
+        out.append([h.result(timeout=0) for h in handles])
+    assert engine.available, engine.failure
+    return out
+
+
+@pytest.mark.parametrize("base_len, chunk, reused", [(12, 5, 12), (100, 48, 64)])
+def test_prefix_hit_equals_cold_run(make_program, prompt_of, base_len, chunk, reused):
+    """A short prompt resumes from its prompt-end checkpoint; a long one that diverges after 80 tokens resumes
+    from the chunk-boundary checkpoint at 64."""
+    base = prompt_of(base_len, seed=11)
+    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    program = make_program()
+    first, hit = in_turns(program, [[token_request(base, 4)], [token_request(second, 6)]], max_concurrency=2,
+                          prefill_chunk=chunk)
+    assert hit[0].usage.cached_prompt_tokens == reused
+    assert hit[0].token_ids == cold(make_program, second, 6)
+    assert first[0].token_ids == cold(make_program, base, 4)
+    assert_drained(program)
+
+
+def test_session_turns_equal_cold_runs(make_program, prompt_of):
+    program = make_program()
+    engine = Engine(program, EngineConfig(max_concurrency=2, prefill_chunk=8, check_invariants=True),
+                    threaded=False)
+    prompt = prompt_of(10, seed=21)
+    for turn in range(3):
+        handle = engine.submit(token_request(prompt, 5, session_key="chat"))
+        engine.run_until_idle()
+        result = handle.result(timeout=0)
+        assert result.token_ids == cold(make_program, prompt, 5), f"turn {turn}"
+        if turn:  # resumed from the retained conversation: all but the new 4 tokens and the last output
+            assert result.usage.cached_prompt_tokens == len(prompt) - 5
+        prompt = prompt + result.token_ids + prompt_of(4, seed=30 + turn)
+    assert engine.available, engine.failure
+    assert_drained(program)
+
+
+def test_concurrency_does_not_change_greedy_outputs(make_program, prompt_of):
+    shared = prompt_of(20, seed=40)
+    prompts = [shared + prompt_of(n, seed=41 + n) for n in (1, 6, 13)] + [prompt_of(30, seed=50)]
+    program = make_program(max_concurrency=3)
+    _, results = serve(program, [token_request(p, 7) for p in prompts], max_concurrency=3, prefill_chunk=6,
+                       concurrent_prefill=True)
+    for p, r in zip(prompts, results):
+        assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        assert r.token_ids == cold(make_program, p, 7)
+    assert_drained(program)
+
+
+def test_pressure_drains_back_to_baseline(make_program, prompt_of):
+    """Few pages and slots: admissions wait, release victims and backfill, and everything comes back."""
+    program = make_program(max_concurrency=2, kv_pages=16, checkpoint_slots=1, page_size=4, max_context=40)
+    prompts = [prompt_of(n, seed=60 + n) for n in (9, 17, 5, 22, 13)]
+    _, results = serve(program, [token_request(p, 8) for p in prompts], max_concurrency=2, prefill_chunk=7)
+    for p, r in zip(prompts, results):
+        assert r.token_ids == cold(make_program, p, 8)
+    assert_drained(program)
