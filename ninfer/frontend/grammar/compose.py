@@ -6,7 +6,7 @@
       tools auto                : free text with triggered tool calls
       tools auto + json format  : one or more tool calls  |  the final JSON
       tools required            : free text, then at least one tool call
-      tool named                : exactly that tool call
+      tool named                : calls of that tool only (one, unless parallel calls are allowed)
 
 Because it is one grammar, a token (or a speculative block) may cross from reasoning into a tool call or the
 final JSON with no out-of-band phase switch, and a forced `</think>` is just more text for the same matcher.
@@ -45,10 +45,10 @@ def _answer(options: StructuredOutputOptions) -> Any:
     tags = [tool_tag(t) for t in tools]
     single = not options.parallel_tool_calls
     mode = options.tool_choice.mode
+    calls = TagsWithSeparatorFormat(tags=tags, separator="\n", at_least_one=True, stop_after_first=single)
     if mode == "named":
-        return tags[0]
+        return calls  # tags holds just the named tool; parallel calls may repeat it
     if mode == "auto" and final is not None:
-        calls = TagsWithSeparatorFormat(tags=tags, separator="\n", at_least_one=True, stop_after_first=single)
         return OrFormat(elements=[calls, final])
     return TriggeredTagsFormat(triggers=[CALL_TRIGGER], tags=tags, excludes=REASONING_EXCLUDES,
                                at_least_one=mode == "required", stop_after_first=single)
