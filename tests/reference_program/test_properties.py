@@ -1,0 +1,36 @@
+"""The Engine property harness against the reference Program on a tiny fp64 model (fp64 so that a different
+chunking or a cache hit cannot flip a near-tie token: the harness compares outputs exactly)."""
+
+import functools
+import importlib.util
+import pathlib
+
+import torch
+from hypothesis import settings
+
+from ninfer.reference.model import ReferenceModel
+from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+from ninfer.testing.harness import make_engine_machine
+
+
+@functools.cache
+def _model() -> ReferenceModel:
+    # importlib mode: the sibling conftest is loaded by path, not imported by name
+    spec = importlib.util.spec_from_file_location("_reference_program_conftest",
+                                                  pathlib.Path(__file__).with_name("conftest.py"))
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    cfg = conf.tiny_config()
+    return ReferenceModel(cfg, conf.tiny_weights(cfg), dtype=torch.float64)
+
+
+def _program() -> ReferenceProgram:
+    # Tight pools: 2 lanes of at most 16 pages each and 2 checkpoint slots, so pressure and victims are common.
+    config = ReferenceProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
+                                    host_bytes=1 << 16, dtype=torch.float64, eos_token_ids=(0,))
+    return ReferenceProgram(_model(), config)
+
+
+Machine = make_engine_machine(_program, max_concurrency=2)
+Machine.TestCase.settings = settings(settings.default, max_examples=60, stateful_step_count=30)
+TestReferenceEngine = Machine.TestCase
