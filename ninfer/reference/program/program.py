@@ -19,6 +19,7 @@ from ninfer.reference.model import ReferenceModel
 from . import execution, invariants, transitions
 from .config import ReferenceProgramConfig
 from .records import ActiveSequence, Checkpoint
+from .scoring import CausalScoring
 from .stores import HostTier, KVPages, StateSlots
 
 SLOTS_PER_SEQUENCE = 2  # the live state and the publication slot reserved at activation
@@ -218,6 +219,10 @@ class ReferenceProgram:
     def prompt_remaining(self, handle: SequenceHandle) -> int:
         seq = self.sequence(handle)
         return len(seq.prompt) - seq.prompt_pos
+
+    def scoring(self) -> CausalScoring:
+        """The CausalScoring core over this Program's model: temporary states only, no store is touched."""
+        return CausalScoring(self.model)
 
     # ---- accounting ----------------------------------------------------------------------------------------
     def resource_usage(self) -> ResourceUsage:
