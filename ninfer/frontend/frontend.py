@@ -148,7 +148,15 @@ class Frontend:
 
     def open_session(self, prompt: PreparedPrompt, options: OutputOptions,
                      structured: StructuredOutputOptions | None = None) -> OutputSession:
-        """A request's OutputSession, with its grammar compiled (RequestRejected if it cannot be)."""
+        """A request's OutputSession, with its grammar compiled (RequestRejected if it cannot be).
+
+        max_tokens resolves to what the context leaves after the prompt (or less, if the request asked for
+        less); the Engine's output budget for the request must be this same `session.options.max_tokens`.
+        """
+        room = self.max_context - len(prompt)
+        if options.max_tokens is None or options.max_tokens > room:
+            self.check_context(len(prompt), options.max_tokens)
+            options = replace(options, max_tokens=room, min_tokens=min(options.min_tokens, room))
         grammar = None
         if structured is not None:
             if not options.tools and structured.callable_tools:

@@ -61,6 +61,7 @@ class OutputSession:
         self._state = _State(Detokenizer(table, options.skip_special_tokens), StopMatcher(options.stop), parser,
                              grammar)
         self._version = 0
+        self._mask = None  # one bitmask row per session, refilled for every sampled token
         self._tokens: list[int] = []
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -73,6 +74,20 @@ class OutputSession:
     def grammar(self) -> GrammarState | None:
         """The committed grammar state: fill bitmasks from it (or from its forks, for drafts)."""
         return self._state.grammar
+
+    def next_token_mask(self):
+        """The int32 [ceil(V/32)] mask of the next sampled token, or None when nothing constrains the output.
+
+        The row is this session's own buffer, valid until the next call; draft columns come from
+        `grammar.fill_bitmask`.
+        """
+        grammar = self._state.grammar
+        if grammar is None or self.terminal:
+            return None
+        if self._mask is None:
+            self._mask = grammar.allocate(1)
+        grammar.fill_next(self._mask)
+        return self._mask[0]
 
     @property
     def terminal(self) -> bool:

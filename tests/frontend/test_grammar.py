@@ -228,3 +228,14 @@ def test_schema_the_compiler_refuses_is_rejected(fe):
 def test_compiler_cache_is_bounded(compiler):
     assert compiler.compiler.cache_limit_bytes == 256 << 20
     assert compiler.info.vocab_size == VOCAB
+
+
+def test_next_token_mask_is_the_committed_grammar_row(fe, tok):
+    s = open_structured(fe, response_format={"type": "json_object"})
+    first = s.next_token_mask()
+    assert first.shape == (7760,) and first.dtype == torch.int32
+    assert tok.token_to_id("{") in set(allowed(first).tolist())
+    s.commit(s.preview(tok.encode("{")))
+    row = s.grammar.allocate(1)
+    s.grammar.fill_next(row)
+    assert torch.equal(s.next_token_mask(), row[0])

@@ -185,3 +185,11 @@ def test_forced_suffix_must_fit_in_max_tokens(fe):
     s = open_chat(fe, options=OutputOptions(thinking_budget=1, max_tokens=3))
     s.commit(s.preview(fe.tokenizer.encode("a b")))
     assert s.control_suffix() is None  # 2 + 3 suffix tokens would pass max_tokens=3
+
+
+def test_max_tokens_resolves_to_the_context_left(fe):
+    prepared = fe.prepare_chat(ChatRequest([{"role": "user", "content": "q"}]))
+    s = fe.open_session(prepared.prompt, OutputOptions())
+    assert s.options.max_tokens == fe.max_context - len(prepared.prompt)
+    assert fe.open_session(prepared.prompt, OutputOptions(max_tokens=7)).options.max_tokens == 7
+    assert s.next_token_mask() is None  # nothing constrains a plain request

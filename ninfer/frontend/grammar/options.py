@@ -131,10 +131,16 @@ def check_schema(schema: Any, where: str) -> None:
     if len(schema.get("allOf", ())) > 1:
         raise reject(f"{where}: 'allOf' with more than one subschema is not supported by structured output")
     for key in SCHEMA_MAPS:
-        for name, sub in (schema.get(key) or {}).items():
+        subs = schema.get(key) or {}
+        if not isinstance(subs, Mapping):
+            raise reject(f"{where}.{key} must be an object of schemas")
+        for name, sub in subs.items():
             check_schema(sub, f"{where}.{key}.{name}")
     for key in SCHEMA_LISTS:
-        for i, sub in enumerate(schema.get(key) or ()):
+        subs = schema.get(key) or ()
+        if not isinstance(subs, (list, tuple)):
+            raise reject(f"{where}.{key} must be a list of schemas")
+        for i, sub in enumerate(subs):
             check_schema(sub, f"{where}.{key}[{i}]")
     for key in SCHEMA_VALUES:
         if key in schema:
