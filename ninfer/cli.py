@@ -1,4 +1,5 @@
-"""The `ninfer` command line: the one place that wires an artifact, a model and a Frontend together.
+"""The `ninfer` command line. Every model-running command builds its Program, Frontend and Engine through
+`ninfer.wiring.build_runtime` and drives the public Engine path.
 
 Heavy modules are imported inside each command so `ninfer --help` stays instant.
 """
@@ -10,9 +11,7 @@ from pathlib import Path
 
 import click
 
-
-def _env(name: str) -> str:
-    return f"NINFER_{name}"
+from ninfer.serve.cli_options import runtime_options, start_runtime
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "NINFER"})
@@ -51,42 +50,66 @@ def inspect(artifact: Path, verify: bool) -> None:
         sys.exit(1)
 
 
-def _resolve_model(model: str | None) -> Path:
-    """A .ninfer file, an HF checkpoint directory (converted once into the cache), or the embedded default."""
-    if model is None:
-        from ninfer.convert.default_model import default_model_path
+def _sampling(max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None):
+    from ninfer.sampling import SamplingParams, SamplingParamsError
 
-        return default_model_path(progress=True)
-    p = Path(model)
-    if p.is_file():
-        return p
-    if p.is_dir():
-        from ninfer.convert.cached import converted_path
+    try:
+        return SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     seed=seed)
+    except SamplingParamsError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.field.replace('_', '-')}") from None
 
-        return converted_path(p)
-    raise click.BadParameter(f"{model!r} is neither a .ninfer file nor a checkpoint directory", param_hint="--model")
+
+def _sampling_options(fn):
+    for option in reversed([
+        click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(1)),
+        click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy."),
+        click.option("--top-p", default=1.0, show_default=True, type=float),
+        click.option("--top-k", default=0, show_default=True, type=int, help="0 or -1: off."),
+        click.option("--request-seed", default=None, type=int, help="The sampling seed of this request."),
+    ]):
+        fn = option(fn)
+    return fn
 
 
 @main.command()
 @click.argument("prompt")
-@click.option("--model", "-m", default=None, envvar=_env("MODEL"),
-              help="A .ninfer artifact or HF checkpoint dir (default: the embedded random-weight model).")
-@click.option("--max-tokens", "-n", default=16, show_default=True, type=click.IntRange(1, 100000))
+@runtime_options
+@_sampling_options
 @click.option("--raw", is_flag=True, help="Feed PROMPT as is instead of rendering it as a chat user turn.")
-@click.option("--no-think", is_flag=True, help="Render the generation prompt with thinking off.")
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
-def generate(prompt: str, model: str | None, max_tokens: int, raw: bool, no_think: bool, dtype: str) -> None:
-    """Generate greedily from PROMPT with the reference model and stream the text."""
-    from ninfer.reference.generate import GreedyGenerator
+@click.option("--think/--no-think", default=True, show_default=True, help="Render the prompt with thinking on/off.")
+def generate(prompt: str, runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k: int,
+             request_seed: int | None, raw: bool, think: bool) -> None:
+    """Generate from PROMPT through the Engine and stream the text (reasoning dimmed, on stderr)."""
+    from ninfer.contracts import RequestRejected
+    from ninfer.serve.terminal import Printer, run_turn
 
-    gen = GreedyGenerator.load(_resolve_model(model), dtype=dtype)
-    if gen.random_weights:
-        click.echo(f"[{gen.name}: random weights, the output is noise by design]", err=True)
-    ids = gen.encode_prompt(prompt, chat=not raw, enable_thinking=not no_think)
-    for piece in gen.stream(ids, max_tokens=max_tokens):
-        click.echo(piece, nl=False)
-    click.echo()
-    click.echo(f"[{gen.stats.summary()}]", err=True)
+    sampling = _sampling(max_tokens, temperature, top_p, top_k, request_seed)
+    rt = start_runtime(runtime, purpose="generation")
+    try:
+        run_turn(rt, [{"role": "user", "content": prompt}], sampling, {"enable_thinking": think}, Printer(),
+                 raw=prompt if raw else None)
+    except RequestRejected as e:
+        raise click.ClickException(f"refused: {e.message}") from None
+    finally:
+        rt.close()
+
+
+@main.command()
+@runtime_options
+@_sampling_options
+@click.option("--think/--no-think", default=True, show_default=True, help="Start with thinking on/off.")
+def chat(runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k: int, request_seed: int | None,
+         think: bool) -> None:
+    """Interactive chat with history; /think and /no_think switch thinking, /reset, /exit."""
+    from ninfer.serve.terminal import chat_loop
+
+    sampling = _sampling(max_tokens, temperature, top_p, top_k, request_seed)
+    rt = start_runtime(runtime, purpose="generation")
+    try:
+        chat_loop(rt, sampling, think)
+    finally:
+        rt.close()
 
 
 @main.group()

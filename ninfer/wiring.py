@@ -1,0 +1,340 @@
+"""The one place that wires a model into Program + Frontend + Engine (or the CausalScoring core).
+
+`build_runtime(options)` is what both the CLI commands and the HTTP server call: it resolves the model, picks the
+Program, builds the Frontend from the artifact's own tokenizer and chat template, warms the Engine up through its
+public path with prefix caching off, and returns a `Runtime` that the Gateway drives without ever touching the
+Program.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.records import GenerationRequest
+from ninfer.engine.scoring import CausalScoreCore
+from ninfer.frontend import Frontend, OutputOptions, OutputSession
+from ninfer.frontend.tokenizer import Qwen35Tokenizer
+
+PROGRAMS = ("auto", "reference", "fast")
+PURPOSES = ("generation", "scoring")
+DEFAULT_CONTEXT = 4096  # the reference Program is CPU-bound; a longer default only costs memory
+# A window's logits are [window, vocab] floats (~1 MiB a token at 248k vocab): the default keeps one under 1 GiB.
+DEFAULT_SCORE_WINDOW = 512
+
+
+class WiringError(ValueError):
+    """A startup option that cannot be honoured; the message is what the user sees."""
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Startup choices, fixed for the process (vLLM spellings; every one has a NINFER_* variable in the CLI)."""
+
+    model: str | None = None  # .ninfer file or HF checkpoint dir; None: the embedded random-weight model
+    program: str = "auto"
+    purpose: str = "generation"
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 4
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    speculative_config: Mapping[str, Any] | None = None
+    default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    dtype: str = "float32"
+    warmup: bool = True
+    score_window: int | None = None  # scoring purpose: tokens per window (default: DEFAULT_SCORE_WINDOW)
+    score_stride: int | None = None  # scoring purpose: tokens between window starts (default: half a window)
+
+    def check(self) -> None:
+        if self.program not in PROGRAMS:
+            raise WiringError(f"--program must be one of {', '.join(PROGRAMS)}, got {self.program!r}")
+        if self.purpose not in PURPOSES:
+            raise WiringError(f"--purpose must be one of {', '.join(PURPOSES)}, got {self.purpose!r}")
+        if not 1 <= self.max_num_seqs <= 8:
+            raise WiringError(f"--max-num-seqs must be in 1..8, got {self.max_num_seqs}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise WiringError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise WiringError(f"--max-model-len must be >= 2, got {self.max_model_len}")
+        if self.dtype not in ("float32", "float64"):
+            raise WiringError(f"--dtype must be float32 or float64 for the reference Program, got {self.dtype!r}")
+
+
+def parse_json_option(text: str | None, name: str) -> dict | None:
+    """A JSON-object option (--speculative-config, --default-chat-template-kwargs); None when unset."""
+    if text is None or text == "":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WiringError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise WiringError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+class MaskedSession:
+    """An OutputSession plus `next_token_mask()`, which the Engine asks of every session. The Frontend's session
+    keeps its committed GrammarState public, so the mask of the next token is one fill from it."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: OutputSession):
+        self.inner = inner
+
+    def preview(self, tokens, *, forced: bool = False):
+        return self.inner.preview(tokens, forced=forced)
+
+    def commit(self, preview):
+        return self.inner.commit(preview)
+
+    def control_suffix(self):
+        return self.inner.control_suffix()
+
+    def result(self):
+        return self.inner.result()
+
+    def next_token_mask(self):
+        grammar = self.inner.grammar
+        if grammar is None:
+            return None
+        out = grammar.allocate(1)  # int32 [1, ceil(V / 32)]
+        grammar.fill_next(out, 0)
+        return out[0]
+
+
+def with_mask(session: OutputSession):
+    """The session as the Engine needs it: itself once the Frontend grows `next_token_mask`, else wrapped."""
+    return session if hasattr(session, "next_token_mask") else MaskedSession(session)
+
+
+@dataclass
+class Runtime:
+    """What a Gateway holds: the Frontend, and the Engine (generation) or the CausalScoreCore (scoring)."""
+
+    options: RuntimeOptions
+    name: str
+    model_path: Path
+    random_weights: bool
+    program_kind: str
+    frontend: Frontend
+    max_context: int
+    engine: Engine | None = None
+    scorer: CausalScoreCore | None = None
+    load_seconds: float = 0.0
+    _seeds: random.Random = field(default_factory=random.Random)
+
+    @property
+    def purpose(self) -> str:
+        return self.options.purpose
+
+    @property
+    def available(self) -> bool:
+        core = self.engine if self.engine is not None else self.scorer
+        return core is not None and core.available
+
+    @property
+    def failure(self) -> str | None:
+        core = self.engine if self.engine is not None else self.scorer
+        return None if core is None else core.failure
+
+    def request_seed(self, seed: int | None) -> int | None:
+        """A request's own seed, else one drawn from --seed's stream (so a seeded server replays), else None."""
+        if seed is not None or self.options.seed is None:
+            return seed
+        return self._seeds.getrandbits(63)
+
+    def summary(self) -> str:
+        weights = "RANDOM weights, output is noise" if self.random_weights else "trained weights"
+        lanes = f"{self.options.max_num_seqs} lanes" if self.engine is not None else "serial scoring"
+        cache = "prefix cache on" if self.options.enable_prefix_caching and self.engine is not None else "no cache"
+        return (f"ready: {self.name} ({weights}) | {self.purpose} on the {self.program_kind} Program | "
+                f"context {self.max_context} | {lanes} | {cache} | loaded in {self.load_seconds:.1f} s")
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+        if self.scorer is not None:
+            self.scorer.shutdown()
+
+
+def resolve_model_path(model: str | None, progress: bool = False) -> Path:
+    """A .ninfer file, an HF checkpoint directory (converted once into the cache), or the embedded default."""
+    if model is None:
+        from ninfer.convert.default_model import default_model_path
+
+        return default_model_path(progress=progress)
+    p = Path(model)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        from ninfer.convert.cached import converted_path
+
+        return converted_path(p)
+    raise WiringError(f"model {model!r} is neither a .ninfer file nor a checkpoint directory")
+
+
+def _program_kind(requested: str) -> str:
+    if requested == "reference":
+        return "reference"
+    available, why = _fast_available()
+    if requested == "fast" and not available:
+        raise WiringError(f"--program fast is not available: {why}. Use --program reference (CPU) instead.")
+    return "fast" if available else "reference"
+
+
+def _fast_available() -> tuple[bool, str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "it needs an NVIDIA GPU and torch sees none"
+    try:
+        from ninfer.fast import program as _  # noqa: F401
+    except ImportError:
+        return False, "this build has the fast kernels but no fast Program to run them"
+    return True, ""
+
+
+def build_runtime(options: RuntimeOptions, *, progress: bool = True,
+                  log: Callable[[str], None] = lambda s: None) -> Runtime:
+    """Resolve, load, warm up; raises WiringError with a user-facing message for bad options."""
+    from tqdm import tqdm
+
+    from ninfer.artifact import open_artifact
+
+    options.check()
+    kind = _program_kind(options.program)
+    if options.speculative_config and kind == "reference":
+        raise WiringError("--speculative-config: the reference Program runs no speculative backend "
+                          f"(asked for {dict(options.speculative_config)}); drop the option on CPU")
+    start = time.monotonic()
+    steps = ["resolve model", "frontend", "weights", "warmup" if options.warmup else "engine"]
+    bar = tqdm(total=len(steps), desc="Loading", unit="step", disable=not progress, leave=False)
+    path = resolve_model_path(options.model, progress=progress)
+    bar.update(1)
+    with open_artifact(path) as art:
+        meta = art.metadata
+        config = art.config
+        tokenizer = Qwen35Tokenizer.load(art.resource("tokenizer.json").decode("utf-8"))
+        template = art.resource("chat_template.jinja").decode("utf-8") if "chat_template.jinja" in art.resources \
+            else None
+    max_context = options.max_model_len or min(DEFAULT_CONTEXT, config.max_position_embeddings)
+    if max_context > config.max_position_embeddings:
+        raise WiringError(f"--max-model-len {max_context} exceeds the model's {config.max_position_embeddings}")
+    frontend = Frontend(tokenizer, max_context=max_context, chat_template=template)
+    bar.update(1)
+    name = options.served_model_name or meta.get("name") or path.stem
+    rt = Runtime(options, name, path, bool(meta.get("random_weights")), kind, frontend, max_context,
+                 _seeds=random.Random(options.seed))
+    program = _load_program(path, options, max_context)
+    bar.update(1)
+    if options.purpose == "scoring":
+        rt.scorer = CausalScoreCore(_reference_scorer(program), window=options.score_window or min(max_context, DEFAULT_SCORE_WINDOW),
+                                    stride=options.score_stride, max_waiting=4 * options.max_num_seqs)
+    else:
+        if options.warmup:
+            warmup(program, frontend, options)
+        rt.engine = Engine(program, _engine_config(options))
+    bar.update(1)
+    bar.close()
+    rt.load_seconds = time.monotonic() - start
+    return rt
+
+
+def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:
+    caching = options.enable_prefix_caching if prefix_caching is None else prefix_caching
+    return EngineConfig(max_concurrency=options.max_num_seqs, prefix_caching=caching)
+
+
+def _load_program(path: Path, options: RuntimeOptions, max_context: int):
+    import torch
+
+    from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+
+    dtype = torch.float64 if options.dtype == "float64" else torch.float32
+    config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype)
+    return ReferenceProgram.from_artifact(path, config)
+
+
+def _reference_scorer(program) -> "ReferenceScorer":
+    return ReferenceScorer(program.model)
+
+
+@dataclass(frozen=True)
+class ScoredText:
+    """CausalScoring's result plus the argmax at each scored position and after the last token (what
+    OpenAI-style top_logprobs and a max_tokens=1 echo need)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]  # logprobs[j] = log p(tokens[j + 1] | its window)
+    greedy: tuple[bool, ...]
+    top: tuple[tuple[int, float], ...]  # top[j]: (argmax id, its logprob) at position j + 1
+    next_top: tuple[int, float]  # the argmax after the last token, given the last window's context
+    windows: int
+
+
+class ReferenceScorer:
+    """The reference model's CausalScoring windows (same rule as ninfer.reference.program.CausalScoring: windows
+    every `stride` tokens, each token scored once by the first window holding it and a token before it), each
+    window from a fresh empty state, also reporting the argmax; tests hold it equal to CausalScoring."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def score(self, tokens, *, window: int, stride: int) -> ScoredText:
+        import torch
+
+        tokens = tuple(int(t) for t in tokens)
+        if not tokens or window < 2 or not 1 <= stride < window:
+            raise ValueError(f"need tokens, window >= 2 and 1 <= stride < window (got {len(tokens)} tokens, "
+                             f"window={window}, stride={stride})")
+        lps: list[float] = []
+        greedy: list[bool] = []
+        top: list[tuple[int, float]] = []
+        scored, windows, last = 1, 0, None
+        for begin in range(0, len(tokens), stride):
+            if windows and scored >= len(tokens):
+                break
+            end = min(begin + window, len(tokens))
+            logits = self.model.prefill(torch.tensor(tokens[begin:end]), self.model.new_state())  # [end-begin, V]
+            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            logp = torch.log_softmax(logits.to(wide), dim=-1)  # [end - begin, V]
+            best_lp, best = logp.max(dim=-1)  # first maximum: ties to the lowest id
+            for pos in range(scored, end):
+                row = pos - 1 - begin
+                lps.append(float(logp[row, tokens[pos]]))
+                greedy.append(int(best[row]) == tokens[pos])
+                top.append((int(best[row]), float(best_lp[row])))
+            last = (int(best[-1]), float(best_lp[-1]))
+            scored, windows = end, windows + 1
+        return ScoredText(tokens, tuple(lps), tuple(greedy), tuple(top), last, windows)
+
+
+WARMUP_PROMPT = "Warm up."
+
+
+def warmup(program, frontend: Frontend, options: RuntimeOptions) -> None:
+    """Run one short request through a throwaway Engine with prefix caching off (the seed's serve warmup): the
+    Program's runtime state gets built, and no continuation or checkpoint is left for a real request to hit."""
+    engine = Engine(program, _engine_config(options, prefix_caching=False))
+    try:
+        prompt = frontend.prepare_text(WARMUP_PROMPT, max_tokens=2)
+        session = with_mask(frontend.open_session(prompt, OutputOptions(max_tokens=2)))
+        handle = engine.submit(GenerationRequest(tuple(prompt.token_ids), session, max_tokens=2, seed=0))
+        result = handle.result(timeout=600)
+        if result.error is not None:
+            raise WiringError(f"warmup request failed: {result.error}")
+    finally:
+        engine.shutdown()
+    left = program.resource_usage()
+    if left.checkpoints or left.active_sequences:
+        raise WiringError(f"warmup left state behind ({left.checkpoints} checkpoints, "
+                          f"{left.active_sequences} sequences)")
