@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
-from ninfer.contracts import token_digest
+from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle,
+                              token_digest)
 from ninfer.reference.gdn import CHUNK
 from ninfer.reference.state import SequenceState
 from ninfer.sampling import RowSampling, SamplingParams, sample_row, token_logprobs
