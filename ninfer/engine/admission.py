@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ninfer.contracts import Infeasible, RejectReason, RequestState, ResourceChoice, ResourcePlan, StalePlan
+from ninfer.contracts import EngineFailure, Infeasible, RejectReason, RequestState, ResourceChoice, ResourcePlan, StalePlan
 
 if TYPE_CHECKING:
     from .core import EngineCore
@@ -64,6 +64,9 @@ def try_admission(core: "EngineCore") -> bool:
         if plan.permanent:
             core.reject(rec, RejectReason.INFEASIBLE, plan.reason)
             return True
+        if core.txn is None and all(r.lane is None for r in core.records.values()):
+            # Nothing active can ever free resources for it: the Program's "not now" would wait forever.
+            raise EngineFailure(f"Program reports request {head} infeasible for now with nothing active: {plan.reason}")
         sched.protect_head(head, _active_requests(core))
         admitted = _try_backfill(core, rec, lane)
         if not admitted:

@@ -89,12 +89,15 @@ class ToyProgram:
         return len(seq.pages) + seq.reserve_left
 
     def _releasable(self, victims: Sequence[CheckpointId], keep: CheckpointId | None) -> tuple[int, int]:
-        pages, slots = 0, 0
+        """Pages and slots freed by releasing every victim: a page shared by two victims is freed too."""
+        drops: dict[int, int] = {}
+        slots = 0
         for cid in victims:
             if cid in self.ckpts and cid != keep:
-                pages += sum(1 for p in self.ckpts[cid].pages if self.pages.refs[p] == 1)
+                for p in self.ckpts[cid].pages:
+                    drops[p] = drops.get(p, 0) + 1
                 slots += 1
-        return pages, slots
+        return sum(1 for p, d in drops.items() if self.pages.refs[p] == d), slots
 
     # ---- resource transactions -----------------------------------------------------------------------------
     def plan(self, choice: ResourceChoice) -> ResourcePlan | Infeasible:
