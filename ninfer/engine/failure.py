@@ -30,6 +30,7 @@ def fail_engine(core: "EngineCore", exc: BaseException) -> None:
     core.inbox.clear()
     core.records.clear()
     core.resources.catalog.clear()
+    core.resources.by_length.clear()
     core.resources.sessions.clear()
     for rec in records:
         # Failure cleanup deliberately bypasses the lifecycle table: no state of this Engine is trusted any more.

@@ -39,6 +39,9 @@ class ResourceManager:
         self.lane_owner: list[int | None] = [None] * max_concurrency
         self.catalog: dict[CheckpointId, CatalogEntry] = {}
         self.sessions: dict[str, SessionBinding] = {}
+        # Prefix candidate index: frontier length -> digest of the tokens before it -> checkpoints. A lookup
+        # digests the prompt once per distinct frontier length, deepest first.
+        self.by_length: dict[int, dict[str, set[CheckpointId]]] = {}
         self.prefix_caching = prefix_caching
         self._claims: dict[int, CheckpointId] = {}  # request -> pinned source during materialization
         self._clock = 0
@@ -63,24 +66,20 @@ class ResourceManager:
         still run to give the first output token's logits): session binding first, then the prefix index."""
         if not self.prefix_caching:
             return None
-        best: CatalogEntry | None = None
-        digests: dict[int, str] = {}
-        for entry in self.catalog.values():
-            n = entry.info.tokens
-            if not 0 < n < len(prompt) or (best is not None and n <= best.info.tokens):
-                continue
-            if entry.retention is Retention.SESSION and entry.session_key != session_key:
-                continue
-            if n not in digests:
-                digests[n] = token_digest(prompt[:n])
-            if digests[n] == entry.info.digest:
-                best = entry
-        return best
+        for n in sorted((n for n in self.by_length if 0 < n < len(prompt)), reverse=True):
+            ids = self.by_length[n].get(token_digest(prompt[:n]), ())
+            usable = [self.catalog[c] for c in ids if self.catalog[c].retention is Retention.PREFIX
+                      or self.catalog[c].session_key == session_key]
+            if usable:
+                return max(usable, key=lambda e: e.last_used)
+        return None
 
     def victims(self, exclude: CheckpointId | None = None) -> tuple[CheckpointId, ...]:
-        """Inactive, unpinned checkpoints in least-recently-used order: what a transition may release."""
+        """Inactive, unpinned checkpoints in release order: what a transition may release."""
         free = [e for e in self.catalog.values() if e.pins == 0 and e.info.id != exclude]
-        return tuple(e.info.id for e in sorted(free, key=lambda e: e.last_used))
+        bound = {b.checkpoint for b in self.sessions.values()}
+        # A conversation's latest checkpoint (its SessionIndex binding) outlives superseded and prefix entries.
+        return tuple(e.info.id for e in sorted(free, key=lambda e: (e.info.id in bound, e.last_used)))
 
     def materialize_choice(self, rid: int, prompt: tuple[int, ...], max_new_tokens: int, session_key: str | None,
                            sampling: object, seed: int, *, from_root: bool = False) -> ResourceChoice:
@@ -117,6 +116,7 @@ class ResourceManager:
             entry = self.catalog.pop(cid, None)
             if entry is None:
                 raise EngineFailure(f"Program released unknown checkpoint {cid.value}")
+            self._unindex(entry.info)
             if entry.pins:
                 raise EngineFailure(f"Program released pinned checkpoint {cid.value}")
             self._drop_session_binding(cid)
@@ -131,6 +131,7 @@ class ResourceManager:
                 raise EngineFailure(f"checkpoint {info.id.value} published twice")
             self.catalog[info.id] = CatalogEntry(info, retention, session_key if retention is Retention.SESSION
                                                  else None, self._clock)
+            self.by_length.setdefault(info.tokens, {}).setdefault(info.digest, set()).add(info.id)
             if retention is Retention.SESSION and session_key is not None:
                 self._bind_session(session_key, info.id, publication_order)
         if lane is not None:
@@ -145,6 +146,14 @@ class ResourceManager:
 
     def enter_terminal(self, lane: int) -> None:
         self._set_lane(lane, LaneState.TERMINAL_PENDING, self.lane_owner[lane])
+
+    def _unindex(self, info: CheckpointInfo) -> None:
+        same = self.by_length[info.tokens]
+        same[info.digest].discard(info.id)
+        if not same[info.digest]:
+            del same[info.digest]
+        if not same:
+            del self.by_length[info.tokens]
 
     def _bind_session(self, key: str, cid: CheckpointId, order: int) -> None:
         """Only a later publication_order may replace a binding; the replaced checkpoint stays cached."""
@@ -169,3 +178,8 @@ class ResourceManager:
             assert entry.pins == pins.get(cid, 0), f"checkpoint {cid.value} pins {entry.pins} != claims"
         for key, b in self.sessions.items():
             assert b.checkpoint in self.catalog, f"session {key!r} bound to a released checkpoint"
+        indexed = {c for same in self.by_length.values() for ids in same.values() for c in ids}
+        assert indexed == set(self.catalog), "prefix index and catalog disagree"
+        for n, same in self.by_length.items():
+            for digest, ids in same.items():
+                assert all(self.catalog[c].info.tokens == n and self.catalog[c].info.digest == digest for c in ids)
