@@ -1,9 +1,9 @@
 """PreparedPrompt: the owning token ids of one request and their content identity.
 
-The identity is a SHA-256 chain over the token ids (int32 little-endian, under a vocabulary namespace): one
-digest of the whole prompt and one of the prefix at every explicit cache boundary (the end of the system
-turn, the end of each message). The Engine's prefix index looks up the deepest boundary digest it holds a
-checkpoint for; two prompts share a boundary digest exactly when they share those tokens.
+The identity is `ninfer.contracts.token_digest` (the digest the ResourceManager and every Program use for
+checkpoints): one digest of the whole prompt and one of the prefix at every explicit cache boundary (the end
+of the system turn, the end of each message). The Engine's prefix index looks up the deepest boundary digest
+it holds a checkpoint for; two prompts share a boundary digest exactly when they share those tokens.
 """
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ from __future__ import annotations
 import array
 import bisect
 import hashlib
-import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
-
-DIGEST_NAMESPACE = b"ninfer:qwen3_5:tokens:v1\0"
-
 
 @dataclass(frozen=True)
 class PrefixDigest:
@@ -55,22 +51,18 @@ class PreparedPrompt:
 
 
 def digest_prefixes(token_ids: Sequence[int], lengths: Sequence[int]) -> tuple[tuple[PrefixDigest, ...], str]:
-    """One pass of the hash chain: digests at each of `lengths` (ascending) and of the whole sequence."""
-    data = array.array("i", token_ids)
-    if data.itemsize != 4:
-        raise RuntimeError("the token digest needs a 4-byte C int")
-    if sys.byteorder == "big":
-        data.byteswap()
-    raw = data.tobytes()
-    h = hashlib.sha256(DIGEST_NAMESPACE)
-    done = 0
-    out = []
-    for n in lengths:
-        h.update(raw[done * 4:n * 4])
-        done = n
-        out.append(PrefixDigest(n, h.hexdigest()))
-    h.update(raw[done * 4:])
-    return tuple(out), h.hexdigest()
+    """token_digest of each prefix in `lengths` and of the whole sequence, serializing the ids once."""
+    data = memoryview(array.array("q", token_ids).tobytes())
+    out = tuple(PrefixDigest(n, _digest(data, n)) for n in lengths)
+    return out, _digest(data, len(token_ids))
+
+
+def _digest(data: memoryview, n: int) -> str:
+    # Byte for byte what contracts.token_digest(tokens[:n]) hashes; tests hold the two equal.
+    h = hashlib.blake2b(digest_size=16)
+    h.update(n.to_bytes(8, "little"))
+    h.update(data[:n * 8])
+    return h.hexdigest()
 
 
 def prepare_ids(token_ids: Sequence[int], boundary_lengths: Iterable[int] = (), *, reasoning_open: bool = False,

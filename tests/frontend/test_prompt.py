@@ -107,3 +107,40 @@ def test_context_contract(fe):
     assert len(small.prepare_tokens([1] * 10, max_tokens=10)) == 10
     with pytest.raises(RequestRejected, match="not an id"):
         small.prepare_tokens([1, 300000])
+
+
+@given(st.lists(st.integers(0, 248319), min_size=1, max_size=30), st.data())
+def test_digests_are_the_contract_token_digest(ids, data):
+    from ninfer.contracts import token_digest
+    n = data.draw(st.integers(1, len(ids)))
+    p = prepare_ids(ids, [n])
+    assert p.digest == token_digest(ids) and p.boundaries[0].digest == token_digest(ids[:n])
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_foreign_template_boundaries_come_from_prefix_renderings(tok):
+    from ninfer.frontend import Frontend
+    fe = Frontend(tok, max_context=1000, chat_template=CHATML)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Yo"}, {"role": "user", "content": "More"}]
+    p = fe.prepare_chat(ChatRequest(msgs)).prompt
+    assert p.text == "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + \
+        "<|im_start|>assistant\n"
+    tails = [tok.decode(p.token_ids[:b.length]) for b in p.boundaries]
+    assert [t[-12:] for t in tails] == ["S<|im_end|>\n", "Hi<|im_end|>\n"[-12:], "Yo<|im_end|>\n"[-12:],
+                                        "More<|im_end|>\n"[-12:]]
+    assert not p.reasoning_open
+
+
+def test_text_prompts_and_sampling_options(fe):
+    from ninfer.frontend import OutputOptions
+    from ninfer.sampling.params import SamplingParams
+    p = fe.prepare_text("Once upon a time")
+    assert p.token_ids == tuple(fe.tokenizer.encode("Once upon a time")) and p.boundaries == ()
+    o = OutputOptions.create(SamplingParams(max_tokens=9, min_tokens=2, stop_token_ids=(7,)), stop="END")
+    assert (o.max_tokens, o.min_tokens, o.stop, o.stop_token_ids) == (9, 2, ("END",), (248046, 248044, 7))
+    o = OutputOptions.create(SamplingParams(ignore_eos=True, stop_token_ids=(7,)))
+    assert o.stop_token_ids == (7,)
