@@ -112,6 +112,49 @@ def chat(runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k
         rt.close()
 
 
+@main.command()
+@runtime_options
+@click.option("--host", envvar="NINFER_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="NINFER_PORT", show_envvar=True, default=8000, show_default=True,
+              type=click.IntRange(0, 65535))
+@click.option("--api-key", envvar="NINFER_API_KEY", show_envvar=True, default=None,
+              help="Require `Authorization: Bearer KEY` on the API routes.")
+@click.option("--uvicorn-log-level", envvar="NINFER_UVICORN_LOG_LEVEL", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
+@click.option("--score-window", type=click.IntRange(2), default=None,
+              help="Scoring purpose: tokens per window (default 512).")
+@click.option("--score-stride", type=click.IntRange(1), default=None,
+              help="Scoring purpose: tokens between window starts (default: half a window).")
+def serve(runtime: dict, host: str, port: int, api_key: str | None, uvicorn_log_level: str,
+          score_window: int | None, score_stride: int | None) -> None:
+    """Serve the OpenAI-compatible API (chat, completions, models, health, metrics, tokenize)."""
+    from ninfer.serve.server import serve as run
+
+    run(lambda: start_runtime(runtime, score_window=score_window, score_stride=score_stride),
+        model_name=runtime["served_model_name"] or "ninfer", host=host, port=port, api_key=api_key,
+        log_level=uvicorn_log_level)
+
+
+@main.command()
+@click.argument("input_file", type=click.File("r"), default="-")
+@click.option("--output", "-o", type=click.File("w"), default="-", help="JSONL out (default stdout).")
+@runtime_options
+@click.option("--score-window", type=click.IntRange(2), default=None, help="Tokens per window (default 512).")
+@click.option("--score-stride", type=click.IntRange(1), default=None,
+              help="Tokens between window starts (default: half a window).")
+def score(input_file, output, runtime: dict, score_window: int | None, score_stride: int | None) -> None:
+    """Score texts: JSONL in ({"text": ...} or {"tokens": [...]}), per-token logprobs and totals out."""
+    from ninfer.serve.scoring_cli import score_lines
+
+    rt = start_runtime(runtime, purpose="scoring", score_window=score_window, score_stride=score_stride)
+    try:
+        failed = score_lines(rt, input_file, output)
+    finally:
+        rt.close()
+    if failed:
+        raise click.ClickException(f"{failed} line(s) could not be scored (see their \"error\" field)")
+
+
 @main.group()
 def oracle() -> None:
     """Differential checks: HF transformers vs the reference Program."""

@@ -19,7 +19,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.records import GenerationRequest
 from ninfer.engine.scoring import CausalScoreCore
-from ninfer.frontend import Frontend, OutputOptions, OutputSession
+from ninfer.frontend import Frontend, OutputOptions
 from ninfer.frontend.tokenizer import Qwen35Tokenizer
 
 PROGRAMS = ("auto", "reference", "fast")
@@ -79,41 +79,6 @@ def parse_json_option(text: str | None, name: str) -> dict | None:
     if not isinstance(value, dict):
         raise WiringError(f"{name} must be a JSON object, got {type(value).__name__}")
     return value
-
-
-class MaskedSession:
-    """An OutputSession plus `next_token_mask()`, which the Engine asks of every session. The Frontend's session
-    keeps its committed GrammarState public, so the mask of the next token is one fill from it."""
-
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: OutputSession):
-        self.inner = inner
-
-    def preview(self, tokens, *, forced: bool = False):
-        return self.inner.preview(tokens, forced=forced)
-
-    def commit(self, preview):
-        return self.inner.commit(preview)
-
-    def control_suffix(self):
-        return self.inner.control_suffix()
-
-    def result(self):
-        return self.inner.result()
-
-    def next_token_mask(self):
-        grammar = self.inner.grammar
-        if grammar is None:
-            return None
-        out = grammar.allocate(1)  # int32 [1, ceil(V / 32)]
-        grammar.fill_next(out, 0)
-        return out[0]
-
-
-def with_mask(session: OutputSession):
-    """The session as the Engine needs it: itself once the Frontend grows `next_token_mask`, else wrapped."""
-    return session if hasattr(session, "next_token_mask") else MaskedSession(session)
 
 
 @dataclass
@@ -327,7 +292,7 @@ def warmup(program, frontend: Frontend, options: RuntimeOptions) -> None:
     engine = Engine(program, _engine_config(options, prefix_caching=False))
     try:
         prompt = frontend.prepare_text(WARMUP_PROMPT, max_tokens=2)
-        session = with_mask(frontend.open_session(prompt, OutputOptions(max_tokens=2)))
+        session = frontend.open_session(prompt, OutputOptions(max_tokens=2))
         handle = engine.submit(GenerationRequest(tuple(prompt.token_ids), session, max_tokens=2, seed=0))
         result = handle.result(timeout=600)
         if result.error is not None:

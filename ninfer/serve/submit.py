@@ -13,7 +13,7 @@ from ninfer.engine.engine import GenerationHandle
 from ninfer.engine.records import GenerationRequest
 from ninfer.frontend import OutputOptions, PreparedPrompt, StructuredOutputOptions
 from ninfer.sampling import SamplingParams, resolve_seed
-from ninfer.wiring import Runtime, with_mask
+from ninfer.wiring import Runtime
 
 
 def output_budget(rt: Runtime, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -40,7 +40,7 @@ def submit(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, *, sto
         sampling = _with_max_tokens(sampling, budget)
     options = OutputOptions.create(sampling, stop=stop, skip_special_tokens=skip_special_tokens,
                                    thinking_budget=thinking_budget)
-    session = with_mask(rt.frontend.open_session(prompt, options, structured))
+    session = rt.frontend.open_session(prompt, options, structured)
     seed = rt.request_seed(sampling.seed)
     request = GenerationRequest(tuple(prompt.token_ids), session, max_tokens=budget, sampling=sampling,
                                 seed=None if seed is None else resolve_seed(seed), session_key=session_key,

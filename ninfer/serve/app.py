@@ -1,0 +1,153 @@
+"""The FastAPI application: OpenAI-compatible routes, health, metrics and the tokenizer endpoints.
+
+The app only reads the ServerState; it never reaches a Program (the Runtime holds the Engine facade or the
+CausalScoring core, and the Frontend). `create_app` takes a state whose runtime may still be None: the server
+answers health checks while the model loads.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ninfer.contracts import RequestRejected
+from ninfer.frontend import ChatRequest
+
+from . import errors
+from .chat import chat_completions
+from .completions import completions
+from .errors import APIError, error_response
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .state import ServerState
+
+OPEN_PATHS = ("/health", "/health/ready", "/metrics", "/docs", "/openapi.json", "/redoc", "/ping", "/version")
+
+
+class Guard:
+    """ASGI middleware: the API key (constant-time compare) and the request body size limit, before parsing."""
+
+    def __init__(self, app: ASGIApp, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = self.state.api_key
+        if key and scope["path"] not in OPEN_PATHS:
+            auth = headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+            if not hmac.compare_digest(given.encode(), key.encode()):
+                return await error_response(401, "invalid or missing API key", code="invalid_api_key")(
+                    scope, receive, send)
+        limit = self.state.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await error_response(413, f"request body over {limit} bytes")(scope, receive, send)
+        seen = 0
+
+        async def bounded() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise APIError(413, f"request body over {limit} bytes")
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="ninfer", description="OpenAI-compatible API of the ninfer engine", version="1")
+    app.state.ninfer = state
+    errors.install(app)
+    app.add_middleware(Guard, state=state)
+    _routes(app, state)
+    return app
+
+
+def _routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/chat/completions")
+    async def _chat(body: ChatCompletionRequest, request: Request) -> Any:
+        return await chat_completions(body, request, state)
+
+    @app.post("/v1/completions")
+    async def _completions(body: CompletionRequest, request: Request) -> Any:
+        return await completions(body, request, state)
+
+    @app.get("/v1/models")
+    async def _models() -> dict:
+        rt = state.runtime
+        card = {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "ninfer",
+                "root": str(rt.model_path) if rt else None, "max_model_len": rt.max_context if rt else None,
+                "random_weights": rt.random_weights if rt else None}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def _health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/health/ready")
+    async def _ready() -> Any:
+        state.ready()
+        rt = state.runtime
+        return {"status": "ready", "purpose": rt.purpose, "model": state.model_name}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def _metrics() -> str:
+        rt = state.runtime
+        core = None if rt is None else (rt.engine or rt.scorer)
+        return state.metrics.render(core.outstanding if core else 0, bool(rt and rt.available))
+
+    _tokenizer_routes(app, state)
+
+
+def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/tokenize")
+    async def _tokenize(body: TokenizeRequest) -> dict:
+        state.check_model(body.model)
+        tokens = await run_in_threadpool(_tokens_of, state, body)
+        out: dict[str, Any] = {"count": len(tokens), "max_model_len": state.runtime.max_context, "tokens": tokens}
+        if body.return_token_strs:
+            out["token_strs"] = [state.runtime.frontend.tokenizer.id_to_token(t) for t in tokens]
+        return out
+
+    @app.post("/detokenize")
+    async def _detokenize(body: DetokenizeRequest) -> dict:
+        state.check_model(body.model)
+        vocab = state.runtime.frontend.tokenizer.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens")
+        return {"prompt": state.runtime.frontend.tokenizer.decode(body.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def _tokenizer_info() -> dict:
+        rt = state.ready()
+        tok = rt.frontend.tokenizer
+        return {"tokenizer_class": "Qwen2TokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                "bos_token": None, "vocab_size": tok.vocab_size, "model_max_length": rt.max_context,
+                "chat_template": rt.frontend.template.source if rt.frontend.template is not None else None}
+
+
+def _tokens_of(state: ServerState, body: TokenizeRequest) -> list[int]:
+    """A prompt's ids, or messages rendered exactly as a chat request with the same fields would be."""
+    fe = state.runtime.frontend
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+    if body.prompt is not None:
+        return fe.tokenizer.encode(body.prompt)
+    kwargs = {**state.runtime.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
+    try:
+        chat = fe.prepare_chat(ChatRequest(body.messages, tools=body.tools, tool_choice=body.tool_choice,
+                                           response_format=body.response_format, chat_template_kwargs=kwargs,
+                                           add_generation_prompt=body.add_generation_prompt))
+    except RequestRejected as e:
+        raise APIError.from_rejection(e) from None
+    return list(chat.prompt.token_ids)

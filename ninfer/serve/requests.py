@@ -1,0 +1,119 @@
+"""From API bodies to Engine inputs, and from Engine results to API pieces: sampling, logprobs, usage, errors.
+
+Token ids a client names (logit_bias keys, stop_token_ids, token prompts) are checked against the vocabulary here,
+before anything reaches the Engine: the sampler only checks them when it runs, inside the Engine worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ninfer.contracts import FinishReason, GenerationResult, RejectReason
+from ninfer.sampling import SamplingParams, SamplingParamsError, resolve_seed
+
+from .errors import APIError
+from .schemas import _Sampling
+
+_REASONS = {r.value: r for r in RejectReason}
+
+
+def sampling_params(body: _Sampling, vocab_size: int, *, max_tokens: int | None, logprobs: int | None,
+                    choice: int = 0) -> SamplingParams:
+    """The SamplingParams of choice `choice` (n > 1 choices get seed + j, as vLLM does)."""
+    bias = {}
+    for key, value in (body.logit_bias or {}).items():
+        token = _token_id(key, vocab_size, "logit_bias")
+        bias[token] = value
+    for t in body.stop_token_ids or ():
+        _check_id(t, vocab_size, "stop_token_ids")
+    fields: dict[str, Any] = {"temperature": 1.0 if body.temperature is None else body.temperature}
+    for name in ("top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty"):
+        value = getattr(body, name)
+        if value is not None:
+            fields[name] = value
+    seed = None if body.seed is None else resolve_seed(body.seed, choice)
+    try:
+        return SamplingParams.create(logit_bias=bias, stop_token_ids=body.stop_token_ids, seed=seed,
+                                     max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
+                                     logprobs=logprobs, **fields)
+    except SamplingParamsError as e:
+        raise APIError.from_sampling(e) from None
+
+
+def _token_id(key: str, vocab_size: int, param: str) -> int:
+    try:
+        token = int(key)
+    except ValueError:
+        raise APIError(400, f"{param}: key {key!r} is not a token id", param=param) from None
+    _check_id(token, vocab_size, param)
+    return token
+
+
+def _check_id(token: int, vocab_size: int, param: str) -> None:
+    if not 0 <= token < vocab_size:
+        raise APIError(400, f"{param}: token id {token} is outside the vocabulary (0..{vocab_size - 1})", param=param)
+
+
+def check_result(result: GenerationResult) -> None:
+    """A result that carries an error becomes the matching API error (a rejection after submit, or a failure)."""
+    if result.error is None:
+        return
+    if result.finish_reason is FinishReason.REJECTED:
+        reason = _REASONS.get(result.error.split(":", 1)[0])
+        status = {RejectReason.QUEUE_TIMEOUT: 503, RejectReason.OVERLOADED: 429}.get(reason, 400)
+        raise APIError(status, result.error, code=reason.value if reason else None)
+    if result.finish_reason is FinishReason.ERROR:
+        raise APIError(503 if result.error.startswith("engine failed") else 500, result.error, code="engine_error")
+    raise APIError(500, result.error)
+
+
+def finish_reason(result: GenerationResult) -> str:
+    reason = result.output.finish_reason if result.output is not None else result.finish_reason
+    return {FinishReason.TOOL_CALLS: "tool_calls", FinishReason.LENGTH: "length",
+            FinishReason.DEADLINE: "length"}.get(reason, "stop")
+
+
+def usage(results: Sequence[GenerationResult], prompt_tokens: int | None = None) -> dict:
+    """OpenAI usage over all choices: the prompt counted once (it is shared), completions summed."""
+    completion = sum(r.usage.completion_tokens for r in results)
+    reasoning = sum(r.output.reasoning_tokens for r in results if r.output is not None)
+    prompt = results[0].usage.prompt_tokens if prompt_tokens is None else prompt_tokens
+    cached = max((r.usage.cached_prompt_tokens for r in results), default=0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+class TokenText:
+    """Token ids as API strings and bytes (a token may hold part of a UTF-8 character: its bytes stay exact)."""
+
+    def __init__(self, frontend):
+        self.table = frontend.table
+
+    def raw(self, token_id: int) -> bytes:
+        try:
+            return self.table.piece(token_id, False)
+        except (KeyError, IndexError, TypeError):
+            return b""  # an id past the tokenizer's vocabulary (padding rows of the embedding)
+
+    def text(self, token_id: int) -> str:
+        return self.raw(token_id).decode("utf-8", errors="replace")
+
+    def chat_entry(self, token_id: int, logprob: float, top: Sequence[tuple[int, float]] = ()) -> dict:
+        """One entry of chat `logprobs.content`."""
+        raw = self.raw(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw),
+                "top_logprobs": [{"token": self.text(t), "logprob": lp, "bytes": list(self.raw(t))} for t, lp in top]}
+
+
+def delta_logprobs(ev: Any) -> list[tuple[int, float, tuple]]:
+    """(token, logprob, top alternatives) per token of an OutputDelta whose request asked for logprobs."""
+    lps = getattr(ev, "logprobs", None)
+    if lps is None:
+        if ev.token_ids:
+            # Never answer with a silently empty list: the client asked, and the Engine did not publish them.
+            raise APIError(501, "logprobs are not available: the Engine did not publish them for these tokens",
+                           code="logprobs_unavailable")
+        return []
+    tops = getattr(ev, "top_logprobs", None) or [()] * len(lps)
+    return [(t, lp, tuple(top)) for t, lp, top in zip(ev.token_ids, lps, tops)]
