@@ -201,18 +201,22 @@ def test_prompt_end_checkpoint_resume_equals_cold(make_program, prompt_of, model
     assert prog.resource_usage().free_pages == prog.resource_usage().total_pages
 
 
-def test_chunk_boundary_checkpoints(make_program, prompt_of, model32):
-    prog, base = make_program(), prompt_of(150, seed=3)
+@pytest.mark.parametrize("page_size", [4, 5])
+def test_chunk_boundary_checkpoints(make_program, prompt_of, model32, page_size):
+    """Boundaries at 64 and 128 whether or not a page ends there (with 5, the boundary shares a partial page)."""
+    prog, base = make_program(page_size=page_size), prompt_of(150, seed=3)
     h = materialize(prog, base, max_new=4).handle
     generate(prog, h, 2, chunk=40)
     published = capture(prog, h)
     assert sorted(i.tokens for i in published) == [64, 128, 150]
     finish(prog, h)
-    at128 = next(i for i in published if i.tokens == 128)
-    prompt = base[:140] + prompt_of(20, seed=9)
-    r = materialize(prog, prompt, source=at128.id)
-    assert_same(generate(prog, r.handle, 4), cold(model32, prompt, 4))
-    finish(prog, r.handle)
+    for at, keep in ((128, 140), (64, 100)):
+        info = next(i for i in published if i.tokens == at)
+        prompt = base[:keep] + prompt_of(20, seed=9)
+        r = materialize(prog, prompt, source=info.id)
+        assert r.reused_tokens == at
+        assert_same(generate(prog, r.handle, 4), cold(model32, prompt, 4))
+        finish(prog, r.handle)
     assert_baseline(prog)
 
 
