@@ -1,0 +1,155 @@
+"""The fast Program's device memory, planned once from a byte budget and then allocated once.
+
+Stability note: every large allocation (resident weights, the paged KV pools, the GDN state slots, the block
+tables) happens in ``allocate_pools`` before the first request; afterwards only page ids, slot ids and table rows
+change. Transient activations come from the torch caching allocator (CUDA graphs: the graphs' private pool) and are
+bounded by ``MemoryPlan.workspace_bytes``, because prefill is cut into pieces of at most ``max_prefill_tokens``.
+
+Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
+
+    k, v         [n_attn, num_pages + 1, page_size, nkv, d]   act dtype; page ``num_pages`` is the dummy page
+    conv         [n_gdn, slots + 1, conv_dim, K - 1]         act dtype; slot ``slots`` is the dummy slot
+    ssm          [n_gdn, slots + 1, HV, dk, dv]              fp32
+    block_tables [max_seqs + 1, max_pages_per_seq]           int32; row ``max_seqs`` points only at the dummy page
+
+The dummy page/slot/row let CUDA-graph warm-up and capture run the real decode without touching live state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers,
+                                            kv_pages_for_tokens, weight_bytes)
+from ninfer.models.qwen3_5.config import Qwen35Config
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Sizes decided once; every field is a host int so the plan can be printed, compared and tested on CPU."""
+    dtype: torch.dtype  # weights, activations, KV pages and conv windows (S is always fp32)
+    page_size: int
+    num_pages: int  # usable KV pages shared by all sequences (the dummy page comes on top)
+    max_seqs: int  # block-table rows
+    max_pages_per_seq: int
+    slots: int  # GDN state slots (the dummy slot comes on top)
+    max_prefill_tokens: int
+    weight_bytes: int
+    kv_bytes: int
+    state_bytes: int
+    table_bytes: int
+    workspace_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.table_bytes + self.workspace_bytes
+
+    @property
+    def max_context(self) -> int:
+        return self.max_pages_per_seq * self.page_size
+
+    @property
+    def dummy_page(self) -> int:
+        return self.num_pages
+
+    @property
+    def dummy_slot(self) -> int:
+        return self.slots
+
+    @property
+    def dummy_row(self) -> int:
+        return self.max_seqs
+
+
+def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch.dtype) -> int:
+    """An upper estimate of the transient bytes alive at once: a prefill piece of ``tokens`` (the widest fused
+    projection, the residual stream, the GDN chunk scratch in fp32: gamma, W, U, O and the chunk states) or a
+    decode step of ``max_batch`` rows (fp32 logits and split-K attention partials), whichever is larger."""
+    act = torch.finfo(dtype).bits // 8
+    HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    attn_w = 2 * cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim
+    gdn_w = cfg.conv_dim + HV * dv + 2 * HV
+    ffn_w = 2 * max(cfg.intermediate_size, cfg.shared_expert_intermediate_size,
+                    cfg.num_experts_per_tok * cfg.moe_intermediate_size)
+    widest = max(attn_w, gdn_w, ffn_w, cfg.conv_dim * 2)
+    per_token = act * (widest + 4 * cfg.hidden_size) + 4 * HV * (dk + 3 * dv + 1)
+    chunk_states = (tokens // 64 + 2) * HV * dk * dv * 4
+    prefill = tokens * per_token + chunk_states + 4 * cfg.vocab_size
+    decode = max_batch * (4 * cfg.vocab_size + per_token + 64 * cfg.num_attention_heads * cfg.head_dim * 4)
+    return max(prefill, decode)
+
+
+def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
+                slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
+                max_kv_pages: int | None = None) -> MemoryPlan:
+    """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
+    (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits."""
+    if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
+        raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
+    name = _DTYPE_NAMES[dtype]
+    slots = max_seqs if slots is None else slots
+    pages_per_seq = kv_pages_for_tokens(max_context, page_size)
+    w = weight_bytes(cfg, name)
+    state = (slots + 1) * gdn_state_bytes_per_sequence(cfg, name)
+    tables = (max_seqs + 1) * pages_per_seq * 4
+    work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype)
+    page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name)
+    left = budget_bytes - w - state - tables - work - page_bytes  # the dummy page is always there
+    fit = max(left, 0) // page_bytes
+    num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
+    if num_pages < pages_per_seq:
+        raise MemoryError(f"budget {budget_bytes / 2**30:.2f} GiB leaves {fit} KV pages after weights "
+                          f"{w / 2**30:.2f} GiB, state {state / 2**30:.2f} GiB and workspace {work / 2**30:.2f} GiB; "
+                          f"one {max_context}-token sequence needs {pages_per_seq}")
+    return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
+                      max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
+                      weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
+                      workspace_bytes=work)
+
+
+@dataclass
+class Pools:
+    """The planned state tensors; the tensors never change identity, only their contents do."""
+    plan: MemoryPlan
+    k: torch.Tensor  # [n_attn, num_pages + 1, page_size, nkv, d]
+    v: torch.Tensor  # [n_attn, num_pages + 1, page_size, nkv, d]
+    conv: torch.Tensor  # [n_gdn, slots + 1, conv_dim, K - 1]
+    ssm: torch.Tensor  # [n_gdn, slots + 1, HV, dk, dv] fp32
+    block_tables: torch.Tensor  # [max_seqs + 1, max_pages_per_seq] int32
+
+    def reset_slot(self, slot: int) -> None:
+        """A fresh sequence starts from a zero conv window and a zero S."""
+        self.conv[:, slot].zero_()
+        self.ssm[:, slot].zero_()
+
+
+def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | str) -> Pools:
+    """Allocate the plan's state tensors, zeroed (a kernel that reads outside its pages then reads zeros, and the
+    dummy page/slot start clean). The dummy row of the block table points only at the dummy page."""
+    P, ps = plan.num_pages + 1, plan.page_size
+    n_attn, n_gdn = len(cfg.attention_layers), len(cfg.linear_layers)
+    kv_shape = (n_attn, P, ps, cfg.num_key_value_heads, cfg.head_dim)
+    HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    tables = torch.zeros(plan.max_seqs + 1, plan.max_pages_per_seq, dtype=torch.int32, device=device)
+    tables[plan.dummy_row] = plan.dummy_page
+    return Pools(
+        plan=plan,
+        k=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
+        v=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
+        conv=torch.zeros(n_gdn, plan.slots + 1, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=plan.dtype,
+                         device=device),
+        ssm=torch.zeros(n_gdn, plan.slots + 1, HV, dk, dv, dtype=torch.float32, device=device),
+        block_tables=tables,
+    )
+
+
+def device_budget(fraction: float = 0.9, device: torch.device | str = "cuda") -> int:
+    """``fraction`` of the device memory that is free now; on a machine without CUDA there is no device budget."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_budget needs a CUDA device; pass an explicit byte budget on CPU")
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free * fraction)

@@ -1,0 +1,82 @@
+"""The op table the fast model calls, chosen once at construction: the Triton kernels (the fast path) or the ops'
+``naive.py`` references behind the same signatures (a debugging path, and the way to run the model in bf16 on a
+CPU, where the Triton interpreter's bf16 ``tl.dot`` is wrong; ecosystem-notes.md section 7).
+
+Each backend imports its implementation lazily, so the naive table never imports Triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Kernels:
+    name: str
+    # (x, weight, eps, residual | None) -> (y, h); h may be ``residual`` updated in place
+    rmsnorm: Callable
+    # x [T, 2I] = [gate | up] -> [T, I]
+    swiglu: Callable
+    # (q, k, v, positions, slot_mapping, k_pages, v_pages, rotary_dim, theta, q_norm_w, k_norm_w, eps) -> rotated q
+    rope_kv_write: Callable
+    # same arguments as gdn_decode_naive -> y [B, HV*dv]; conv/ssm slots updated in place
+    gdn_decode: Callable
+    # (m [T, C], window [C, K-1] updated in place, conv_weight) -> out [T, C]
+    gdn_conv_prefill: Callable
+    # same arguments as gdn_chunk_naive -> (y, states)
+    gdn_chunk: Callable
+    # (q, k_pages, v_pages, block_table, context_lens) -> [B, nh, d]
+    paged_decode_attention: Callable
+    # (q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen) -> [T, nh, d]
+    prefill_attention: Callable
+    # (logits [T, E], top_k, renormalize) -> (weights fp32, ids int32)
+    moe_route: Callable
+    # (x, w_gate_up, w_down, weights, ids) -> [T, H]
+    moe_experts: Callable
+
+
+def triton_kernels() -> Kernels:
+    from ninfer.fast.ops import (gdn_chunk, gdn_decode, moe, paged_decode_attention, prefill_attention, rmsnorm,
+                                 rope_kv_write, swiglu)
+
+    def norm(x, weight, eps, residual=None):
+        # the residual stream is updated in place: one buffer per step instead of one per layer
+        return rmsnorm.rmsnorm(x, weight, eps, residual=residual, residual_out=residual)
+
+    def conv_prefill(m, window, conv_weight):
+        return gdn_chunk.gdn_conv_prefill(m, window, conv_weight, window_out=window)[0]
+
+    return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
+                   gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
+                   prefill_attention.prefill_attention, moe.moe_route, moe.moe_experts)
+
+
+def naive_kernels() -> Kernels:
+    from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
+    from ninfer.fast.ops.gdn_decode.naive import gdn_decode_naive
+    from ninfer.fast.ops.moe.naive import moe_experts_naive, moe_route_naive
+    from ninfer.fast.ops.paged_decode_attention.naive import paged_decode_attention_naive
+    from ninfer.fast.ops.prefill_attention.naive import prefill_attention_naive
+    from ninfer.fast.ops.rmsnorm.naive import rmsnorm_naive
+    from ninfer.fast.ops.rope_kv_write.naive import rope_kv_write_naive
+    from ninfer.fast.ops.swiglu.naive import swiglu_naive
+
+    def conv_prefill(m, window, conv_weight):
+        out, new_window = gdn_conv_prefill_naive(m, window, conv_weight)
+        window.copy_(new_window)
+        return out
+
+    def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen):
+        return prefill_attention_naive(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens)
+
+    return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
+                   gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, moe_experts_naive)
+
+
+def get_kernels(name: str) -> Kernels:
+    if name == "triton":
+        return triton_kernels()
+    if name == "naive":
+        return naive_kernels()
+    raise ValueError(f"unknown kernel backend {name!r}; expected 'triton' or 'naive'")

@@ -1,0 +1,122 @@
+"""The fast Qwen3.5 model: embedding -> hybrid layers -> final norm -> lm_head, on resident fused weights, the paged
+KV pool and the GDN state slots of a ``MemoryPlan``.
+
+Stability note: ``decode`` is the CUDA-graph body. It takes only device tensors, reads no device value back and
+allocates only transients, so a graph captured for batch size B serves any sequences: slot ids, block-table rows
+(and through them page ids), context lengths and positions are data.
+
+Numerics (qwen35-architecture.md section 7): weights, activations, KV pages and conv windows in ``plan.dtype``
+(bf16 in production, fp32 for tight comparisons); every norm, the gates, the router softmax, attention softmax, RoPE
+angles and the recurrent state S in fp32; logits are returned in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.fast.memory import MemoryPlan, Pools, allocate_pools
+from ninfer.models.qwen3_5.config import FULL, Qwen35Config
+
+from .kernels import Kernels, get_kernels
+from .layers import StepInputs, attention_mixer, ffn, gdn_mixer
+from .weights import FastWeights, Source, load_fast_weights
+
+# prefill pieces stay multiples of the GDN chunk so chunk boundaries sit at fixed offsets from the piece start
+_GDN_CHUNK = 64
+
+
+class FastModel:
+    def __init__(self, cfg: Qwen35Config, weights: FastWeights, pools: Pools, kernels: str | Kernels = "triton"):
+        self.cfg = cfg
+        self.weights = weights
+        self.pools = pools
+        self.plan: MemoryPlan = pools.plan
+        self.kernels = get_kernels(kernels) if isinstance(kernels, str) else kernels
+        # per-kind index of each layer into the pool tensors
+        self._pool_index = {layer: i for kinds in (cfg.attention_layers, cfg.linear_layers)
+                            for i, layer in enumerate(kinds)}
+
+    @classmethod
+    def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
+              kernels: str | Kernels = "triton") -> "FastModel":
+        """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once."""
+        weights = load_fast_weights(cfg, source, plan.dtype, device)
+        return cls(cfg, weights, allocate_pools(cfg, plan, device), kernels)
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    # ---- decode ------------------------------------------------------------------------------------------------
+    def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, block_table_rows: torch.Tensor,
+               context_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token for each of B sequences. tokens [B]; slot_ids [B] int32 GDN slots; block_table_rows [B] rows of
+        ``pools.block_tables``; context_lens [B] int32 keys to attend to, this token included; positions [B] the
+        token's absolute position. Writes K/V into the pages, advances the GDN slots. Returns logits [B, V] fp32."""
+        ps = self.plan.page_size
+        table = self.pools.block_tables.index_select(0, block_table_rows.long())  # [B, max_pages]
+        pos = positions.long()
+        pages = table.gather(1, (pos // ps)[:, None])[:, 0].long()
+        step = StepInputs(positions=positions, slot_mapping=pages * ps + pos % ps, slot_ids=slot_ids,
+                          block_table=table, context_lens=context_lens)
+        hidden = self._layers(tokens, step)
+        return self.logits(hidden)
+
+    # ---- prefill -----------------------------------------------------------------------------------------------
+    def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
+                all_logits: bool = False) -> torch.Tensor:
+        """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The
+        sequence's pages must already be in ``pools.block_tables[block_table_row]``. Long prompts run in pieces of
+        at most ``plan.max_prefill_tokens``. Returns logits of the last token [V] fp32, or of all [T, V]."""
+        T = tokens.shape[0]
+        if tokens.ndim != 1 or T == 0:
+            raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
+        if start_pos < 0 or start_pos + T > self.plan.max_context:
+            raise ValueError(f"positions {start_pos}..{start_pos + T} exceed the planned context "
+                             f"{self.plan.max_context}")
+        if start_pos == 0:
+            self.pools.reset_slot(slot_id)
+        piece = max(_GDN_CHUNK, self.plan.max_prefill_tokens // _GDN_CHUNK * _GDN_CHUNK)
+        outs = []
+        for s in range(0, T, piece):
+            hidden = self._layers(tokens[s:s + piece], self._prefill_inputs(min(piece, T - s), slot_id,
+                                                                             block_table_row, start_pos + s))
+            outs.append(self.logits(hidden if all_logits else hidden[-1:]))
+        return torch.cat(outs) if all_logits else outs[-1][0]
+
+    def _prefill_inputs(self, n: int, slot: int, row: int, start: int) -> StepInputs:
+        dev, ps = self.device, self.plan.page_size
+        table = self.pools.block_tables[row:row + 1]  # [1, max_pages]
+        pos = torch.arange(start, start + n, device=dev, dtype=torch.int32)
+        pages = table[0, (pos // ps).long()].long()
+        i32 = dict(device=dev, dtype=torch.int32)
+        return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
+                          slot_ids=torch.tensor([slot], **i32), block_table=table,
+                          cu_seqlens=torch.tensor([0, n], **i32), prefix_lens=torch.tensor([start], **i32),
+                          prefill_slot=slot)
+
+    # ---- shared body -------------------------------------------------------------------------------------------
+    def _layers(self, tokens: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H].
+
+        The residual stream h is carried by the fused norm: ``y, h = rmsnorm(delta, w, residual=h)`` adds the
+        sublayer output and normalises in one kernel (h rounded to the activation dtype, as an unfused add)."""
+        cfg, k, pools = self.cfg, self.kernels, self.pools
+        eps = cfg.rms_norm_eps
+        h = F.embedding(tokens, self.weights.embed)  # [T, H]
+        delta = None
+        for i, (kind, lw) in enumerate(zip(cfg.layer_types, self.weights.layers)):
+            y, h = k.rmsnorm(h, lw.input_norm, eps) if delta is None else k.rmsnorm(delta, lw.input_norm, eps, h)
+            j = self._pool_index[i]
+            if kind == FULL:
+                delta = attention_mixer(k, cfg, lw.mixer, y, pools.k[j], pools.v[j], step)
+            else:
+                delta = gdn_mixer(k, cfg, lw.mixer, y, pools.conv[j], pools.ssm[j], step)
+            y, h = k.rmsnorm(delta, lw.post_norm, eps, h)
+            delta = ffn(k, cfg, lw.ffn, y)
+        return k.rmsnorm(delta, self.weights.final_norm, eps, h)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in)."""
+        return F.linear(hidden, self.weights.lm_head).float()
