@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ninfer.contracts import EngineFailure, Infeasible, RejectReason, RequestState, ResourceChoice, ResourcePlan, StalePlan
+from ninfer.contracts import EngineFailure, Infeasible, RejectReason, RequestState, ResourceChoice, ResourcePlan
 
 if TYPE_CHECKING:
     from .core import EngineCore
@@ -26,25 +26,14 @@ def _active_requests(core: "EngineCore") -> frozenset[int]:
 def _materialize(core: "EngineCore", rec: "RequestRecord", lane: int, choice: ResourceChoice,
                  plan: ResourcePlan | Infeasible | None = None) -> bool:
     """Start the materialization transition; the request leaves the waiting queue only if it started."""
-    plan = core.program.plan(choice) if plan is None else plan
-    if isinstance(plan, Infeasible):
-        return False
-    try:
-        core.txn = core.program.start(plan)
-    except StalePlan:
-        core.scheduler.note_trigger()
-        return False
-    core.txn_owner = rec
-    core.scheduler.remove_waiting(rec.rid)
-    core.resources.begin_materialize(rec.rid, lane, choice)
-    rec.lane = lane
-    rec.move(RequestState.MATERIALIZING)
-    if core.scheduler.protected_head == rec.rid:
-        core.scheduler.clear_protection()
-    result = core.program.advance(core.txn)
-    if result is not None:
-        core._adopt(result)
-    return True
+
+    def claim() -> None:
+        core.scheduler.remove_waiting(rec.rid)
+        core.resources.begin_materialize(rec.rid, lane, choice)
+        rec.lane = lane
+        rec.move(RequestState.MATERIALIZING)
+
+    return core.begin_transition(choice, rec, plan=plan, on_started=claim) is True
 
 
 def try_admission(core: "EngineCore") -> bool:

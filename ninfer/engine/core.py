@@ -12,9 +12,9 @@ import time
 from collections import deque
 from typing import Callable
 
-from ninfer.contracts import (EngineFailure, FinishReason, GenerationResult, GenerationStart, Infeasible,
-                              Program, RejectReason, RequestState, ResourceResult, RunningTransaction, StalePlan,
-                              TransitionKind, Usage)
+from ninfer.contracts import (EngineFailure, FinishReason, GenerationResult, Infeasible, Program, RejectReason,
+                              RequestState, ResourceChoice, ResourcePlan, ResourceResult, RunningTransaction,
+                              StalePlan, Usage)
 
 from .config import EngineConfig
 from .records import RequestRecord
@@ -123,21 +123,27 @@ class EngineCore:
             self._adopt(result)
         return True
 
-    def begin_transition(self, plan_choice, owner: RequestRecord | None) -> ResourceResult | Infeasible | None:
-        """Seal, start and drive one transition; returns its result when it finished within this call."""
-        plan = self.program.plan(plan_choice)
+    def begin_transition(self, choice: ResourceChoice, owner: RequestRecord | None, *,
+                         plan: ResourcePlan | Infeasible | None = None,
+                         on_started: Callable[[], None] | None = None) -> Infeasible | bool:
+        """Seal (unless already sealed), start and drive one transition. Returns the Infeasible verdict, False when
+        the plan went stale (nothing happened; re-plan after the trigger), True once started. `on_started` runs
+        between start and the first stage: the logical claim is taken before any physical stage runs."""
+        plan = self.program.plan(choice) if plan is None else plan
         if isinstance(plan, Infeasible):
             return plan
         try:
             self.txn = self.program.start(plan)
         except StalePlan:
             self.scheduler.note_trigger()
-            return None
+            return False
         self.txn_owner = owner
+        if on_started is not None:
+            on_started()
         result = self.program.advance(self.txn)
         if result is not None:
             self._adopt(result)
-        return result
+        return True
 
     def _adopt(self, result: ResourceResult) -> None:
         """ResourceManager adopts first; only then may the lane and the request change visible state."""

@@ -35,9 +35,8 @@ def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:
     choice = core.resources.capture_choice(rec.handle, len(rec.prompt))
     if choice is None:
         return False
-    outcome = core.begin_transition(choice, rec)
     # A capture that does not fit is simply skipped: it is a cache opportunity, not an obligation.
-    return not isinstance(outcome, Infeasible)
+    return core.begin_transition(choice, rec) is True
 
 
 def _start_terminal(core: "EngineCore", rec: "RequestRecord") -> None:

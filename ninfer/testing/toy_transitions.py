@@ -8,7 +8,7 @@ from ninfer.contracts import (CheckpointId, ResourceChoice, ResourceResult, Runn
                               TransitionKind, token_digest)
 
 if TYPE_CHECKING:
-    from .toy_program import ToyCheckpoint, ToyProgram, ToySequence
+    from .toy_program import ToyCheckpoint, ToyProgram
 
 
 def apply_transition(prog: "ToyProgram", txn: RunningTransaction, choice: ResourceChoice) -> ResourceResult:
