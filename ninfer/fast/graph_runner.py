@@ -1,0 +1,127 @@
+"""CUDA graphs of the whole decode step (embedding to fp32 logits, optionally to the greedy token), one per exact
+batch size B in 1..max_batch.
+
+Stability note: a graph is keyed by B alone. Request identity and page ids are graph *input data*: before a replay
+the caller's tokens, slot ids, block-table row ids, context lengths and positions are copied into static buffers
+that the graph reads, so any B sequences replay the same graph at any context length. There is no padding: the
+Engine runs compact decode rounds of exactly B rows.
+
+Capture runs the real decode, so warm-up and capture address the plan's dummy slot and dummy block-table row (which
+points only at the dummy page): no live sequence's KV or GDN state is touched. Graphs are captured largest first
+into one shared memory pool. Without CUDA (or with ``use_graphs=False``) the same static buffers drive an eager
+call, which keeps this file's buffer logic testable on a CPU.
+
+NOTE: the outputs returned by ``run`` are the graph's own buffers; the next ``run`` of the same B overwrites them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.fast.model import FastModel
+
+
+@dataclass
+class StaticInputs:
+    """Decode inputs at the largest batch size; a batch of B uses the first B rows."""
+    tokens: torch.Tensor  # [max_batch] int64
+    slot_ids: torch.Tensor  # [max_batch] int32
+    table_rows: torch.Tensor  # [max_batch] int32, rows of pools.block_tables
+    context_lens: torch.Tensor  # [max_batch] int32
+    positions: torch.Tensor  # [max_batch] int32
+
+    @classmethod
+    def allocate(cls, max_batch: int, device: torch.device) -> "StaticInputs":
+        i32 = dict(dtype=torch.int32, device=device)
+        return cls(tokens=torch.zeros(max_batch, dtype=torch.int64, device=device),
+                   slot_ids=torch.zeros(max_batch, **i32), table_rows=torch.zeros(max_batch, **i32),
+                   context_lens=torch.zeros(max_batch, **i32), positions=torch.zeros(max_batch, **i32))
+
+    def fill(self, tokens, slot_ids, table_rows, context_lens, positions) -> int:
+        """Copy one batch in (host or device tensors, any int dtype); returns B."""
+        B = tokens.shape[0]
+        for dst, src in ((self.tokens, tokens), (self.slot_ids, slot_ids), (self.table_rows, table_rows),
+                         (self.context_lens, context_lens), (self.positions, positions)):
+            if src.shape != (B,):
+                raise ValueError(f"decode inputs must all be [B={B}], got {tuple(src.shape)}")
+            dst[:B].copy_(src, non_blocking=True)
+        return B
+
+    def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int) -> None:
+        """Warm-up/capture inputs: every row is a one-token sequence in the dummy slot and dummy row."""
+        self.tokens[:B].zero_()
+        self.slot_ids[:B].fill_(dummy_slot)
+        self.table_rows[:B].fill_(dummy_row)
+        self.context_lens[:B].fill_(1)
+        self.positions[:B].zero_()
+
+
+def graphs_available() -> bool:
+    return torch.cuda.is_available()
+
+
+class DecodeGraphRunner:
+    def __init__(self, model: FastModel, max_batch: int, greedy: bool = False, use_graphs: bool | None = None):
+        if not 1 <= max_batch <= model.plan.max_seqs:
+            raise ValueError(f"max_batch {max_batch} must lie in 1..{model.plan.max_seqs} (the plan's max_seqs)")
+        self.model = model
+        self.max_batch = max_batch
+        self.greedy = greedy
+        on_cuda = model.device.type == "cuda" and graphs_available()
+        self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
+        self.inputs = StaticInputs.allocate(max_batch, model.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._pool = None
+
+    def _step(self, B: int) -> tuple[torch.Tensor, ...]:
+        s = self.inputs
+        logits = self.model.decode(s.tokens[:B], s.slot_ids[:B], s.table_rows[:B], s.context_lens[:B],
+                                   s.positions[:B])
+        return (logits, logits.argmax(-1)) if self.greedy else (logits,)
+
+    def capture(self, batch_sizes: list[int] | None = None, warmup: int = 2) -> None:
+        """Capture one graph per batch size (default every B in 1..max_batch), largest first, one shared pool."""
+        if not self.use_graphs:
+            return
+        plan = self.model.plan
+        sizes = sorted(batch_sizes or range(1, self.max_batch + 1), reverse=True)
+        stream = torch.cuda.Stream(device=self.model.device)
+        for B in sizes:
+            self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+            # warm-up on a side stream compiles the Triton kernels and settles the allocator before capture
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._step(B)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self.outputs[B] = self._step(B)
+            if self._pool is None:
+                self._pool = graph.pool()
+            self.graphs[B] = graph
+        torch.cuda.synchronize(self.model.device)
+
+    def can_use_graph(self, B: int) -> bool:
+        return B in self.graphs
+
+    def run(self, tokens: torch.Tensor, slot_ids: torch.Tensor, table_rows: torch.Tensor,
+            context_lens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Fill the static inputs and replay B's graph (or run eagerly on the same buffers when B has no graph).
+        Returns (logits [B, V] fp32,) or, with ``greedy``, (logits, argmax tokens [B])."""
+        if not 1 <= tokens.shape[0] <= self.max_batch:
+            raise ValueError(f"batch {tokens.shape[0]} must lie in 1..{self.max_batch} (the runner's max_batch)")
+        B = self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions)
+        if self.can_use_graph(B):
+            self.graphs[B].replay()
+            return self.outputs[B]
+        return self._step(B)
+
+    def reset(self) -> None:
+        """Drop the graphs and their pool (before the model's tensors are freed)."""
+        self.graphs.clear()
+        self.outputs.clear()
+        self._pool = None

@@ -1,0 +1,46 @@
+"""The memory plan: KV pages from what the budget leaves, the dummy page/slot/row, and the allocated pools."""
+
+import pytest
+import torch
+
+from _fast_env import DEVICE
+from _fast_setup import tiny_config
+from ninfer.fast.memory import allocate_pools, plan_memory, workspace_bytes
+from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
+
+
+def test_kv_pool_gets_exactly_what_the_budget_leaves():
+    cfg = tiny_config()
+    kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.bfloat16, max_prefill_tokens=128)
+    page = 4 * kv_bytes_per_token_all_layers(cfg, "bfloat16")
+    fixed = (weight_bytes(cfg, "bfloat16") + 4 * gdn_state_bytes_per_sequence(cfg, "bfloat16") + 4 * 13 * 4
+             + workspace_bytes(cfg, 128, 3, torch.bfloat16))
+    plan = plan_memory(cfg, fixed + page * 101 + page - 1, **kw)
+    # one page of the budget is the dummy page; a partial page is not a page
+    assert plan.num_pages == 100 and plan.max_pages_per_seq == 13 and plan.max_context == 52
+    assert plan.kv_bytes == 101 * page and plan.total_bytes == fixed + 101 * page
+    assert (plan.dummy_page, plan.dummy_slot, plan.dummy_row) == (100, 3, 3)
+    assert plan_memory(cfg, fixed + page * 101, max_kv_pages=20, **kw).num_pages == 20
+
+
+def test_too_small_a_budget_names_what_is_missing():
+    cfg = tiny_config()
+    with pytest.raises(MemoryError, match="needs 25"):
+        plan_memory(cfg, weight_bytes(cfg, "float32") * 2, max_seqs=2, max_context=100, page_size=4,
+                    dtype=torch.float32, max_prefill_tokens=64)
+
+
+def test_pools_have_the_planned_geometry_and_a_dummy_row():
+    cfg = tiny_config()
+    plan = plan_memory(cfg, 1 << 26, max_seqs=2, max_context=16, page_size=4, dtype=torch.float32,
+                       max_prefill_tokens=64, max_kv_pages=9)
+    pools = allocate_pools(cfg, plan, DEVICE)
+    assert pools.k.shape == (1, 10, 4, cfg.num_key_value_heads, cfg.head_dim) and pools.k.dtype == torch.float32
+    assert pools.ssm.shape == (3, 3, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    assert pools.conv.shape == (3, 3, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1)
+    assert pools.block_tables.shape == (3, 4) and pools.block_tables.dtype == torch.int32
+    assert pools.block_tables[plan.dummy_row].tolist() == [9] * 4 and pools.block_tables[:2].eq(0).all()
+    pools.ssm.fill_(1.0)
+    pools.conv.fill_(1.0)
+    pools.reset_slot(1)
+    assert pools.ssm[:, 1].eq(0).all() and pools.conv[:, 1].eq(0).all() and pools.ssm[:, 0].eq(1).all()
