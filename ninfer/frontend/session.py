@@ -128,7 +128,8 @@ class OutputSession:
             if st.parser.phase == REASONING:
                 st.reasoning_tokens += 1
             stops_apply = n > opts.min_tokens and not forced
-            if stops_apply and tok in opts.stop_token_ids:
+            # A grammar that took a stop token has ended, whatever the request's own stop ids (ignore_eos).
+            if (stops_apply and tok in opts.stop_token_ids) or (st.grammar is not None and st.grammar.terminated):
                 return FinishReason.STOP, tok
             released = st.stops.push(st.detok.push(tok), check=stops_apply)
             self._parse(st, released, delta)

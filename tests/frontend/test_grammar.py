@@ -239,3 +239,12 @@ def test_next_token_mask_is_the_committed_grammar_row(fe, tok):
     row = s.grammar.allocate(1)
     s.grammar.fill_next(row)
     assert torch.equal(s.next_token_mask(), row[0])
+
+
+def test_a_grammar_that_takes_a_stop_token_ends_the_output(fe, tok):
+    s = open_structured(fe, response_format={"type": "json_object"}, options=OutputOptions(stop_token_ids=()))
+    p = s.preview(tok.encode("{}") + [IM_END, 11])
+    assert s.grammar.accepted_tokens == 0  # a preview is a fork until committed
+    assert (p.accepted, p.finish_reason) == (len(tok.encode("{}")) + 1, FinishReason.STOP)
+    s.commit(p)
+    assert s.result().content == "{}" and s.grammar.terminated
