@@ -70,10 +70,6 @@ class Detokenizer:
         """End of output: bytes of an unfinished character become U+FFFD, as a full decode would."""
         return self._decoder.decode(b"", final=True)
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._decoder.getstate()[0])
-
     def clone(self) -> "Detokenizer":
         twin = Detokenizer(self.table, self.skip_special_tokens)
         twin._decoder.setstate(self._decoder.getstate())

@@ -91,3 +91,12 @@ class OutputResult:
     token_ids: tuple[int, ...]
     stop_reason: str | int | None = None  # the stop string or stop token id that ended the output
     issues: tuple[str, ...] = ()  # e.g. malformed tool calls kept as content
+
+    def as_openai_message(self) -> dict:
+        """The assistant `message` of a chat.completion (reasoning under `reasoning_content`)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = [c.as_openai() for c in self.tool_calls]
+        return message

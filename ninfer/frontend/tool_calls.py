@@ -45,6 +45,13 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
 
+    def as_openai(self) -> dict:
+        """The `delta.tool_calls[]` entry of a chat.completion.chunk."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
 
 class MalformedToolCall(ValueError):
     pass

@@ -59,15 +59,14 @@ def test_thinking_off_is_all_content(fe):
 
 _words = st.lists(st.sampled_from(["a", "b c", " ", "\n", "毕", "😀", "<", ">", "=", "/", "think", "x1"]),
                   min_size=1, max_size=8).map("".join).map(str.strip).filter(bool)
-_value = st.one_of(_words, st.integers(-99, 99), st.booleans(), st.lists(st.integers(0, 9), max_size=3),
-                   st.dictionaries(st.sampled_from("kv"), st.integers(0, 3), max_size=2))
-_types = {"city": str, "days": int, "metric": bool, "hours": list, "opts": dict}
+_typed = {"city": _words, "days": st.integers(-99, 99), "metric": st.booleans(),
+          "hours": st.lists(st.integers(0, 9), max_size=3),
+          "opts": st.dictionaries(st.sampled_from("kv"), st.integers(0, 3), max_size=2)}
 
 
 @st.composite
 def assistant_messages(draw):
-    args = {k: draw(st.from_type(t) if t is bool else _value.filter(lambda v, t=t: type(v) is t))
-            for k, t in _types.items() if draw(st.booleans())}
+    args = {k: draw(values) for k, values in _typed.items() if draw(st.booleans())}
     calls = [call("get_weather", **args)] if draw(st.booleans()) else []
     msg = {"role": "assistant", "content": draw(st.one_of(st.just(""), _words)),
            "reasoning_content": draw(_words)}
@@ -193,3 +192,17 @@ def test_max_tokens_resolves_to_the_context_left(fe):
     assert s.options.max_tokens == fe.max_context - len(prepared.prompt)
     assert fe.open_session(prepared.prompt, OutputOptions(max_tokens=7)).options.max_tokens == 7
     assert s.next_token_mask() is None  # nothing constrains a plain request
+
+
+def test_openai_shapes_of_results_and_deltas(fe):
+    msg = {"role": "assistant", "content": "", "reasoning_content": "r", "tool_calls": [call("search", query="q")]}
+    s = open_chat(fe)
+    chunks, _ = stream(s, fe.tokenizer.encode(generated_text(msg)))
+    m = s.result().as_openai_message()
+    assert m["content"] is None and m["reasoning_content"] == "r"
+    assert m["tool_calls"] == [{"id": m["tool_calls"][0]["id"], "type": "function",
+                                "function": {"name": "search", "arguments": '{"query": "q"}'}}]
+    deltas = [d.as_openai() for c in chunks for d in c.tool_calls]
+    assert deltas[0]["function"] == {"name": "search", "arguments": ""} and "id" not in deltas[1]
+    # Reassembling the fragments, as the OpenAI client does, gives the final arguments.
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"query": "q"}'

@@ -34,11 +34,6 @@ class GrammarState:
         self.accepted_tokens += 1
         return True
 
-    def accepts(self, token_id: int) -> bool:
-        """Whether `token_id` is allowed next, without advancing."""
-        probe = self.matcher.fork()
-        return probe.accept_token(int(token_id))
-
     @property
     def terminated(self) -> bool:
         """The grammar accepted a stop token: nothing may follow."""
