@@ -13,7 +13,7 @@ from ninfer.testing.numerics import assert_close
 # (T, HK, HV, dk, dv, chunk): the GPU checks Qwen3.5-9B GDN dims at real chunk size 64
 SHAPES = ([(1, 16, 32, 128, 128, 64), (63, 16, 32, 128, 128, 64), (1000, 16, 32, 128, 128, 64),
            (200, 16, 48, 128, 128, 64)] if ON_GPU
-          else [(37, 1, 2, 20, 12, 16), (5, 2, 4, 16, 16, 16), (130, 1, 1, 16, 16, 64)])
+          else [(37, 1, 2, 20, 12, 16), (5, 2, 4, 100, 16, 16), (130, 1, 1, 16, 16, 64)])
 
 
 def _inputs(T, HK, HV, dk, dv, dtype):

@@ -55,27 +55,26 @@ def _conv_window_kernel(m_ptr, win_ptr, wout_ptr, T, C, stride_m, K: tl.constexp
 
 
 @triton.jit
-def _load_qk(qkv_ptr, t, mt, col0, stride_qkv, kk, mk, scale):
-    # rows t of one q or k head, l2-normalised in fp32 (eps 1e-6 inside the sqrt) and scaled
-    x = tl.load(qkv_ptr + t[:, None] * stride_qkv + col0 + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-    x = x.to(tl.float32)
-    return x * (scale / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6))[:, None]
+def _load_rows(qkv_ptr, t, mt, col0, stride_qkv, KB: tl.constexpr, kb: tl.constexpr, DK: tl.constexpr):
+    # columns [kb*KB, (kb+1)*KB) of one q/k head for rows t, in fp32: [BT, KB]
+    kk = kb * KB + tl.arange(0, KB)
+    x = tl.load(qkv_ptr + t[:, None] * stride_qkv + col0 + kk[None, :], mask=mt[:, None] & (kk < DK)[None, :],
+                other=0.0)
+    return x.to(tl.float32)
 
 
 @triton.jit
 def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, w_ptr, u_ptr,
                        T, stride_qkv, stride_a, stride_b,
-                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SUB: tl.constexpr):
+                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                       KB: tl.constexpr, NKB: tl.constexpr, VB: tl.constexpr, NVB: tl.constexpr,
+                       SUB: tl.constexpr):
     n = tl.program_id(0)
     hv = tl.program_id(1)
-    hk = hv // (HV // HK)
+    k_col = HK * DK + (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
     t = n * BT + o_t
     mt = t < T
-    kk = tl.arange(0, BK)
-    vv = tl.arange(0, BV)
-    k = _load_qk(qkv_ptr, t, mt, HK * DK + hk * DK, stride_qkv, kk, kk < DK, 1.0)  # [BT, BK]
     # gates; padded tail steps get g = 0, beta = 0 so they leave S untouched
     a = tl.load(a_ptr + t * stride_a + hv, mask=mt, other=0.0).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
     softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
@@ -83,10 +82,18 @@ def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, w_ptr,
     beta = tl.where(mt, tl.sigmoid(tl.load(b_ptr + t * stride_b + hv, mask=mt, other=0.0).to(tl.float32)), 0.0)
     gamma = tl.cumsum(g, axis=0)  # [BT]
     tl.store(gam_ptr + t * HV + hv, gamma, mask=mt)
+    # raw K K^T and the squared row norms in one pass over dk blocks; the l2norm is applied afterwards
+    kkt = tl.zeros([BT, BT], dtype=tl.float32)
+    kn2 = tl.zeros([BT], dtype=tl.float32)
+    for kb in tl.static_range(NKB):
+        k = _load_rows(qkv_ptr, t, mt, k_col, stride_qkv, KB, kb, DK)
+        kkt += tl.dot(k, tl.trans(k))
+        kn2 += tl.sum(k * k, axis=1)
+    rk = 1.0 / tl.sqrt(kn2 + 1e-6)
     # A = strictly_lower(diag(beta) K K^T * D), D[r, s] = exp(gamma_r - gamma_s) <= 1 below the diagonal
     lower = o_t[:, None] > o_t[None, :]
     decay = tl.exp(tl.where(lower, gamma[:, None] - gamma[None, :], 0.0))
-    A = tl.where(lower, beta[:, None] * tl.dot(k, tl.trans(k)) * decay, 0.0)  # [BT, BT]
+    A = tl.where(lower, (beta * rk)[:, None] * kkt * rk[None, :] * decay, 0.0)  # [BT, BT]
     # (I + A)^-1 in two stages over 4 diagonal blocks of BT/4 rows. First the block-diagonal part by forward
     # substitution, one row of every block per step: afterwards L + I = (I + A_diag)^-1.
     blk = o_t // SUB
@@ -95,87 +102,109 @@ def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, w_ptr,
     for i in range(1, SUB):
         step = ((o_t % SUB) == i)[:, None]
         rows = tl.where(step, L, 0.0)
-        L = tl.where(step, rows + tl.dot(rows, L, input_precision="tf32"), L)
+        L = tl.where(step, rows + tl.dot(rows, L), L)
     eye = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
     Dinv = L + eye
     # then with N = Dinv A_offdiag (strictly block-lower, so N^4 = 0): (I + A)^-1 = (I - N + N^2 - N^3) Dinv
-    N = tl.dot(Dinv, tl.where(same, 0.0, A), input_precision="tf32")
-    N2 = tl.dot(N, N, input_precision="tf32")
-    Y = eye - N + N2 - tl.dot(N, N2, input_precision="tf32")
-    Tm = tl.dot(Y, Dinv, input_precision="tf32")
-    W = tl.dot(Tm, k * (beta * tl.exp(gamma))[:, None])  # [BT, BK]
-    tl.store(w_ptr + (t[:, None] * HV + hv) * DK + kk[None, :], W, mask=mt[:, None] & (kk < DK)[None, :])
-    mv = vv < DV
-    v = tl.load(qkv_ptr + t[:, None] * stride_qkv + 2 * HK * DK + hv * DV + vv[None, :],
-                mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    U = tl.dot(Tm, v * beta[:, None])  # [BT, BV]
-    tl.store(u_ptr + (t[:, None] * HV + hv) * DV + vv[None, :], U, mask=mt[:, None] & mv[None, :])
+    N = tl.dot(Dinv, tl.where(same, 0.0, A))
+    N2 = tl.dot(N, N)
+    Tm = tl.dot(eye - N + N2 - tl.dot(N, N2), Dinv)
+    w_scale = (rk * beta * tl.exp(gamma))[:, None]
+    for kb in tl.static_range(NKB):
+        kk = kb * KB + tl.arange(0, KB)
+        W = tl.dot(Tm, _load_rows(qkv_ptr, t, mt, k_col, stride_qkv, KB, kb, DK) * w_scale)  # [BT, KB]
+        tl.store(w_ptr + (t[:, None] * HV + hv) * DK + kk[None, :], W, mask=mt[:, None] & (kk < DK)[None, :])
+    for vb in tl.static_range(NVB):
+        vv = vb * VB + tl.arange(0, VB)
+        vmask = mt[:, None] & (vv < DV)[None, :]
+        v = tl.load(qkv_ptr + t[:, None] * stride_qkv + 2 * HK * DK + hv * DV + vv[None, :], mask=vmask, other=0.0)
+        U = tl.dot(Tm, v.to(tl.float32) * beta[:, None])  # [BT, VB]
+        tl.store(u_ptr + (t[:, None] * HV + hv) * DV + vv[None, :], U, mask=vmask)
 
 
 @triton.jit
-def _chunk_state_kernel(qkv_ptr, gam_ptr, w_ptr, u_ptr, s0_ptr, states_ptr, T, NT, stride_qkv,
-                        HAS_S0: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                        DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _chunk_state_kernel(qkv_ptr, gam_ptr, w_ptr, u_ptr, states_ptr, T, NT, stride_qkv,
+                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                        KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr):
+    # S [DK, BV] is held as up to two row blocks of KB (dk <= 128), so no tile exceeds [BT, KB] / [KB, BV]
     hv = tl.program_id(0)
-    hk = hv // (HV // HK)
+    k_col = HK * DK + (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
-    kk = tl.arange(0, BK)
+    k1 = tl.arange(0, KB)
+    k2 = KB + tl.arange(0, KB)
     vv = tl.program_id(1) * BV + tl.arange(0, BV)
-    mk = kk < DK
     mv = vv < DV
-    s_off = hv * DK * DV + kk[:, None] * DV + vv[None, :]
-    smask = mk[:, None] & mv[None, :]
-    if HAS_S0:
-        S = tl.load(s0_ptr + s_off, mask=smask, other=0.0)  # [BK, BV] fp32
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
+    STATE = HV * DK * DV
+    s1_off = hv * DK * DV + k1[:, None] * DV + vv[None, :]
+    s2_off = hv * DK * DV + k2[:, None] * DV + vv[None, :]
+    s1_mask = (k1 < DK)[:, None] & mv[None, :]
+    s2_mask = (k2 < DK)[:, None] & mv[None, :]
+    # states[0] is the initial state; states[n + 1] the state after chunk n
+    S1 = tl.load(states_ptr + s1_off, mask=s1_mask, other=0.0)
+    if NKB == 2:
+        S2 = tl.load(states_ptr + s2_off, mask=s2_mask, other=0.0)
     for n in range(NT):
         t = n * BT + o_t
         mt = t < T
-        w = tl.load(w_ptr + (t[:, None] * HV + hv) * DK + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+        w_row = w_ptr + (t[:, None] * HV + hv) * DK
         u_ptrs = u_ptr + (t[:, None] * HV + hv) * DV + vv[None, :]
         umask = mt[:, None] & mv[None, :]
-        v_new = tl.load(u_ptrs, mask=umask, other=0.0) - tl.dot(w, S)  # [BT, BV]
+        w1 = tl.load(w_row + k1[None, :], mask=mt[:, None] & (k1 < DK)[None, :], other=0.0)
+        v_new = tl.load(u_ptrs, mask=umask, other=0.0) - tl.dot(w1, S1)  # [BT, BV]
+        ka = _load_rows(qkv_ptr, t, mt, k_col, stride_qkv, KB, 0, DK)
+        kn2 = tl.sum(ka * ka, axis=1)
+        if NKB == 2:
+            w2 = tl.load(w_row + k2[None, :], mask=mt[:, None] & (k2 < DK)[None, :], other=0.0)
+            v_new -= tl.dot(w2, S2)
+            kb = _load_rows(qkv_ptr, t, mt, k_col, stride_qkv, KB, 1, DK)
+            kn2 += tl.sum(kb * kb, axis=1)
         tl.store(u_ptrs, v_new, mask=umask)
-        k = _load_qk(qkv_ptr, t, mt, HK * DK + hk * DK, stride_qkv, kk, mk, 1.0)
         gamma = tl.load(gam_ptr + t * HV + hv, mask=mt, other=0.0)
         g_last = tl.load(gam_ptr + (tl.minimum(n * BT + BT, T) - 1) * HV + hv)
-        k_dec = k * tl.where(mt, tl.exp(g_last - gamma), 0.0)[:, None]
-        S = S * tl.exp(g_last) + tl.dot(tl.trans(k_dec), v_new)
-        tl.store(states_ptr + n * HV * DK * DV + s_off, S, mask=smask)
+        # l2norm of k and its decay to the chunk end, as one row scale
+        k_scale = tl.where(mt, tl.exp(g_last - gamma) / tl.sqrt(kn2 + 1e-6), 0.0)[:, None]
+        S1 = S1 * tl.exp(g_last) + tl.dot(tl.trans(ka * k_scale), v_new)
+        tl.store(states_ptr + (n + 1) * STATE + s1_off, S1, mask=s1_mask)
+        if NKB == 2:
+            S2 = S2 * tl.exp(g_last) + tl.dot(tl.trans(kb * k_scale), v_new)
+            tl.store(states_ptr + (n + 1) * STATE + s2_off, S2, mask=s2_mask)
 
 
 @triton.jit
-def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, s0_ptr, states_ptr, o_ptr, T, stride_qkv, scale,
-                         HAS_S0: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                         DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, states_ptr, o_ptr, T, stride_qkv, scale,
+                         HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                         KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr):
     n = tl.program_id(0)
     hv = tl.program_id(1)
-    hk = hv // (HV // HK)
+    q_col = (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
     t = n * BT + o_t
     mt = t < T
-    kk = tl.arange(0, BK)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
-    mk = kk < DK
     mv = vv < DV
-    q = _load_qk(qkv_ptr, t, mt, hk * DK, stride_qkv, kk, mk, scale)
-    k = _load_qk(qkv_ptr, t, mt, HK * DK + hk * DK, stride_qkv, kk, mk, 1.0)
+    # raw Q K^T and Q S_in (S_in = states[n], the state entering chunk n) with the row norms, over dk blocks
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    qs = tl.zeros([BT, BV], dtype=tl.float32)
+    qn2 = tl.zeros([BT], dtype=tl.float32)
+    kn2 = tl.zeros([BT], dtype=tl.float32)
+    for kb in tl.static_range(NKB):
+        q = _load_rows(qkv_ptr, t, mt, q_col, stride_qkv, KB, kb, DK)
+        k = _load_rows(qkv_ptr, t, mt, HK * DK + q_col, stride_qkv, KB, kb, DK)
+        kk = kb * KB + tl.arange(0, KB)
+        S = tl.load(states_ptr + n * HV * DK * DV + hv * DK * DV + kk[:, None] * DV + vv[None, :],
+                    mask=(kk < DK)[:, None] & mv[None, :], other=0.0)  # [KB, BV]
+        qk += tl.dot(q, tl.trans(k))
+        qs += tl.dot(q, S)
+        qn2 += tl.sum(q * q, axis=1)
+        kn2 += tl.sum(k * k, axis=1)
+    rq = scale / tl.sqrt(qn2 + 1e-6)
+    rk = 1.0 / tl.sqrt(kn2 + 1e-6)
     gamma = tl.load(gam_ptr + t * HV + hv, mask=mt, other=0.0)
-    # the state entering chunk n is the one stored after chunk n-1 (or the initial state)
-    s_off = hv * DK * DV + kk[:, None] * DV + vv[None, :]
-    smask = mk[:, None] & mv[None, :]
-    if n > 0:
-        S = tl.load(states_ptr + (n - 1) * HV * DK * DV + s_off, mask=smask, other=0.0)
-    elif HAS_S0:
-        S = tl.load(s0_ptr + s_off, mask=smask, other=0.0)
-    else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
     causal = o_t[:, None] >= o_t[None, :]
-    att = tl.where(causal, tl.dot(q, tl.trans(k)) * tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :], 0.0)),
-                   0.0)  # [BT, BT]
+    att = tl.where(causal, rq[:, None] * qk * rk[None, :] * tl.exp(tl.where(causal, gamma[:, None] - gamma[None, :],
+                                                                              0.0)), 0.0)  # [BT, BT]
     v_new = tl.load(u_ptr + (t[:, None] * HV + hv) * DV + vv[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
-    o = tl.exp(gamma)[:, None] * tl.dot(q, S) + tl.dot(att, v_new)
+    o = (tl.exp(gamma) * rq)[:, None] * qs + tl.dot(att, v_new)
     tl.store(o_ptr + (t[:, None] * HV + hv) * DV + vv[None, :], o, mask=mt[:, None] & mv[None, :])
 
 
@@ -230,29 +259,30 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     HV = a.shape[1]
     HK, DK, DV = num_k_heads, head_k_dim, head_v_dim
     assert qkv.stride(1) == 1 and z.stride(1) == 1 and HV % HK == 0 and qkv.shape[1] == 2 * HK * DK + HV * DV
-    assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0
+    assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0 and DK <= 128
     BT = chunk_size
     NT = triton.cdiv(T, BT)
     BK, BV_full = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
-    BV = min(BV_full, 32)
+    KB, VB = min(BK, 64), min(BV_full, 64)
     f32 = dict(device=qkv.device, dtype=torch.float32)
     gam = torch.empty(T, HV, **f32)  # in-chunk cumulative log decay
     w, u = torch.empty(T, HV, DK, **f32), torch.empty(T, HV, DV, **f32)
-    states = torch.empty(NT, HV, DK, DV, **f32)
+    # states[0] holds the initial state so every kernel finds the state entering chunk n at states[n]
+    states = torch.empty(NT + 1, HV, DK, DV, **f32)
+    if initial_state is None:
+        states[0].zero_()
+    else:
+        states[0].copy_(initial_state)
     o = torch.empty(T, HV, DV, **f32)
-    has_s0 = initial_state is not None
-    if has_s0:
-        assert initial_state.dtype == torch.float32 and initial_state.is_contiguous()
-    s0 = initial_state if has_s0 else states
-    dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, BK=BK)
-    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, w, u, T, qkv.stride(0), a.stride(0),
-                                 b.stride(0), **dims, BV=BV_full, SUB=BT // 4, num_warps=4)
-    _chunk_state_kernel[(HV, triton.cdiv(DV, BV))](qkv, gam, w, u, s0, states, T, NT, qkv.stride(0),
-                                                   HAS_S0=has_s0, **dims, BV=BV, num_warps=8)
-    BV_o = min(BV_full, 64)
-    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, BV_o))](qkv, gam, u, s0, states, o, T, qkv.stride(0), DK ** -0.5,
-                                                          HAS_S0=has_s0, **dims, BV=BV_o, num_warps=8)
+    dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, KB=KB, NKB=BK // KB)
+    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, w, u, T, qkv.stride(0), a.stride(0), b.stride(0),
+                                 **dims, VB=VB, NVB=BV_full // VB, SUB=BT // 4, num_warps=4)
+    BV_s = min(BV_full, 32)
+    _chunk_state_kernel[(HV, triton.cdiv(DV, BV_s))](qkv, gam, w, u, states, T, NT, qkv.stride(0), **dims, BV=BV_s,
+                                                     num_warps=4)
+    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, u, states, o, T, qkv.stride(0), DK ** -0.5, **dims,
+                                                        BV=VB, num_warps=4)
     y = qkv.new_empty(T, HV * DV)
     _gated_norm_kernel[(T,)](o, z, norm_weight, y, z.stride(0), y.stride(0), eps, HV=HV, DV=DV,
                              BH=triton.next_power_of_2(HV), BV=BV_full, num_warps=4)
-    return y, states
+    return y, states[1:]

