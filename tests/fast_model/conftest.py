@@ -8,7 +8,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-import _fast_env  # noqa: F401,E402
+import _fast_env  # noqa: F401,E402  (sets TRITON_INTERPRET before triton is imported)
 from ninfer.testing.numerics import nan_poisoning  # noqa: E402
 
 

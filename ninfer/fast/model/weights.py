@@ -111,7 +111,8 @@ def _gdn(src: Source, specs: dict, p: str, cfg: Qwen35Config, dtype: torch.dtype
 
 def _attn(src: Source, specs: dict, p: str, dtype: torch.dtype, device) -> AttnWeights:
     names = [f"{p}.q_proj.weight", f"{p}.k_proj.weight", f"{p}.v_proj.weight"]
-    return AttnWeights(qkv=_fused(src, specs, names, dtype, device), q_norm=_one(src, f"{p}.q_norm.weight", dtype, device),
+    return AttnWeights(qkv=_fused(src, specs, names, dtype, device),
+                       q_norm=_one(src, f"{p}.q_norm.weight", dtype, device),
                        k_norm=_one(src, f"{p}.k_norm.weight", dtype, device),
                        o_proj=_one(src, f"{p}.o_proj.weight", dtype, device))
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One command for the H200 (fits a 10-minute limit): the GPU op and fast-model tests, then the fast-path benchmark
+# (bandwidth, decode eager/graphs, prefill, floors, peak memory). Each part may fail without stopping the next;
+# the benchmark prints its table last and writes raw JSON to $OUT when set. Nothing is downloaded.
+#
+#   bash benchmarks/gpu/run.sh            # env: PYTHON (default python), OUT, BENCH_MODELS, TEST_TIMEOUT_S
+set -u
+cd "$(dirname "$0")/../.."
+PY="${PYTHON:-python}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+TOTAL_S=565  # leave headroom under the 600 s limit for start-up and result transfer
+
+echo "== GPU tests: tests/ops tests/fast_model"
+LOG=$(mktemp)
+NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-220}" "$PY" -m pytest tests/ops tests/fast_model -q -x \
+    -p no:cacheprovider 2>&1 | tee "$LOG" | tail -40
+RC=${PIPESTATUS[0]}
+SUMMARY="rc=$RC: $(grep -E '(passed|failed|error)' "$LOG" | tail -1)"
+[ "$RC" = 124 ] && SUMMARY="rc=124: timed out after ${TEST_TIMEOUT_S:-220}s; $(tail -1 "$LOG")"
+[ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp "$LOG" "$OUT/pytest_gpu.log"
+rm -f "$LOG"
+
+LEFT=$(( TOTAL_S - ($(date +%s) - START) ))
+DEADLINE=$(( LEFT - 25 ))
+echo "== benchmark (${DEADLINE}s budget)"
+if [ "$DEADLINE" -gt 30 ]; then
+    NINFER_PYTEST_SUMMARY="$SUMMARY" timeout $(( LEFT - 5 )) "$PY" benchmarks/gpu/bench_fast.py \
+        --models "${BENCH_MODELS:-0.8B,9B,35B-A3B}" --deadline-s "$DEADLINE" ${OUT:+--out "$OUT"}
+    BRC=$?
+    [ "$BRC" != 0 ] && echo "benchmark exited with rc=$BRC (partial results, if any, are in \$OUT/bench_fast.json)"
+else
+    echo "no time left for the benchmark; GPU tests: $SUMMARY"
+fi

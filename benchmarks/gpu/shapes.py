@@ -1,0 +1,64 @@
+"""Real Qwen3.5 shapes (qwen35-architecture.md section 1.2) and random bf16 weights made directly on the device.
+
+Weights are generated parameter by parameter on the GPU (never on the host, never downloaded), so a 9B or 35B
+model is ready in seconds; the values only need to be finite and in a realistic range for timing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.params import TEXT, logical_parameters
+
+_COMMON = {
+    "vocab_size": 248320, "head_dim": 256, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                        "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    "max_position_embeddings": 262144, "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
+}
+
+SHAPES = {
+    "0.8B": dict(model_type="qwen3_5_text", num_hidden_layers=24, hidden_size=1024, num_attention_heads=8,
+                 num_key_value_heads=2, intermediate_size=3584, linear_num_value_heads=16, tie_word_embeddings=True),
+    "9B": dict(model_type="qwen3_5_text", num_hidden_layers=32, hidden_size=4096, num_attention_heads=16,
+               num_key_value_heads=4, intermediate_size=12288, linear_num_value_heads=32, tie_word_embeddings=False),
+    "35B-A3B": dict(model_type="qwen3_5_moe_text", num_hidden_layers=40, hidden_size=2048, num_attention_heads=16,
+                    num_key_value_heads=2, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                    shared_expert_intermediate_size=512, linear_num_value_heads=32, tie_word_embeddings=False),
+    # for --smoke runs of the benchmark on a CPU
+    "tiny": dict(model_type="qwen3_5_text", num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, intermediate_size=128, linear_num_value_heads=4,
+                 linear_num_key_heads=2, linear_key_head_dim=32, linear_value_head_dim=32, vocab_size=512,
+                 tie_word_embeddings=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                  "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+}
+
+
+def config(name: str) -> Qwen35Config:
+    return Qwen35Config.from_hf({**_COMMON, **SHAPES[name]})
+
+
+def random_source(cfg: Qwen35Config, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """``source(logical_name)`` for ``load_fast_weights``: a fresh random device tensor per call. Projections get
+    std 1/sqrt(fan_in) so activations keep unit scale through 40 layers; norms are zero-centred (the GDN gated
+    norm's plain weight is one); A_log gives decay rates exp(A_log) in [1, 16] like HF's init."""
+    specs = logical_parameters(cfg, (TEXT,))
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def source(name: str) -> torch.Tensor:
+        spec = specs[name]
+        if spec.kind == "fp32":
+            t = torch.empty(spec.shape, device=device, dtype=torch.float32)
+            if name.endswith("A_log"):
+                return t.uniform_(1.0, 16.0, generator=gen).log_()
+            return t.normal_(0.0, 0.1, generator=gen)
+        if spec.kind == "norm":
+            one = name.endswith("linear_attn.norm.weight")
+            return torch.full(spec.shape, 1.0 if one else 0.0, device=device, dtype=dtype)
+        std = 0.02 if spec.kind == "embedding" else spec.shape[-1] ** -0.5
+        return torch.empty(spec.shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
+
+    return source
