@@ -8,6 +8,7 @@ here, before the Engine admits anything.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -59,15 +60,17 @@ class Frontend:
         self.template = JinjaChatTemplate(chat_template) if chat_template else None
         self.table = TokenTable.build(tokenizer)
         self._grammar = grammar
+        self._grammar_lock = threading.Lock()  # Gateway threads may open the first structured sessions at once
         self.think_end_suffix = tuple(tokenizer.encode(FORCED_THINK_END))
 
     @property
     def grammar(self) -> GrammarCompiler:
         """Built on first structured request: the 248k-entry TokenizerInfo takes a few seconds."""
-        if self._grammar is None:
-            from .grammar.compiler import GrammarCompiler
-            self._grammar = GrammarCompiler(self.tokenizer)
-        return self._grammar
+        with self._grammar_lock:
+            if self._grammar is None:
+                from .grammar.compiler import GrammarCompiler
+                self._grammar = GrammarCompiler(self.tokenizer)
+            return self._grammar
 
     def prepare_chat(self, request: ChatRequest, *, max_tokens: int | None = None) -> PreparedChat:
         chat = normalize_chat(request.messages, request.tools)

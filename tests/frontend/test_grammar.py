@@ -248,3 +248,14 @@ def test_a_grammar_that_takes_a_stop_token_ends_the_output(fe, tok):
     assert (p.accepted, p.finish_reason) == (len(tok.encode("{}")) + 1, FinishReason.STOP)
     s.commit(p)
     assert s.result().content == "{}" and s.grammar.terminated
+
+
+def test_draft_columns_cross_think_end(fe, tok):
+    s = open_structured(fe, thinking=True, response_format={"type": "json_object"})
+    drafts = tok.encode("ok\n</think>\n\n{}") + [IM_END]
+    out = s.grammar.allocate(len(drafts) + 1)
+    assert s.grammar.fill_bitmask(drafts, out) == len(drafts)
+    think_end = drafts.index(248069)
+    before, after = (set(allowed(out[i]).tolist()) for i in (think_end, think_end + 2))
+    assert 248069 in before and tok.token_to_id("hello") in before  # reasoning: free text or </think>
+    assert tok.token_to_id("hello") not in after and tok.token_to_id("{") in after  # the answer: JSON only
