@@ -5,7 +5,7 @@ window, with an in-place window update."""
 import pytest
 import torch
 
-from _device import DEVICE, DOT_IO_DTYPES, IO_DTYPES, ON_GPU
+from _device import DEVICE, IO_DTYPES, ON_GPU
 from ninfer.fast.ops.gdn_chunk import (conv_window_at, gdn_chunk, gdn_chunk_naive, gdn_conv_prefill,
                                        gdn_conv_prefill_naive)
 from ninfer.testing.numerics import assert_close
@@ -30,7 +30,7 @@ def _tol(dtype):
     return 2e-2 if dtype == torch.bfloat16 else (5e-3 if ON_GPU else 1e-5)
 
 
-@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
 @pytest.mark.parametrize("T,HK,HV,dk,dv,chunk", SHAPES)
 def test_gdn_chunk(T, HK, HV, dk, dv, chunk, with_state, dtype):

@@ -8,6 +8,8 @@ The split count depends only on shapes (never on the context lengths on the devi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -80,6 +82,7 @@ def _merge_kernel(po_ptr, lse_ptr, o_ptr, stride_ob, stride_oh, NH: tl.constexpr
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).multi_processor_count
