@@ -43,9 +43,6 @@ class ChatInput:
     tools: tuple[dict, ...] = ()
     specs: tuple[ToolSpec, ...] = ()
 
-    def tool(self, name: str) -> ToolSpec | None:
-        return next((s for s in self.specs if s.name == name), None)
-
 
 def _text_of(content: Any, where: str) -> str:
     if content is None:
@@ -146,7 +143,7 @@ def normalize_chat(messages: Any, tools: Any = None) -> ChatInput:
     out: list[dict] = []
     for i, m in enumerate(messages):
         out.append(_message(i, m, out[-1] if out else None))
-    if not any(m["role"] == "user" and not _is_tool_response(m["content"]) for m in out):
+    if not any(m["role"] == "user" and not is_tool_response(m["content"]) for m in out):
         raise reject("messages contain no user query (only system, assistant or tool turns)")
     declared, specs = [], []
     for i, t in enumerate(tools or ()):
@@ -158,6 +155,7 @@ def normalize_chat(messages: Any, tools: Any = None) -> ChatInput:
     return ChatInput(tuple(out), tuple(declared), tuple(specs))
 
 
-def _is_tool_response(content: str) -> bool:
+def is_tool_response(content: str) -> bool:
+    """A user turn that only carries tool results is not a query (the template's last-query rule)."""
     c = content.strip()
     return c.startswith("<tool_response>") and c.endswith("</tool_response>")

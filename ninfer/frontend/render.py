@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .messages import _is_tool_response
+from .messages import is_tool_response
 
 TOOLS_HEADER = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
 TOOLS_FOOTER = (
@@ -65,7 +65,7 @@ def _header(messages: Sequence[dict], tools: Sequence[dict]) -> str:
 def last_query_index(messages: Sequence[dict]) -> int:
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
-        if m["role"] == "user" and not _is_tool_response(m["content"]):
+        if m["role"] == "user" and not is_tool_response(m["content"]):
             return i
     raise ValueError("No user query found in messages.")
 
