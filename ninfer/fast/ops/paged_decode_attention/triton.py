@@ -3,7 +3,8 @@
 One program per (sequence, KV head, split) serves all the query heads of its GQA group at once, so each K/V page is
 read once per group; keys are gathered token by token through the block table, so any page size works. With more
 than one split each program writes a partial output and its log-sum-exp, and a second kernel merges the splits.
-The split count depends only on shapes (never on the context lengths on the device), so it is CUDA-graph safe.
+The split count depends only on shapes, so it is CUDA-graph safe; each split's key range is cut from the live
+context length inside the kernel, so the work stays balanced however large the block table's capacity is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, o_ptr, po_ptr, lse_ptr, scale, SPLIT_LEN,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, o_ptr, po_ptr, lse_ptr, scale,
                    stride_qb, stride_qh, stride_page, stride_tok, stride_kvh, stride_bt, stride_ob, stride_oh,
                    G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
                    BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr):
@@ -31,8 +32,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, o_ptr, po_ptr, lse_ptr,
     heads = kvh * G + g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=mg[:, None] & md[None, :],
                 other=0.0)  # [BG, BD]
-    start = sp * SPLIT_LEN
-    end = tl.minimum(start + SPLIT_LEN, ctx)
+    # splits share the live context evenly (in whole key blocks), however large the block table is
+    split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BN) * BN
+    start = sp * split_len
+    end = tl.minimum(start + split_len, ctx)
     m_i = tl.full([BG], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BG], dtype=tl.float32)
     acc = tl.zeros([BG, BD], dtype=tl.float32)
@@ -111,7 +114,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     capacity = block_table.shape[1] * page
     ns = choose_num_splits(B, nkv, capacity, q.device) if num_splits is None else num_splits
     BN = 32 if D > 128 else 64  # BN 32, 4 warps, 2 stages: the best of a sweep at head_dim 256
-    split_len = triton.cdiv(triton.cdiv(capacity, ns), BN) * BN
     out = q.new_empty(B, nh, D) if out is None else out
     if ns > 1:
         po = torch.empty(B, nh, ns, D, device=q.device, dtype=torch.float32)
@@ -120,7 +122,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         po = lse = out
     BG, BD = max(16, triton.next_power_of_2(G)), triton.next_power_of_2(D)
     _decode_kernel[(B, nkv, ns)](
-        q, k_pages, v_pages, block_table, context_lens, out, po, lse, scale, split_len,
+        q, k_pages, v_pages, block_table, context_lens, out, po, lse, scale,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
         out.stride(0), out.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD, BN=BN,
         num_warps=4, num_stages=2)
