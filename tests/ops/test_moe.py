@@ -28,21 +28,37 @@ def test_moe_route(T, E, k, dtype):
     assert_close("moe_route.weights", w_ref, w, 1e-5)
 
 
-def test_moe_align_groups_pairs_by_expert():
-    ids = torch.tensor([[3, 0], [3, 1], [0, 3]], dtype=torch.int32, device=DEVICE)
-    sorted_pairs, block_expert = moe_align(ids, num_experts=5, block=4)
+def _check_alignment(ids, sorted_pairs, block_expert, block):
+    # every pair exactly once, each block holds pairs of its expert only, in pair order, empty blocks past the end
     P = ids.numel()
     flat = ids.flatten().tolist()
-    pairs, experts = sorted_pairs.view(-1, 4).tolist(), block_expert.tolist()
     seen = []
-    for blk, e in zip(pairs, experts):
+    for blk, e in zip(sorted_pairs.view(-1, block).tolist(), block_expert.tolist()):
         real = [p for p in blk if p != P]
-        assert all(flat[p] == e for p in real)
+        assert all(flat[p] == e for p in real) and real == sorted(real)
+        assert blk[:len(real)] == real
         seen += real
         if e < 0:
             assert not real
     assert sorted(seen) == list(range(P))
-    assert experts[:3] == [0, 1, 3] and experts[3:] == [-1] * (len(experts) - 3)
+    used = sorted(set(flat))
+    assert [e for e in block_expert.tolist() if e >= 0] == sorted(
+        sum([[e] * -(-flat.count(e) // block) for e in used], []))
+
+
+def test_moe_align_small_example():
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3]], dtype=torch.int32, device=DEVICE)
+    sorted_pairs, block_expert = moe_align(ids, num_experts=5, block=4)
+    _check_alignment(ids, sorted_pairs, block_expert, 4)
+    assert block_expert.tolist()[:3] == [0, 1, 3]
+
+
+@pytest.mark.parametrize("T,E,k", [(1, 256, 8), (8, 64, 8), (37, 512, 10), (3, 5, 4)],
+                         ids=["decode", "many_per_expert", "torch_path", "tiny"])
+def test_moe_align(T, E, k):
+    # top-k ids without repeats per token, as routing produces
+    ids = torch.rand(T, E, device=DEVICE).topk(k, dim=-1).indices.to(torch.int32)
+    _check_alignment(ids, *moe_align(ids, E), 16)
 
 
 @pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)

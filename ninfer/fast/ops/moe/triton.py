@@ -1,7 +1,7 @@
 """MoE routing and the small-M grouped GEMM behind the routed experts.
 
 ``moe_route``: one program per token does the fp32 softmax over all experts, k rounds of argmax and the top-k
-renormalisation. ``moe_align`` (torch, no host sync) sorts the (token, slot) pairs by expert and pads every expert's
+renormalisation. ``moe_align`` (one kernel for decode-sized batches, torch ops beyond; no host sync) sorts the (token, slot) pairs by expert and pads every expert's
 group to a multiple of BM rows, so ``grouped_gemm`` programs each own BM pairs of a single expert and stream that
 expert's weight tile once for all of them. ``moe_experts`` chains gate_up GEMM -> swiglu -> down GEMM (scaled by the
 routing weights) -> sum over the k slots.
@@ -40,6 +40,43 @@ def _route_kernel(logit_ptr, w_ptr, id_ptr, E, stride_l, TOPK: tl.constexpr, REN
         w_sel = w_sel / tl.sum(tl.where(k < TOPK, w_sel, 0.0), axis=0)
     tl.store(w_ptr + t * TOPK + k, w_sel, mask=k < TOPK)
     tl.store(id_ptr + t * TOPK + k, id_sel, mask=k < TOPK)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, max_rows, num_blocks, BLOCK: tl.constexpr, PC: tl.constexpr,
+                  NPC: tl.constexpr, BE: tl.constexpr, BR: tl.constexpr, BNB: tl.constexpr):
+    # one program does the whole bookkeeping of a decode-sized batch; pairs are visited in chunks of PC so no tile
+    # exceeds [PC, BE]
+    e = tl.arange(0, BE)
+    counts = tl.zeros([BE], dtype=tl.int32)
+    for c in tl.static_range(NPC):
+        pc = c * PC + tl.arange(0, PC)
+        idc = tl.load(ids_ptr + pc, mask=pc < P, other=-1)
+        counts += tl.sum((idc[:, None] == e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK - 1) // BLOCK * BLOCK
+    ends = tl.cumsum(padded, axis=0)  # [BE] end row of each expert's group
+    starts = ends - padded
+    r = tl.arange(0, BR)
+    tl.store(sorted_ptr + r, tl.zeros([BR], dtype=tl.int32) + P, mask=r < max_rows)
+    # the padding fill above must land before the scatter below overwrites some of the same rows
+    tl.debug_barrier()
+    for c in tl.static_range(NPC):
+        pc = c * PC + tl.arange(0, PC)
+        idc = tl.load(ids_ptr + pc, mask=pc < P, other=-1)
+        start = tl.sum(tl.where(idc[:, None] == e[None, :], starts[None, :], 0), axis=1)  # [PC]
+        # rank among earlier pairs of the same expert keeps the sort stable
+        rank = tl.zeros([PC], dtype=tl.int32)
+        for c2 in range(0, c + 1):
+            qc = c2 * PC + tl.arange(0, PC)
+            idq = tl.load(ids_ptr + qc, mask=qc < P, other=-2)
+            earlier = (idc[:, None] == idq[None, :]) & (qc[None, :] < pc[:, None])
+            rank += tl.sum(earlier.to(tl.int32), axis=1)
+        tl.store(sorted_ptr + start + rank, pc, mask=pc < P)
+    # block j belongs to the first expert whose group ends after row j * BLOCK (-1 past the last group)
+    j = tl.arange(0, BNB)
+    done = (ends[None, :] <= (j * BLOCK)[:, None]) & (e < E)[None, :]
+    be = tl.sum(done.to(tl.int32), axis=1)
+    tl.store(bexp_ptr + j, tl.where(be < E, be, -1), mask=j < num_blocks)
 
 
 @triton.jit
@@ -85,12 +122,28 @@ def moe_align(ids: torch.Tensor, num_experts: int, block: int = BM) -> tuple[tor
     """Sort the flat (token, slot) pairs of ids [T, k] by expert, each expert's group padded to ``block`` rows.
 
     Returns (sorted_pairs [max_rows] int32, padding = T*k; block_expert [max_rows/block] int32, -1 past the last
-    group). Sizes depend only on T*k, so no device value is read back (CUDA-graph safe).
+    group). Sizes depend only on T*k, so no device value is read back (CUDA-graph safe). Decode-sized batches
+    (T*k <= 256) take one kernel launch; larger ones a few torch ops, whose launch cost a prefill amortises.
     """
+    P = ids.numel()
+    max_rows = triton.cdiv(P + min(num_experts, P) * (block - 1), block) * block
+    if P > 256:
+        return _moe_align_torch(ids, num_experts, block, max_rows)
+    assert ids.dtype == torch.int32 and ids.is_contiguous()
+    sorted_pairs = torch.empty(max_rows, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(max_rows // block, dtype=torch.int32, device=ids.device)
+    PC = 32
+    _align_kernel[(1,)](ids, sorted_pairs, block_expert, P, num_experts, max_rows, max_rows // block, BLOCK=block,
+                        PC=PC, NPC=triton.cdiv(P, PC), BE=triton.next_power_of_2(num_experts),
+                        BR=triton.next_power_of_2(max_rows), BNB=triton.next_power_of_2(max_rows // block),
+                        num_warps=8)
+    return sorted_pairs, block_expert
+
+
+def _moe_align_torch(ids: torch.Tensor, num_experts: int, block: int,
+                     max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     flat = ids.flatten().long()
     P = flat.numel()
-    max_rows = P + min(num_experts, P) * (block - 1)
-    max_rows = triton.cdiv(max_rows, block) * block
     counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block - 1) // block * block
     ends = padded.cumsum(0)  # [E] end row of each expert's group
