@@ -17,8 +17,8 @@ from ninfer.reference import ReferenceModel
 L, F = LINEAR, FULL
 
 
-def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F)) -> Qwen35Config:
-    """hidden 32, vocab 64; on the GPU real head dims (256 attention, 128 GDN) at a small width."""
+def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F), top_k: int = 2) -> Qwen35Config:
+    """hidden 32, vocab 64; on the GPU real head dims (256 attention, 128 GDN) at a small width. MoE: 8 experts."""
     big = ON_GPU
     raw = {
         "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text", "vocab_size": 1000 if big else 64,
@@ -31,7 +31,7 @@ def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F)) -> Qw
         "max_position_embeddings": 4096, "tie_word_embeddings": not moe,
     }
     if moe:
-        raw.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128 if big else 16,
+        raw.update(num_experts=8, num_experts_per_tok=top_k, moe_intermediate_size=128 if big else 16,
                    shared_expert_intermediate_size=128 if big else 16)
     else:
         raw["intermediate_size"] = 512 if big else 64
