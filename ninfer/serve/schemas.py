@@ -10,7 +10,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ninfer.sampling.params import MAX_LOGPROBS
+from ninfer.sampling.params import MAX_LOGPROBS, SEED_END, SEED_MIN
 
 MAX_CHOICES = 8  # n: at most the lanes a server can have
 MAX_STOPS = 16
@@ -37,7 +37,7 @@ class _Sampling(_Body):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, lt=SEED_END)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM extras

@@ -1,0 +1,58 @@
+"""One generation Runtime and one scoring Runtime over the embedded random-weight model, shared by the tests;
+each test gets a fresh ServerState and TestClient over them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from ninfer.serve.app import create_app
+from ninfer.serve.state import ServerState
+from ninfer.wiring import RuntimeOptions, build_runtime
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _two_threads():
+    """Tiny model, shared 2-core box: intra-op threads only add contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def gen_runtime():
+    rt = build_runtime(RuntimeOptions(max_model_len=512, max_num_seqs=2, seed=7), progress=False)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="session")
+def score_runtime():
+    rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=256, score_window=64, score_stride=32),
+                       progress=False)
+    yield rt
+    rt.close()
+
+
+def _client(rt, **kw) -> TestClient:
+    state = ServerState(rt, rt.name if rt is not None else "pending", **kw)
+    return TestClient(create_app(state), raise_server_exceptions=False)
+
+
+@pytest.fixture
+def client(gen_runtime) -> TestClient:
+    return _client(gen_runtime)
+
+
+@pytest.fixture
+def make_client(gen_runtime):
+    def make(rt=gen_runtime, **kw) -> TestClient:
+        return _client(rt, **kw)
+    return make
+
+
+@pytest.fixture
+def score_client(score_runtime) -> TestClient:
+    return _client(score_runtime)
