@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from _fast_env import DEVICE, ON_GPU
-from ninfer.convert.default_model import random_tensors
 from ninfer.fast.memory import plan_memory
 from ninfer.fast.model import FastModel
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
+from ninfer.models.qwen3_5.params import TEXT, logical_parameters
 from ninfer.reference import ReferenceModel
 
 L, F = LINEAR, FULL
@@ -39,15 +39,29 @@ def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F), top_k
 
 
 def tiny_weights(cfg: Qwen35Config, seed: int = 3, gain: float = 0.25) -> dict[str, torch.Tensor]:
-    """The default model's random init (bf16 values) with projections rescaled to std gain/sqrt(fan_in): the init
-    std 0.02 alone leaves the sublayers nearly invisible next to the embedding at hidden 32. At gain 0.25 dropping
-    the attention layer moves the logits by ~35% and one GDN layer by ~20%, while the bf16 reference stays within
-    ~1% of the fp32 one, so the tolerances below separate rounding from wiring mistakes."""
+    """Random weights (bf16 values; A_log, dt_bias fp32) in the default model's ranges, except that projections get
+    std gain/sqrt(fan_in): at hidden 32 the default 0.02 leaves the sublayers nearly invisible next to the
+    embedding. At gain 0.25 dropping the attention layer moves the logits by ~35% and one GDN layer by ~20%, while
+    the bf16 reference stays within ~1% of the fp32 one, so the tolerances separate rounding from wiring mistakes.
+    (Made here rather than by ``convert.default_model`` so the GPU machine needs no tokenizer packages.)"""
+    g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, t in random_tensors(cfg, seed):
-        projection = t.ndim >= 2 and "embed" not in name and "conv1d" not in name
-        scale = gain / t.shape[-1] ** 0.5 / 0.02 if projection else 1.0
-        out[name] = (t.float() * scale).to(t.dtype)
+    for name, spec in logical_parameters(cfg, (TEXT,)).items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        noise = torch.randn(spec.shape, generator=g)
+        if spec.kind == "fp32":
+            a_log = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
+            out[name] = a_log if name.endswith("A_log") else noise * 0.1
+            continue
+        if spec.kind == "norm":
+            # the GDN gated norm multiplies by w, every other norm by (1 + w)
+            t = noise * 0.02 + (1.0 if name.endswith("linear_attn.norm.weight") else 0.0)
+        elif spec.kind in ("embedding", "conv"):
+            t = noise * 0.02
+        else:
+            t = noise * gain / spec.shape[-1] ** 0.5
+        out[name] = t.to(torch.bfloat16)
     return out
 
 
