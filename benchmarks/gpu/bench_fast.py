@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measure import cuda_ms, decode_floor, hbm_bandwidth  # noqa: E402
+from parity import parity  # noqa: E402
 from report import print_table  # noqa: E402
 from shapes import config, random_source  # noqa: E402
 
@@ -47,6 +48,8 @@ class Settings:
 SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), contexts=(16, 40), prefill=(64, 100))
 # the MoE model is optional: it needs about this many seconds (weights, compiles, graphs) to be worth starting
 MIN_SECONDS = {"0.8B": 40, "9B": 60, "35B-A3B": 110, "tiny": 1}
+# real-shape parity against the host reference (fp32 on the CPU): the smallest real shape keeps it to seconds
+PARITY_MODELS = ("0.8B", "tiny")
 
 
 class Run:
@@ -89,13 +92,14 @@ def build(name: str, s: Settings):
     seqs, per = max(s.batches), -(-s.max_context // 16)
     plan = plan_memory(cfg, device_budget(0.9) if on_gpu else 1 << 32, max_seqs=seqs, max_context=s.max_context,
                        page_size=16, max_prefill_tokens=max(s.prefill), max_kv_pages=seqs * per)
-    model = FastModel.build(cfg, random_source(cfg, s.device), plan, s.device, s.kernels)
+    source = random_source(cfg, s.device)
+    model = FastModel.build(cfg, source, plan, s.device, s.kernels)
     # sequence b uses slot b, table row b and its own run of pages
     for b in range(seqs):
         model.pools.block_tables[b] = torch.arange(b * per, (b + 1) * per, dtype=torch.int32, device=s.device)
     if on_gpu:
         torch.cuda.synchronize()
-    return cfg, plan, model
+    return cfg, plan, model, source
 
 
 def decode_inputs(cfg, B: int, ctx: int, device: str):
@@ -148,7 +152,7 @@ def bench_prefill(run: Run, name: str, model, entry: dict) -> None:
 def bench_model(run: Run, name: str, bw: float) -> None:
     entry = run.results["models"].setdefault(name, {})
     t = time.monotonic()
-    cfg, plan, model = build(name, run.s)
+    cfg, plan, model, source = build(name, run.s)
     entry.update(build_s=time.monotonic() - t, weight_bytes=model.weights.nbytes, plan_bytes=plan.total_bytes,
                  kv_pages=plan.num_pages, page_size=plan.page_size)
     try:
@@ -157,6 +161,8 @@ def bench_model(run: Run, name: str, bw: float) -> None:
             run.part(f"{name} prefill", bench_prefill, run, name, model, entry)
         else:
             run.results["skipped"].append(f"{name} prefill (deadline)")
+        if name in PARITY_MODELS and run.left() > 60:
+            entry["parity"] = run.part(f"{name} parity", parity, model, source)
         if run.s.device == "cuda":
             entry["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             entry["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()

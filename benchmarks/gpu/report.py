@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+HF_ANCHORS = ("9B decode B=1 53.2 ms, B=8 67.2 ms/step, prefill 2048 87 ms, 8192 287 ms; 0.8B decode B=1 48.6 ms, "
+              "B=8 54.9 ms/step, prefill 2048 49 ms, 8192 67 ms; 35B-A3B decode B=1 119.7 ms, B=8 108.1 ms/step, "
+              "prefill 2048 170 ms")
+
 
 def _f(x, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
@@ -30,6 +34,14 @@ def print_table(r: dict) -> None:
     for name, m in r.get("models", {}).items():
         for p in m.get("prefill", []):
             print(f"  {name:8} T={p['T']:>5}: {p['ms']:8.1f} ms  {p['tok_s']:>9.0f} tok/s  finite={p['finite']}")
+    for name, m in r.get("models", {}).items():
+        par = m.get("parity")
+        if par:
+            errs = ", ".join(f"{e:.2e}" for e in par["rel_rms"])
+            print(f"parity {name} (fast bf16{' + graphs' if par['graphs'] else ''} vs reference fp32, prefill "
+                  f"{par['prompt_len']} then {par['steps']} decodes): rel RMS [{errs}], top-1 agree "
+                  f"{sum(par['top1_agree'])}/{len(par['top1_agree'])}")
+    print(f"HF transformers + fla on an H200 (perf-anchors.md section 9): {HF_ANCHORS}")
     print("memory")
     for name, m in r.get("models", {}).items():
         gib = lambda k: _f((m.get(k) or 0) / 2**30)  # noqa: E731

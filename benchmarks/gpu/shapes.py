@@ -1,10 +1,13 @@
 """Real Qwen3.5 shapes (qwen35-architecture.md section 1.2) and random bf16 weights made directly on the device.
 
 Weights are generated parameter by parameter on the GPU (never on the host, never downloaded), so a 9B or 35B
-model is ready in seconds; the values only need to be finite and in a realistic range for timing.
+model is ready in seconds. Timing needs only finite values in a realistic range; the parity check also needs the
+same value for the same name, whatever the order of requests.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 
@@ -41,15 +44,17 @@ def config(name: str) -> Qwen35Config:
     return Qwen35Config.from_hf({**_COMMON, **SHAPES[name]})
 
 
-def random_source(cfg: Qwen35Config, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """``source(logical_name)`` for ``load_fast_weights``: a fresh random device tensor per call. Projections get
-    std 1/sqrt(fan_in) so activations keep unit scale through 40 layers; norms are zero-centred (the GDN gated
-    norm's plain weight is one); A_log gives decay rates exp(A_log) in [1, 16] like HF's init."""
+def random_source(cfg: Qwen35Config, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                  gain: float = 0.25):
+    """``source(logical_name)`` for ``load_fast_weights``: a random device tensor, the same for the same name
+    whatever the call order (so the parity check can rebuild any weight). Projections get std
+    gain/sqrt(fan_in), which keeps activations tame through 40 layers; norms are zero-centred (the GDN gated norm's
+    plain weight is one); A_log gives decay rates exp(A_log) in [1, 16] like HF's init."""
     specs = logical_parameters(cfg, (TEXT,))
-    gen = torch.Generator(device=device).manual_seed(seed)
 
     def source(name: str) -> torch.Tensor:
         spec = specs[name]
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         if spec.kind == "fp32":
             t = torch.empty(spec.shape, device=device, dtype=torch.float32)
             if name.endswith("A_log"):
@@ -58,7 +63,7 @@ def random_source(cfg: Qwen35Config, device: torch.device | str, dtype: torch.dt
         if spec.kind == "norm":
             one = name.endswith("linear_attn.norm.weight")
             return torch.full(spec.shape, 1.0 if one else 0.0, device=device, dtype=dtype)
-        std = 0.02 if spec.kind == "embedding" else spec.shape[-1] ** -0.5
+        std = 0.02 if spec.kind in ("embedding", "conv") else gain * spec.shape[-1] ** -0.5
         return torch.empty(spec.shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
 
     return source
