@@ -259,3 +259,15 @@ def test_draft_columns_cross_think_end(fe, tok):
     before, after = (set(allowed(out[i]).tolist()) for i in (think_end, think_end + 2))
     assert 248069 in before and tok.token_to_id("hello") in before  # reasoning: free text or </think>
     assert tok.token_to_id("hello") not in after and tok.token_to_id("{") in after  # the answer: JSON only
+
+
+def test_length_bounded_strings_admit_no_raw_control_characters(fe, tok):
+    # XGrammar 0.2.9 alone lets NUL into '{"type": "string", "maxLength": 5}'; the Frontend rewrites the bound.
+    schema = {"type": "object", "properties": {"s": {"type": "string", "minLength": 1, "maxLength": 3}},
+              "required": ["s"]}
+    s = open_structured(fe, response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    s.commit(s.preview(tok.encode('{"s": "')))
+    with pytest.raises(EngineFailure):
+        s.preview(tok.encode("\x00"))
+    stream(s, tok.encode('毕ab"}') + [IM_END])
+    assert json.loads(s.result().content) == {"s": "毕ab"}

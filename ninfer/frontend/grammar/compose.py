@@ -21,13 +21,39 @@ from xgrammar.structural_tag import (AnyTextFormat, ConstStringFormat, JSONSchem
                                      StructuralTag, TagFormat, TagsWithSeparatorFormat, TriggeredTagsFormat)
 
 from ..messages import ToolSpec
-from .options import StructuredOutputOptions
+from .options import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_VALUES, StructuredOutputOptions
 
 THINK_END = "</think>"
 THINK_SUFFIX = "\n\n"
 CALL_TRIGGER = "<tool_call>\n<function="
 CALL_END = "\n</function>\n</tool_call>"
 REASONING_EXCLUDES = ["<think>", "</think>"]
+
+
+def json_safe(schema: Any) -> Any:
+    """`schema` with string length bounds rewritten as an equivalent `pattern`.
+
+    NOTE: XGrammar 0.2.9 admits raw control characters (NUL, tab, ...) inside JSON strings that carry
+    minLength/maxLength, which is not JSON; its `pattern` strings never do. `^.{min,max}$` counts code points as
+    JSON Schema does; the strings it admits carry no escapes, a subset of what the schema allows.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: json_safe(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [json_safe(sub) for sub in out[key]]
+    for key in SCHEMA_VALUES:
+        if key in out:
+            out[key] = json_safe(out[key])
+    bounded = "minLength" in out or "maxLength" in out
+    if bounded and not {"pattern", "format", "enum", "const"} & out.keys():
+        low, high = out.pop("minLength", 0), out.pop("maxLength", None)
+        out["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
+    return out
 
 
 def tool_tag(tool: ToolSpec) -> TagFormat:
@@ -38,7 +64,7 @@ def tool_tag(tool: ToolSpec) -> TagFormat:
 
 def _answer(options: StructuredOutputOptions) -> Any:
     fmt = options.response_format
-    final = JSONSchemaFormat(json_schema=fmt.final_schema()) if fmt.is_json else None
+    final = JSONSchemaFormat(json_schema=json_safe(fmt.final_schema())) if fmt.is_json else None
     tools = options.callable_tools
     if not tools:
         return final if final is not None else AnyTextFormat(excludes=REASONING_EXCLUDES)
