@@ -17,9 +17,10 @@ def print_table(r: dict) -> None:
     print(f"ninfer fast path on {r.get('device')} (torch {r.get('torch')}); HBM copy {_f(bw.get('copy_tb_s'))} TB/s, "
           f"read {_f(bw.get('read_tb_s'))} TB/s; wall {_f(r.get('wall_s'), '{:.0f}')} s")
     print(f"GPU tests: {r.get('pytest')}")
-    print("decode (random bf16 weights; ms per step of B tokens; floor = bytes moved / copy bandwidth)")
+    print("decode (random bf16 weights; ms per step of B tokens; floor = bytes one step must move / copy bandwidth;"
+          " floor % = floor / best measured)")
     print(f"{'model':8} {'ctx':>5} {'B':>2} {'eager ms':>9} {'graph ms':>9} {'ms/token':>9} {'tok/s':>8} "
-          f"{'floor ms':>9} {'floor %':>8} {'finite':>6}")
+          f"{'floor ms':>9} {'floor/tok':>9} {'floor %':>8} {'finite':>6}")
     for name, m in r.get("models", {}).items():
         for d in m.get("decode", []):
             g = d.get("graph_ms")
@@ -29,7 +30,7 @@ def print_table(r: dict) -> None:
             tok_s = d["B"] * 1e3 / best if best else None
             print(f"{name:8} {d['ctx']:>5} {d['B']:>2} {_f(d.get('eager_ms')):>9} {_f(g):>9} "
                   f"{_f(per_token, '{:.3f}'):>9} {_f(tok_s, '{:.0f}'):>8} {_f(d['floor_ms'], '{:.3f}'):>9} "
-                  f"{_f(pct, '{:.0f}%'):>8} {str(d.get('finite', '-')):>6}")
+                  f"{_f(d['floor_ms'] / d['B'], '{:.3f}'):>9} {_f(pct, '{:.0f}%'):>8} {str(d.get('finite', '-')):>6}")
     print("prefill (one sequence, one piece)")
     for name, m in r.get("models", {}).items():
         for p in m.get("prefill", []):
