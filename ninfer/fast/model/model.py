@@ -82,8 +82,9 @@ class FastModel:
         for s in range(0, T, piece):
             hidden = self._layers(tokens[s:s + piece], self._prefill_inputs(min(piece, T - s), slot_id,
                                                                              block_table_row, start_pos + s))
-            outs.append(self.logits(hidden if all_logits else hidden[-1:]))
-        return torch.cat(outs) if all_logits else outs[-1][0]
+            if all_logits:
+                outs.append(self.logits(hidden))
+        return torch.cat(outs) if all_logits else self.logits(hidden[-1:])[0]
 
     def _prefill_inputs(self, n: int, slot: int, row: int, start: int) -> StepInputs:
         dev, ps = self.device, self.plan.page_size
