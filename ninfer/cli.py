@@ -156,6 +156,51 @@ def score(input_file, output, runtime: dict, score_window: int | None, score_str
 
 
 @main.group()
+def bench() -> None:
+    """Benchmarks against running servers."""
+
+
+@bench.command("serve")
+@click.option("--base-url", default=None, help="e.g. http://127.0.0.1:8000 (default: http://HOST:PORT).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--endpoint", default="/v1/completions", show_default=True,
+              type=click.Choice(["/v1/completions", "/v1/chat/completions"]))
+@click.option("--model", default=None, help="Model id (default: the first of GET /v1/models).")
+@click.option("--num-prompts", default=20, show_default=True, type=click.IntRange(1))
+@click.option("--max-concurrency", default=None, type=click.IntRange(1))
+@click.option("--request-rate", default=float("inf"), show_default=True, type=float,
+              help="Requests per second, Poisson arrivals (inf: all at once).")
+@click.option("--random-input-len", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--random-output-len", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--metric-percentiles", default="50,90,99", show_default=True)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--api-key", envvar="NINFER_API_KEY", default=None)
+@click.option("--save-result", type=click.Path(dir_okay=False), default=None, help="Write the summary as JSON.")
+def bench_serve(base_url, host, port, endpoint, model, num_prompts, max_concurrency, request_rate, random_input_len,
+                random_output_len, metric_percentiles, seed, api_key, save_result) -> None:
+    """TTFT, TPOT, ITL and end-to-end latency percentiles against any OpenAI-compatible endpoint."""
+    import asyncio
+    import json
+
+    from ninfer.serve.bench import BenchConfig, format_summary, run_bench, summarize
+
+    try:
+        percentiles = tuple(float(p) for p in metric_percentiles.split(","))
+    except ValueError:
+        raise click.BadParameter("comma-separated numbers, e.g. 50,90,99", param_hint="--metric-percentiles")
+    cfg = BenchConfig(base_url or f"http://{host}:{port}", endpoint, model, num_prompts, max_concurrency,
+                      request_rate, random_input_len, random_output_len, seed, api_key)
+    records, duration = asyncio.run(run_bench(cfg))
+    summary = summarize(records, duration, percentiles)
+    click.echo(format_summary(summary))
+    if save_result:
+        Path(save_result).write_text(json.dumps(summary, indent=2))
+    if summary["completed"] == 0:
+        raise click.ClickException("no request completed")
+
+
+@main.group()
 def oracle() -> None:
     """Differential checks: HF transformers vs the reference Program."""
 

@@ -1,0 +1,87 @@
+"""The `ninfer` commands that run a model, in-process through click's runner with the embedded random model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ninfer.cli import main
+
+SMALL = ["--no-progress", "--max-model-len", "256", "--max-num-seqs", "1"]
+
+
+@pytest.fixture
+def run():
+    def invoke(*args: str, input: str | None = None, env: dict | None = None):
+        return CliRunner().invoke(main, list(args), input=input, env=env, catch_exceptions=False)
+    return invoke
+
+
+def test_help_lists_commands_and_env_vars(run):
+    out = run("--help").output
+    for cmd in ("generate", "chat", "serve", "score", "bench", "convert", "inspect", "oracle"):
+        assert cmd in out
+    serve_help = run("serve", "--help").output
+    for flag in ("--host", "--port", "--served-model-name", "--max-model-len", "--context-length", "--max-num-seqs",
+                 "--gpu-memory-utilization", "--api-key", "--no-enable-prefix-caching", "--speculative-config",
+                 "--default-chat-template-kwargs", "--seed", "--purpose", "--program", "--model-id",
+                 "NINFER_PORT", "NINFER_MAX_NUM_SEQS"):
+        assert flag in serve_help, flag
+
+
+def test_generate_streams_and_says_the_weights_are_random(run):
+    result = run("generate", "Hello", "-n", "3", "--no-think", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "RANDOM weights" in result.stderr and "ready:" in result.stderr
+    assert "3 generated" in result.stderr and "finish=length" in result.stderr
+
+
+def test_generate_shows_reasoning_apart(run):
+    result = run("generate", "Hello", "-n", "2", "--think", *SMALL)
+    assert result.exit_code == 0
+    assert "[thinking]" in result.stderr  # thinking on: the tokens are reasoning, dimmed on stderr
+    assert result.stdout.strip() == ""  # and never mixed into the answer on stdout
+
+
+def test_chat_keeps_history_and_switches_thinking(run):
+    result = run("chat", "-n", "2", *SMALL, input="hi\n/no_think\nagain\n/exit\n")
+    assert result.exit_code == 0, result.output
+    stats = [line for line in result.stderr.splitlines() if "prompt tokens" in line]
+    assert len(stats) == 2
+    first, second = (int(s.split("[")[1].split()[0]) for s in stats)
+    assert second > first  # the second turn's prompt carries the first turn
+    assert "thinking off" in result.stderr
+
+
+def test_bad_options_fail_cleanly(run):
+    fast = run("generate", "x", "--program", "fast", *SMALL)
+    assert fast.exit_code == 1 and "--program fast is not available" in fast.stderr
+    bad_env = run("generate", "x", env={"NINFER_MAX_NUM_SEQS": "9"})
+    assert bad_env.exit_code == 2 and "NINFER_MAX_NUM_SEQS" in bad_env.stderr
+    spec = run("generate", "x", "--speculative-config", "{nope", *SMALL)
+    assert spec.exit_code == 1 and "--speculative-config is not valid JSON" in spec.stderr
+    mtp = run("generate", "x", "--speculative-config", '{"method": "mtp"}', *SMALL)
+    assert mtp.exit_code == 1 and "no speculative backend" in mtp.stderr
+
+
+def test_env_vars_mirror_flags(run):
+    result = run("generate", "x", "-n", "1", "--no-progress", env={"NINFER_MAX_MODEL_LEN": "128",
+                                                                   "NINFER_SERVED_MODEL_NAME": "my-model"})
+    assert result.exit_code == 0
+    assert "ready: my-model" in result.stderr and "context 128" in result.stderr
+
+
+def test_score_jsonl(run, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "text": "hello world again"}) + "\n\n" + json.dumps({"tokens": [5]}) + "\n"
+                   + "not json\n")
+    result = run("score", str(src), "--no-progress", "--score-window", "8")
+    assert result.exit_code == 1 and "1 line(s) could not be scored" in result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert rows[0]["id"] == "a" and rows[0]["logprobs"][0] is None
+    assert rows[0]["total_logprob"] == pytest.approx(sum(rows[0]["logprobs"][1:]))
+    assert rows[0]["scored_tokens"] == len(rows[0]["tokens"]) - 1 == 2
+    assert rows[1]["scored_tokens"] == 0 and rows[1]["total_logprob"] == 0
+    assert rows[2] == {"line": 4, "error": rows[2]["error"]}
