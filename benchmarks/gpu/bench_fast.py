@@ -161,11 +161,16 @@ def bench_model(run: Run, name: str, bw: float) -> None:
             run.part(f"{name} prefill", bench_prefill, run, name, model, entry)
         else:
             run.results["skipped"].append(f"{name} prefill (deadline)")
-        if name in PARITY_MODELS and run.left() > 60:
-            entry["parity"] = run.part(f"{name} parity", parity, model, source)
         if run.s.device == "cuda":
             entry["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             entry["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            # what the plan's workspace estimate has to cover: everything above weights and pools
+            resident = model.weights.nbytes + plan.kv_bytes + plan.state_bytes + plan.table_bytes
+            entry.update(transient_peak_bytes=entry["peak_allocated_bytes"] - resident,
+                         workspace_planned_bytes=plan.workspace_bytes)
+        # after the memory numbers: the parity check's own weight copies are not the engine's memory
+        if name in PARITY_MODELS and run.left() > 60:
+            entry["parity"] = run.part(f"{name} parity", parity, model, source)
     finally:
         del model
         if run.s.device == "cuda":

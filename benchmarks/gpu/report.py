@@ -48,7 +48,9 @@ def print_table(r: dict) -> None:
         gib = lambda k: _f((m.get(k) or 0) / 2**30)  # noqa: E731
         print(f"  {name:8} weights {gib('weight_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
               f"{gib('peak_allocated_bytes')} GiB, peak reserved {gib('peak_reserved_bytes')} GiB, "
-              f"graph capture {_f(m.get('graph_capture_s'), '{:.1f}')} s, build {_f(m.get('build_s'), '{:.1f}')} s")
+              f"transient peak {gib('transient_peak_bytes')} GiB vs planned workspace "
+              f"{gib('workspace_planned_bytes')} GiB, graph capture {_f(m.get('graph_capture_s'), '{:.1f}')} s, "
+              f"build {_f(m.get('build_s'), '{:.1f}')} s")
     for what in r.get("skipped", []):
         print(f"SKIPPED {what}")
     for part, err in r.get("errors", {}).items():
