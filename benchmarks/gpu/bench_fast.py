@@ -59,7 +59,8 @@ class Run:
         self.deadline = self.t0 + deadline_s
         self.out = Path(out_dir) / "bench_fast.json" if out_dir else None
         self.results: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
-                              "torch": torch.__version__, "errors": {}, "skipped": [], "models": {}}
+                              "torch": torch.__version__, "errors": {}, "skipped": [], "models": {},
+                              "pytest": os.environ.get("NINFER_PYTEST_SUMMARY", "not run")}
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -188,6 +189,7 @@ def main() -> int:
     models = ["tiny"] if args.smoke else args.models.split(",")
     if not args.smoke and not torch.cuda.is_available():
         run.results["errors"]["setup"] = "no CUDA device"
+        run.save()
         print_table(run.results)
         return 1
     bw = (run.part("bandwidth", hbm_bandwidth) or {}) if not args.smoke else {}
@@ -197,7 +199,6 @@ def main() -> int:
             run.results["skipped"].append(f"{name} (deadline: {run.left():.0f}s left)")
             continue
         run.part(name, bench_model, run, name, bw.get("copy_tb_s", 0.0))
-    run.results["pytest"] = os.environ.get("NINFER_PYTEST_SUMMARY", "not run")
     run.results["wall_s"] = time.monotonic() - run.t0
     run.save()
     print_table(run.results)
