@@ -48,7 +48,6 @@ class FastModel:
     def device(self) -> torch.device:
         return self.weights.embed.device
 
-    # ---- decode ------------------------------------------------------------------------------------------------
     def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, block_table_rows: torch.Tensor,
                context_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token for each of B sequences. tokens [B]; slot_ids [B] int32 GDN slots; block_table_rows [B] rows of
@@ -63,7 +62,6 @@ class FastModel:
         hidden = self._layers(tokens, step)
         return self.logits(hidden)
 
-    # ---- prefill -----------------------------------------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
                 all_logits: bool = False) -> torch.Tensor:
         """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The
@@ -97,7 +95,6 @@ class FastModel:
                           cu_seqlens=torch.tensor([0, n], **i32), prefix_lens=torch.tensor([start], **i32),
                           prefill_slot=slot)
 
-    # ---- shared body -------------------------------------------------------------------------------------------
     def _layers(self, tokens: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H].
 
