@@ -295,3 +295,15 @@ def test_backfill_proof(make_program, prompt_of):
     assert not prog.backfill_feasible(head, [], small)  # the donor stays: 10 + 2 + 10 > 20
     big = ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(30), max_new_tokens=12)  # 11 pages
     assert not prog.backfill_feasible(head, [donor], big)  # the borrower's full reservation leaves 9
+
+
+def test_boundary_snapshots_stay_within_the_checkpoint_allowance(make_program, prompt_of):
+    prog = make_program(max_concurrency=1, checkpoint_slots=1)
+    h = materialize(prog, prompt_of(150, seed=3), max_new=2).handle
+    generate(prog, h, 1, chunk=150)
+    assert len(prog.slots.free) == 0  # live, prompt-end snapshot, one boundary snapshot: 128 was skipped
+    assert sorted(i.tokens for i in capture(prog, h)) == [64, 150]
+    finish(prog, h)
+    # Both checkpoints are inactive now: an admission from root may release them.
+    r = materialize(prog, prompt_of(20, seed=4), victims=tuple(prog.ckpts))
+    assert r.handle is not None
