@@ -17,13 +17,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def session_cache_dir(tmp_path_factory):
+    """One cache directory per test session: the tokenizer JSON and the default model are built once in it."""
+    path = tmp_path_factory.getbasetemp() / "ninfer-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _private_cache_dir(tmp_path_factory):
-    """No test writes to the user's cache: the tokenizer and default model are built once per test session."""
-    if "NINFER_CACHE_DIR" in os.environ:
-        yield
-        return
+def _private_cache_dir(session_cache_dir):
+    """No test writes to the user's cache."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("NINFER_CACHE_DIR", str(tmp_path_factory.mktemp("ninfer-cache")))
+    mp.setenv("NINFER_CACHE_DIR", str(session_cache_dir))
     yield
     mp.undo()

@@ -10,22 +10,8 @@ from ninfer.convert.default_model import default_model_path
 
 
 @pytest.fixture(scope="session")
-def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # One directory per test session, shared by tests/tokenizer and tests/default_model, so the tokenizer
-    # JSON (seconds to build) is built once per session.
-    path = tmp_path_factory.getbasetemp() / "ninfer-cache"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture(scope="session")
-def model_path(session_cache_dir: Path) -> Path:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NINFER_CACHE_DIR", str(session_cache_dir))
-    try:
-        return default_model_path()
-    finally:
-        mp.undo()
+def model_path() -> Path:
+    return default_model_path()  # into the session cache dir set by tests/conftest.py
 
 
 @pytest.fixture(scope="session")

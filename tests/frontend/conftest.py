@@ -21,20 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
-def frontend_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "ninfer-cache"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture(scope="session")
-def tok(frontend_cache_dir: Path) -> Qwen35Tokenizer:
-    mp = pytest.MonkeyPatch()
-    mp.setenv("NINFER_CACHE_DIR", str(frontend_cache_dir))
-    try:
-        return Qwen35Tokenizer.load(build_qwen35_tokenizer_json())
-    finally:
-        mp.undo()
+def tok() -> Qwen35Tokenizer:
+    return Qwen35Tokenizer.load(build_qwen35_tokenizer_json())  # session cache dir: tests/conftest.py
 
 
 @pytest.fixture(scope="session")
