@@ -24,10 +24,15 @@ def test_kv_pool_gets_exactly_what_the_budget_leaves():
 
 
 def test_too_small_a_budget_names_what_is_missing():
+    # The budget leaves about 10 KV pages after everything fixed; one 100-token sequence needs 25. Sized from the
+    # config (which is larger on a GPU), not as a multiple of the weights.
     cfg = tiny_config()
+    page = 4 * kv_bytes_per_token_all_layers(cfg, "float32")
+    fixed = (weight_bytes(cfg, "float32") + 3 * gdn_state_bytes_per_sequence(cfg, "float32")
+             + workspace_bytes(cfg, 64, 2, torch.float32))
     with pytest.raises(MemoryError, match="needs 25"):
-        plan_memory(cfg, weight_bytes(cfg, "float32") * 2, max_seqs=2, max_context=100, page_size=4,
-                    dtype=torch.float32, max_prefill_tokens=64)
+        plan_memory(cfg, fixed + 10 * page, max_seqs=2, max_context=100, page_size=4, dtype=torch.float32,
+                    max_prefill_tokens=64)
 
 
 def test_pools_have_the_planned_geometry_and_a_dummy_row():
