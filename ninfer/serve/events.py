@@ -65,6 +65,8 @@ async def choice_events(handles: Sequence[GenerationHandle], metrics=None,
     finally:
         for i, h in enumerate(handles):
             h.close()
+            if phase[i] != "done" and metrics is not None:
+                metrics.count_finished("cancelled")  # the client left before this choice ended
             _move(metrics, phase, i, "done")
 
 

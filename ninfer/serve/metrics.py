@@ -88,6 +88,10 @@ class Metrics:
             self.waiting += waiting
             self.running += running
 
+    def count_finished(self, reason: str) -> None:
+        with self.lock:
+            self.finished[reason] = self.finished.get(reason, 0) + 1
+
     def reject(self, code: str) -> None:
         with self.lock:
             self.rejected[code] = self.rejected.get(code, 0) + 1

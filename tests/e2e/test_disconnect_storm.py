@@ -1,0 +1,84 @@
+"""Many clients drop mid-request (streaming after a chunk, streaming before any, non-streaming while waiting):
+every dropped request is cancelled, Engine capacity and the Program's pages and slots return to their baseline,
+and the server still answers. Loopback only, bounded count and time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from ninfer.serve.app import create_app
+from ninfer.serve.state import ServerState
+from ninfer.wiring import RuntimeOptions, build_runtime
+
+CLIENTS = 16
+# Finishing naturally would take 16 x 200 tokens over 4 lanes (minutes here); cancellation settles in seconds.
+SETTLE_S = 20
+
+
+@pytest.fixture(scope="module")
+def storm_runtime(_default_model_built):
+    # No prefix caching: a finished request then leaves nothing behind, so "baseline" is exact.
+    rt = build_runtime(RuntimeOptions(max_model_len=256, max_num_seqs=4, enable_prefix_caching=False),
+                       progress=False)
+    yield rt
+    rt.close()
+
+
+async def _drop_after_first_chunk(client: httpx.AsyncClient, i: int) -> str:
+    body = {"messages": [{"role": "user", "content": f"storm {i}"}], "max_tokens": 200, "stream": True}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and '"delta":{"role"' not in line:
+                return "dropped after output"
+    return "finished"
+
+
+async def _drop_before_output(client: httpx.AsyncClient, i: int) -> str:
+    body = {"prompt": f"storm {i} " * 20, "max_tokens": 150, "stream": True}
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+    return "dropped at headers"
+
+
+async def _drop_while_waiting(client: httpx.AsyncClient, i: int) -> str:
+    body = {"messages": [{"role": "user", "content": f"wait {i}"}], "max_tokens": 200}
+    try:
+        await asyncio.wait_for(client.post("/v1/chat/completions", json=body), 1.0)
+    except asyncio.TimeoutError:
+        return "dropped while waiting"
+    return "finished"
+
+
+async def _storm(url: str) -> list[str]:
+    kinds = (_drop_after_first_chunk, _drop_before_output, _drop_while_waiting)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        return await asyncio.gather(*(kinds[i % 3](client, i) for i in range(CLIENTS)))
+
+
+def test_disconnect_storm_returns_to_baseline(storm_runtime, thread_server):
+    rt = storm_runtime
+    program = rt.engine.core.program  # the test may look; the Gateway never does
+    baseline = program.resource_usage()
+    state = ServerState(rt, rt.name)
+    with thread_server(create_app(state)) as server:
+        outcomes = asyncio.run(_storm(server.url))
+        assert outcomes.count("finished") == 0, outcomes
+        deadline = time.monotonic() + SETTLE_S
+        while (rt.engine.outstanding or state.metrics.running or state.metrics.waiting) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert rt.engine.outstanding == 0
+        assert (state.metrics.waiting, state.metrics.running) == (0, 0)
+        after = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                           json={"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 2})
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 2
+        metrics = httpx.get(f"{server.url}/metrics").text
+    assert program.resource_usage() == baseline
+    cancelled = next(line for line in metrics.splitlines() if line.startswith('ninfer:request_finished_total'
+                                                                               '{reason="cancelled"}'))
+    assert int(cancelled.split()[-1]) == CLIENTS  # every drop reached the Engine as a cancellation
