@@ -23,6 +23,7 @@ from ninfer.contracts import (FinishReason, GenerationResult, GenerationStart, O
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine, GenerationHandle
 from ninfer.engine.records import GenerationRequest
+from ninfer.sampling import SamplingParams
 
 from .faults import FAULTABLE, FaultyProgram
 from .sessions import TokenSession
@@ -96,7 +97,7 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
 
         def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout):
             out = TokenSession(max_tokens, think_budget=think, commit_guard=self.program.check_no_pending_batch)
-            req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else _Sampled(0.7),
+            req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else SamplingParams(temperature=0.7),
                                     seed=seed if seed is not None else 0, session_key=session_key,
                                     deadline=None if deadline is None else self.clock.now + deadline,
                                     queue_timeout=timeout)
@@ -221,10 +222,3 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
             assert result.token_ids == self.solo_cache[key], "output depends on the schedule"
 
     return EngineMachine
-
-
-@dataclass(frozen=True)
-class _Sampled:
-    """A non-greedy sampling setting: Programs read `temperature`; the token still depends only on seed+position."""
-
-    temperature: float

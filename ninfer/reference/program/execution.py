@@ -36,16 +36,12 @@ class Provisional:
 
 
 def sampling_params(sampling: Any) -> SamplingParams:
-    """The request's SamplingParams; None is greedy. Any other object with a `temperature` (the Engine
-    harness's stand-in) means plain temperature sampling."""
+    """The request's SamplingParams; None is greedy."""
     if sampling is None:
         return SamplingParams(temperature=0.0)
     if isinstance(sampling, SamplingParams):
         return sampling
-    temperature = getattr(sampling, "temperature", None)
-    if temperature is None:
-        raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
-    return SamplingParams(temperature=float(temperature))
+    raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
 
 
 # ---- state between the stores and the model ----------------------------------------------------------------
