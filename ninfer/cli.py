@@ -174,11 +174,12 @@ def bench() -> None:
 @click.option("--random-input-len", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--random-output-len", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--metric-percentiles", default="50,90,99", show_default=True)
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the random prompts.")
+@click.option("--temperature", default=0.0, show_default=True, type=float)
 @click.option("--api-key", envvar="NINFER_API_KEY", default=None)
 @click.option("--save-result", type=click.Path(dir_okay=False), default=None, help="Write the summary as JSON.")
 def bench_serve(base_url, host, port, endpoint, model, num_prompts, max_concurrency, request_rate, random_input_len,
-                random_output_len, metric_percentiles, seed, api_key, save_result) -> None:
+                random_output_len, metric_percentiles, seed, temperature, api_key, save_result) -> None:
     """TTFT, TPOT, ITL and end-to-end latency percentiles against any OpenAI-compatible endpoint."""
     import asyncio
     import json
@@ -190,7 +191,7 @@ def bench_serve(base_url, host, port, endpoint, model, num_prompts, max_concurre
     except ValueError:
         raise click.BadParameter("comma-separated numbers, e.g. 50,90,99", param_hint="--metric-percentiles")
     cfg = BenchConfig(base_url or f"http://{host}:{port}", endpoint, model, num_prompts, max_concurrency,
-                      request_rate, random_input_len, random_output_len, seed, api_key)
+                      request_rate, random_input_len, random_output_len, seed, api_key, temperature)
     records, duration = asyncio.run(run_bench(cfg))
     summary = summarize(records, duration, percentiles)
     click.echo(format_summary(summary))

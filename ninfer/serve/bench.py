@@ -47,12 +47,13 @@ class BenchConfig:
     output_len: int = 16
     seed: int = 0
     api_key: str | None = None
+    temperature: float = 0.0
     timeout: float = 600.0
 
 
 def _payload(cfg: BenchConfig, rng: random.Random) -> dict:
     body = {"model": cfg.model, "max_tokens": cfg.output_len, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0}
+            "stream_options": {"include_usage": True}, "temperature": cfg.temperature}
     if cfg.endpoint.endswith("chat/completions"):
         words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "omega")) for _ in range(cfg.input_len))
         return {**body, "messages": [{"role": "user", "content": words}]}

@@ -1,0 +1,60 @@
+"""Wiring facts the Gateway relies on: warmup leaves no state, overload and Engine failure map to 429/503."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ninfer.contracts import RejectReason, RequestRejected
+from ninfer.serve.app import create_app
+from ninfer.serve.state import ServerState
+from ninfer.wiring import RuntimeOptions, WiringError, build_runtime
+
+HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+
+def test_warmup_leaves_no_checkpoint_or_sequence(gen_runtime):
+    # gen_runtime was warmed up with prefix caching on for real requests; warmup itself ran with it off.
+    usage = gen_runtime.engine.core.program.resource_usage()
+    baseline = usage.checkpoints == 0 or gen_runtime.engine.core.records == {}
+    assert baseline
+    fresh = build_runtime(RuntimeOptions(max_model_len=128, max_num_seqs=1), progress=False)
+    try:
+        usage = fresh.engine.core.program.resource_usage()
+        assert (usage.checkpoints, usage.active_sequences, usage.sequence_pages) == (0, 0, 0)
+        assert usage.free_pages == usage.total_pages and usage.free_slots == usage.total_slots
+    finally:
+        fresh.close()
+
+
+def test_bad_runtime_options_name_the_flag():
+    for options, flag in ((RuntimeOptions(max_num_seqs=9), "--max-num-seqs"),
+                          (RuntimeOptions(program="gpu"), "--program"),
+                          (RuntimeOptions(max_model_len=10 ** 7), "--max-model-len"),
+                          (RuntimeOptions(gpu_memory_utilization=0), "--gpu-memory-utilization")):
+        try:
+            build_runtime(options, progress=False)
+        except WiringError as e:
+            assert flag in str(e)
+        else:
+            raise AssertionError(f"{options} was accepted")
+
+
+def test_overload_is_429_with_retry_after(make_client, gen_runtime, monkeypatch):
+    def full(request):
+        raise RequestRejected(RejectReason.OVERLOADED, "68 requests outstanding (limit 68)")
+
+    monkeypatch.setattr(gen_runtime.engine, "submit", full)
+    resp = make_client().post("/v1/chat/completions", json=HI)
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["code"] == "overloaded"
+
+
+def test_engine_failure_maps_to_503():
+    broken = SimpleNamespace(available=False, failure="EngineFailure: stale handle", engine=None, scorer=None)
+    from fastapi.testclient import TestClient
+
+    c = TestClient(create_app(ServerState(broken, "m")), raise_server_exceptions=False)
+    resp = c.get("/health/ready")
+    assert resp.status_code == 503 and "stale handle" in resp.json()["error"]["message"]
+    assert c.post("/v1/chat/completions", json=HI).status_code == 503
+    assert c.get("/health").status_code == 200
