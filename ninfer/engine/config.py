@@ -13,6 +13,7 @@ class EngineConfig:
     concurrent_prefill: bool = False  # admit while another request is still in staged prefill
     prefix_caching: bool = True
     queue_timeout: float | None = None  # default seconds a request may wait before admission
+    max_cached_checkpoints: int | None = None  # inactive checkpoints kept at most (None: only pressure evicts)
     check_invariants: bool = False  # run every check_invariants() after each boundary (tests, debugging)
 
     def __post_init__(self) -> None:
@@ -22,6 +23,8 @@ class EngineConfig:
             raise ValueError(f"queue_bound must be >= 0, got {self.queue_bound}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.max_cached_checkpoints is not None and self.max_cached_checkpoints < 0:
+            raise ValueError(f"max_cached_checkpoints must be >= 0, got {self.max_cached_checkpoints}")
         if self.queue_timeout is not None and self.queue_timeout <= 0:
             raise ValueError(f"queue_timeout must be positive, got {self.queue_timeout}")
 

@@ -100,6 +100,13 @@ class ResourceManager:
             return None
         return ResourceChoice(TransitionKind.CAPTURE, handle=handle, capture_at=frontier, victims=self.victims())
 
+    def eviction_choice(self, cap: int | None) -> ResourceChoice | None:
+        """Retention policy: past `cap` inactive checkpoints, delete the first ones in release order."""
+        if cap is None or len(self.catalog) <= cap:
+            return None
+        victims = self.victims()[:len(self.catalog) - cap]
+        return ResourceChoice(TransitionKind.DELETE, victims=victims) if victims else None
+
     def terminal_choice(self, handle: SequenceHandle, frontier: int, session_key: str | None,
                         succeeded: bool) -> ResourceChoice:
         """Retain a finished conversation for its session key; release everything otherwise."""

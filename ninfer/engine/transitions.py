@@ -17,7 +17,7 @@ _SUCCESS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
 
 def next_settlement(core: "EngineCore") -> bool:
     """Start at most one transition: a terminal request's pending capture, then its retain/release (lanes free
-    up first), then captures of active requests."""
+    up first), then captures of active requests, then deletions past the retention cap."""
     terminal = [r for r in core.records.values() if r.state is RequestState.TERMINAL_PENDING]
     for rec in terminal:
         if rec.capture_pending and _start_capture(core, rec):
@@ -27,7 +27,8 @@ def next_settlement(core: "EngineCore") -> bool:
     for rec in core.records.values():
         if rec.capture_pending and rec.handle is not None and _start_capture(core, rec):
             return True
-    return False
+    eviction = core.resources.eviction_choice(core.config.max_cached_checkpoints)
+    return eviction is not None and core.begin_transition(eviction, None) is True
 
 
 def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:

@@ -66,13 +66,14 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
     class EngineMachine(RuleBasedStateMachine):
         @initialize(chunk=st.integers(1, 9), concurrent=st.booleans(),
                     caching=st.sampled_from([True, True, True, False]), queue_bound=st.integers(0, 4),
-                    fault_run=st.sampled_from([False, False, True]))
-        def start(self, chunk, concurrent, caching, queue_bound, fault_run):
+                    fault_run=st.sampled_from([False, False, True]), cache_cap=st.sampled_from([None, None, 1, 3]))
+        def start(self, chunk, concurrent, caching, queue_bound, fault_run, cache_cap):
             self.fault_run = faults and fault_run
             self.clock = FakeClock()
             self.program = FaultyProgram(factory())
             self.config = EngineConfig(max_concurrency=max_concurrency, queue_bound=queue_bound, prefill_chunk=chunk,
-                                       concurrent_prefill=concurrent, prefix_caching=caching, check_invariants=True)
+                                       concurrent_prefill=concurrent, prefix_caching=caching, check_invariants=True,
+                                       max_cached_checkpoints=cache_cap)
             self.engine = Engine(self.program, self.config, threaded=False, clock=self.clock)
             self.tracked: list[Tracked] = []
             self.solo_cache: dict[Any, tuple[int, ...]] = {}

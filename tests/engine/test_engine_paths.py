@@ -230,3 +230,16 @@ def test_threaded_engine_serves_concurrent_consumers():
     for i, r in results.items():
         assert r.token_ids == _solo(range(1, 6 + i)).token_ids
     assert eng.outstanding == 0
+
+
+def test_retention_cap_deletes_the_oldest_checkpoints(make_engine):
+    eng, prog = make_engine(max_cached_checkpoints=1)
+    for start in (1, 30, 60):
+        h = eng.submit(request(range(start, start + 9), 3))
+        eng.run_until_idle()
+        h.result(timeout=0)
+    assert len(eng.core.resources.catalog) == 1 and len(prog.ckpts) == 1
+    (entry,) = eng.core.resources.catalog.values()
+    assert entry.info.tokens == 9  # the newest prompt-end checkpoint survives
+    usage = prog.resource_usage()
+    assert usage.free_pages + usage.checkpoint_pages == usage.total_pages
