@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
@@ -157,23 +157,22 @@ def _program_kind(requested: str) -> str:
 
 
 def _fast_available() -> tuple[bool, str]:
+    """The fast Program runs when torch sees a GPU and this build has `ninfer.fast.program.FastProgram` with a
+    `from_artifact(path, max_concurrency=, max_context=, gpu_memory_utilization=, speculative_config=)`."""
+    import importlib.util
+
     import torch
 
     if not torch.cuda.is_available():
         return False, "it needs an NVIDIA GPU and torch sees none"
-    try:
-        from ninfer.fast import program as _  # noqa: F401
-    except ImportError:
-        return False, "this build has the fast kernels but no fast Program to run them"
+    if importlib.util.find_spec("ninfer.fast.program") is None:
+        return False, "this build has the fast kernels but no fast Program (ninfer.fast.program) to run them"
     return True, ""
 
 
-def build_runtime(options: RuntimeOptions, *, progress: bool = True,
-                  log: Callable[[str], None] = lambda s: None) -> Runtime:
+def build_runtime(options: RuntimeOptions, *, progress: bool = True) -> Runtime:
     """Resolve, load, warm up; raises WiringError with a user-facing message for bad options."""
     from tqdm import tqdm
-
-    from ninfer.artifact import open_artifact
 
     options.check()
     kind = _program_kind(options.program)
@@ -181,29 +180,22 @@ def build_runtime(options: RuntimeOptions, *, progress: bool = True,
         raise WiringError("--speculative-config: the reference Program runs no speculative backend "
                           f"(asked for {dict(options.speculative_config)}); drop the option on CPU")
     start = time.monotonic()
-    steps = ["resolve model", "frontend", "weights", "warmup" if options.warmup else "engine"]
-    bar = tqdm(total=len(steps), desc="Loading", unit="step", disable=not progress, leave=False)
+    bar = tqdm(total=4, desc="Loading", unit="step", disable=not progress, leave=False)
     path = resolve_model_path(options.model, progress=progress)
     bar.update(1)
-    with open_artifact(path) as art:
-        meta = art.metadata
-        config = art.config
-        tokenizer = Qwen35Tokenizer.load(art.resource("tokenizer.json").decode("utf-8"))
-        template = art.resource("chat_template.jinja").decode("utf-8") if "chat_template.jinja" in art.resources \
-            else None
-    max_context = options.max_model_len or min(DEFAULT_CONTEXT, config.max_position_embeddings)
-    if max_context > config.max_position_embeddings:
-        raise WiringError(f"--max-model-len {max_context} exceeds the model's {config.max_position_embeddings}")
-    frontend = Frontend(tokenizer, max_context=max_context, chat_template=template)
+    frontend, meta = _frontend(path, options)
     bar.update(1)
     name = options.served_model_name or meta.get("name") or path.stem
-    rt = Runtime(options, name, path, bool(meta.get("random_weights")), kind, frontend, max_context,
+    rt = Runtime(options, name, path, bool(meta.get("random_weights")), kind, frontend, frontend.max_context,
                  _seeds=random.Random(options.seed))
-    program = _load_program(path, options, max_context)
+    program = _load_program(path, options, frontend.max_context, kind)
     bar.update(1)
     if options.purpose == "scoring":
-        rt.scorer = CausalScoreCore(_reference_scorer(program), window=options.score_window or min(max_context, DEFAULT_SCORE_WINDOW),
-                                    stride=options.score_stride, max_waiting=4 * options.max_num_seqs)
+        if kind != "reference":
+            raise WiringError("--purpose scoring runs on the reference Program here: pass --program reference")
+        window = options.score_window or min(frontend.max_context, DEFAULT_SCORE_WINDOW)
+        rt.scorer = CausalScoreCore(_reference_scorer(program), window=window, stride=options.score_stride,
+                                    max_waiting=4 * options.max_num_seqs)
     else:
         if options.warmup:
             warmup(program, frontend, options)
@@ -214,12 +206,34 @@ def build_runtime(options: RuntimeOptions, *, progress: bool = True,
     return rt
 
 
+def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, dict]:
+    """The Frontend from the artifact's own tokenizer and chat template, with the context contract."""
+    from ninfer.artifact import open_artifact
+
+    with open_artifact(path) as art:
+        meta, config = art.metadata, art.config
+        tokenizer = Qwen35Tokenizer.load(art.resource("tokenizer.json").decode("utf-8"))
+        template = None
+        if "chat_template.jinja" in art.resources:
+            template = art.resource("chat_template.jinja").decode("utf-8")
+    max_context = options.max_model_len or min(DEFAULT_CONTEXT, config.max_position_embeddings)
+    if max_context > config.max_position_embeddings:
+        raise WiringError(f"--max-model-len {max_context} exceeds the model's {config.max_position_embeddings}")
+    return Frontend(tokenizer, max_context=max_context, chat_template=template), meta
+
+
 def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:
     caching = options.enable_prefix_caching if prefix_caching is None else prefix_caching
     return EngineConfig(max_concurrency=options.max_num_seqs, prefix_caching=caching)
 
 
-def _load_program(path: Path, options: RuntimeOptions, max_context: int):
+def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str):
+    if kind == "fast":
+        from ninfer.fast.program import FastProgram
+
+        return FastProgram.from_artifact(path, max_concurrency=options.max_num_seqs, max_context=max_context,
+                                         gpu_memory_utilization=options.gpu_memory_utilization,
+                                         speculative_config=options.speculative_config)
     import torch
 
     from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
