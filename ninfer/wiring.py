@@ -147,8 +147,9 @@ def resolve_model_path(model: str | None, progress: bool = False) -> Path:
     raise WiringError(f"model {model!r} is neither a .ninfer file nor a checkpoint directory")
 
 
-def _program_kind(requested: str) -> str:
-    if requested == "reference":
+def _program_kind(requested: str, purpose: str) -> str:
+    # The scoring windows are the reference Program's (CausalScoring); auto picks it for that purpose.
+    if requested == "reference" or (requested == "auto" and purpose == "scoring"):
         return "reference"
     available, why = _fast_available()
     if requested == "fast" and not available:
@@ -175,7 +176,7 @@ def build_runtime(options: RuntimeOptions, *, progress: bool = True) -> Runtime:
     from tqdm import tqdm
 
     options.check()
-    kind = _program_kind(options.program)
+    kind = _program_kind(options.program, options.purpose)
     if options.speculative_config and kind == "reference":
         raise WiringError("--speculative-config: the reference Program runs no speculative backend "
                           f"(asked for {dict(options.speculative_config)}); drop the option on CPU")
