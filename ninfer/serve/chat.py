@@ -17,7 +17,7 @@ from ninfer.contracts import GenerationResult, OutputDelta
 from ninfer.frontend import ChatRequest
 
 from .errors import APIError
-from .events import choice_events
+from .events import Choices, choice_events
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import ChatCompletionRequest
 from .sse import DONE, EventStream, error_event, event
@@ -52,14 +52,14 @@ def _submit_all(state: ServerState, body: ChatCompletionRequest) -> list:
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServerState) -> Any:
     state.check_model(body.model)
     state.require_generation()
-    handles = await run_in_threadpool(_submit_all, state, body)
+    choices = Choices(await run_in_threadpool(_submit_all, state, body), state.metrics)
     ident = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name,
              "system_fingerprint": state.fingerprint}
     if body.stream:
         include = body.stream_options is not None and body.stream_options.include_usage
-        return EventStream(_stream(state, handles, ident, include, body.logprobs),
-                           on_close=lambda: [h.close() for h in handles])
-    return await _whole(state, handles, ident, request, body.logprobs)
+        return EventStream(_stream(state, choices, ident, include, body.logprobs, request.is_disconnected),
+                           on_close=choices.close)
+    return await _whole(state, choices, ident, request, body.logprobs)
 
 
 def _message(result: GenerationResult) -> dict:
@@ -73,23 +73,23 @@ def _message(result: GenerationResult) -> dict:
     return msg
 
 
-async def _whole(state: ServerState, handles: list, ident: dict, request: Request, logprobs: bool) -> dict:
+async def _whole(state: ServerState, choices: Choices, ident: dict, request: Request, logprobs: bool) -> dict:
     text = TokenText(state.runtime.frontend)
     results: dict[int, GenerationResult] = {}
-    lps: dict[int, list] = {i: [] for i in range(len(handles))}
+    lps: dict[int, list] = {i: [] for i in range(len(choices))}
     timer = state.metrics.timer()
-    async for index, ev in choice_events(handles, state.metrics, request.is_disconnected):
+    async for index, ev in choice_events(choices, request.is_disconnected):
         if isinstance(ev, OutputDelta):
             timer.tokens(index, len(ev.token_ids))
             if logprobs:
                 lps[index].extend(text.chat_entry(*x) for x in delta_logprobs(ev))
         elif isinstance(ev, GenerationResult):
             results[index] = ev
-    if len(results) < len(handles):
+    if len(results) < len(choices):
         raise APIError(499, "client disconnected")
     for r in results.values():
         check_result(r)
-    ordered = [results[i] for i in range(len(handles))]
+    ordered = [results[i] for i in range(len(choices))]
     timer.finish(ordered)
     choices = [{"index": i, "message": _message(r), "logprobs": {"content": lps[i]} if logprobs else None,
                 "finish_reason": finish_reason(r), "stop_reason": r.output.stop_reason}
@@ -116,17 +116,17 @@ def _delta(ev: OutputDelta) -> dict:
     return delta
 
 
-async def _stream(state: ServerState, handles: list, ident: dict, include_usage: bool,
-                  logprobs: bool) -> AsyncIterator[bytes]:
+async def _stream(state: ServerState, choices: Choices, ident: dict, include_usage: bool, logprobs: bool,
+                  disconnected) -> AsyncIterator[bytes]:
     base = {**ident, "object": "chat.completion.chunk"}
     extra = {"usage": None} if include_usage else {}
     text = TokenText(state.runtime.frontend)
     timer = state.metrics.timer()
     results: dict[int, GenerationResult] = {}
-    for i in range(len(handles)):
+    for i in range(len(choices)):
         yield event({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                           "logprobs": None, "finish_reason": None}], **extra})
-    async for index, ev in choice_events(handles, state.metrics):
+    async for index, ev in choice_events(choices, disconnected):
         if isinstance(ev, OutputDelta):
             timer.tokens(index, len(ev.token_ids))
             delta = _delta(ev)
@@ -149,8 +149,8 @@ async def _stream(state: ServerState, handles: list, ident: dict, include_usage:
             yield event({**base, "choices": [{"index": index, "delta": {}, "logprobs": None,
                                               "finish_reason": finish_reason(ev),
                                               "stop_reason": ev.output.stop_reason}], **extra})
-    if len(results) == len(handles):
-        ordered = [results[i] for i in range(len(handles))]
+    if len(results) == len(choices):
+        ordered = [results[i] for i in range(len(choices))]
         timer.finish(ordered)
         if include_usage:
             yield event({**base, "choices": [], "usage": usage(ordered)})

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from ninfer.contracts import GenerationResult, OutputDelta, RequestRejected
 
 from .errors import APIError
-from .events import choice_events
+from .events import Choices, choice_events
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import MAX_BATCH_PROMPTS, CompletionRequest
 from .sse import DONE, EventStream, error_event, event
@@ -70,11 +70,12 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     prepared = await run_in_threadpool(_prepare, state, body, prompts)
     if body.max_tokens == 0:
         return _echo_only(state, body, prepared, ident)
-    handles = await run_in_threadpool(_submit_all, state, body, prepared)
+    choices = Choices(await run_in_threadpool(_submit_all, state, body, prepared), state.metrics)
     if body.stream:
         include = body.stream_options is not None and body.stream_options.include_usage
-        return EventStream(_stream(state, body, handles, ident, include), on_close=lambda: [h.close() for h in handles])
-    return await _whole(state, body, prepared, handles, ident, request)
+        return EventStream(_stream(state, body, choices, ident, include, request.is_disconnected),
+                           on_close=choices.close)
+    return await _whole(state, body, prepared, choices, ident, request)
 
 
 def _prepare(state: ServerState, body: CompletionRequest, prompts: list) -> list:
@@ -109,14 +110,14 @@ def _submit_all(state: ServerState, body: CompletionRequest, prepared: list) -> 
                                                    skip_special_tokens=body.skip_special_tokens), jobs)
 
 
-async def _whole(state: ServerState, body: CompletionRequest, prepared: list, handles: list, ident: dict,
+async def _whole(state: ServerState, body: CompletionRequest, prepared: list, choices: Choices, ident: dict,
                  request: Request) -> dict:
     text = TokenText(state.runtime.frontend)
-    pieces: dict[int, list[str]] = {i: [] for i in range(len(handles))}
-    lps: dict[int, list] = {i: [] for i in range(len(handles))}
+    pieces: dict[int, list[str]] = {i: [] for i in range(len(choices))}
+    lps: dict[int, list] = {i: [] for i in range(len(choices))}
     results: dict[int, GenerationResult] = {}
     timer = state.metrics.timer()
-    async for index, ev in choice_events(handles, state.metrics, request.is_disconnected):
+    async for index, ev in choice_events(choices, request.is_disconnected):
         if isinstance(ev, OutputDelta):
             timer.tokens(index, len(ev.token_ids))
             pieces[index].append(ev.delta.reasoning_text + ev.delta.text)
@@ -124,9 +125,9 @@ async def _whole(state: ServerState, body: CompletionRequest, prepared: list, ha
                 lps[index].extend(delta_logprobs(ev))
         elif isinstance(ev, GenerationResult):
             results[index] = ev
-    if len(results) < len(handles):
+    if len(results) < len(choices):
         raise APIError(499, "client disconnected")
-    ordered = [results[i] for i in range(len(handles))]
+    ordered = [results[i] for i in range(len(choices))]
     for r in ordered:
         check_result(r)
     timer.finish(ordered)
@@ -143,14 +144,14 @@ async def _whole(state: ServerState, body: CompletionRequest, prepared: list, ha
     return {**ident, "object": "text_completion", "choices": choices, "usage": usage(ordered, n_prompt)}
 
 
-async def _stream(state: ServerState, body: CompletionRequest, handles: list, ident: dict,
-                  include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(state: ServerState, body: CompletionRequest, choices: Choices, ident: dict,
+                  include_usage: bool, disconnected) -> AsyncIterator[bytes]:
     base = {**ident, "object": "text_completion"}
     extra = {"usage": None} if include_usage else {}
     text = TokenText(state.runtime.frontend)
     results: dict[int, GenerationResult] = {}
     timer = state.metrics.timer()
-    async for index, ev in choice_events(handles, state.metrics):
+    async for index, ev in choice_events(choices, disconnected):
         if isinstance(ev, OutputDelta):
             timer.tokens(index, len(ev.token_ids))
             piece = ev.delta.reasoning_text + ev.delta.text
@@ -173,8 +174,8 @@ async def _stream(state: ServerState, body: CompletionRequest, handles: list, id
             results[index] = ev
             yield event({**base, "choices": [{"index": index, "text": "", "logprobs": None,
                                               "finish_reason": finish_reason(ev)}], **extra})
-    if len(results) == len(handles):
-        ordered = [results[i] for i in range(len(handles))]
+    if len(results) == len(choices):
+        ordered = [results[i] for i in range(len(choices))]
         timer.finish(ordered)
         if include_usage:
             yield event({**base, "choices": [], "usage": usage(ordered, sum(r.usage.prompt_tokens for r in ordered))})

@@ -1,20 +1,61 @@
 """Bridging Engine handles (blocking queues on the Engine's side) into the server's event loop.
 
 One pump thread per submitted choice forwards its events into one asyncio queue, tagged with the choice index.
-Leaving the `choice_events` generator for any reason (done, client gone, task cancelled) closes every handle,
-which cancels what still runs and frees its Engine capacity: that is how a disconnect reaches the Engine.
+`Choices.close()` runs however a response ends (done, client gone, task cancelled, or a stream closed before its
+body ever ran): it closes every handle, which cancels what still runs and frees its Engine capacity. That is how
+a disconnect reaches the Engine.
+
+The client's disconnect is polled on a clock, not only when nothing arrives: a streaming choice may produce many
+tokens whose text is still held back (an incomplete UTF-8 character, a possible stop string), so nothing is sent
+and the transport alone would notice the departure only at the end of the generation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 from ninfer.contracts import GenerationResult, GenerationStart
 from ninfer.engine.engine import GenerationHandle
 
 DISCONNECT_POLL_S = 0.25
+
+
+class Choices:
+    """The handles of one API request with each choice's phase (waiting -> running -> done) kept in the
+    Gateway's gauges; a choice closed before its result counts as cancelled."""
+
+    def __init__(self, handles: Sequence[GenerationHandle], metrics=None):
+        self.handles, self.metrics = list(handles), metrics
+        self.phase = ["waiting"] * len(self.handles)
+        if metrics is not None:
+            metrics.move(waiting=len(self.handles))
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def seen(self, index: int, ev: object) -> None:
+        if isinstance(ev, GenerationStart):
+            self._move(index, "running")
+        elif isinstance(ev, GenerationResult):
+            self._move(index, "done")
+
+    def close(self) -> None:
+        for i, h in enumerate(self.handles):
+            h.close()
+            if self.phase[i] != "done" and self.metrics is not None:
+                self.metrics.count_finished("cancelled")  # the client left before this choice ended
+            self._move(i, "done")
+
+    def _move(self, index: int, to: str) -> None:
+        was = self.phase[index]
+        if was == to or was == "done":
+            return
+        self.phase[index] = to
+        if self.metrics is not None:
+            self.metrics.move(waiting=-(was == "waiting"), running=(to == "running") - (was == "running"))
 
 
 def _pump(handle: GenerationHandle, index: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
@@ -30,51 +71,32 @@ def _pump(handle: GenerationHandle, index: int, loop: asyncio.AbstractEventLoop,
             pass
 
 
-async def choice_events(handles: Sequence[GenerationHandle], metrics=None,
-                        disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[tuple[int, object]]:
-    """(choice index, event) in arrival order until every choice has its GenerationResult.
-
-    `disconnected`, when given, is polled while nothing arrives, so a non-streaming request whose client left
-    stops too (a streaming response is cancelled by the server instead, which also lands in `finally`).
-    """
+async def choice_events(choices: Choices, disconnected: Callable[[], Awaitable[bool]] | None = None) \
+        -> AsyncIterator[tuple[int, object]]:
+    """(choice index, event) in arrival order until every choice has its GenerationResult, or the client left."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    for i, h in enumerate(handles):
+    for i, h in enumerate(choices.handles):
         threading.Thread(target=_pump, args=(h, i, loop, queue), name=f"ninfer-pump-{h.request_id}",
                          daemon=True).start()
-    remaining = len(handles)
-    phase = ["waiting"] * len(handles)  # -> "running" at GenerationStart -> "done" at the result
-    if metrics is not None:
-        metrics.move(waiting=len(handles))
+    remaining, checked = len(choices), time.monotonic()
     try:
         while remaining:
             try:
-                index, ev = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S if disconnected else None)
+                item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S if disconnected else None)
             except asyncio.TimeoutError:
-                if disconnected is not None and await disconnected():
+                item = None
+            if disconnected is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+                checked = time.monotonic()
+                if await disconnected():
                     return
+            if item is None:
                 continue
+            index, ev = item
             if isinstance(ev, BaseException):
                 raise ev
-            if isinstance(ev, GenerationStart):
-                _move(metrics, phase, index, "running")
-            elif isinstance(ev, GenerationResult):
-                _move(metrics, phase, index, "done")
-                remaining -= 1
+            choices.seen(index, ev)
+            remaining -= isinstance(ev, GenerationResult)
             yield index, ev
     finally:
-        for i, h in enumerate(handles):
-            h.close()
-            if phase[i] != "done" and metrics is not None:
-                metrics.count_finished("cancelled")  # the client left before this choice ended
-            _move(metrics, phase, i, "done")
-
-
-def _move(metrics, phase: list[str], index: int, to: str) -> None:
-    """Keep the Gateway's waiting/running gauges in step with one choice's phase."""
-    was = phase[index]
-    if was == to or was == "done":
-        return
-    phase[index] = to
-    if metrics is not None:
-        metrics.move(waiting=-(was == "waiting"), running=(to == "running") - (was == "running"))
+        choices.close()
