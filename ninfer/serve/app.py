@@ -48,19 +48,35 @@ class Guard:
                     scope, receive, send)
         limit = self.state.max_body_bytes
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return await error_response(413, f"request body over {limit} bytes")(scope, receive, send)
-        seen = 0
+        if length is not None:
+            if not length.isdigit() or int(length) > limit:
+                return await error_response(413, f"request body over {limit} bytes")(scope, receive, send)
+            return await self.app(scope, receive, send)
+        return await self._chunked(scope, receive, send, limit)
 
-        async def bounded() -> dict:
-            nonlocal seen
+    async def _chunked(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """A body without Content-Length is read here up to the limit, then replayed to the app."""
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
             if seen > limit:
-                raise APIError(413, f"request body over {limit} bytes")
-            return message
+                return await error_response(413, f"request body over {limit} bytes")(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        replayed = False
 
-        await self.app(scope, bounded, send)
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
 def create_app(state: ServerState) -> FastAPI:

@@ -88,6 +88,15 @@ def test_body_limit(make_client):
     big = {"messages": [{"role": "user", "content": "x" * 2000}]}
     assert_error(c.post(CHAT, json=big), 413)
 
+    def chunked(n: int):
+        yield b'{"messages": [{"role": "user", "content": "'
+        yield b"x" * n
+        yield b'"}], "max_tokens": 1}'
+
+    headers = {"content-type": "application/json"}
+    assert_error(c.post(CHAT, content=chunked(2000), headers=headers), 413)
+    assert c.post(CHAT, content=chunked(10), headers=headers).status_code == 200
+
 
 def test_readiness_while_loading_and_after_failure(make_client):
     c = make_client(rt=None)
