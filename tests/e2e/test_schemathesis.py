@@ -18,8 +18,6 @@ from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
 from ninfer.wiring import RuntimeOptions, build_runtime
 
-EXAMPLES = 12
-TIME_BOX_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -29,21 +27,22 @@ def tiny_runtime(_default_model_built):
     rt.close()
 
 
-def test_no_server_errors(tiny_runtime, thread_server):
+@pytest.mark.parametrize("examples, time_box_s", [(12, 90.0), pytest.param(150, 900.0, marks=pytest.mark.slow)])
+def test_no_server_errors(tiny_runtime, thread_server, examples, time_box_s):
     with thread_server(create_app(ServerState(tiny_runtime, tiny_runtime.name))) as server:
         schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
         operations = [op.ok() for op in schema.get_all_operations()]
         assert len(operations) == 9  # chat, completions, models, health x2, metrics, tokenize, detokenize, info
-        deadline = time.monotonic() + TIME_BOX_S
+        deadline = time.monotonic() + time_box_s
         seen: list[tuple[str, int]] = []
         for op in operations:
-            _fuzz(op, server.url, deadline, seen)
+            _fuzz(op, server.url, deadline, seen, examples)
     assert seen, "no request was made"
     assert {path for path, _ in seen} >= {"/v1/chat/completions", "/v1/completions", "/tokenize"}
 
 
-def _fuzz(op, url: str, deadline: float, seen: list) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+def _fuzz(op, url: str, deadline: float, seen: list, examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(case=op.as_strategy(), _=st.just(None))
     def run(case, _) -> None:
