@@ -33,7 +33,8 @@ class OutputDelta:
     request_id: int
     token_ids: tuple[int, ...]
     delta: Any = None  # the OutputSession's committed chunk for these tokens
-    logprobs: tuple[float, ...] | None = None
+    logprobs: tuple[float, ...] | None = None  # raw-distribution logprob of each token, when asked for
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # per token: (id, logprob) alternatives
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ninfer.contracts import (EngineFailure, FinishReason, OutputDelta, PendingBatch, RequestState,
+from ninfer.contracts import (EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow, RequestState,
                               RowDecision)
 
 from .rules import accepted_fits_budget, budget_room
@@ -84,7 +84,7 @@ class UnitRunner:
             raise
         self.core.program.commit(batch.take(), decisions)
         for row, rec, preview, decision in zip(batch.rows, recs, previews, decisions):
-            self._account_and_publish(rec, row.tokens[:decision.accepted], preview, decision)
+            self._account_and_publish(rec, row, preview, decision)
 
     def _preview(self, batch: PendingBatch, recs: Sequence["RequestRecord"], forced: bool):
         previews: list[Any] = []
@@ -106,8 +106,10 @@ class UnitRunner:
             decisions.append(RowDecision(p.accepted, p.terminal, boundary=p.boundary))
         return previews, decisions
 
-    def _account_and_publish(self, rec: "RequestRecord", tokens: Sequence[int], preview: Any,
+    def _account_and_publish(self, rec: "RequestRecord", row: PendingRow, preview: Any,
                              decision: RowDecision) -> None:
+        n = decision.accepted
+        tokens = row.tokens[:n]
         rec.output_tokens.extend(tokens)  # budget accounting
         if preview is None:
             self.enter_terminal(rec, FinishReason.ERROR)
@@ -124,4 +126,6 @@ class UnitRunner:
         else:
             rec.move(RequestState.DECODE_READY)
             self.core.scheduler.set_decode_ready(rec.rid, rec.lane)
-        rec.events.put(OutputDelta(rec.rid, tuple(tokens), delta))
+        rec.events.put(OutputDelta(rec.rid, tokens, delta,
+                                   None if row.logprobs is None else row.logprobs[:n],
+                                   None if row.top_logprobs is None else row.top_logprobs[:n]))

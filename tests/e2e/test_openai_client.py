@@ -93,8 +93,6 @@ def test_completions_client(client):
     assert r.usage.completion_tokens == 6
 
 
-@pytest.mark.xfail(strict=True, raises=openai.APIStatusError,
-                   reason="the Engine does not yet forward PendingRow.logprobs into OutputDelta (reported)")
 def test_chat_logprobs(client):
     r = client.chat.completions.create(model="ninfer-test", messages=HI, max_tokens=3, logprobs=True,
                                        top_logprobs=2, temperature=0)
