@@ -195,7 +195,7 @@ def build_runtime(options: RuntimeOptions, *, progress: bool = True) -> Runtime:
         if kind != "reference":
             raise WiringError("--purpose scoring runs on the reference Program here: pass --program reference")
         window = options.score_window or min(frontend.max_context, DEFAULT_SCORE_WINDOW)
-        rt.scorer = CausalScoreCore(_reference_scorer(program), window=window, stride=options.score_stride,
+        rt.scorer = CausalScoreCore(program.scoring(), window=window, stride=options.score_stride,
                                     max_waiting=4 * options.max_num_seqs)
     else:
         if options.warmup:
@@ -242,60 +242,6 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
     dtype = torch.float64 if options.dtype == "float64" else torch.float32
     config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype)
     return ReferenceProgram.from_artifact(path, config)
-
-
-def _reference_scorer(program) -> "ReferenceScorer":
-    return ReferenceScorer(program.model)
-
-
-@dataclass(frozen=True)
-class ScoredText:
-    """CausalScoring's result plus the argmax at each scored position and after the last token (what
-    OpenAI-style top_logprobs and a max_tokens=1 echo need)."""
-
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]  # logprobs[j] = log p(tokens[j + 1] | its window)
-    greedy: tuple[bool, ...]
-    top: tuple[tuple[int, float], ...]  # top[j]: (argmax id, its logprob) at position j + 1
-    next_top: tuple[int, float]  # the argmax after the last token, given the last window's context
-    windows: int
-
-
-class ReferenceScorer:
-    """The reference model's CausalScoring windows (same rule as ninfer.reference.program.CausalScoring: windows
-    every `stride` tokens, each token scored once by the first window holding it and a token before it), each
-    window from a fresh empty state, also reporting the argmax; tests hold it equal to CausalScoring."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def score(self, tokens, *, window: int, stride: int) -> ScoredText:
-        import torch
-
-        tokens = tuple(int(t) for t in tokens)
-        if not tokens or window < 2 or not 1 <= stride < window:
-            raise ValueError(f"need tokens, window >= 2 and 1 <= stride < window (got {len(tokens)} tokens, "
-                             f"window={window}, stride={stride})")
-        lps: list[float] = []
-        greedy: list[bool] = []
-        top: list[tuple[int, float]] = []
-        scored, windows, last = 1, 0, None
-        for begin in range(0, len(tokens), stride):
-            if windows and scored >= len(tokens):
-                break
-            end = min(begin + window, len(tokens))
-            logits = self.model.prefill(torch.tensor(tokens[begin:end]), self.model.new_state())  # [end-begin, V]
-            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-            logp = torch.log_softmax(logits.to(wide), dim=-1)  # [end - begin, V]
-            best_lp, best = logp.max(dim=-1)  # first maximum: ties to the lowest id
-            for pos in range(scored, end):
-                row = pos - 1 - begin
-                lps.append(float(logp[row, tokens[pos]]))
-                greedy.append(int(best[row]) == tokens[pos])
-                top.append((int(best[row]), float(best_lp[row])))
-            last = (int(best[-1]), float(best_lp[-1]))
-            scored, windows = end, windows + 1
-        return ScoredText(tokens, tuple(lps), tuple(greedy), tuple(top), last, windows)
 
 
 WARMUP_PROMPT = "Warm up."

@@ -22,6 +22,8 @@ class ScoreResult:
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]  # logprobs[j] = log p(tokens[j + 1] | its window's tokens before it)
     greedy: tuple[bool, ...]  # greedy[j]: tokens[j + 1] is the argmax (lowest id on ties) at its position
+    top: tuple[tuple[int, float], ...]  # top[j]: (argmax id, its logprob) at position j + 1
+    next_top: tuple[int, float]  # the argmax after the last token, given the last window (a max_tokens=1 echo)
     windows: int  # forward passes run
 
     @property
@@ -47,25 +49,29 @@ class CausalScoring:
             raise ValueError(f"need window >= 2 and 1 <= stride < window, got window={window} stride={stride}")
         logprobs: list[float] = []
         greedy: list[bool] = []
+        top: list[tuple[int, float]] = []
         scored, windows = 1, 0  # scored: the next position still to score
         for begin in range(0, len(tokens), stride):
-            if scored >= len(tokens):
+            # At least one window runs, also for a single token: it gives the argmax after the last token.
+            if windows and scored >= len(tokens):
                 break
             end = min(begin + window, len(tokens))
-            lp, top = self._window(tokens, begin, end, scored)
+            lp, best, next_top = self._window(tokens, begin, end, scored)
             logprobs.extend(lp)
-            greedy.extend(top)
+            greedy.extend(b[0] == t for b, t in zip(best, tokens[scored:end]))
+            top.extend(best)
             scored, windows = end, windows + 1
-        return ScoreResult(tokens, tuple(logprobs), tuple(greedy), windows)
+        return ScoreResult(tokens, tuple(logprobs), tuple(greedy), tuple(top), next_top, windows)
 
-    def _window(self, tokens: tuple[int, ...], begin: int, end: int, first: int) -> tuple[list[float], list[bool]]:
-        """Positions first..end-1 scored from a fresh state over tokens[begin:end]."""
+    def _window(self, tokens: tuple[int, ...], begin: int, end: int, first: int):
+        """Positions first..end-1 scored from a fresh state over tokens[begin:end]: their logprobs, the argmax
+        (id, logprob) at each, and the argmax after tokens[end - 1]."""
         state = self.model.new_state()
         logits = self.model.prefill(torch.tensor(tokens[begin:end]), state)  # [end - begin, V]
-        rows = logits[first - 1 - begin:end - 1 - begin]  # [m, V]: row i predicts position first + i
-        wide = torch.float64 if rows.dtype == torch.float64 else torch.float32
-        logp = torch.log_softmax(rows.to(wide), dim=-1)  # [m, V]
-        target = torch.tensor(tokens[first:end])  # [m]
-        chosen = logp.gather(1, target[:, None])[:, 0]  # [m]
-        best = torch.argmax(logp, dim=-1)  # first maximum: ties to the lowest id
-        return chosen.tolist(), (best == target).tolist()
+        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        logp = torch.log_softmax(logits.to(wide), dim=-1)  # [end - begin, V]
+        best_lp, best = logp.max(dim=-1)  # first maximum: ties to the lowest id
+        rows = range(first - 1 - begin, end - 1 - begin)  # row r predicts position begin + r + 1
+        chosen = [float(logp[r, tokens[begin + r + 1]]) for r in rows]
+        argmax = [(int(best[r]), float(best_lp[r])) for r in rows]
+        return chosen, argmax, (int(best[-1]), float(best_lp[-1]))
