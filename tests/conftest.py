@@ -5,7 +5,11 @@ Select with HYPOTHESIS_PROFILE=soak.
 
 import os
 
-from hypothesis import HealthCheck, settings
+# Triton kernels run in the interpreter on CPU; it must be chosen before anything imports triton.
+if os.environ.get("NINFER_TEST_DEVICE") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.register_profile("soak", deadline=None, max_examples=5000, stateful_step_count=120,

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 MODULES = ["ninfer.contracts.batch", "ninfer.engine.rules", "ninfer.models.qwen3_5.capacity"]
 
@@ -17,13 +16,11 @@ def _crosshair(*targets: str, timeout: float = 240) -> subprocess.CompletedProce
 
 
 def test_pure_rules_satisfy_their_contracts():
-    pytest.importorskip("crosshair", reason="crosshair-tool is part of the test extra")
     proc = _crosshair(*MODULES)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_crosshair_finds_a_planted_violation(tmp_path):
-    pytest.importorskip("crosshair", reason="crosshair-tool is part of the test extra")
     bad = tmp_path / "planted_rule.py"
     bad.write_text(textwrap.dedent('''
         def pages(tokens: int, page_size: int) -> int:

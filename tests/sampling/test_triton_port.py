@@ -3,23 +3,15 @@ the scalar oracle's Gumbel noise bit for bit. On CPU the kernel runs in the Trit
 with NINFER_TEST_DEVICE=cuda it runs on the GPU, libdevice logarithms included."""
 
 import os
-import sys
 
-import pytest
 import torch
+import triton  # tests/conftest.py chose the interpreter on CPU before this import
+import triton.language as tl
 
 from ninfer.sampling.philox import gumbel_scalar
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
-if not ON_GPU and "triton" not in sys.modules:
-    # the interpreter must be chosen before triton is first imported (as tests/ops does)
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
-tl = pytest.importorskip("triton.language")
-
-if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported without the interpreter and no GPU was selected",
-                allow_module_level=True)
+assert ON_GPU or os.environ.get("TRITON_INTERPRET") == "1", "Triton on CPU needs TRITON_INTERPRET=1 before import"
 
 
 @triton.jit
