@@ -125,9 +125,8 @@ def test_forced_tool_calls_are_accepted_and_parsed(fe, choice, args):
     from corpus import call
     from ninfer.frontend.render import tool_calls_text
     s = open_structured(fe, thinking=True, tools=TOOLS, tool_choice=choice)
-    # XGrammar's qwen_xml booleans are JSON's true/false, where the template would write Python's True/False.
-    lower = [{k: json.dumps(v) if isinstance(v, bool) else v for k, v in a.items()} for a in args]
-    text = "Need weather.\n</think>\n\n" + tool_calls_text([call("get_weather", **a) for a in lower], "")
+    # The grammar spells calls as the template renders them, Python's True/False included.
+    text = "Need weather.\n</think>\n\n" + tool_calls_text([call("get_weather", **a) for a in args], "")
     # Declaration order: the grammar holds parameters to the order the tool declares them.
     stream(s, fe.tokenizer.encode(text) + [IM_END], [5, 1, 17, 3])
     r = s.result()

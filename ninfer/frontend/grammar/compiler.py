@@ -29,9 +29,9 @@ class GrammarCompiler:
                                             cache_limit_bytes=cache_limit_bytes)
 
     def compile(self, options: StructuredOutputOptions, *, reasoning: bool) -> xgr.CompiledGrammar:
-        tag = structural_tag(options, reasoning=reasoning)
         try:
-            return self.compiler.compile_structural_tag(tag)
+            # Building the tag may refuse too (a tool parameter the call grammar cannot spell).
+            return self.compiler.compile_structural_tag(structural_tag(options, reasoning=reasoning))
         except (RuntimeError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RequestRejected(RejectReason.UNREPRESENTABLE,

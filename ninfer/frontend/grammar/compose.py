@@ -5,8 +5,12 @@
       json format only          : the final JSON
       tools auto                : free text with triggered tool calls
       tools auto + json format  : one or more tool calls  |  the final JSON
-      tools required            : free text, then at least one tool call
+      tools required            : at least one tool call, optionally after free text and "\n\n"
       tool named                : calls of that tool only (one, unless parallel calls are allowed)
+
+Forced calls (required, named, auto + json format) end the turn: after the last permitted call only another
+call (parallel calls) or a stop token may follow. Tool calls are spelled as the template renders them
+(tool_grammar.py).
 
 Because it is one grammar, a token (or a speculative block) may cross from reasoning into a tool call or the
 final JSON with no out-of-band phase switch, and a forced `</think>` is just more text for the same matcher.
@@ -18,15 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from xgrammar.structural_tag import (AnyTextFormat, ConstStringFormat, JSONSchemaFormat, OrFormat, SequenceFormat,
-                                     StructuralTag, TagFormat, TagsWithSeparatorFormat, TriggeredTagsFormat)
+                                     StructuralTag, TagFormat, TriggeredTagsFormat)
 
-from ..messages import ToolSpec
 from .options import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_VALUES, StructuredOutputOptions
+from .tool_grammar import CALL_TRIGGER, call_tag, calls_format
 
 THINK_END = "</think>"
 THINK_SUFFIX = "\n\n"
-CALL_TRIGGER = "<tool_call>\n<function="
-CALL_END = "\n</function>\n</tool_call>"
 REASONING_EXCLUDES = ["<think>", "</think>"]
 
 
@@ -56,10 +58,12 @@ def json_safe(schema: Any) -> Any:
     return out
 
 
-def tool_tag(tool: ToolSpec) -> TagFormat:
-    params: Any = tool.parameters if tool.parameters is not None else True
-    return TagFormat(begin=f"{CALL_TRIGGER}{tool.name}>\n",
-                     content=JSONSchemaFormat(json_schema=params, style="qwen_xml"), end=CALL_END)
+def _required(tools: tuple, parallel: bool) -> OrFormat:
+    """At least one call, directly or after free text; the template puts "\n\n" between text and a call."""
+    text = TagFormat(begin="", content=AnyTextFormat(excludes=REASONING_EXCLUDES + ["<tool_call>"]),
+                     end="\n\n" + CALL_TRIGGER)
+    after_text = SequenceFormat(elements=[text, calls_format(tools, parallel, first_begin="")])
+    return OrFormat(elements=[calls_format(tools, parallel), after_text])
 
 
 def _answer(options: StructuredOutputOptions) -> Any:
@@ -68,16 +72,17 @@ def _answer(options: StructuredOutputOptions) -> Any:
     tools = options.callable_tools
     if not tools:
         return final if final is not None else AnyTextFormat(excludes=REASONING_EXCLUDES)
-    tags = [tool_tag(t) for t in tools]
-    single = not options.parallel_tool_calls
+    parallel = options.parallel_tool_calls
     mode = options.tool_choice.mode
-    calls = TagsWithSeparatorFormat(tags=tags, separator="\n", at_least_one=True, stop_after_first=single)
     if mode == "named":
-        return calls  # tags holds just the named tool; parallel calls may repeat it
-    if mode == "auto" and final is not None:
-        return OrFormat(elements=[calls, final])
-    return TriggeredTagsFormat(triggers=[CALL_TRIGGER], tags=tags, excludes=REASONING_EXCLUDES,
-                               at_least_one=mode == "required", stop_after_first=single)
+        return calls_format(tools, parallel)  # tools holds just the named one; parallel calls may repeat it
+    if mode == "required":
+        return _required(tools, parallel)
+    if final is not None:
+        return OrFormat(elements=[calls_format(tools, parallel), final])
+    # auto with strict tools: free text with calls anywhere, as the model may write them.
+    return TriggeredTagsFormat(triggers=[CALL_TRIGGER], tags=[call_tag(t) for t in tools],
+                               excludes=REASONING_EXCLUDES, at_least_one=False, stop_after_first=not parallel)
 
 
 def structural_tag(options: StructuredOutputOptions, *, reasoning: bool) -> StructuralTag:
