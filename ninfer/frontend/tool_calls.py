@@ -3,7 +3,9 @@
     <tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 
 VALUE is raw text; the tool's JSON schema decides its type (integer, number, boolean, null, object, array);
-strings and values that do not parse as their declared type stay raw strings. Arguments are serialized as
+strings and values that do not parse as their declared type stay raw strings. An enum or const member is
+matched by the text the template renders for it, so `c` is "c" while a model's stray `c\n` falls back to the
+stripped text. Booleans accept the template's `True`/`False` and JSON's `true`/`false`. Arguments are serialized as
 one JSON string; `argument_fragments` splits that string at parameter boundaries for streaming, and the
 fragments concatenate to exactly the final `arguments`.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .messages import ToolSpec
+from .render import parameter_text
 
 FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)\n?</function>\s*", re.S)
 PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
@@ -65,7 +68,7 @@ def _types(schema: Any) -> list[str]:
         return [t]
     if isinstance(t, list):
         return [x for x in t if isinstance(x, str)]
-    return [x for sub in schema.get("anyOf", ()) + schema.get("oneOf", ()) for x in _types(sub)]
+    return [x for sub in [*schema.get("anyOf", ()), *schema.get("oneOf", ())] for x in _types(sub)]
 
 
 def _convert(raw: str, kind: str) -> tuple[bool, Any]:
@@ -88,8 +91,22 @@ def _convert(raw: str, kind: str) -> tuple[bool, Any]:
     return False, None
 
 
+def _members(schema: Any) -> list:
+    """The enum / const members `schema` allows (anyOf / oneOf branches included)."""
+    if not isinstance(schema, Mapping):
+        return []
+    own = [schema["const"]] if "const" in schema else list(schema.get("enum", ()))
+    return own + [m for sub in [*schema.get("anyOf", ()), *schema.get("oneOf", ())] for m in _members(sub)]
+
+
 def typed_value(raw: str, schema: Any) -> Any:
-    """`raw` converted to the first type of `schema` it parses as; the raw string otherwise."""
+    """`raw` as the enum member it renders, else converted to the first type of `schema` it parses as; the raw
+    string otherwise."""
+    members = _members(schema)
+    for text in (raw, raw.strip()):
+        for m in members:
+            if parameter_text(m) == text:
+                return m
     kinds = _types(schema)
     if "string" in kinds[:1]:
         return raw

@@ -31,6 +31,13 @@ PARAM_END = "\n</parameter>\n"
 RAW_EXCLUDES = ["</parameter>", "<tool_call>", "</tool_call>"]
 GENERIC_NAME = "[a-zA-Z_][a-zA-Z0-9_]*"
 JSON_KINDS = ("integer", "number", "object", "array")
+# Numbers the template re-renders unchanged (Python's float repr of the parsed value): at most 8 integer and
+# 7 fraction digits (15 significant digits always round-trip through a double), no exponent, no trailing
+# fraction zeros but ".0", no "-0", and no "0.0000..." (repr switches to exponent notation below 1e-4).
+_SMALL_FRACTION = r"\.0|\.0{0,3}[1-9]([0-9]{0,2}[1-9])?"
+_FRACTION = r"\.0|\.[0-9]{0,6}[1-9]"
+CANONICAL_NUMBER = rf"-?[1-9][0-9]{{0,7}}({_FRACTION})?|-?0({_SMALL_FRACTION})|0"
+NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
 def _json_value(schema: Mapping[str, Any]) -> GrammarFormat:
@@ -93,6 +100,8 @@ def value_formats(schema: Any) -> list[Any] | None:
             out += [ConstStringFormat(value="True"), ConstStringFormat(value="False")]
         elif kind == "null":
             out.append(ConstStringFormat(value="None"))
+        elif kind == "number" and not set(NUMBER_BOUNDS) & schema.keys():
+            out.append(RegexFormat(pattern=CANONICAL_NUMBER))
         elif kind in JSON_KINDS:
             out.append(_json_value({**schema, "type": kind}))
         else:
