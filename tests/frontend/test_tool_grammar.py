@@ -117,3 +117,27 @@ def test_argument_less_call_is_spelled_as_the_template_renders_it(fe, tok):
     s = fe.open_session(prepared.prompt, OutputOptions(), prepared.structured)
     assert _accepts(s, tok.encode("<tool_call>\n<function=ping>\n</function>\n</tool_call>") + [IM_END])
     assert not _accepts(s, tok.encode("<tool_call>\n<function=ping>\n\n</function>"))
+
+
+@pytest.mark.parametrize("choice, parallel", [
+    ("required", True), ("required", False), ({"type": "function", "function": {"name": "ping"}}, True)])
+def test_after_the_last_call_only_another_call_or_a_stop(fe, tok, choice, parallel):
+    prepared = fe.prepare_chat(ChatRequest([USER], TOOLS, tool_choice=choice, parallel_tool_calls=parallel,
+                                           chat_template_kwargs=KWARGS))
+    s = fe.open_session(prepared.prompt, OutputOptions(), prepared.structured)
+    s.commit(s.preview(tok.encode("<tool_call>\n<function=ping>\n</function>\n</tool_call>")))
+    mask = s.grammar.allocate(1)
+    s.grammar.fill_next(mask)
+    ok = set(allowed(mask[0]).tolist())
+    assert ok >= set(STOPS)
+    others = [tok.decode([t]) for t in ok - set(STOPS)]
+    assert all("\n<tool_call>\n<function=".startswith(t) for t in others) and bool(others) == parallel, others
+
+
+def test_booleans_are_written_as_the_template_renders_them(fe, tok):
+    prepared = fe.prepare_chat(ChatRequest([USER], TOOLS, tool_choice="required", chat_template_kwargs=KWARGS))
+    s = fe.open_session(prepared.prompt, OutputOptions(), prepared.structured)
+    s.commit(s.preview(tok.encode("<tool_call>\n<function=pick>\n<parameter=color>\nred\n</parameter>\n")))
+    flag = "<parameter=flag>\n{}\n</parameter>\n</function>\n</tool_call>"
+    assert _accepts(s, tok.encode(flag.format("True"))) and _accepts(s, tok.encode(flag.format("False")))
+    assert not _accepts(s, tok.encode(flag.format("true")))
