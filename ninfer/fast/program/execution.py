@@ -1,0 +1,209 @@
+"""Model transactions of the fast Program: staged prefill, compact decode, forced control, and the accepted-prefix
+commit, over FastModel's pools.
+
+Prompt tokens are not provisional: a prefill chunk writes KV and GDN state at once (cut at absolute multiples of
+64 so the state after each cut is a boundary checkpoint), and the final chunk's batch holds only the sampled first
+token. Decode and control do run on the live slot: the GDN step updates the state slot in place, so before the
+step each row's committed state is copied into the backup slot bound to its block-table row. Commit keeps the
+stepped state; a rejected row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the
+backup and returns the pages the step took. Positions at and past the frontier may hold provisional K/V: every
+read is bounded by the context length, so they are never seen before being overwritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle,
+                              token_digest)
+from ninfer.sampling import RowSampling, sample_row, token_logprobs
+
+from .records import ActiveSequence, Checkpoint
+
+if TYPE_CHECKING:
+    from .program import FastProgram
+
+CHUNK = 64  # the GDN chunk: boundary checkpoints sit at its absolute multiples
+
+
+@dataclass(frozen=True)
+class Provisional:
+    """One row's step: the tokens it fed after the frontier and the pages it took for them."""
+
+    fed: tuple[int, ...]
+    grown: tuple[int, ...]
+
+
+# ---- pages -------------------------------------------------------------------------------------------------
+def _grow(prog: "FastProgram", seq: ActiveSequence, end: int) -> tuple[int, ...]:
+    """Take pages from the reservation until the block table covers positions < end; publish the row."""
+    n = prog.config.pages_for(end) - len(seq.table)
+    if n > seq.reserve_left:
+        raise EngineFailure(f"sequence {seq.handle} would grow past its reservation ({n} pages, "
+                            f"{seq.reserve_left} reserved)")
+    grown = tuple(prog.pages.take() for _ in range(max(n, 0)))
+    if grown:
+        seq.table.extend(grown)
+        seq.reserve_left -= len(grown)
+        prog.dev.write_row(seq.row, seq.table)
+    return grown
+
+
+def _restore(prog: "FastProgram", seq: ActiveSequence, prov: Provisional) -> None:
+    """Undo one provisional step: the committed GDN state from the row's backup slot, the grown pages back to the
+    pool and the reservation (the device row keeps stale entries past the table, which nothing reads)."""
+    prog.dev.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
+    for p in reversed(prov.grown):
+        assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
+        prog.pages.unref(p)
+        seq.reserve_left += 1
+
+
+# ---- sampling ------------------------------------------------------------------------------------------------
+def _sample(prog: "FastProgram", seq: ActiveSequence, logits: torch.Tensor, position: int,
+            mask: Any | None) -> tuple[int, tuple | None]:
+    """Draw at absolute `position` from host fp32 logits [V]; the raw logprob and top alternatives when asked."""
+    row = RowSampling(seq.params, seq.seed, position, prompt_token_ids=seq.prompt, output_token_ids=seq.outputs,
+                      eos_token_ids=prog.limits.eos_token_ids, allowed=mask)
+    token = sample_row(logits, row)
+    if seq.params.logprobs is None:
+        return token, None
+    lp = token_logprobs(logits, token, seq.params.logprobs)
+    return token, (lp.logprob, lp.top)
+
+
+def _row(handle: SequenceHandle, tokens: tuple[int, ...], base: int, lp: tuple | None) -> PendingRow:
+    if lp is None:
+        return PendingRow(handle, tokens, base)
+    return PendingRow(handle, tokens, base, logprobs=(lp[0],), top_logprobs=(lp[1],))
+
+
+# ---- prefill -------------------------------------------------------------------------------------------------
+def _segments(start: int, end: int) -> list[tuple[int, int]]:
+    cuts = [start] + list(range((start // CHUNK + 1) * CHUNK, end, CHUNK)) + [end]
+    return list(zip(cuts, cuts[1:]))
+
+
+def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: Any | None) -> PendingBatch | None:
+    seq = prog.sequence(handle)
+    n = len(seq.prompt)
+    if seq.frontier >= n or max_tokens < 1:
+        raise EngineFailure(f"prefill of {handle}: frontier {seq.frontier} of a {n}-token prompt, chunk {max_tokens}")
+    end = min(n, seq.frontier + max_tokens)
+    for a, b in _segments(seq.frontier, end):
+        _grow(prog, seq, b)
+        tokens = torch.tensor(seq.prompt[a:b], dtype=torch.long, device=prog.device)  # [b - a]
+        logits = prog.model.prefill(tokens, handle.slot, seq.row, a)  # [V] fp32, the distribution at b
+        seq.tokens.extend(seq.prompt[a:b])
+        if b % CHUNK == 0 and b < n:
+            _boundary_snapshot(prog, seq)
+    if end < n:
+        return None
+    token, lp = _sample(prog, seq, logits.cpu(), n, mask)
+    return PendingBatch(BatchKind.PREFILL, (_row(handle, (token,), n, lp),), prog.resource_revision)
+
+
+def _share(prog: "FastProgram", seq: ActiveSequence, slot: int, boundary: bool) -> None:
+    """Snapshot the frontier: GDN state copied into `slot`, every page shared by reference (the partial one too:
+    the checkpoint reads only positions before its frontier, and a resume copies it)."""
+    prog.dev.copy_slot(seq.handle.slot, slot)
+    for p in seq.table:
+        prog.pages.ref(p)
+    seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot, boundary=boundary))
+
+
+def _boundary_snapshot(prog: "FastProgram", seq: ActiveSequence) -> None:
+    """Capture at a 64-token boundary when the checkpoint allowance has a free slot and these tokens are not
+    already published."""
+    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
+        return
+    digest = token_digest(seq.tokens)
+    if any(len(c.tokens) == seq.frontier and token_digest(c.tokens) == digest for c in prog.ckpts.values()):
+        return
+    _share(prog, seq, prog.slots.take(), boundary=True)
+    prog.bump_revision()
+
+
+def _snapshot_prompt_end(prog: "FastProgram", seq: ActiveSequence) -> None:
+    """Capture the prompt-end state into the publication slot reserved at activation."""
+    if seq.pub_slot is not None:
+        slot, seq.pub_slot = seq.pub_slot, None
+        _share(prog, seq, slot, boundary=False)
+
+
+# ---- decode and control --------------------------------------------------------------------------------------
+def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
+           masks: Sequence[Any | None] | None) -> PendingBatch:
+    if masks is not None and len(masks) != len(handles):
+        raise EngineFailure(f"{len(masks)} masks for {len(handles)} decode rows")
+    seqs = [prog.sequence(h) for h in handles]
+    if any(s.pending is None for s in seqs):
+        raise EngineFailure("decode of a sequence before its prompt finished")
+    prog.dev.copy_slots([s.handle.slot for s in seqs], [prog.config.backup_slot(s.row) for s in seqs])
+    provisional = tuple(Provisional((s.pending,), _grow(prog, s, s.frontier + 1)) for s in seqs)
+    i32 = dict(dtype=torch.int32)
+    pos = [s.frontier for s in seqs]
+    (logits, *_) = prog.runner.run(torch.tensor([s.pending for s in seqs], dtype=torch.long),
+                                   torch.tensor([s.handle.slot for s in seqs], **i32),
+                                   torch.tensor([s.row for s in seqs], **i32),
+                                   torch.tensor([p + 1 for p in pos], **i32), torch.tensor(pos, **i32))
+    host = logits.cpu()  # [B, V] fp32; the runner's buffer is overwritten by its next replay
+    rows = []
+    for i, (h, s) in enumerate(zip(handles, seqs)):
+        token, lp = _sample(prog, s, host[i], s.frontier + 1, None if masks is None else masks[i])
+        rows.append(_row(h, (token,), s.frontier + 1, lp))
+    return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
+
+
+def control(prog: "FastProgram", handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
+    """Forced tokens: no sampling, no RNG position consumed beyond the tokens themselves."""
+    seq = prog.sequence(handle)
+    if not tokens or seq.pending is None:
+        raise EngineFailure(f"control of {handle} needs a finished prompt and a non-empty suffix")
+    fed = (seq.pending,) + tuple(tokens[:-1])
+    prog.dev.copy_slot(handle.slot, prog.config.backup_slot(seq.row))
+    grown = _grow(prog, seq, seq.frontier + len(fed))
+    prog.model.prefill(torch.tensor(fed, dtype=torch.long, device=prog.device), handle.slot, seq.row, seq.frontier)
+    row = PendingRow(handle, tuple(tokens), seq.frontier + 1)
+    return PendingBatch(BatchKind.CONTROL, (row,), prog.resource_revision, payload=(Provisional(fed, grown),))
+
+
+# ---- commit ----------------------------------------------------------------------------------------------------
+def commit(prog: "FastProgram", batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
+    """Validate every row first, then apply: the batch is committed whole or not at all."""
+    batch.check_decisions(decisions)
+    prefill_batch = batch.kind is BatchKind.PREFILL
+    if not prefill_batch and (batch.payload is None or len(batch.payload) != len(batch.rows)):
+        raise EngineFailure("a decode/control batch lost its provisional state")
+    seqs = []
+    for row, d in zip(batch.rows, decisions):
+        seq = prog.sequence(row.handle)
+        expected = seq.frontier if prefill_batch else seq.frontier + 1
+        if row.base_frontier != expected or (prefill_batch and seq.pending is not None):
+            raise EngineFailure(f"batch row {row.handle} at {row.base_frontier}, sequence expects {expected}")
+        if d.accepted and not prefill_batch and d.accepted != row.produced:
+            raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
+        seqs.append(seq)
+    for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
+        if d.accepted == 0:
+            if not prefill_batch:
+                _restore(prog, seq, batch.payload[i])
+            continue
+        if not prefill_batch:
+            seq.tokens.extend(batch.payload[i].fed)
+        seq.pending = row.tokens[d.accepted - 1]
+        if d.boundary is not None:
+            seq.boundary = row.base_frontier + d.boundary
+        if prefill_batch:
+            _snapshot_prompt_end(prog, seq)
+
+
+def abort_pending(prog: "FastProgram", batch: PendingBatch) -> None:
+    """Every row back to its committed state: prefill rows hold nothing provisional, stepped rows are restored."""
+    if batch.kind is BatchKind.PREFILL or batch.payload is None:
+        return
+    for row, prov in zip(batch.rows, batch.payload):
+        _restore(prog, prog.sequence(row.handle), prov)

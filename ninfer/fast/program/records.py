@@ -1,0 +1,51 @@
+"""What the fast Program holds per active sequence and per checkpoint: host bookkeeping only. The tensors live in
+the plan's pools, addressed by page ids, state slot ids and block-table row ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ninfer.contracts import SequenceHandle
+from ninfer.sampling import SamplingParams
+
+
+@dataclass
+class Checkpoint:
+    """A complete, immutable continuation at frontier len(tokens): KV pages by reference plus one GDN state,
+    either in a device slot or (slot None) on the host tier."""
+
+    tokens: tuple[int, ...]
+    table: list[int]  # pages covering positions < len(tokens), each holding one reference
+    slot: int | None
+    boundary: bool = False  # captured at a 64-token boundary: its slot came from the checkpoint allowance
+
+
+@dataclass
+class ActiveSequence:
+    handle: SequenceHandle  # handle.slot is the live GDN state slot
+    row: int  # block-table row: data handed to the model, not an identity
+    prompt: tuple[int, ...]
+    max_new: int
+    params: SamplingParams
+    seed: int  # resolved, in [0, 2^64)
+    tokens: list[int] = field(default_factory=list)  # consumed tokens: the KV and GDN frontier is len(tokens)
+    pending: int | None = None  # last committed output token, not yet consumed
+    table: list[int] = field(default_factory=list)  # block table (host copy of the device row), covers the frontier
+    reserve_left: int = 0  # pages reserved for growth, not yet taken from the pool
+    pub_slot: int | None = None  # the publication slot reserved at activation, until the prompt-end snapshot
+    snapshots: list[Checkpoint] = field(default_factory=list)  # captured, not yet published
+    boundary: int | None = None  # absolute reconstruction boundary of the last commit (Frontend metadata)
+
+    @property
+    def frontier(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def prompt_pos(self) -> int:
+        return min(len(self.tokens), len(self.prompt))
+
+    @property
+    def outputs(self) -> list[int]:
+        """Committed output tokens, the pending one included (the history penalties see)."""
+        done = self.tokens[len(self.prompt):]
+        return done + ([self.pending] if self.pending is not None else [])

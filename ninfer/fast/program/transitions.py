@@ -1,0 +1,211 @@
+"""The fast Program's physical transitions: the stages of each resource transaction, and their results.
+
+Same semantics as the reference Program's (docs/fast-program.md): MATERIALIZE from a checkpoint runs in two
+stages (claim: make room, take slots, pages and a block-table row, copy the source's GDN state slot-to-slot and its
+partial KV page into a new page, share its full pages by reference; then activation), every other transition in
+one. An abort after the claim returns everything it took.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, ResourceChoice, ResourceResult,
+                              RunningTransaction, TransitionKind, token_digest)
+from ninfer.sampling import SamplingParams
+
+from .records import ActiveSequence, Checkpoint
+
+if TYPE_CHECKING:
+    from .program import FastProgram
+
+SEED_MOD = 1 << 64
+
+
+def sampling_params(sampling: Any) -> SamplingParams:
+    """The request's SamplingParams; None is greedy."""
+    if sampling is None:
+        return SamplingParams(temperature=0.0)
+    if isinstance(sampling, SamplingParams):
+        return sampling
+    raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
+
+
+def advance(prog: "FastProgram", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult | None:
+    choice = txn.plan.choice
+    kind = choice.kind
+    if kind is TransitionKind.MATERIALIZE:
+        return _advance_materialize(prog, txn, progress)
+    prog.bump_revision()
+    if kind is TransitionKind.CAPTURE:
+        seq = prog.sequence(choice.handle)
+        snaps, seq.snapshots = seq.snapshots, []
+        published = tuple(info for ck in snaps for info in publish(prog, ck))
+        return ResourceResult(txn.txn_id, kind, True, prog.resource_revision, published=published)
+    if kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
+        return _terminal(prog, txn, choice)
+    if kind is TransitionKind.PLACE:
+        return _place(prog, txn, choice.source)
+    released = tuple(cid for cid in choice.victims if cid in prog.ckpts)
+    for cid in released:
+        free_checkpoint(prog, prog.ckpts.pop(cid), cid)
+    return ResourceResult(txn.txn_id, kind, True, prog.resource_revision, released=released)
+
+
+def abort(prog: "FastProgram", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult:
+    """Return what the claim stage took; victims it already released stay released and are reported."""
+    seq = prog.prepared.pop(txn.txn_id, None)
+    if seq is not None:
+        _free_sequence(prog, seq)
+        prog.bump_revision()
+    return ResourceResult(txn.txn_id, txn.plan.choice.kind, False, prog.resource_revision,
+                          released=progress["released"], detail="aborted")
+
+
+# ---- materialization -----------------------------------------------------------------------------------------
+def _advance_materialize(prog: "FastProgram", txn: RunningTransaction,
+                         progress: dict[str, Any]) -> ResourceResult | None:
+    choice = txn.plan.choice
+    if progress["stage"] == 0:
+        progress["released"] = _make_room(prog, choice)
+        if prog.need(choice) > prog.free_pages() or len(prog.slots.free) < 2 or not prog.rows.free:
+            prog.bump_revision()
+            return ResourceResult(txn.txn_id, choice.kind, False, prog.resource_revision,
+                                  released=progress["released"], detail="pools changed under the plan")
+        prog.prepared[txn.txn_id] = _claim(prog, choice)
+        prog.bump_revision()
+        progress["stage"] = 1
+        if choice.source is not None:
+            return None
+    seq = prog.prepared.pop(txn.txn_id)
+    prog.seqs[seq.handle.slot] = seq
+    prog.bump_revision()
+    return ResourceResult(txn.txn_id, choice.kind, True, prog.resource_revision, handle=seq.handle,
+                          reused_tokens=seq.frontier, released=progress["released"])
+
+
+def _make_room(prog: "FastProgram", choice: ResourceChoice) -> tuple[CheckpointId, ...]:
+    """Walk the victims in the given (LRU) order until the need is met. When only state slots are short, a
+    victim's GDN state moves to the host tier (it stays cached); otherwise the victim is released."""
+    need, released = prog.need(choice), []
+    for cid in choice.victims:
+        pages_ok, slots_ok = prog.free_pages() >= need, len(prog.slots.free) >= 2
+        if pages_ok and slots_ok:
+            break
+        if cid == choice.source or cid not in prog.ckpts:
+            continue
+        ck = prog.ckpts[cid]
+        if pages_ok and ck.slot is None:
+            continue  # a host-resident checkpoint holds no slot: releasing it would not help
+        if pages_ok and prog.host.fits():
+            _to_host(prog, cid, ck)
+            continue
+        free_checkpoint(prog, prog.ckpts.pop(cid), cid)
+        released.append(cid)
+    return tuple(released)
+
+
+def _claim(prog: "FastProgram", choice: ResourceChoice) -> ActiveSequence:
+    slot, pub, row = prog.slots.take(), prog.slots.take(), prog.rows.take()
+    seq = ActiveSequence(prog.new_handle(slot), row, choice.prompt, choice.max_new_tokens,
+                         sampling_params(choice.sampling), choice.seed % SEED_MOD, pub_slot=pub)
+    taken = 0
+    if choice.source is None:
+        prog.dev.clear_slot(slot)
+    else:
+        src, ps = prog.checkpoint(choice.source), prog.config.page_size
+        full = len(src.tokens) // ps
+        for p in src.table[:full]:
+            prog.pages.ref(p)  # shared by reference: positions < frontier are immutable
+        seq.table = list(src.table[:full])
+        if len(src.tokens) % ps:
+            page = prog.pages.take()  # the partial page is copied: this sequence writes after the frontier
+            prog.dev.copy_page(src.table[full], page)
+            seq.table.append(page)
+            taken = 1
+        if src.slot is not None:
+            prog.dev.copy_slot(src.slot, slot)
+        else:
+            prog.dev.store_slot(slot, prog.host.entries[choice.source.value])  # resume from the host replica
+        seq.tokens = list(src.tokens)
+        prog.dev.write_row(row, seq.table)
+    seq.reserve_left = prog.need(choice) - taken
+    return seq
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------------
+def publish(prog: "FastProgram", ck: Checkpoint) -> tuple[CheckpointInfo, ...]:
+    """Publish a complete checkpoint, unless one of the same tokens is already published (then free it)."""
+    digest = token_digest(ck.tokens)
+    for other in prog.ckpts.values():
+        if len(other.tokens) == len(ck.tokens) and token_digest(other.tokens) == digest:
+            free_checkpoint(prog, ck, None)
+            return ()
+    cid = prog.new_checkpoint_id()
+    prog.ckpts[cid] = ck
+    return (prog.checkpoint_info(cid),)
+
+
+def free_checkpoint(prog: "FastProgram", ck: Checkpoint, cid: CheckpointId | None) -> None:
+    for p in ck.table:
+        prog.pages.unref(p)
+    if ck.slot is not None:
+        prog.slots.give(ck.slot)
+    elif cid is not None:
+        del prog.host.entries[cid.value]
+
+
+def _to_host(prog: "FastProgram", cid: CheckpointId, ck: Checkpoint) -> None:
+    prog.host.entries[cid.value] = prog.dev.load_slot(ck.slot)
+    prog.slots.give(ck.slot)
+    ck.slot = None
+
+
+def _place(prog: "FastProgram", txn: RunningTransaction, cid: CheckpointId | None) -> ResourceResult:
+    """Move one inactive checkpoint's GDN state to the other tier; its KV pages stay where they are."""
+    ck = prog.checkpoint(cid)
+    if ck.slot is not None and prog.host.fits():
+        _to_host(prog, cid, ck)
+    elif ck.slot is None and prog.slots.free:
+        ck.slot = prog.slots.take()
+        prog.dev.store_slot(ck.slot, prog.host.entries.pop(cid.value))
+    else:
+        return ResourceResult(txn.txn_id, TransitionKind.PLACE, False, prog.resource_revision,
+                              detail="the target tier has no room")
+    return ResourceResult(txn.txn_id, TransitionKind.PLACE, True, prog.resource_revision,
+                          detail="to host" if ck.slot is None else "to device")
+
+
+# ---- terminal ------------------------------------------------------------------------------------------------
+def _terminal(prog: "FastProgram", txn: RunningTransaction, choice: ResourceChoice) -> ResourceResult:
+    seq = prog.sequence(choice.handle)
+    retain = choice.kind is TransitionKind.RETAIN and seq.frontier > 0
+    if retain and choice.capture_at is not None and choice.capture_at != seq.frontier:
+        raise EngineFailure(f"retain at {choice.capture_at} but sequence {seq.handle} is at {seq.frontier}")
+    del prog.seqs[seq.handle.slot]
+    for ck in seq.snapshots:
+        free_checkpoint(prog, ck, None)
+    seq.snapshots, seq.reserve_left = [], 0
+    if seq.pub_slot is not None:
+        prog.slots.give(seq.pub_slot)
+    prog.rows.give(seq.row)
+    published: tuple[CheckpointInfo, ...] = ()
+    if retain:
+        # The live state itself becomes the checkpoint: its slot and pages change owner, nothing is copied.
+        published = publish(prog, Checkpoint(tuple(seq.tokens), seq.table, seq.handle.slot))
+    else:
+        for p in seq.table:
+            prog.pages.unref(p)
+        prog.slots.give(seq.handle.slot)
+    return ResourceResult(txn.txn_id, choice.kind, True, prog.resource_revision, published=published)
+
+
+def _free_sequence(prog: "FastProgram", seq: ActiveSequence) -> None:
+    for ck in seq.snapshots:
+        free_checkpoint(prog, ck, None)
+    for p in seq.table:
+        prog.pages.unref(p)
+    prog.slots.give(seq.handle.slot)
+    if seq.pub_slot is not None:
+        prog.slots.give(seq.pub_slot)
+    prog.rows.give(seq.row)
