@@ -1,0 +1,113 @@
+"""A tiny random Qwen3.5 (GDN + attention, eos 0) written as a .ninfer artifact, and fast and reference Programs
+over the same weights.
+
+On CPU the model has hidden 32 and vocab 97; the Programs run the "naive" kernels unless a test asks for "triton"
+(the Triton interpreter costs ~1.5 s a model call, so only one Engine test pays for it). With
+NINFER_TEST_DEVICE=cuda every fast Program runs the Triton kernels on the GPU, at real head dims. Helpers are
+fixtures because the suite imports test modules in importlib mode (no sibling imports).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from ninfer.artifact import write_artifact
+from ninfer.fast.program import FastProgram, FastProgramConfig
+from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
+from ninfer.models.qwen3_5.params import TEXT, logical_parameters
+from ninfer.reference.model import ReferenceModel
+from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+VOCAB = 1000 if ON_GPU else 97
+BUDGET = 1 << 30  # explicit byte budget: the pools are capped by kv_pages, not by the budget
+
+
+def tiny_config() -> Qwen35Config:
+    big = ON_GPU
+    return Qwen35Config.from_hf(dict(
+        model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=256 if big else 32, num_hidden_layers=3,
+        layer_types=[LINEAR, FULL, LINEAR], num_attention_heads=2, num_key_value_heads=1,
+        head_dim=256 if big else 32, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=128 if big else 16, linear_value_head_dim=128 if big else 16, linear_conv_kernel_dim=4,
+        intermediate_size=512 if big else 64, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        tie_word_embeddings=False, mtp_num_hidden_layers=0, eos_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [11, 11, 10] if big else [2, 1, 1], "mrope_interleaved": True}))
+
+
+def tiny_weights(cfg: Qwen35Config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """fp32 weights with peaked logits, so that greedy tokens are not near-ties between the two models."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, spec in logical_parameters(cfg, (TEXT,)).items():
+        if name.endswith("A_log"):
+            t = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
+        elif name.endswith("dt_bias"):
+            t = torch.rand(spec.shape, generator=g)
+        elif name.endswith("linear_attn.norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
+        elif spec.kind == "norm":
+            t = 0.1 * torch.randn(spec.shape, generator=g)
+        else:
+            t = 2.0 * torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
+        out[name] = t
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors gain nothing from intra-op threads; the shared 2-core box loses a lot to oversubscription."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    cfg = tiny_config()
+    return cfg, tiny_weights(cfg)
+
+
+@pytest.fixture(scope="session")
+def artifact(tiny, tmp_path_factory):
+    cfg, weights = tiny
+    return write_artifact(tmp_path_factory.mktemp("fast_program") / "tiny.ninfer", cfg, weights.items())
+
+
+PROGRAM_DEFAULTS = dict(max_concurrency=2, max_context=256, page_size=4, kv_pages=160, checkpoint_slots=3,
+                        host_bytes=1 << 20, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def make_fast(tiny):
+    def make(kernels: str = "naive", **kw) -> FastProgram:
+        cfg, weights = tiny
+        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw})
+        return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
+                                 kernels="triton" if ON_GPU else kernels)
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_reference(tiny):
+    cfg, weights = tiny
+    model = ReferenceModel(cfg, weights, dtype=torch.float32)
+
+    def make(**kw) -> ReferenceProgram:
+        return ReferenceProgram(model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw}))
+    return make
+
+
+@pytest.fixture(scope="session")
+def prompt_of():
+    def make(n: int, seed: int = 0) -> tuple[int, ...]:
+        g = torch.Generator().manual_seed(seed)
+        return tuple(int(t) for t in torch.randint(1, VOCAB, (n,), generator=g))
+    return make

@@ -1,0 +1,162 @@
+"""The fast Program under the real Engine equals the reference Program on the same fp32 weights: greedy and
+sampled tokens, logprobs, forced control, prefix and session hits, concurrency; every page and slot comes back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contracts import FinishReason, OutputDelta
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.fast.program import FastProgram
+from ninfer.sampling import SamplingParams
+from ninfer.testing.sessions import token_request
+
+
+def serve(program, requests, **config):
+    """Submit every request at once, drain, and return the results in order."""
+    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
+    handles = [engine.submit(r) for r in requests]
+    engine.run_until_idle()
+    results = [h.result(timeout=0) for h in handles]
+    assert engine.available, engine.failure
+    return results
+
+
+def in_turns(program, batches, **config):
+    """Serve the batches one after another on one Engine (later ones meet earlier checkpoints)."""
+    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
+    out = []
+    for batch in batches:
+        handles = [engine.submit(r) for r in batch]
+        engine.run_until_idle()
+        out.append([h.result(timeout=0) for h in handles])
+    assert engine.available, engine.failure
+    return out
+
+
+def cold(make_program, prompt, max_tokens):
+    (result,) = serve(make_program(), [token_request(prompt, max_tokens)], max_concurrency=1, prefix_caching=False)
+    return result.token_ids
+
+
+def assert_drained(program):
+    u = program.resource_usage()
+    assert u.active_sequences == u.reserved_pages == u.sequence_pages == 0, u
+    assert u.free_pages + u.checkpoint_pages == u.total_pages, u
+    assert u.free_slots + u.checkpoints == u.total_slots, u
+    assert u.checkpoints > 0, "prefix caching published nothing"
+
+
+def test_triton_concurrency_3_equals_reference(make_fast, make_reference, prompt_of):
+    """The Triton kernels (interpreted on CPU) at three concurrent sequences, staged prefill, shared prefixes."""
+    shared = prompt_of(6, seed=40)
+    prompts = [shared + prompt_of(n, seed=41 + n) for n in (1, 5)] + [prompt_of(9, seed=50)]
+    reqs = lambda: [token_request(p, 3) for p in prompts]  # noqa: E731
+    cfg = dict(max_concurrency=3, prefill_chunk=16, concurrent_prefill=True)
+    fast = make_fast(kernels="triton", max_concurrency=3)
+    got = serve(fast, reqs(), **cfg)
+    want = serve(make_reference(max_concurrency=3), reqs(), **cfg)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert all(r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) for r in got)
+    assert_drained(fast)
+
+
+def test_greedy_from_artifact_equals_reference(artifact, make_reference, prompt_of):
+    fast = FastProgram.from_artifact(artifact, max_concurrency=2, max_context=256, budget_bytes=1 << 30,
+                                     device="cuda" if fast_on_gpu() else "cpu",
+                                     kernels="triton" if fast_on_gpu() else "naive", page_size=4, kv_pages=160,
+                                     checkpoint_slots=3, dtype=torch.float32)
+    prompts = [prompt_of(n, seed=n) for n in (3, 17, 70)]
+    got = serve(fast, [token_request(p, 9) for p in prompts], max_concurrency=2, prefill_chunk=11)
+    want = serve(make_reference(), [token_request(p, 9) for p in prompts], max_concurrency=2, prefill_chunk=11)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert_drained(fast)
+
+
+def fast_on_gpu() -> bool:
+    import os
+    return os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+
+
+def test_speculative_config_is_refused(artifact):
+    with pytest.raises(NotImplementedError, match="not implemented in the fast Program yet"):
+        FastProgram.from_artifact(artifact, max_concurrency=1, max_context=64, budget_bytes=1 << 30,
+                                  speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+
+
+@pytest.mark.parametrize("base_len, chunk, reused", [(12, 5, 12), (13, 5, 13), (100, 48, 64)])
+def test_prefix_hit_equals_cold_run(make_fast, prompt_of, base_len, chunk, reused):
+    """A short prompt resumes from its prompt-end checkpoint (at 13 with its partial page copied); a long one that
+    diverges after
+    80 tokens resumes from the 64-token boundary checkpoint."""
+    base = prompt_of(base_len, seed=11)
+    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    program = make_fast()
+    first, hit = in_turns(program, [[token_request(base, 4)], [token_request(second, 6)]], max_concurrency=2,
+                          prefill_chunk=chunk)
+    assert hit[0].usage.cached_prompt_tokens == reused
+    assert hit[0].token_ids == cold(make_fast, second, 6)
+    assert first[0].token_ids == cold(make_fast, base, 4)
+    assert_drained(program)
+
+
+def test_session_turns_equal_cold_runs(make_fast, prompt_of):
+    program = make_fast()
+    engine = Engine(program, EngineConfig(max_concurrency=2, prefill_chunk=8, check_invariants=True), threaded=False)
+    prompt = prompt_of(10, seed=21)
+    for turn in range(3):
+        handle = engine.submit(token_request(prompt, 5, session_key="chat"))
+        engine.run_until_idle()
+        result = handle.result(timeout=0)
+        assert result.token_ids == cold(make_fast, prompt, 5), f"turn {turn}"
+        if turn:  # resumed from the retained conversation: all but the new 4 tokens and the last output
+            assert result.usage.cached_prompt_tokens == len(prompt) - 5
+        prompt = prompt + result.token_ids + prompt_of(4, seed=30 + turn)
+    assert engine.available, engine.failure
+    assert_drained(program)
+
+
+def _logprob_stream(program, requests, **config):
+    """(token ids, logprobs, top alternatives) per request, gathered from its OutputDeltas."""
+    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
+    handles = [engine.submit(r) for r in requests]
+    engine.run_until_idle()
+    assert engine.available, engine.failure
+    out = []
+    for h in handles:
+        deltas = [e for e in h.events(timeout=0) if isinstance(e, OutputDelta)]
+        out.append((sum((d.token_ids for d in deltas), ()), sum((d.logprobs or () for d in deltas), ()),
+                    sum((d.top_logprobs or () for d in deltas), ())))
+    return out
+
+
+def test_sampling_logprobs_and_forced_control_equal_reference(make_fast, make_reference, prompt_of):
+    """Seeded sampling with logprobs and top alternatives, and a thinking budget that forces a control token."""
+    params = SamplingParams(temperature=0.8, top_k=20, logprobs=2)
+    reqs = lambda: [token_request(prompt_of(7, seed=3), 8, sampling=params, seed=5),  # noqa: E731
+                    token_request(prompt_of(9, seed=4), 8, think_budget=3)]
+    cfg = dict(max_concurrency=2, prefill_chunk=4)
+    fast = make_fast()
+    got, want = _logprob_stream(fast, reqs(), **cfg), _logprob_stream(make_reference(), reqs(), **cfg)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert got[1][0][3] == 1, "the thinking budget forced no control token"
+    (tokens, lps, tops), (_, ref_lps, ref_tops) = got[0], want[0]
+    assert len(lps) == len(tops) == len(tokens) and not got[1][1], "logprobs only where asked, one per token"
+    tol = 3e-2 if fast_on_gpu() else 1e-3  # the GPU's fp32 tl.dot is TF32
+    assert lps == pytest.approx(ref_lps, abs=tol)
+    assert [t for alt in tops for t, _ in alt] == [t for alt in ref_tops for t, _ in alt]
+    assert [lp for alt in tops for _, lp in alt] == pytest.approx([lp for alt in ref_tops for _, lp in alt], abs=tol)
+    assert_drained(fast)
+
+
+def test_pressure_drains_back_to_baseline(make_fast, prompt_of):
+    """Few pages and slots: admissions wait, release victims, move checkpoints to the host tier, and backfill."""
+    small = dict(max_concurrency=2, kv_pages=16, checkpoint_slots=1, page_size=4, max_context=40)
+    program = make_fast(**small)
+    prompts = [prompt_of(n, seed=60 + n) for n in (9, 17, 5, 22, 13)]
+    results = serve(program, [token_request(p, 8) for p in prompts], max_concurrency=2, prefill_chunk=7)
+    for p, r in zip(prompts, results):
+        assert r.token_ids == cold(lambda: make_fast(**small), p, 8)
+    assert_drained(program)

@@ -1,0 +1,42 @@
+"""The Engine property harness against the fast Program on the tiny fp32 model (eos 0): random schedules with
+shared prefixes, session turns, cancellations, deadlines, thinking budgets and injected faults; schedule invariance
+against solo runs, and every page and slot not held by a checkpoint free again at teardown.
+
+Tight pools (2 lanes of at most 16 pages, 40 pages, 2 checkpoint slots) make pressure and victims common. On CPU
+the naive kernels run (the Triton interpreter would take hours here); on the GPU the Triton kernels."""
+
+import functools
+import importlib.util
+import pathlib
+
+import torch
+from hypothesis import settings
+
+from ninfer.fast.program import FastProgram, FastProgramConfig
+from ninfer.testing.harness import make_engine_machine
+
+
+@functools.cache
+def _conftest():
+    # importlib mode: the sibling conftest is loaded by path, not imported by name
+    spec = importlib.util.spec_from_file_location("_fast_program_conftest",
+                                                  pathlib.Path(__file__).with_name("conftest.py"))
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    cfg = conf.tiny_config()
+    return conf, cfg, conf.tiny_weights(cfg)
+
+
+def _program() -> FastProgram:
+    conf, cfg, weights = _conftest()
+    config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
+                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,))
+    return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
+                             kernels="triton" if conf.ON_GPU else "naive")
+
+
+Machine = make_engine_machine(_program, max_concurrency=2)
+# 15 examples in CI (about a minute on CPU); the soak profile (5,000) gives 250 here.
+Machine.TestCase.settings = settings(settings.default, max_examples=max(60, settings.default.max_examples // 20),
+                                    stateful_step_count=30)
+TestFastEngine = Machine.TestCase

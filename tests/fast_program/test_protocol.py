@@ -1,0 +1,99 @@
+"""The fast Program driven directly through the protocol: a dropped or cancelled decode/control step leaves the
+committed GDN state, pages and reservation exactly as before; plans go stale; the memory plan is the pools."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contracts import (BatchKind, EngineFailure, ResourceChoice, RowDecision, StalePlan, TransitionKind)
+
+
+def run(program, choice):
+    txn = program.start(program.plan(choice))
+    while (result := program.advance(txn)) is None:
+        pass
+    assert result.succeeded, result
+    return result
+
+
+def ready(program, prompt, max_new=6):
+    """A sequence past its prompt, with its first output token committed (pending)."""
+    handle = run(program, ResourceChoice(TransitionKind.MATERIALIZE, request_id=1, prompt=prompt,
+                                         max_new_tokens=max_new)).handle
+    batch = program.prefill(handle, len(prompt))
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return handle
+
+
+def committed(program, handle):
+    """The committed physical state of a sequence: its GDN slot (conv, S), block table and occupancy."""
+    seq = program.sequence(handle)
+    pools = program.model.pools
+    return (pools.conv[:, handle.slot].clone(), pools.ssm[:, handle.slot].clone(), list(seq.table),
+            seq.reserve_left, seq.frontier, seq.pending, program.resource_usage())
+
+
+def assert_same(a, b):
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), "GDN state not restored"
+    assert a[2:] == b[2:]
+
+
+@pytest.mark.parametrize("step", ["decode", "control"])
+@pytest.mark.parametrize("how", ["abort_pending", "cancelled"])
+def test_rejected_step_restores_committed_state(make_fast, prompt_of, step, how):
+    """The prompt ends at a page boundary (8 tokens, pages of 4), so the step takes a new page it must return."""
+    program = make_fast()
+    handle = ready(program, prompt_of(8, seed=1))
+    program.check_invariants()
+    before = committed(program, handle)
+    run_step = (lambda: program.decode([handle])) if step == "decode" else (lambda: program.control(handle, (5, 6)))
+    first = run_step()
+    assert len(program.sequence(handle).table) > len(before[2]), "the step should have grown a page"
+    if how == "abort_pending":
+        program.abort_pending(first.take())
+    else:
+        program.commit(first.take(), [RowDecision(0, True, cancelled=True)] * len(first.rows))
+    assert_same(committed(program, handle), before)
+    program.check_invariants()
+    again = run_step()  # the same step from the restored state produces the same tokens
+    assert again.rows[0].tokens == first.rows[0].tokens
+    program.commit(again.take(), [RowDecision(again.rows[0].produced, False)])
+    assert program.sequence(handle).frontier == before[4] + len(again.rows[0].tokens)
+    program.check_invariants()
+
+
+def test_stale_plan_and_stale_handle(make_fast, prompt_of):
+    program = make_fast()
+    handle = ready(program, prompt_of(5, seed=2))
+    plan = program.plan(ResourceChoice(TransitionKind.MATERIALIZE, request_id=2, prompt=prompt_of(4), max_new_tokens=2))
+    run(program, ResourceChoice(TransitionKind.RELEASE, handle=handle))
+    with pytest.raises(StalePlan):
+        program.start(plan)
+    with pytest.raises(EngineFailure, match="stale or unknown"):
+        program.decode([handle])
+    program.check_invariants()
+    u = program.resource_usage()
+    assert u.free_pages == u.total_pages and u.free_slots == u.total_slots
+
+
+def test_plan_sizes_the_pools(make_fast):
+    """Rows = lanes, slots = allocatable + one backup per row (+ the plan's dummy), pages = the cap."""
+    program = make_fast(max_concurrency=3, checkpoint_slots=2, kv_pages=70)
+    plan, pools = program.model.plan, program.model.pools
+    assert (plan.max_seqs, plan.slots, plan.num_pages) == (3, 2 * 3 + 2 + 3, 70)
+    assert pools.block_tables.shape[0] == 4 and pools.ssm.shape[1] == plan.slots + 1
+    u = program.resource_usage()
+    assert (u.total_slots, u.total_pages) == (8, 70)
+
+
+def test_prefill_batch_is_one_sampled_row(make_fast, prompt_of):
+    program = make_fast()
+    handle = run(program, ResourceChoice(TransitionKind.MATERIALIZE, request_id=1, prompt=prompt_of(10, seed=3),
+                                         max_new_tokens=3)).handle
+    assert program.prefill(handle, 4) is None and program.prompt_remaining(handle) == 6
+    batch = program.prefill(handle, 6)
+    assert batch.kind is BatchKind.PREFILL and batch.rows[0].base_frontier == 10
+    program.abort_pending(batch.take())  # prompt tokens are not provisional: the frontier stays
+    assert program.prompt_remaining(handle) == 0 and program.sequence(handle).pending is None
+    program.check_invariants()
