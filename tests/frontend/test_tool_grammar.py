@@ -25,7 +25,7 @@ PING = {"type": "function", "function": {"name": "ping", "parameters": {"type": 
 TOOLS = [PICK, PING]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 # Continuations the walk may jump to where the mask is wide open (free text, raw strings, JSON strings).
-JUMPS = ["\n</parameter>\n", "Sure.\n\n<tool_call>\n<function=", "<tool_call>\n<function=", '"}', "}"]
+JUMPS = ["\n</parameter>\n", '"}', "}"]
 USER = {"role": "user", "content": "q"}
 KWARGS = {"enable_thinking": False}
 
@@ -88,10 +88,7 @@ def test_random_forced_calls_end_the_turn_validate_and_rerender(fe, tok, choice,
         assert parallel or len(r.tool_calls) == 1
         for c in r.tool_calls:
             jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
-        # Free text before the first call re-renders trimmed, as the template trims content; calls exactly.
-        prefix, calls = text.split("<tool_call>", 1)
-        prefix = prefix.strip() + "\n\n" if prefix.strip() else ""
-        assert rerendered(fe, r) == prefix + "<tool_call>" + calls + "\n"
+        assert rerendered(fe, r) == text + "\n"
     assert done >= 20
 
 

@@ -5,7 +5,7 @@
       json format only          : the final JSON
       tools auto                : free text with triggered tool calls
       tools auto + json format  : one or more tool calls  |  the final JSON
-      tools required            : at least one tool call, optionally after free text and "\n\n"
+      tools required            : at least one tool call, from the answer's first token
       tool named                : calls of that tool only (one, unless parallel calls are allowed)
 
 Forced calls (required, named, auto + json format) end the turn: after the last permitted call only another
@@ -58,14 +58,6 @@ def json_safe(schema: Any) -> Any:
     return out
 
 
-def _required(tools: tuple, parallel: bool) -> OrFormat:
-    """At least one call, directly or after free text; the template puts "\n\n" between text and a call."""
-    text = TagFormat(begin="", content=AnyTextFormat(excludes=REASONING_EXCLUDES + ["<tool_call>"]),
-                     end="\n\n" + CALL_TRIGGER)
-    after_text = SequenceFormat(elements=[text, calls_format(tools, parallel, first_begin="")])
-    return OrFormat(elements=[calls_format(tools, parallel), after_text])
-
-
 def _answer(options: StructuredOutputOptions) -> Any:
     fmt = options.response_format
     final = JSONSchemaFormat(json_schema=json_safe(fmt.final_schema())) if fmt.is_json else None
@@ -74,10 +66,9 @@ def _answer(options: StructuredOutputOptions) -> Any:
         return final if final is not None else AnyTextFormat(excludes=REASONING_EXCLUDES)
     parallel = options.parallel_tool_calls
     mode = options.tool_choice.mode
-    if mode == "named":
-        return calls_format(tools, parallel)  # tools holds just the named one; parallel calls may repeat it
-    if mode == "required":
-        return _required(tools, parallel)
+    if mode in ("named", "required"):
+        # The calls come first, as XGrammar's at_least_one does; named: tools holds just that one.
+        return calls_format(tools, parallel)
     if final is not None:
         return OrFormat(elements=[calls_format(tools, parallel), final])
     # auto with strict tools: free text with calls anywhere, as the model may write them.
