@@ -3,6 +3,8 @@ sampled tokens, logprobs, forced control, prefix and session hits, concurrency; 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,8 @@ from ninfer.engine.engine import Engine
 from ninfer.fast.program import FastProgram
 from ninfer.sampling import SamplingParams
 from ninfer.testing.sessions import token_request
+
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 
 
 def serve(program, requests, **config):
@@ -65,8 +69,8 @@ def test_triton_concurrency_3_equals_reference(make_fast, make_reference, prompt
 
 def test_greedy_from_artifact_equals_reference(artifact, make_reference, prompt_of):
     fast = FastProgram.from_artifact(artifact, max_concurrency=2, max_context=256, budget_bytes=1 << 30,
-                                     device="cuda" if fast_on_gpu() else "cpu",
-                                     kernels="triton" if fast_on_gpu() else "naive", page_size=4, kv_pages=160,
+                                     device="cuda" if ON_GPU else "cpu",
+                                     kernels="triton" if ON_GPU else "naive", page_size=4, kv_pages=160,
                                      checkpoint_slots=3, dtype=torch.float32)
     prompts = [prompt_of(n, seed=n) for n in (3, 17, 70)]
     got = serve(fast, [token_request(p, 9) for p in prompts], max_concurrency=2, prefill_chunk=11)
@@ -75,24 +79,20 @@ def test_greedy_from_artifact_equals_reference(artifact, make_reference, prompt_
     assert_drained(fast)
 
 
-def fast_on_gpu() -> bool:
-    import os
-    return os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
-
-
 def test_speculative_config_is_refused(artifact):
     with pytest.raises(NotImplementedError, match="not implemented in the fast Program yet"):
         FastProgram.from_artifact(artifact, max_concurrency=1, max_context=64, budget_bytes=1 << 30,
                                   speculative_config={"method": "mtp", "num_speculative_tokens": 2})
 
 
-@pytest.mark.parametrize("base_len, chunk, reused", [(12, 5, 12), (13, 5, 13), (100, 48, 64)])
-def test_prefix_hit_equals_cold_run(make_fast, prompt_of, base_len, chunk, reused):
+@pytest.mark.parametrize("base_len, keep, chunk, reused", [(12, 12, 5, 12), (13, 13, 5, 13), (100, 80, 48, 64),
+                                                          (140, 130, 64, 128)])
+def test_prefix_hit_equals_cold_run(make_fast, prompt_of, base_len, keep, chunk, reused):
     """A short prompt resumes from its prompt-end checkpoint (at 13 with its partial page copied); a long one that
-    diverges after
-    80 tokens resumes from the 64-token boundary checkpoint."""
+    diverges later resumes from a 64-token boundary checkpoint: 64 inside a chunk (one extra cut), 128 at a chunk
+    end."""
     base = prompt_of(base_len, seed=11)
-    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    second = base[:keep] + prompt_of(9, seed=12)
     program = make_fast()
     first, hit = in_turns(program, [[token_request(base, 4)], [token_request(second, 6)]], max_concurrency=2,
                           prefill_chunk=chunk)
@@ -144,7 +144,7 @@ def test_sampling_logprobs_and_forced_control_equal_reference(make_fast, make_re
     assert got[1][0][3] == 1, "the thinking budget forced no control token"
     (tokens, lps, tops), (_, ref_lps, ref_tops) = got[0], want[0]
     assert len(lps) == len(tops) == len(tokens) and not got[1][1], "logprobs only where asked, one per token"
-    tol = 3e-2 if fast_on_gpu() else 1e-3  # the GPU's fp32 tl.dot is TF32
+    tol = 3e-2 if ON_GPU else 1e-3  # the GPU's fp32 tl.dot is TF32
     assert lps == pytest.approx(ref_lps, abs=tol)
     assert [t for alt in tops for t, _ in alt] == [t for alt in ref_tops for t, _ in alt]
     assert [lp for alt in tops for _, lp in alt] == pytest.approx([lp for alt in ref_tops for _, lp in alt], abs=tol)

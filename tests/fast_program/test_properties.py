@@ -36,7 +36,10 @@ def _program() -> FastProgram:
 
 
 Machine = make_engine_machine(_program, max_concurrency=2)
-# 15 examples in CI (about a minute on CPU); the soak profile (5,000) gives 250 here.
-Machine.TestCase.settings = settings(settings.default, max_examples=max(60, settings.default.max_examples // 20),
+# CI: 60 examples on CPU (~10 s with the naive kernels), 15 on the GPU (each example builds Programs and captures
+# their decode graphs); the soak profile (5,000) gives 250 here.
+_CI_EXAMPLES = 15 if _conftest()[0].ON_GPU else 60
+Machine.TestCase.settings = settings(settings.default,
+                                    max_examples=max(_CI_EXAMPLES, settings.default.max_examples // 20),
                                     stateful_step_count=30)
 TestFastEngine = Machine.TestCase

@@ -1,9 +1,9 @@
 """Model transactions of the fast Program: staged prefill, compact decode, forced control, and the accepted-prefix
 commit, over FastModel's pools.
 
-Prompt tokens are not provisional: a prefill chunk writes KV and GDN state at once (cut at absolute multiples of
-64 so the state after each cut is a boundary checkpoint), and the final chunk's batch holds only the sampled first
-token. Decode and control do run on the live slot: the GDN step updates the state slot in place, so before the
+Prompt tokens are not provisional: a prefill chunk writes KV and GDN state at once (cut at most once, at the
+deepest absolute multiple of 64 inside it, whose state becomes a boundary checkpoint), and the final chunk's batch
+holds only the sampled first token. Decode and control do run on the live slot: the GDN step updates the state slot in place, so before the
 step each row's committed state is copied into the backup slot bound to its block-table row. Commit keeps the
 stepped state; a rejected row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the
 backup and returns the pages the step took. Positions at and past the frontier may hold provisional K/V: every
@@ -82,9 +82,22 @@ def _row(handle: SequenceHandle, tokens: tuple[int, ...], base: int, lp: tuple |
 
 
 # ---- prefill -------------------------------------------------------------------------------------------------
-def _segments(start: int, end: int) -> list[tuple[int, int]]:
-    cuts = [start] + list(range((start // CHUNK + 1) * CHUNK, end, CHUNK)) + [end]
-    return list(zip(cuts, cuts[1:]))
+def _boundary_cut(prog: "FastProgram", seq: ActiveSequence, start: int, end: int) -> int | None:
+    """The deepest multiple of 64 in (start, end] short of the prompt end, when a boundary snapshot will be taken
+    there. One per chunk, not one per boundary: a cut inside the chunk is another model call (a 64-token call uses
+    the GPU poorly), and the deepest boundary is the one a later prompt diverging in this chunk reuses the most of."""
+    cut = end // CHUNK * CHUNK
+    if cut <= start or cut >= len(seq.prompt) or not _boundary_wanted(prog, seq.prompt[:cut]):
+        return None
+    return cut
+
+
+def _boundary_wanted(prog: "FastProgram", tokens: Sequence[int]) -> bool:
+    """The checkpoint allowance has a free slot and these tokens are not already published."""
+    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
+        return False
+    digest = token_digest(tokens)
+    return not any(len(c.tokens) == len(tokens) and token_digest(c.tokens) == digest for c in prog.ckpts.values())
 
 
 def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: Any | None) -> PendingBatch | None:
@@ -93,13 +106,15 @@ def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: 
     if seq.frontier >= n or max_tokens < 1:
         raise EngineFailure(f"prefill of {handle}: frontier {seq.frontier} of a {n}-token prompt, chunk {max_tokens}")
     end = min(n, seq.frontier + max_tokens)
-    for a, b in _segments(seq.frontier, end):
+    cut = _boundary_cut(prog, seq, seq.frontier, end)
+    for a, b in [(seq.frontier, cut), (cut, end)] if cut is not None and cut < end else [(seq.frontier, end)]:
         _grow(prog, seq, b)
         tokens = torch.tensor(seq.prompt[a:b], dtype=torch.long, device=prog.device)  # [b - a]
         logits = prog.model.prefill(tokens, handle.slot, seq.row, a)  # [V] fp32, the distribution at b
         seq.tokens.extend(seq.prompt[a:b])
-        if b % CHUNK == 0 and b < n:
-            _boundary_snapshot(prog, seq)
+        if b == cut:
+            _share(prog, seq, prog.slots.take(), boundary=True)
+            prog.bump_revision()
     if end < n:
         return None
     token, lp = _sample(prog, seq, logits.cpu(), n, mask)
@@ -113,18 +128,6 @@ def _share(prog: "FastProgram", seq: ActiveSequence, slot: int, boundary: bool) 
     for p in seq.table:
         prog.pages.ref(p)
     seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot, boundary=boundary))
-
-
-def _boundary_snapshot(prog: "FastProgram", seq: ActiveSequence) -> None:
-    """Capture at a 64-token boundary when the checkpoint allowance has a free slot and these tokens are not
-    already published."""
-    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
-        return
-    digest = token_digest(seq.tokens)
-    if any(len(c.tokens) == seq.frontier and token_digest(c.tokens) == digest for c in prog.ckpts.values()):
-        return
-    _share(prog, seq, prog.slots.take(), boundary=True)
-    prog.bump_revision()
 
 
 def _snapshot_prompt_end(prog: "FastProgram", seq: ActiveSequence) -> None:
