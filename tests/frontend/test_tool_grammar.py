@@ -138,3 +138,31 @@ def test_booleans_are_written_as_the_template_renders_them(fe, tok):
     flag = "<parameter=flag>\n{}\n</parameter>\n</function>\n</tool_call>"
     assert _accepts(s, tok.encode(flag.format("True"))) and _accepts(s, tok.encode(flag.format("False")))
     assert not _accepts(s, tok.encode(flag.format("true")))
+
+
+def _typed_tool(schema):
+    return [{"type": "function", "function": {"name": "t", "parameters": {
+        "type": "object", "properties": {"v": schema}, "required": ["v"]}}}]
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "string", "pattern": "^[a-z]+$"}, "abc", "ab1"),
+    ({"type": "string", "maxLength": 3}, "a\nb", "abcd"),
+    ({"type": "number"}, "2.5", "2.50"),
+    ({"type": "array", "items": {"type": "integer"}}, "[1, 2]", "[1,2]"),
+    ({"type": ["integer", "null"]}, "None", "null")])
+def test_typed_values_have_one_spelling(fe, tok, schema, good, bad):
+    prepared = fe.prepare_chat(ChatRequest([USER], _typed_tool(schema), tool_choice="required",
+                                           chat_template_kwargs=KWARGS))
+    s = fe.open_session(prepared.prompt, OutputOptions(), prepared.structured)
+    s.commit(s.preview(tok.encode("<tool_call>\n<function=t>\n<parameter=v>\n")))
+    end = "\n</parameter>\n</function>\n</tool_call>"
+    assert _accepts(s, tok.encode(good + end)) and not _accepts(s, tok.encode(bad + end))
+
+
+def test_string_format_in_a_tool_parameter_is_refused(fe):
+    from ninfer.contracts import RequestRejected
+    prepared = fe.prepare_chat(ChatRequest([USER], _typed_tool({"type": "string", "format": "date"}),
+                                           tool_choice="required", chat_template_kwargs=KWARGS))
+    with pytest.raises(RequestRejected, match="'format' 'date' is not supported"):
+        fe.open_session(prepared.prompt, OutputOptions(), prepared.structured)

@@ -24,38 +24,12 @@ from typing import Any
 from xgrammar.structural_tag import (AnyTextFormat, ConstStringFormat, JSONSchemaFormat, OrFormat, SequenceFormat,
                                      StructuralTag, TagFormat, TriggeredTagsFormat)
 
-from .options import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_VALUES, StructuredOutputOptions
+from .options import StructuredOutputOptions, json_safe
 from .tool_grammar import CALL_TRIGGER, call_tag, calls_format
 
 THINK_END = "</think>"
 THINK_SUFFIX = "\n\n"
 REASONING_EXCLUDES = ["<think>", "</think>"]
-
-
-def json_safe(schema: Any) -> Any:
-    """`schema` with string length bounds rewritten as an equivalent `pattern`.
-
-    NOTE: XGrammar 0.2.9 admits raw control characters (NUL, tab, ...) inside JSON strings that carry
-    minLength/maxLength, which is not JSON; its `pattern` strings never do. `^.{min,max}$` counts code points as
-    JSON Schema does; the strings it admits carry no escapes, a subset of what the schema allows.
-    """
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: json_safe(sub) for name, sub in out[key].items()}
-    for key in SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [json_safe(sub) for sub in out[key]]
-    for key in SCHEMA_VALUES:
-        if key in out:
-            out[key] = json_safe(out[key])
-    bounded = "minLength" in out or "maxLength" in out
-    if bounded and not {"pattern", "format", "enum", "const"} & out.keys():
-        low, high = out.pop("minLength", 0), out.pop("maxLength", None)
-        out["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
-    return out
 
 
 def _answer(options: StructuredOutputOptions) -> Any:

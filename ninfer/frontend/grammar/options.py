@@ -145,3 +145,29 @@ def check_schema(schema: Any, where: str) -> None:
     for key in SCHEMA_VALUES:
         if key in schema:
             check_schema(schema[key], f"{where}.{key}")
+
+
+def json_safe(schema: Any) -> Any:
+    """`schema` with string length bounds rewritten as an equivalent `pattern`.
+
+    NOTE: XGrammar 0.2.9 admits raw control characters (NUL, tab, ...) inside JSON strings that carry
+    minLength/maxLength, which is not JSON; its `pattern` strings never do. `^.{min,max}$` counts code points as
+    JSON Schema does; the strings it admits carry no escapes, a subset of what the schema allows.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: json_safe(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [json_safe(sub) for sub in out[key]]
+    for key in SCHEMA_VALUES:
+        if key in out:
+            out[key] = json_safe(out[key])
+    bounded = "minLength" in out or "maxLength" in out
+    if bounded and not {"pattern", "format", "enum", "const"} & out.keys():
+        low, high = out.pop("minLength", 0), out.pop("maxLength", None)
+        out["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
+    return out

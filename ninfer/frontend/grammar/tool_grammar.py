@@ -21,6 +21,7 @@ from xgrammar.structural_tag import (AnyTextFormat, ConstStringFormat, GrammarFo
 
 from ..messages import ToolSpec
 from ..render import parameter_text
+from .options import json_safe
 
 CALL_TRIGGER = "<tool_call>\n<function="
 CALL_END = "</function>\n</tool_call>"
@@ -42,7 +43,6 @@ NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "
 
 def _json_value(schema: Mapping[str, Any]) -> GrammarFormat:
     """A JSON value of `schema` in tojson's spelling (", " and ": ", no other whitespace)."""
-    from .compose import json_safe  # compose imports this module; the NUL-safe rewrite lives there
     grammar = xgr.Grammar.from_json_schema(json.dumps(json_safe(dict(schema))), any_whitespace=False,
                                            separators=(", ", ": "))
     return GrammarFormat(grammar=str(grammar))
