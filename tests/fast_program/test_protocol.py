@@ -97,3 +97,24 @@ def test_prefill_batch_is_one_sampled_row(make_fast, prompt_of):
     program.abort_pending(batch.take())  # prompt tokens are not provisional: the frontier stays
     assert program.prompt_remaining(handle) == 0 and program.sequence(handle).pending is None
     program.check_invariants()
+
+
+def test_masks_gate_prefill_and_decode_draws(make_fast, prompt_of):
+    """A mask allowing one token decides every row's draw (the host path); unmasked greedy rows in the same round
+    take the device argmax and equal an unmasked run."""
+    program = make_fast()
+    prompt = prompt_of(6, seed=4)
+    handle = run(program, ResourceChoice(TransitionKind.MATERIALIZE, request_id=1, prompt=prompt,
+                                         max_new_tokens=4)).handle
+    V = program.limits.vocab_size
+    only = lambda t: torch.arange(V) == t  # noqa: E731  [V] bool
+    batch = program.prefill(handle, len(prompt), mask=only(17))
+    assert batch.rows[0].tokens == (17,)
+    program.commit(batch.take(), [RowDecision(1, False)])
+    other = ready(program, prompt_of(9, seed=5))
+    plain = program.decode([other])
+    program.abort_pending(plain.take())
+    both = program.decode([handle, other], masks=[only(42), None])
+    assert both.rows[0].tokens == (42,) and both.rows[1].tokens == plain.rows[0].tokens
+    program.commit(both.take(), [RowDecision(1, False), RowDecision(1, False)])
+    program.check_invariants()

@@ -63,6 +63,34 @@ def _restore(prog: "FastProgram", seq: ActiveSequence, prov: Provisional) -> Non
 
 
 # ---- sampling ------------------------------------------------------------------------------------------------
+def _plain_greedy(seq: ActiveSequence, mask: Any | None) -> bool:
+    """Greedy on the raw logits: nothing (bias, mask, min_tokens, penalties) moves the argmax, no logprobs."""
+    p = seq.params
+    return (p.is_greedy and mask is None and p.logprobs is None and not p.logit_bias and not p.has_penalties
+            and len(seq.outputs) >= p.min_tokens)
+
+
+def _sample_batch(prog: "FastProgram", seqs: Sequence[ActiveSequence], logits: torch.Tensor,
+                  masks: Sequence[Any | None]) -> list[tuple[int, tuple | None]]:
+    """One draw per row from device fp32 logits [B, V], each at its sequence's next position. Plain greedy rows
+    take a device argmax (B ids cross to the host, not B x V floats); every other row, and any row with a NaN,
+    goes through `sample_row` on a host copy of its logits (which also raises on undrawable logits)."""
+    plain = [_plain_greedy(s, m) for s, m in zip(seqs, masks)]
+    ids = nan = host = None
+    if any(plain):
+        # argmax returns the first maximum, as sample_row's host argmax does
+        both = torch.stack([logits.argmax(-1), logits.isnan().any(-1).long()]).cpu()  # [2, B]
+        ids, nan = both[0].tolist(), both[1].tolist()
+    out = []
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        if plain[i] and not nan[i]:
+            out.append((ids[i], None))
+            continue
+        host = logits.cpu() if host is None else host  # [B, V]; the runner's buffer is overwritten next replay
+        out.append(_sample(prog, s, host[i], s.frontier + (s.pending is not None), m))
+    return out
+
+
 def _sample(prog: "FastProgram", seq: ActiveSequence, logits: torch.Tensor, position: int,
             mask: Any | None) -> tuple[int, tuple | None]:
     """Draw at absolute `position` from host fp32 logits [V]; the raw logprob and top alternatives when asked."""
@@ -117,7 +145,7 @@ def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: 
             prog.bump_revision()
     if end < n:
         return None
-    token, lp = _sample(prog, seq, logits.cpu(), n, mask)
+    ((token, lp),) = _sample_batch(prog, [seq], logits[None], [mask])  # position n: the prompt is all consumed
     return PendingBatch(BatchKind.PREFILL, (_row(handle, (token,), n, lp),), prog.resource_revision)
 
 
@@ -153,11 +181,8 @@ def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
                                    torch.tensor([s.handle.slot for s in seqs], **i32),
                                    torch.tensor([s.row for s in seqs], **i32),
                                    torch.tensor([p + 1 for p in pos], **i32), torch.tensor(pos, **i32))
-    host = logits.cpu()  # [B, V] fp32; the runner's buffer is overwritten by its next replay
-    rows = []
-    for i, (h, s) in enumerate(zip(handles, seqs)):
-        token, lp = _sample(prog, s, host[i], s.frontier + 1, None if masks is None else masks[i])
-        rows.append(_row(h, (token,), s.frontier + 1, lp))
+    drawn = _sample_batch(prog, seqs, logits, masks or [None] * len(seqs))  # positions frontier + 1
+    rows = [_row(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
 
 
