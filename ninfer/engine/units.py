@@ -94,6 +94,8 @@ class UnitRunner:
                 raise EngineFailure(f"batch row {row.handle} does not belong to request {rec.rid} ({rec.handle})")
             try:
                 p = rec.request.session.preview(row.tokens, forced=forced)
+            except EngineFailure:
+                raise  # e.g. a token the request's grammar forbids: the Program broke the contract, never downgraded
             except Exception as e:  # noqa: BLE001 - a Frontend failure ends its own request only
                 rec.error = f"frontend preview failed: {e}"
                 previews.append(None)
