@@ -3,11 +3,11 @@ commit, over FastModel's pools.
 
 Prompt tokens are not provisional: a prefill chunk writes KV and GDN state at once (cut at most once, at the
 deepest absolute multiple of 64 inside it, whose state becomes a boundary checkpoint), and the final chunk's batch
-holds only the sampled first token. Decode and control do run on the live slot: the GDN step updates the state slot in place, so before the
-step each row's committed state is copied into the backup slot bound to its block-table row. Commit keeps the
-stepped state; a rejected row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the
-backup and returns the pages the step took. Positions at and past the frontier may hold provisional K/V: every
-read is bounded by the context length, so they are never seen before being overwritten.
+holds only the sampled first token. Decode and control run on the live slot: the GDN step updates the state slot
+in place, so before the step each row's committed state is copied into the backup slot bound to its block-table
+row. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by abort_pending) gets
+its slot back from the backup and returns the pages the step took. Positions at and past the frontier may hold
+provisional K/V: every read is bounded by the context length, so they are never seen before being overwritten.
 """
 
 from __future__ import annotations
