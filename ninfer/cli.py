@@ -222,5 +222,34 @@ def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int
                      tolerance=tolerance))
 
 
+@oracle.command("diff")
+@click.option("--model", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A .ninfer artifact (default: the embedded default model).")
+@click.option("--prompts", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--prompt-len", default=32, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--decode-steps", default=8, show_default=True, type=click.IntRange(0, 100000))
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: cuda when available.")
+@click.option("--kernels", type=click.Choice(["auto", "triton", "naive"]), default="auto", show_default=True,
+              help="auto: triton, except naive for bf16 on CPU.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--tolerance", default=None, type=float,
+              help="Max logits relative RMS [default: 1e-2 bf16 or fp32 Triton on CUDA (TF32), else 1e-4].")
+def oracle_diff(model: Path | None, prompts: int, prompt_len: int, decode_steps: int, dtype: str, device: str,
+                kernels: str, seed: int, tolerance: float | None) -> None:
+    """Compare the fast model's logits with the reference model's on MODEL; exit 1 over the thresholds."""
+    import torch
+
+    from ninfer.convert.default_model import default_model_path
+    from oracle.diff import DTYPES, main_diff
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    sys.exit(main_diff(model or default_model_path(progress=True), prompts=prompts, prompt_len=prompt_len,
+                       decode_steps=decode_steps, seed=seed, device=device, dtype=DTYPES[dtype],
+                       kernels=None if kernels == "auto" else kernels, tolerance=tolerance))
+
+
 if __name__ == "__main__":
     main()
