@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import unicodedata
 
-from ninfer.convert.tokenizer import ADDED_TOKENS, FIRST_ADDED_ID, SPLIT_PATTERN
+from ninfer.convert.tokenizer import ADDED_TOKENS, SPLIT_PATTERN
 
 # Code point ranges of assigned, normalisation-stable characters, so that Python's unicodedata (NFC in the
 # oracle) and the Rust NFC normalizer cannot disagree on Unicode version.
