@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# One command for the H200 (fits a 10-minute limit): the GPU op and fast-model tests, then the fast-path benchmark
+# One command for the H200 (fits a 10-minute limit): the GPU ops, fast-model, fast-Program and oracle-diff tests,
+# then the fast-path benchmark
 # (bandwidth, decode eager/graphs, prefill, floors, peak memory). Each part may fail without stopping the next;
 # the benchmark prints its table last and writes raw JSON to $OUT when set. Nothing is downloaded.
 #
-#   bash benchmarks/gpu/run.sh            # env: PYTHON (default python), OUT, BENCH_MODELS, TEST_TIMEOUT_S
+#   bash benchmarks/gpu/run.sh            # env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_TIMEOUT_S
 set -u
 cd "$(dirname "$0")/../.."
-PY="${PYTHON:-python}"
+PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
 TOTAL_S=565  # leave headroom under the 600 s limit for start-up and result transfer
 
-echo "== GPU tests: tests/ops tests/fast_model"
+echo "== GPU tests: tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py"
 LOG=$(mktemp)
-NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-220}" "$PY" -m pytest tests/ops tests/fast_model -q -x \
+NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-220}" "$PY" -m pytest tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py -q \
     -p no:cacheprovider 2>&1 | tee "$LOG" | tail -40
 RC=${PIPESTATUS[0]}
 SUMMARY="rc=$RC: $(grep -E '(passed|failed|error)' "$LOG" | tail -1)"
