@@ -1,8 +1,8 @@
-"""The ToyProgram's physical facts: the reference Program's refcounted page allocator, and a slot pool."""
+"""The ToyProgram's physical facts: the Programs' shared refcounted page allocator, and a slot pool."""
 
 from __future__ import annotations
 
-from ninfer.reference.program.stores import PageAllocator as PagePool
+from ninfer.models.qwen3_5.pages import PageAllocator as PagePool
 
 __all__ = ["PagePool", "SlotPool"]
 

@@ -21,11 +21,12 @@ from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, Infea
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.pages import PageAllocator
 
 from . import execution, invariants, transitions
 from .config import FastProgramConfig
 from .records import ActiveSequence, Checkpoint
-from .stores import DeviceState, HostTier, IdPool, PageAllocator
+from .stores import DeviceState, HostTier, IdPool
 
 SLOTS_PER_SEQUENCE = 2  # the live state and the publication slot reserved at activation
 

@@ -1,8 +1,7 @@
 """Host-side accounting over the plan's device pools: page refcounts, free state slots and block-table rows, the
 host tier, and the few device copies the transitions need (a GDN slot, a KV page, a block-table row).
 
-`PageAllocator` is a copy of the reference Program's (the fast package may not import `ninfer.reference`): page
-ids with refcounts, a page free exactly when nobody references it.
+Pages are counted with the allocator both Programs share (`ninfer.models.qwen3_5.pages`).
 """
 
 from __future__ import annotations
@@ -10,36 +9,6 @@ from __future__ import annotations
 import torch
 
 from ninfer.fast.memory import Pools
-
-
-class PageAllocator:
-    def __init__(self, total: int):
-        self.total = total
-        self.free = list(range(total - 1, -1, -1))  # pop() hands out low ids first
-        self.refs: dict[int, int] = {}
-
-    @property
-    def available(self) -> int:
-        return len(self.free)
-
-    def take(self) -> int:
-        if not self.free:
-            raise RuntimeError("KV page pool exhausted despite the reservation")
-        page = self.free.pop()
-        self.refs[page] = 1
-        return page
-
-    def ref(self, page: int) -> None:
-        assert self.refs.get(page, 0) > 0, f"ref of free page {page}"
-        self.refs[page] += 1
-
-    def unref(self, page: int) -> None:
-        n = self.refs[page] - 1
-        if n:
-            self.refs[page] = n
-        else:
-            del self.refs[page]
-            self.free.append(page)
 
 
 class IdPool:
