@@ -44,6 +44,14 @@ class PendingRow:
     def produced(self) -> int:
         return len(self.tokens)
 
+    @classmethod
+    def drawn(cls, handle: SequenceHandle, tokens: tuple[int, ...], base_frontier: int,
+              logprob: tuple[float, tuple] | None) -> "PendingRow":
+        """A one-token row, with its (logprob, top alternatives) when the request asked for them."""
+        if logprob is None:
+            return cls(handle, tokens, base_frontier)
+        return cls(handle, tokens, base_frontier, logprobs=(logprob[0],), top_logprobs=(logprob[1],))
+
 
 @dataclass(frozen=True, slots=True)
 class RowDecision:

@@ -3,6 +3,7 @@
 See docs/sampling.md for the pipeline order, the formulas and the RNG definition.
 """
 
+from ninfer.sampling.draw import draw, params_or_greedy
 from ninfer.sampling.logprobs import TokenLogprobs, token_logprobs, top_logprobs
 from ninfer.sampling.params import SamplingParams, SamplingParamsError, resolve_seed
 from ninfer.sampling.philox import draw_bits, gumbel_noise, gumbel_scalar, philox4x32
@@ -16,9 +17,11 @@ __all__ = [
     "SamplingParamsError",
     "TokenLogprobs",
     "adjust_logits",
+    "draw",
     "draw_bits",
     "gumbel_noise",
     "gumbel_scalar",
+    "params_or_greedy",
     "philox4x32",
     "processed_logits",
     "resolve_seed",

@@ -19,7 +19,7 @@ import torch
 
 from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle,
                               token_digest)
-from ninfer.sampling import RowSampling, sample_row, token_logprobs
+from ninfer.sampling import draw
 
 from .records import ActiveSequence, Checkpoint
 
@@ -93,20 +93,9 @@ def _sample_batch(prog: "FastProgram", seqs: Sequence[ActiveSequence], logits: t
 
 def _sample(prog: "FastProgram", seq: ActiveSequence, logits: torch.Tensor, position: int,
             mask: Any | None) -> tuple[int, tuple | None]:
-    """Draw at absolute `position` from host fp32 logits [V]; the raw logprob and top alternatives when asked."""
-    row = RowSampling(seq.params, seq.seed, position, prompt_token_ids=seq.prompt, output_token_ids=seq.outputs,
-                      eos_token_ids=prog.limits.eos_token_ids, allowed=mask)
-    token = sample_row(logits, row)
-    if seq.params.logprobs is None:
-        return token, None
-    lp = token_logprobs(logits, token, seq.params.logprobs)
-    return token, (lp.logprob, lp.top)
-
-
-def _row(handle: SequenceHandle, tokens: tuple[int, ...], base: int, lp: tuple | None) -> PendingRow:
-    if lp is None:
-        return PendingRow(handle, tokens, base)
-    return PendingRow(handle, tokens, base, logprobs=(lp[0],), top_logprobs=(lp[1],))
+    """Draw at absolute `position` from fp32 logits [V] (ninfer.sampling.draw)."""
+    return draw(logits, seq.params, seq.seed, position, prompt=seq.prompt, outputs=seq.outputs,
+                eos_token_ids=prog.limits.eos_token_ids, mask=mask)
 
 
 # ---- prefill -------------------------------------------------------------------------------------------------
@@ -146,7 +135,7 @@ def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: 
     if end < n:
         return None
     ((token, lp),) = _sample_batch(prog, [seq], logits[None], [mask])  # position n: the prompt is all consumed
-    return PendingBatch(BatchKind.PREFILL, (_row(handle, (token,), n, lp),), prog.resource_revision)
+    return PendingBatch(BatchKind.PREFILL, (PendingRow.drawn(handle, (token,), n, lp),), prog.resource_revision)
 
 
 def _share(prog: "FastProgram", seq: ActiveSequence, slot: int, boundary: bool) -> None:
@@ -182,7 +171,7 @@ def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
                                    torch.tensor([s.row for s in seqs], **i32),
                                    torch.tensor([p + 1 for p in pos], **i32), torch.tensor(pos, **i32))
     drawn = _sample_batch(prog, seqs, logits, masks or [None] * len(seqs))  # positions frontier + 1
-    rows = [_row(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
+    rows = [PendingRow.drawn(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
 
 

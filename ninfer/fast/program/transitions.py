@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, ResourceChoice, ResourceResult,
                               RunningTransaction, TransitionKind, token_digest)
-from ninfer.sampling import SamplingParams
+from ninfer.sampling import params_or_greedy
 
 from .records import ActiveSequence, Checkpoint
 
@@ -20,15 +20,6 @@ if TYPE_CHECKING:
     from .program import FastProgram
 
 SEED_MOD = 1 << 64
-
-
-def sampling_params(sampling: Any) -> SamplingParams:
-    """The request's SamplingParams; None is greedy."""
-    if sampling is None:
-        return SamplingParams(temperature=0.0)
-    if isinstance(sampling, SamplingParams):
-        return sampling
-    raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
 
 
 def advance(prog: "FastProgram", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult | None:
@@ -108,7 +99,7 @@ def _make_room(prog: "FastProgram", choice: ResourceChoice) -> tuple[CheckpointI
 def _claim(prog: "FastProgram", choice: ResourceChoice) -> ActiveSequence:
     slot, pub, row = prog.slots.take(), prog.slots.take(), prog.rows.take()
     seq = ActiveSequence(prog.new_handle(slot), row, choice.prompt, choice.max_new_tokens,
-                         sampling_params(choice.sampling), choice.seed % SEED_MOD, pub_slot=pub)
+                         params_or_greedy(choice.sampling), choice.seed % SEED_MOD, pub_slot=pub)
     taken = 0
     if choice.source is None:
         prog.dev.clear_slot(slot)

@@ -19,7 +19,7 @@ from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow
                               token_digest)
 from ninfer.reference.gdn import CHUNK
 from ninfer.reference.state import SequenceState
-from ninfer.sampling import RowSampling, SamplingParams, sample_row, token_logprobs
+from ninfer.sampling import draw
 
 from .records import ActiveSequence, Checkpoint
 
@@ -33,15 +33,6 @@ class Provisional:
 
     state: SequenceState
     fed: tuple[int, ...]
-
-
-def sampling_params(sampling: Any) -> SamplingParams:
-    """The request's SamplingParams; None is greedy."""
-    if sampling is None:
-        return SamplingParams(temperature=0.0)
-    if isinstance(sampling, SamplingParams):
-        return sampling
-    raise TypeError(f"sampling must be SamplingParams or None, got {type(sampling).__name__}")
 
 
 # ---- state between the stores and the model ----------------------------------------------------------------
@@ -75,20 +66,9 @@ def _store(prog: "ReferenceProgram", seq: ActiveSequence, state: SequenceState, 
 
 def _sample(prog: "ReferenceProgram", seq: ActiveSequence, logits: torch.Tensor, position: int,
             mask: Any | None) -> tuple[int, tuple | None]:
-    """Draw at absolute `position`; the raw logprob and top alternatives when the request asked for them."""
-    row = RowSampling(seq.params, seq.seed, position, prompt_token_ids=seq.prompt, output_token_ids=seq.outputs,
-                      eos_token_ids=prog.limits.eos_token_ids, allowed=mask)
-    token = sample_row(logits, row)
-    if seq.params.logprobs is None:
-        return token, None
-    lp = token_logprobs(logits, token, seq.params.logprobs)
-    return token, (lp.logprob, lp.top)
-
-
-def _row(handle: SequenceHandle, tokens: tuple[int, ...], base: int, lp: tuple | None) -> PendingRow:
-    if lp is None:
-        return PendingRow(handle, tokens, base)
-    return PendingRow(handle, tokens, base, logprobs=(lp[0],), top_logprobs=(lp[1],))
+    """Draw at absolute `position` from fp32 logits [V] (ninfer.sampling.draw)."""
+    return draw(logits, seq.params, seq.seed, position, prompt=seq.prompt, outputs=seq.outputs,
+                eos_token_ids=prog.limits.eos_token_ids, mask=mask)
 
 
 # ---- prefill -------------------------------------------------------------------------------------------------
@@ -114,7 +94,7 @@ def prefill(prog: "ReferenceProgram", handle: SequenceHandle, max_tokens: int, m
     if end < n:
         return None
     token, lp = _sample(prog, seq, logits[-1], n, mask)
-    return PendingBatch(BatchKind.PREFILL, (_row(handle, (token,), n, lp),), prog.resource_revision)
+    return PendingBatch(BatchKind.PREFILL, (PendingRow.drawn(handle, (token,), n, lp),), prog.resource_revision)
 
 
 def _boundary_snapshot(prog: "ReferenceProgram", seq: ActiveSequence) -> None:
@@ -158,7 +138,7 @@ def decode(prog: "ReferenceProgram", handles: Sequence[SequenceHandle],
         state = state_of(prog, seq)
         logits = prog.model.decode_step(seq.pending, state)  # [V], the distribution at frontier + 1
         token, lp = _sample(prog, seq, logits, seq.frontier + 1, None if masks is None else masks[i])
-        rows.append(_row(handle, (token,), seq.frontier + 1, lp))
+        rows.append(PendingRow.drawn(handle, (token,), seq.frontier + 1, lp))
         provisional.append(Provisional(state, (seq.pending,)))
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=tuple(provisional))
 

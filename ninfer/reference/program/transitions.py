@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, ResourceChoice, ResourceResult,
                               RunningTransaction, TransitionKind, token_digest)
+from ninfer.sampling import params_or_greedy
 
-from .execution import sampling_params
 from .records import ActiveSequence, Checkpoint
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _make_room(prog: "ReferenceProgram", choice: ResourceChoice) -> tuple[Checkp
 
 def _claim(prog: "ReferenceProgram", choice: ResourceChoice) -> ActiveSequence:
     slot, pub = prog.slots.take(), prog.slots.take()
-    seq = ActiveSequence(prog.new_handle(slot), choice.prompt, choice.max_new_tokens, sampling_params(choice.sampling),
+    seq = ActiveSequence(prog.new_handle(slot), choice.prompt, choice.max_new_tokens, params_or_greedy(choice.sampling),
                          choice.seed % SEED_MOD, pub_slot=pub)
     taken = 0
     if choice.source is None:
