@@ -21,6 +21,7 @@ import torch
 from ninfer.fast.memory import MemoryPlan, plan_memory
 from ninfer.models.qwen3_5.capacity import kv_pages_for_tokens
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.program_limits import check_program_limits
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -39,19 +40,11 @@ class FastProgramConfig:
 
     def resolved(self, cfg: Qwen35Config) -> "FastProgramConfig":
         """Every None but kv_pages filled in and every range checked."""
-        if not 1 <= self.max_concurrency <= 8:
-            raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
-        if not 1 <= self.max_context <= cfg.max_position_embeddings:
-            raise ValueError(f"max_context must be in 1..{cfg.max_position_embeddings}, got {self.max_context}")
-        if self.page_size < 1 or self.checkpoint_slots < 0 or self.host_bytes < 0:
-            raise ValueError(f"page_size >= 1, checkpoint_slots >= 0, host_bytes >= 0 required, got "
-                             f"{self.page_size}, {self.checkpoint_slots}, {self.host_bytes}")
+        eos = check_program_limits(cfg, max_concurrency=self.max_concurrency, max_context=self.max_context,
+                                   page_size=self.page_size, checkpoint_slots=self.checkpoint_slots,
+                                   host_bytes=self.host_bytes, eos_token_ids=self.eos_token_ids)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {self.dtype}")
-        eos = tuple(cfg.eos_token_ids) if self.eos_token_ids is None else tuple(self.eos_token_ids)
-        bad = [t for t in eos if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise ValueError(f"eos token {bad[0]} outside the vocabulary of {cfg.vocab_size}")
         return dataclasses.replace(self, eos_token_ids=eos)
 
     @property

@@ -14,6 +14,7 @@ import torch
 from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers,
                                              kv_pages_for_tokens)
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.program_limits import check_program_limits
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
@@ -32,13 +33,9 @@ class ReferenceProgramConfig:
 
     def resolved(self, cfg: Qwen35Config) -> "ReferenceProgramConfig":
         """Every None filled in and every range checked; the Program keeps only a resolved config."""
-        if not 1 <= self.max_concurrency <= 8:
-            raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
-        if not 1 <= self.max_context <= cfg.max_position_embeddings:
-            raise ValueError(f"max_context must be in 1..{cfg.max_position_embeddings}, got {self.max_context}")
-        if self.page_size < 1 or self.checkpoint_slots < 0 or self.host_bytes < 0:
-            raise ValueError(f"page_size >= 1, checkpoint_slots >= 0, host_bytes >= 0 required, got "
-                             f"{self.page_size}, {self.checkpoint_slots}, {self.host_bytes}")
+        eos = check_program_limits(cfg, max_concurrency=self.max_concurrency, max_context=self.max_context,
+                                   page_size=self.page_size, checkpoint_slots=self.checkpoint_slots,
+                                   host_bytes=self.host_bytes, eos_token_ids=self.eos_token_ids)
         if self.dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {sorted(map(str, _DTYPE_NAMES))}, got {self.dtype}")
         pages = self.kv_pages
@@ -46,10 +43,6 @@ class ReferenceProgramConfig:
             pages = 2 * self.max_concurrency * kv_pages_for_tokens(self.max_context, self.page_size)
         if pages < 1:
             raise ValueError(f"kv_pages must be >= 1, got {pages}")
-        eos = tuple(cfg.eos_token_ids) if self.eos_token_ids is None else tuple(self.eos_token_ids)
-        bad = [t for t in eos if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise ValueError(f"eos token {bad[0]} outside the vocabulary of {cfg.vocab_size}")
         return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos)
 
     @property
