@@ -10,13 +10,10 @@ Run: python benchmarks/gpu/bench_fast.py [--models 0.8B,9B,35B-A3B] [--deadline-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -24,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measure import cuda_ms, decode_floor, hbm_bandwidth  # noqa: E402
 from parity import parity  # noqa: E402
 from report import print_table  # noqa: E402
+from runlog import Run  # noqa: E402
 from shapes import config, random_source  # noqa: E402
 
 from ninfer.fast.graph_runner import DecodeGraphRunner  # noqa: E402
@@ -50,38 +48,6 @@ SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), contexts=(16, 40
 MIN_SECONDS = {"0.8B": 40, "9B": 60, "35B-A3B": 110, "tiny": 1}
 # real-shape parity against the host reference (fp32 on the CPU): the smallest real shape keeps it to seconds
 PARITY_MODELS = ("0.8B", "tiny")
-
-
-class Run:
-    def __init__(self, deadline_s: float, out_dir: str | None, settings: Settings):
-        self.s = settings
-        self.t0 = time.monotonic()
-        self.deadline = self.t0 + deadline_s
-        self.out = Path(out_dir) / "bench_fast.json" if out_dir else None
-        self.results: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
-                              "torch": torch.__version__, "errors": {}, "skipped": [], "models": {},
-                              "pytest": os.environ.get("NINFER_PYTEST_SUMMARY", "not run")}
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def part(self, name: str, fn, *args):
-        """Run one part; a failure is recorded and reported, never raised."""
-        t = time.monotonic()
-        try:
-            return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - one failing part must not stop the rest
-            self.results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-            return None
-        finally:
-            print(f"[bench] {name}: {time.monotonic() - t:.1f}s ({self.left():.0f}s left)", flush=True)
-            self.save()
-
-    def save(self) -> None:
-        if self.out is not None:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.out.write_text(json.dumps(self.results, indent=1, default=str))
 
 
 def build(name: str, s: Settings):
@@ -185,7 +151,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU with the naive kernels")
     args = ap.parse_args()
-    run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings())
+    run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "bench_fast.json")
     models = ["tiny"] if args.smoke else args.models.split(",")
     if not args.smoke and not torch.cuda.is_available():
         run.results["errors"]["setup"] = "no CUDA device"

@@ -1,0 +1,320 @@
+"""The fast Program behind the public Engine, on real Qwen3.5 shapes with random bf16 weights: what a user of the
+Engine sees, host overhead, scheduling and sampling included.
+
+Per model: decode time per step at B = 1, 2, 4, 8 with 512- and 8192-token contexts (B requests decoding together,
+timed between the Engine's own output events); time to first token and prefill throughput at 2048 and 8192 tokens;
+time to first token for an 8192-token prompt whose first 8000 tokens hit the checkpoint a previous request
+retained; how many 32k-token sequences the planned pools hold, and 8 of them decoding at once; peak device memory.
+The Engine runs unthreaded (the caller steps it) so every interval is one or more whole worker boundaries.
+
+Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadline-s 240] [--out DIR]
+     python benchmarks/gpu/bench_engine.py --smoke   # the same code paths on a CPU: tiny shape, naive kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlog import Run  # noqa: E402
+from shapes import config, random_source  # noqa: E402
+
+from ninfer.contracts import GenerationResult, GenerationStart, OutputDelta  # noqa: E402
+from ninfer.engine.config import EngineConfig  # noqa: E402
+from ninfer.engine.engine import Engine  # noqa: E402
+from ninfer.engine.records import GenerationRequest  # noqa: E402
+from ninfer.fast.memory import device_budget  # noqa: E402
+from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
+from ninfer.testing.sessions import TokenSession  # noqa: E402
+
+LANES = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "cuda"
+    kernels: str = "triton"
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    contexts: tuple[int, ...] = (512, 8192)
+    decode_tokens: int = 48
+    prefill: tuple[int, ...] = (2048, 8192)
+    hit: tuple[int, int] = (8000, 8192)  # (retained prefix, prompt)
+    long_context: int = 32768
+    long_tokens: int = 64  # more than the prefill boundaries of the other 7 prompts (4 chunks each)
+    prefill_chunk: int = 8192
+    budget_bytes: int | None = None  # None: 90% of the free device memory
+
+    @property
+    def max_context(self) -> int:
+        return self.long_context
+
+
+SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), contexts=(16, 40), decode_tokens=6, prefill=(64, 100),
+                 hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, budget_bytes=1 << 30)
+# skip a model when less than this many seconds are left (weights, compiles, graphs, the long-context part)
+MIN_SECONDS = {"0.8B": 40, "9B": 70, "35B-A3B": 100, "tiny": 1}
+
+
+# ---- driving the Engine ------------------------------------------------------------------------------------------
+class Tracker:
+    """One request's events with the time each was seen: after each worker boundary the driver polls every live
+    handle without blocking."""
+
+    def __init__(self, handle, submitted: float):
+        self.handle, self.submitted = handle, submitted
+        self.token_times: list[float] = []  # one entry per committed token
+        self.reused = 0
+        self.result: GenerationResult | None = None
+
+    def poll(self, now: float) -> None:
+        try:
+            for ev in self.handle.events(timeout=0):
+                if isinstance(ev, GenerationStart):
+                    self.reused = ev.reused_prefix_tokens
+                elif isinstance(ev, OutputDelta):
+                    self.token_times.extend([now] * len(ev.token_ids))
+                elif isinstance(ev, GenerationResult):
+                    self.result = ev
+        except TimeoutError:
+            pass
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.submitted
+
+
+def submit(engine: Engine, prompt: list[int], max_tokens: int) -> Tracker:
+    # stop_ids=() : random weights would otherwise stop at an early eos and shorten the timed stretch
+    session = TokenSession(max_tokens, stop_ids=())
+    t = time.perf_counter()
+    return Tracker(engine.submit(GenerationRequest(tuple(prompt), session, max_tokens, seed=0)), t)
+
+
+def drive(engine: Engine, trackers: list[Tracker], on_step=None) -> None:
+    live = list(trackers)
+    while live:
+        engine.step()
+        if engine.failure:
+            raise RuntimeError(f"engine failed: {engine.failure}")
+        now = time.perf_counter()
+        for t in live:
+            t.poll(now)
+        if on_step is not None:
+            on_step()
+        live = [t for t in live if t.result is None]
+    for t in trackers:
+        if t.result.error is not None:
+            raise RuntimeError(f"request failed: {t.result.error}")
+
+
+def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
+    # ids from 1000 up: clear of the special and control tokens of any real vocabulary
+    return torch.randint(min(1000, vocab // 2), vocab, (n,), generator=gen).tolist()
+
+
+def steady_step_ms(trackers: list[Tracker]) -> tuple[float, int]:
+    """Median interval between consecutive tokens of each request inside the window where all of them decode:
+    from the last first token to the first last token. Returns (ms, intervals used)."""
+    start = max(t.token_times[0] for t in trackers)
+    end = min(t.token_times[-1] for t in trackers)
+    gaps = [b - a for t in trackers for a, b in zip(t.token_times, t.token_times[1:]) if a >= start and b <= end]
+    if not gaps:
+        raise RuntimeError("no interval where every request decoded: raise decode_tokens")
+    return statistics.median(gaps) * 1e3, len(gaps)
+
+
+# ---- parts ---------------------------------------------------------------------------------------------------------
+def bench_decode(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
+    s, gen = run.s, torch.Generator().manual_seed(1)
+    rows = entry.setdefault("decode", [])
+    drive(engine, [submit(engine, random_prompt(gen, 64, vocab), 4) for _ in range(max(s.batches))])  # warm-up
+    for ctx in s.contexts:
+        for B in s.batches:
+            if run.left() < 10:
+                run.results["skipped"].append(f"decode ctx={ctx} B={B} (deadline)")
+                continue
+            trackers = [submit(engine, random_prompt(gen, ctx, vocab), s.decode_tokens) for _ in range(B)]
+            drive(engine, trackers)
+            ms, n = steady_step_ms(trackers)
+            tpot = statistics.mean((t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1)
+                                   for t in trackers) * 1e3
+            rows.append({"ctx": ctx, "B": B, "step_ms": ms, "intervals": n, "tpot_ms": tpot,
+                         "tok_s": B * 1e3 / ms})
+            run.save()
+
+
+def bench_prefill(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
+    """Time to first token of one request alone (max_tokens 1); a warm-up of the same length first compiles
+    whatever that length needs. Every prompt starts with fresh random tokens, so nothing hits a checkpoint."""
+    gen = torch.Generator().manual_seed(2)
+    rows = entry.setdefault("prefill", [])
+    for T in run.s.prefill:
+        if run.left() < 10:
+            run.results["skipped"].append(f"prefill T={T} (deadline)")
+            continue
+        drive(engine, [submit(engine, random_prompt(gen, T, vocab), 1)])
+        tracker = submit(engine, random_prompt(gen, T, vocab), 1)
+        drive(engine, [tracker])
+        rows.append({"T": T, "ttft_ms": tracker.ttft * 1e3, "tok_s": T / tracker.ttft, "reused": tracker.reused})
+
+
+def bench_prefix_hit(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
+    """The seed's prefix reuse: request A (the first `prefix` tokens) ends and its prompt-end checkpoint is
+    retained; request B (the same prefix, then new tokens) resumes from it. Compared with B's prompt cold."""
+    gen = torch.Generator().manual_seed(3)
+    prefix, total = run.s.hit
+    shared = random_prompt(gen, prefix, vocab)
+    drive(engine, [submit(engine, shared, 1)])
+    hit = submit(engine, shared + random_prompt(gen, total - prefix, vocab), 1)
+    drive(engine, [hit])
+    cold = submit(engine, random_prompt(gen, total, vocab), 1)
+    drive(engine, [cold])
+    entry["prefix_hit"] = {"prefix": prefix, "prompt": total, "reused": hit.reused, "ttft_ms": hit.ttft * 1e3,
+                           "cold_ttft_ms": cold.ttft * 1e3, "cold_reused": cold.reused}
+
+
+def bench_long(run: Run, engine: Engine, program: FastProgram, vocab: int, entry: dict) -> None:
+    """How many full-context sequences the planned pools hold, then LANES of them decoding together."""
+    s, c = run.s, program.config
+    per_seq = c.pages_for(s.long_context)
+    usage = program.resource_usage()
+    entry["long"] = {"context": s.long_context, "pages_per_sequence": per_seq, "kv_pages": usage.total_pages,
+                     "fit_by_pages": usage.total_pages // per_seq, "state_slots": usage.total_slots,
+                     "fit_by_slots": (usage.total_slots - c.checkpoint_slots) // 2, "lanes": LANES}
+    gen = torch.Generator().manual_seed(4)
+    peak = [0]
+
+    def watch():
+        peak[0] = max(peak[0], program.resource_usage().active_sequences)
+
+    n = s.long_context - s.long_tokens
+    trackers = [submit(engine, random_prompt(gen, n, vocab), s.long_tokens) for _ in range(LANES)]
+    t = time.perf_counter()
+    drive(engine, trackers, watch)
+    ms, gaps = steady_step_ms(trackers)
+    entry["long"].update(prompt=n, wall_s=time.perf_counter() - t, peak_active=peak[0], step_ms=ms, intervals=gaps)
+
+
+def build(run: Run, name: str) -> tuple[FastProgram, Engine, dict]:
+    s, cfg = run.s, config(name)
+    if s.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.monotonic()
+    settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
+                                 max_prefill_tokens=s.prefill_chunk)
+    budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
+    program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
+                                kernels=s.kernels)
+    plan = program.model.plan
+    engine = Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=s.prefill_chunk), threaded=False)
+    info = {"build_s": time.monotonic() - t, "weight_bytes": program.model.weights.nbytes,
+            "plan_bytes": plan.total_bytes, "kv_bytes": plan.kv_bytes, "state_bytes": plan.state_bytes}
+    return program, engine, info
+
+
+def bench_model(run: Run, name: str) -> None:
+    entry = run.results["models"].setdefault(name, {})
+    program, engine, info = build(run, name)
+    entry.update(info)
+    try:
+        _run_parts(run, name, program, engine, entry)
+    finally:
+        engine.shutdown()
+        program.runner.reset()
+        # the pools are most of the device: nothing may keep this Program alive into the next model's plan
+        del program, engine
+        gc.collect()
+        if run.s.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry: dict) -> None:
+    vocab = program.limits.vocab_size
+    parts = {"decode": lambda: bench_decode(run, engine, vocab, entry),
+             "prefill": lambda: bench_prefill(run, engine, vocab, entry),
+             "prefix hit": lambda: bench_prefix_hit(run, engine, vocab, entry),
+             "long": lambda: bench_long(run, engine, program, vocab, entry)}
+    for part, fn in parts.items():
+        if run.left() < 15:
+            run.results["skipped"].append(f"{name} {part} (deadline)")
+            continue
+        run.part(f"{name} {part}", fn)
+        program.check_invariants()
+    if run.s.device == "cuda":
+        entry["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        entry["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+
+
+# ---- report --------------------------------------------------------------------------------------------------------
+def _f(x, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_table(r: dict) -> None:
+    print("\n" + "=" * 100)
+    print(f"ninfer Engine + fast Program on {r.get('device')} (torch {r.get('torch')}), random bf16 weights, "
+          f"{LANES} lanes; wall {_f(r.get('wall_s'), '{:.0f}')} s")
+    print(f"{'model':8} {'ctx':>5} {'B':>2} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} {'TPOT ms':>8}")
+    for name, m in r.get("models", {}).items():
+        for d in m.get("decode", []):
+            print(f"{name:8} {d['ctx']:>5} {d['B']:>2} {d['step_ms']:8.2f} {d['step_ms'] / d['B']:9.3f} "
+                  f"{d['tok_s']:7.0f} {d['tpot_ms']:8.2f}")
+    for name, m in r.get("models", {}).items():
+        for p in m.get("prefill", []):
+            print(f"  {name:8} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms  {p['tok_s']:>8.0f} tok/s")
+        h = m.get("prefix_hit")
+        if h:
+            print(f"  {name:8} TTFT {h['prompt']} tokens with a {h['prefix']}-token checkpoint hit: "
+                  f"{h['ttft_ms']:.1f} ms (reused {h['reused']}); cold {h['cold_ttft_ms']:.1f} ms")
+        lg = m.get("long")
+        if lg:
+            print(f"  {name:8} {lg['context']}-token sequences: pools hold {lg['fit_by_pages']} by KV pages, "
+                  f"{lg['fit_by_slots']} by state slots; {lg.get('peak_active', '-')} active at once (lanes "
+                  f"{lg['lanes']}), step {_f(lg.get('step_ms'))} ms at B={lg['lanes']}, wall "
+                  f"{_f(lg.get('wall_s'), '{:.1f}')} s")
+        gib = lambda k: _f((m.get(k) or 0) / 2**30)  # noqa: E731
+        print(f"  {name:8} memory: weights {gib('weight_bytes')} GiB, KV {gib('kv_bytes')} GiB, GDN state "
+              f"{gib('state_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
+              f"{gib('peak_allocated_bytes')} GiB, build {_f(m.get('build_s'), '{:.1f}')} s")
+    for what in r.get("skipped", []):
+        print(f"SKIPPED {what}")
+    for part, err in r.get("errors", {}).items():
+        print(f"ERROR {part}: {err[:300]}")
+    print("=" * 100)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="0.8B,9B,35B-A3B")
+    ap.add_argument("--deadline-s", type=float, default=240.0)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU with the naive kernels")
+    args = ap.parse_args()
+    run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "bench_engine.json")
+    if not args.smoke and not torch.cuda.is_available():
+        run.results["errors"]["setup"] = "no CUDA device"
+        run.save()
+        print_table(run.results)
+        return 1
+    for name in ["tiny"] if args.smoke else args.models.split(","):
+        if run.left() < MIN_SECONDS.get(name, 60):
+            run.results["skipped"].append(f"{name} (deadline: {run.left():.0f}s left)")
+            continue
+        run.part(name, bench_model, run, name)
+    run.results["wall_s"] = time.monotonic() - run.t0
+    run.save()
+    print_table(run.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Where the fast model's device time goes: per-kernel totals from torch.profiler (CUPTI) over eager decode steps
+and one prefill, for the kernels worth fusing or tuning next. Eager, so every kernel is seen; kernel durations are
+what a graph replays, and the sum against the graph's step time shows the launch gaps the graph still pays.
+
+Run: python benchmarks/gpu/profile_fast.py [--models 0.8B,9B,35B-A3B] [--out DIR] [--prefill 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fast import Settings, build, decode_inputs  # noqa: E402
+from measure import cuda_ms  # noqa: E402
+
+from ninfer.fast.graph_runner import DecodeGraphRunner  # noqa: E402
+
+STEPS = 5
+
+
+def kernel_table(fn, steps: int) -> tuple[list[dict], float]:
+    """(kernels by total device time per call, sum of kernel time per call in us)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            t = totals[ev.name[:90]]
+            t[0] += ev.time_range.elapsed_us()
+            t[1] += 1
+    rows = [{"kernel": k, "us": v[0] / steps, "count": v[1] / steps} for k, v in totals.items()]
+    rows.sort(key=lambda r: -r["us"])
+    return rows, sum(r["us"] for r in rows)
+
+
+def profile_model(name: str, prefill_T: int) -> dict:
+    s = Settings(batches=(1, 8), contexts=(512,), prefill=(prefill_T,))
+    cfg, plan, model, _ = build(name, s)
+    out: dict = {}
+    for B in (1, 8):
+        args = decode_inputs(cfg, B, 512, "cuda")
+        rows, total = kernel_table(lambda: model.decode(*args), STEPS)
+        runner = DecodeGraphRunner(model, max_batch=B)
+        runner.capture([B])
+        graph_ms = cuda_ms(lambda: runner.run(*args), iters=20)
+        runner.reset()
+        out[f"decode_B{B}"] = {"kernel_us": total, "graph_us": graph_ms * 1e3, "launches": sum(r["count"] for r in rows),
+                               "top": rows[:30]}
+    tokens = torch.randint(0, cfg.vocab_size, (prefill_T,), device="cuda")
+    rows, total = kernel_table(lambda: model.prefill(tokens, 0, 0, 0), 1)
+    out[f"prefill_T{prefill_T}"] = {"kernel_us": total, "launches": sum(r["count"] for r in rows), "top": rows[:30]}
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="0.8B,9B,35B-A3B")
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    args = ap.parse_args()
+    results = {}
+    for name in args.models.split(","):
+        try:
+            results[name] = profile_model(name, args.prefill)
+        except Exception as exc:  # noqa: BLE001 - report and go on to the next model
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "profile_fast.json").write_text(json.dumps(results, indent=1))
+    for name, r in results.items():
+        for case, c in r.items():
+            if case == "error":
+                print(f"{name}: ERROR {c}")
+                continue
+            print(f"\n== {name} {case}: kernels {c['kernel_us']:.0f} us/call, {c['launches']:.0f} launches"
+                  + (f", graph replay {c['graph_us']:.0f} us" if "graph_us" in c else ""))
+            for row in c["top"][:18]:
+                print(f"  {row['us']:8.1f} us  x{row['count']:5.0f}  {row['kernel']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
