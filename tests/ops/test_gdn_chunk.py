@@ -75,17 +75,26 @@ def test_gdn_chunk_resumes_from_its_own_checkpoint():
 
 
 @pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
-@pytest.mark.parametrize("T,C", [(1, 40), (2, 70), (37, 130)] if not ON_GPU else [(1, 8192), (1000, 8192)])
-def test_gdn_conv_prefill(T, C, dtype):
-    m = torch.randn(T, C, device=DEVICE).to(dtype)
+@pytest.mark.parametrize("window_out", ["in_place", "new", "given"])
+@pytest.mark.parametrize("T,C", [(1, 40), (2, 70), (37, 130), (150, 136)] if not ON_GPU
+                         else [(1, 8192), (1000, 8192), (8192, 8192)])
+def test_gdn_conv_prefill(T, C, window_out, dtype):
+    # m is a strided view of a wider projection row, like in_proj's [qkv | z | b | a] output; T=150 spans three
+    # row blocks, so the halo rows come from the previous block and only the first reads the window
+    m = torch.randn(T, C + 24, device=DEVICE).to(dtype)[:, :C]
     window = torch.randn(C, 3, device=DEVICE).to(dtype)
     weight = (0.5 * torch.randn(C, 1, 4, device=DEVICE)).to(dtype)
     out_ref, win_ref = gdn_conv_prefill_naive(m, window, weight)
-    out, win = gdn_conv_prefill(m, window, weight, window_out=window)
+    old = window.clone()
+    dest = {"in_place": window, "new": None, "given": torch.full_like(window, float("nan"))}[window_out]
+    out, win = gdn_conv_prefill(m, window, weight, window_out=dest)
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     assert_close("gdn_conv_prefill.out", out_ref, out, tol)
     assert_close("gdn_conv_prefill.window", win_ref, win, tol)
-    assert win.data_ptr() == window.data_ptr()
+    if window_out == "in_place":
+        assert win.data_ptr() == window.data_ptr()
+    else:
+        assert torch.equal(window, old) and win.data_ptr() != window.data_ptr()
 
 
 def test_conv_window_at_matches_a_split_prefill():

@@ -19,39 +19,47 @@ import triton.language as tl
 
 @triton.jit
 def _conv_prefill_kernel(m_ptr, win_ptr, w_ptr, out_ptr, T, C, stride_m, stride_o,
-                         K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    t = tl.program_id(0) * BT + tl.arange(0, BT)
+                         K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr):
+    # tile [BT, BC]: tap i of row t reads input t-K+1+i. The K-1 halo rows above the tile come from m (other
+    # programs' rows, L2 hits); only the first row block reaches into the incoming window, and that block alone
+    # also writes the new window, so an in-place window is read before it is overwritten by the same program.
+    pid_t = tl.program_id(0)
+    t = pid_t * BT + tl.arange(0, BT)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     mt = t < T
     mc = c < C
     acc = tl.zeros([BT, BC], dtype=tl.float32)
     for i in tl.static_range(K):
-        # tap i reads input t-K+1+i: from m when it is in this call, else from the incoming window
         src = t - (K - 1) + i
-        in_m = (src >= 0) & mt
-        x_m = tl.load(m_ptr + src[:, None] * stride_m + c[None, :], mask=in_m[:, None] & mc[None, :], other=0.0)
-        in_w = (src < 0) & mt
-        x_w = tl.load(win_ptr + c[None, :] * (K - 1) + (src + K - 1)[:, None], mask=in_w[:, None] & mc[None, :],
-                      other=0.0)
-        x = tl.where(in_m[:, None], x_m.to(tl.float32), x_w.to(tl.float32))
-        acc += x * tl.load(w_ptr + c * K + i, mask=mc, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + t[:, None] * stride_o + c[None, :], (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty),
-             mask=mt[:, None] & mc[None, :])
+        x = tl.load(m_ptr + src.to(tl.int64)[:, None] * stride_m + c[None, :],
+                    mask=((src >= 0) & mt)[:, None] & mc[None, :], other=0.0)
+        acc += x.to(tl.float32) * tl.load(w_ptr + c * K + i, mask=mc, other=0.0).to(tl.float32)[None, :]
+    if pid_t == 0:
+        for i in tl.static_range(K - 1):
+            j = t + i  # window column of tap i; rows t < K-1-i only
+            x = tl.load(win_ptr + c[None, :] * (K - 1) + j[:, None],
+                        mask=((j < K - 1) & mt)[:, None] & mc[None, :], other=0.0)
+            acc += x.to(tl.float32) * tl.load(w_ptr + c * K + i, mask=mc, other=0.0).to(tl.float32)[None, :]
+        new_win = _next_window(m_ptr, win_ptr, c, mc, T, stride_m, K, BJ)
+        # every read of the old window above happens before any thread of this program overwrites it
+        tl.debug_barrier()
+        jj = tl.arange(0, BJ)
+        tl.store(win_ptr + c[:, None] * (K - 1) + jj[None, :], new_win.to(win_ptr.dtype.element_ty),
+                 mask=mc[:, None] & (jj < K - 1)[None, :])
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_o + c[None, :],
+             (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])
 
 
 @triton.jit
-def _conv_window_kernel(m_ptr, win_ptr, wout_ptr, T, C, stride_m, K: tl.constexpr, BC: tl.constexpr,
-                        BJ: tl.constexpr):
-    # the new window is positions T..T+K-2 of cat(window, m): the last K-1 inputs seen
-    c = tl.program_id(0) * BC + tl.arange(0, BC)
+def _next_window(m_ptr, win_ptr, c, mc, T, stride_m, K: tl.constexpr, BJ: tl.constexpr):
+    # the new window is positions T..T+K-2 of cat(window, m): the last K-1 inputs seen. [BC, BJ] fp32
     j = tl.arange(0, BJ)
     idx = T + j
-    mask = (c[:, None] < C) & (j[None, :] < K - 1)
-    from_m = tl.load(m_ptr + (idx - (K - 1))[None, :] * stride_m + c[:, None],
+    mask = mc[:, None] & (j < K - 1)[None, :]
+    from_m = tl.load(m_ptr + (idx - (K - 1)).to(tl.int64)[None, :] * stride_m + c[:, None],
                      mask=mask & (idx >= K - 1)[None, :], other=0.0)
     from_w = tl.load(win_ptr + c[:, None] * (K - 1) + idx[None, :], mask=mask & (idx < K - 1)[None, :], other=0.0)
-    x = tl.where((idx >= K - 1)[None, :], from_m.to(tl.float32), from_w.to(tl.float32))
-    tl.store(wout_ptr + c[:, None] * (K - 1) + j[None, :], x.to(wout_ptr.dtype.element_ty), mask=mask)
+    return tl.where((idx >= K - 1)[None, :], from_m.to(tl.float32), from_w.to(tl.float32))
 
 
 @triton.jit
@@ -232,16 +240,18 @@ def gdn_conv_prefill(m: torch.Tensor, window: torch.Tensor, conv_weight: torch.T
     T, C = m.shape
     K = conv_weight.shape[-1]
     assert m.stride(1) == 1 and window.is_contiguous() and window.shape == (C, K - 1)
+    assert window_out is None or (window_out.is_contiguous() and window_out.shape == window.shape)
     w = conv_weight.reshape(C, K).contiguous()
     out = torch.empty_like(m) if out is None else out
-    window_out = torch.empty_like(window) if window_out is None else window_out
-    # the window kernel may overwrite the window the conv kernel still reads
-    src = window.clone() if window_out.data_ptr() == window.data_ptr() else window
-    BT, BC = 32, 128
+    if window_out is None:
+        window_out = window.clone()
+    elif window_out.data_ptr() != window.data_ptr():
+        window_out.copy_(window)
+    # the kernel updates window_out in place: the first row block reads it and then writes the new window
+    BT, BC = 64, 128
     _conv_prefill_kernel[(triton.cdiv(T, BT), triton.cdiv(C, BC))](
-        m, src, w, out, T, C, m.stride(0), out.stride(0), K=K, BT=BT, BC=BC)
-    _conv_window_kernel[(triton.cdiv(C, BC),)](
-        m, src, window_out, T, C, m.stride(0), K=K, BC=BC, BJ=triton.next_power_of_2(K - 1))
+        m, window_out, w, out, T, C, m.stride(0), out.stride(0), K=K, BT=BT, BC=BC,
+        BJ=triton.next_power_of_2(K - 1), num_warps=4)
     return out, window_out
 
 
