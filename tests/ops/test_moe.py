@@ -1,5 +1,6 @@
-"""moe_route vs softmax/topk/renormalise, moe_align's bookkeeping, and moe_experts (grouped GEMMs + swiglu) vs the
-per-token loop: odd expert counts and widths, tokens that share experts, experts nobody picked."""
+"""moe_route vs softmax/topk/renormalise, moe_align's bookkeeping, and moe_experts (grouped GEMMs with the fused
+swiglu epilogue, the slot-order combine) vs the per-token loop: odd expert counts and widths, tokens that share
+experts, experts nobody picked, decode-sized and prefill-sized (64-row blocks) batches."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from ninfer.testing.numerics import assert_close
 ROUTES = [(1, 256, 8), (64, 256, 8), (5, 512, 10)] if ON_GPU else [(5, 7, 3), (3, 60, 8)]
 # (T, E, k, H, I)
 EXPERTS = [(1, 256, 8, 2048, 512), (8, 256, 8, 2048, 512), (64, 256, 8, 2048, 512)] if ON_GPU \
-    else [(3, 7, 3, 40, 24), (6, 4, 2, 16, 70)]
+    else [(3, 7, 3, 40, 24), (6, 4, 2, 16, 70), (90, 6, 3, 16, 24)]  # the last: > 256 pairs, prefill blocks
 
 
 @pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)

@@ -1,21 +1,33 @@
-"""MoE routing and the small-M grouped GEMM behind the routed experts.
+"""MoE routing and the grouped GEMMs behind the routed experts.
 
 ``moe_route``: one program per token does the fp32 softmax over all experts, k rounds of argmax and the top-k
-renormalisation. ``moe_align`` (one kernel for decode-sized batches, torch ops beyond; no host sync) sorts the (token, slot) pairs by expert and pads every expert's
-group to a multiple of BM rows, so ``grouped_gemm`` programs each own BM pairs of a single expert and stream that
-expert's weight tile once for all of them. ``moe_experts`` chains gate_up GEMM -> swiglu -> down GEMM (scaled by the
-routing weights) -> sum over the k slots.
+renormalisation. ``moe_align`` (one kernel for decode-sized batches, torch ops beyond; no host sync) sorts the
+(token, slot) pairs by expert and pads every expert's group to a multiple of the block, so ``grouped_gemm`` programs
+each own one block of pairs of a single expert and stream that expert's weight tile once for all of them.
+``moe_experts`` chains the gate_up GEMM with SwiGLU fused into its epilogue (the [pairs, 2I] projection never reaches
+memory) -> the down GEMM scaled by the routing weights -> ``_combine_kernel``, which sums each token's k slots in slot
+order (deterministic, unlike atomics) and rounds once.
+
+Tiles: decode (at most DECODE_PAIRS pairs) pads groups to 16 rows, prefill to 64 so that tl.dot gets full tiles. On
+CUDA the N/K tiles, warps and stages are autotuned per (N, K, pair bucket) at first use: the graph runner's warm-up
+reaches every decode bucket before capture, and prefill shares one bucket.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ..swiglu import swiglu
-
-BM = 16
+BM = 16  # decode block (pairs per program)
+BM_PREFILL = 64
+DECODE_PAIRS = 256
+_PREFILL_BUCKET = 1 << 16
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# (BN, BK, warps, stages); the first is the interpreter's fixed choice
+_TILES = ((64, 64, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (32, 256, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4))
 
 
 @triton.jit
@@ -80,9 +92,12 @@ def _align_kernel(ids_ptr, sorted_ptr, bexp_ptr, P, E, max_rows, num_blocks, BLO
 
 
 @triton.jit
-def _grouped_gemm_kernel(a_ptr, w_ptr, o_ptr, sorted_ptr, bexp_ptr, pw_ptr, N, K, num_pairs, stride_a, stride_we,
-                         stride_wn, stride_o, TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr,
-                         HAS_PW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _grouped_gemm_kernel(a_ptr, w_ptr, o_ptr, sorted_ptr, bexp_ptr, pw_ptr, N, K, num_pairs, MB, stride_a,
+                         stride_we, stride_wn, stride_o, TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr,
+                         HAS_PW: tl.constexpr, SWIGLU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr):
+    # MB (the pair bucket) only keys the autotuner. SWIGLU: w holds [gate (N rows) | up (N rows)] and the program
+    # writes silu(gate) * up for its N columns
     pid_m = tl.program_id(0)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = n < N
@@ -93,18 +108,43 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, o_ptr, sorted_ptr, bexp_ptr, pw_ptr, N, K
     rows = (pairs if A_PER_PAIR else pairs // TOPK).to(tl.int64)
     kk = tl.arange(0, BK)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_up = tl.zeros([BM, BN], dtype=tl.float32)
     k_end = tl.where(e >= 0, K, 0)  # blocks past the last expert group do no work
+    w_rows = w_ptr + e * stride_we + n[:, None] * stride_wn
     for k0 in range(0, k_end, BK):
         mk = k0 + kk < K
         a = tl.load(a_ptr + rows[:, None] * stride_a + (k0 + kk)[None, :], mask=valid[:, None] & mk[None, :],
                     other=0.0)
-        w = tl.load(w_ptr + e * stride_we + n[:, None] * stride_wn + (k0 + kk)[None, :],
-                    mask=mn[:, None] & mk[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(w))
+        wm = mn[:, None] & mk[None, :]
+        acc += tl.dot(a, tl.trans(tl.load(w_rows + (k0 + kk)[None, :], mask=wm, other=0.0)))
+        if SWIGLU:
+            w_up = tl.load(w_rows + N * stride_wn + (k0 + kk)[None, :], mask=wm, other=0.0)
+            acc_up += tl.dot(a, tl.trans(w_up))
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc_up
     if HAS_PW:
         acc *= tl.load(pw_ptr + pairs, mask=valid, other=0.0)[:, None]
     tl.store(o_ptr + pairs.to(tl.int64)[:, None] * stride_o + n[None, :], acc.to(o_ptr.dtype.element_ty),
              mask=valid[:, None] & mn[None, :])
+
+
+@triton.jit
+def _combine_kernel(y_ptr, o_ptr, H, TOPK: tl.constexpr, BH: tl.constexpr):
+    # out[t] = sum_j y[t * k + j] in slot order: y [T*k, H] fp32 -> o [T, H]
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    mh = h < H
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        acc += tl.load(y_ptr + (t * TOPK + j) * H + h, mask=mh, other=0.0)
+    tl.store(o_ptr + t * H + h, acc.to(o_ptr.dtype.element_ty), mask=mh)
+
+
+if _INTERPRET:
+    _grouped_gemm = _grouped_gemm_kernel
+else:
+    _grouped_gemm = triton.autotune([triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=st)
+                                     for bn, bk, w, st in _TILES], key=["N", "K", "MB", "SWIGLU"])(_grouped_gemm_kernel)
 
 
 def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,20 +198,32 @@ def _moe_align_torch(ids: torch.Tensor, num_experts: int, block: int,
     return sorted_pairs, block_expert
 
 
+def pair_block(num_pairs: int) -> int:
+    """Rows per grouped-GEMM program: 16 keeps decode's padding small, 64 gives prefill full tensor-core tiles."""
+    return BM if num_pairs <= DECODE_PAIRS else BM_PREFILL
+
+
 def grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor,
                  top_k: int, a_per_pair: bool, pair_weights: torch.Tensor | None = None,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, swiglu: bool = False) -> torch.Tensor:
     """out[p] = w[expert(p)] @ a[row(p)] for every (token, slot) pair p, row(p) = p if ``a_per_pair`` else
-    p // top_k; optionally scaled by pair_weights [T*k]. a [rows, K]; w [E, N, K]. Returns [T*k, N]."""
+    p // top_k; optionally scaled by pair_weights [T*k]. a [rows, K]; w [E, N, K]. Returns [T*k, N], or with
+    ``swiglu`` (w = [gate | up] rows, N even) silu(gate) * up [T*k, N/2]. sorted_pairs/block_expert come from
+    ``moe_align`` with ``pair_block(T*k)`` rows per block."""
     E, N, K = w.shape
     assert a.stride(1) == 1 and w.stride(2) == 1
     num_pairs = a.shape[0] if a_per_pair else a.shape[0] * top_k
-    out = torch.empty(num_pairs, N, device=a.device, dtype=out_dtype or a.dtype)
-    BN, BK = 64, 64
+    n_out = N // 2 if swiglu else N
+    out = torch.empty(num_pairs, n_out, device=a.device, dtype=out_dtype or a.dtype)
+    block = pair_block(num_pairs)
     pw = pair_weights if pair_weights is not None else out
-    _grouped_gemm_kernel[(block_expert.numel(), triton.cdiv(N, BN))](
-        a, w, out, sorted_pairs, block_expert, pw, N, K, num_pairs, a.stride(0), w.stride(0), w.stride(1),
-        out.stride(0), TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, BM=BM, BN=BN, BK=BK)
+    bucket = triton.next_power_of_2(num_pairs) if num_pairs <= DECODE_PAIRS else _PREFILL_BUCKET
+    fixed = dict(BN=_TILES[0][0], BK=_TILES[0][1]) if _INTERPRET else {}
+    grid = (block_expert.numel(), triton.cdiv(n_out, fixed.get("BN", 1))) if _INTERPRET else \
+        (lambda meta: (block_expert.numel(), triton.cdiv(n_out, meta["BN"])))
+    _grouped_gemm[grid](a, w, out, sorted_pairs, block_expert, pw, n_out, K, num_pairs, bucket, a.stride(0),
+                        w.stride(0), w.stride(1), out.stride(0), TOPK=top_k, A_PER_PAIR=a_per_pair,
+                        HAS_PW=pair_weights is not None, SWIGLU=swiglu, BM=block, **fixed)
     return out
 
 
@@ -179,9 +231,12 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, 
                 ids: torch.Tensor) -> torch.Tensor:
     """Same contract as ``moe_experts_naive``: x [T, H] -> [T, H] in x's dtype."""
     T, k = ids.shape
-    sorted_pairs, block_expert = moe_align(ids, w_gate_up.shape[0])
-    h = grouped_gemm(x, w_gate_up, sorted_pairs, block_expert, k, a_per_pair=False)  # [T*k, 2I]
-    act = swiglu(h)  # [T*k, I]
+    H = w_down.shape[1]
+    sorted_pairs, block_expert = moe_align(ids, w_gate_up.shape[0], pair_block(T * k))
+    act = grouped_gemm(x, w_gate_up, sorted_pairs, block_expert, k, a_per_pair=False, swiglu=True)  # [T*k, I]
     y = grouped_gemm(act, w_down, sorted_pairs, block_expert, k, a_per_pair=True,
                      pair_weights=weights.flatten(), out_dtype=torch.float32)  # [T*k, H]
-    return y.view(T, k, -1).sum(1).to(x.dtype)
+    out = torch.empty(T, H, device=x.device, dtype=x.dtype)
+    BH = min(1024, triton.next_power_of_2(H))
+    _combine_kernel[(T, triton.cdiv(H, BH))](y, out, H, TOPK=k, BH=BH)
+    return out
