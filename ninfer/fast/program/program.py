@@ -85,6 +85,7 @@ class FastProgram:
             budget_bytes = _device_budget(gpu_memory_utilization, device)
         settings = FastProgramConfig(max_concurrency=max_concurrency, max_context=max_context, **config)
         with open_artifact(path, features=(TEXT,)) as art:
+            _require_dense(art)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
                              kernels=kernels)
 
@@ -254,6 +255,18 @@ class FastProgram:
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)
+
+
+def _require_dense(art) -> None:
+    """The fast Program has kernels for dense weights only: a quantized artifact fails at start rather than running
+    silently dequantized at several times the memory and bandwidth its format promises."""
+    quantized = sorted({(o.name, o.format) for o in (art.objects[b.object] for b in art.bindings.values())
+                        if o.format != "dense"})
+    if quantized:
+        formats = ", ".join(sorted({f for _, f in quantized}))
+        raise NotImplementedError(f"the fast Program has no kernels for {formats} weights ({len(quantized)} "
+                                  f"objects, e.g. {quantized[0][0]!r}); convert the checkpoint with dense weights "
+                                  "(ninfer convert --dtype bfloat16) or run it on --program reference")
 
 
 def _device_budget(utilization: float, device: torch.device) -> int:
