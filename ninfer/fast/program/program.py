@@ -49,6 +49,8 @@ class FastProgram:
         self.state_bytes = plan.state_bytes // (plan.slots + 1)
         self.host = HostTier(c.host_bytes, self.state_bytes)
         self.runner = DecodeGraphRunner(model, c.max_concurrency)
+        if self.runner.use_graphs:
+            _warm_prefill(model, min(c.max_prefill_tokens, c.max_context))
         self.runner.capture()  # one graph per exact B on CUDA; eager on the same buffers elsewhere
         self.seqs: dict[int, ActiveSequence] = {}  # live state slot -> sequence
         self.ckpts: dict[CheckpointId, Checkpoint] = {}  # published, inactive
@@ -255,6 +257,14 @@ class FastProgram:
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)
+
+
+def _warm_prefill(model: FastModel, tokens: int) -> None:
+    """One full prefill piece on the dummy slot and row before serving (vLLM's profile run): every prefill kernel
+    compiles and every autotuner settles now, not in the middle of the first long request."""
+    plan = model.plan
+    model.prefill(torch.zeros(tokens, dtype=torch.long, device=model.device), plan.dummy_slot, plan.dummy_row, 0)
+    torch.cuda.synchronize(model.device)
 
 
 def _require_dense(art) -> None:
