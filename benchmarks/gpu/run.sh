@@ -10,6 +10,13 @@ cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# wheels the image lacks (benchmarks/gpu/fetch_wheels.sh; the call carries .whl): server, openai client, xgrammar, fla
+if [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site:$PYTHONPATH || echo "wheel install failed: tests and benchmarks that need them fail"
+fi
+# the carried embedded default model: the tests link it into their cache instead of building it
+[ -f .carry/default.ninfer ] && export NINFER_TEST_DEFAULT_MODEL="$PWD/.carry/default.ninfer"
 START=$(date +%s)
 TOTAL_S=565  # leave headroom under the 600 s limit for start-up and result transfer
 
