@@ -46,9 +46,12 @@ def _seed_default_model() -> None:
     seed = os.environ.get("NINFER_TEST_DEFAULT_MODEL")
     if not seed:
         return
-    from ninfer.artifact import open_artifact
-    from ninfer.convert.default_model import cached_default_model_path, recipe_key
-
+    try:
+        from ninfer.artifact import open_artifact
+        from ninfer.convert.default_model import cached_default_model_path, recipe_key
+    except ImportError as e:  # a machine without ninfer's cache packages runs no test that needs the model
+        print(f"NINFER_TEST_DEFAULT_MODEL not used: {e}")
+        return
     with open_artifact(seed) as art:
         key = art.provenance.get("recipe", {}).get("key")
     dest = cached_default_model_path()

@@ -3,6 +3,9 @@
 `ninfer serve` runs as a real subprocess (CLI flags, background loading, readiness, uvicorn) with the embedded
 random-weight model; the disconnect storm instead runs uvicorn on a thread of the test process, so the test can
 read the Engine's and the Program's occupancy after the storm.
+
+The Program is the reference one, or with NINFER_TEST_DEVICE=cuda (and a GPU) the fast one (`--program fast`); the
+live server's tests carry it in their ids (`test_models_and_chat[fast]`) and its log must say it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,28 @@ import pytest
 import uvicorn
 
 READY_TIMEOUT_S = 240
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda"
+PROGRAM = "fast" if ON_GPU else "reference"
+# What the fast Program may plan with beyond the memory in use when it starts (weights, pools, graphs): the embedded
+# model needs a few MiB; more only makes the KV page list longer.
+GPU_HEADROOM_BYTES = 4 << 30
+
+
+def gpu_memory_utilization() -> float:
+    """A --gpu-memory-utilization that leaves GPU_HEADROOM_BYTES beyond what is in use now. vLLM's meaning (a share
+    of the whole device, less what every process holds) makes any fixed share collide with another server or with
+    this process's cached blocks."""
+    import torch
+
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return min(0.95, (total - free + GPU_HEADROOM_BYTES) / total)
+
+
+def program_args() -> list[str]:
+    if PROGRAM == "fast":
+        return ["--program", "fast", "--gpu-memory-utilization", f"{gpu_memory_utilization():.4f}"]
+    return ["--program", "reference"]
 
 
 def free_port() -> int:
@@ -51,6 +76,14 @@ class LiveServer:
             time.sleep(0.5)
         raise RuntimeError(f"server not ready in {READY_TIMEOUT_S} s:\n{self.log.read_text()}")
 
+    def wait_log(self, text: str, timeout_s: float = 10) -> None:
+        """The readiness summary is printed just after /health/ready turns 200."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log.read_text():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server log lacks {text!r}:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -68,12 +101,13 @@ def _default_model_built():
     return default_model_path()
 
 
-@pytest.fixture(scope="session")
-def live_server(_default_model_built, tmp_path_factory):
-    server = LiveServer(["--max-model-len", "512", "--max-num-seqs", "4", "--served-model-name", "ninfer-test"],
-                        tmp_path_factory.mktemp("serve") / "server.log")
+@pytest.fixture(scope="session", params=[PROGRAM])
+def live_server(request, _default_model_built, tmp_path_factory):
+    server = LiveServer(["--max-model-len", "512", "--max-num-seqs", "4", "--served-model-name", "ninfer-test",
+                         *program_args()], tmp_path_factory.mktemp("serve") / "server.log")
     try:
         server.wait_ready()
+        server.wait_log(f"on the {request.param} Program")
         yield server
     finally:
         server.stop()
@@ -116,6 +150,14 @@ class ThreadServer:
 @pytest.fixture
 def thread_server():
     return ThreadServer
+
+
+@pytest.fixture(scope="session")
+def program_options():
+    """RuntimeOptions fields that pick this run's Program (see the module doc) for in-process runtimes."""
+    if PROGRAM == "fast":
+        return {"program": "fast", "gpu_memory_utilization": gpu_memory_utilization()}
+    return {"program": "reference"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,6 +5,7 @@ and the server still answers. Loopback only, bounded count and time."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -16,19 +17,31 @@ from ninfer.wiring import RuntimeOptions, build_runtime
 
 # Finishing naturally would take clients x 200 tokens over 4 lanes (minutes here); cancellation settles in seconds.
 SETTLE_S = 20
+# The fast Program on a GPU could finish 200 tokens inside the 1 s a waiting client holds on: every request there
+# asks for SCALE times more (and the context grows to match), so that dropping is still the only way out.
+SCALE = 16 if os.environ.get("NINFER_TEST_DEVICE") == "cuda" else 1
 
 
 @pytest.fixture(scope="module")
-def storm_runtime(_default_model_built):
+def storm_runtime(_default_model_built, program_options):
     # No prefix caching: a finished request then leaves nothing behind, so "baseline" is exact.
-    rt = build_runtime(RuntimeOptions(max_model_len=256, max_num_seqs=4, enable_prefix_caching=False),
-                       progress=False)
+    rt = build_runtime(RuntimeOptions(max_model_len=256 * SCALE, max_num_seqs=4, enable_prefix_caching=False,
+                                      **program_options), progress=False)
+    assert rt.program_kind == program_options["program"]
     yield rt
     rt.close()
+    if rt.program_kind == "fast":  # give the device memory back: a later server measures what is in use
+        import gc
+
+        import torch
+
+        rt.engine = None
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 async def _drop_after_first_chunk(client: httpx.AsyncClient, i: int) -> str:
-    body = {"messages": [{"role": "user", "content": f"storm {i}"}], "max_tokens": 200, "stream": True}
+    body = {"messages": [{"role": "user", "content": f"storm {i}"}], "max_tokens": 200 * SCALE, "stream": True}
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
         async for line in resp.aiter_lines():
@@ -38,14 +51,14 @@ async def _drop_after_first_chunk(client: httpx.AsyncClient, i: int) -> str:
 
 
 async def _drop_before_output(client: httpx.AsyncClient, i: int) -> str:
-    body = {"prompt": f"storm {i} " * 20, "max_tokens": 150, "stream": True}
+    body = {"prompt": f"storm {i} " * 20, "max_tokens": 150 * SCALE, "stream": True}
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200
     return "dropped at headers"
 
 
 async def _drop_while_waiting(client: httpx.AsyncClient, i: int) -> str:
-    body = {"messages": [{"role": "user", "content": f"wait {i}"}], "max_tokens": 200}
+    body = {"messages": [{"role": "user", "content": f"wait {i}"}], "max_tokens": 200 * SCALE}
     try:
         await asyncio.wait_for(client.post("/v1/chat/completions", json=body), 1.0)
     except asyncio.TimeoutError:
