@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch.nn.functional as F
+
 
 @dataclass(frozen=True)
 class Kernels:
@@ -34,11 +36,20 @@ class Kernels:
     moe_route: Callable
     # (x, w_gate_up, w_down, weights, ids) -> [T, H]
     moe_experts: Callable
+    # (x [T, K], w [N, K]) -> [T, N]: F.linear without bias
+    linear: Callable
+    # (x [T, K], w [2I, K] = [gate | up]) -> silu(gate) * up [T, I]
+    linear_swiglu: Callable
+
+
+# decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
+# larger ones are GEMMs for cuBLAS
+_GEMV_ROWS = 8
 
 
 def triton_kernels() -> Kernels:
-    from ninfer.fast.ops import (gdn_chunk, gdn_decode, moe, paged_decode_attention, prefill_attention, rmsnorm,
-                                 rope_kv_write, swiglu)
+    from ninfer.fast.ops import (gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention, prefill_attention,
+                                 rmsnorm, rope_kv_write, swiglu)
 
     def norm(x, weight, eps, residual=None):
         # the residual stream is updated in place: one buffer per step instead of one per layer
@@ -47,9 +58,15 @@ def triton_kernels() -> Kernels:
     def conv_prefill(m, window, conv_weight):
         return gdn_chunk.gdn_conv_prefill(m, window, conv_weight, window_out=window)[0]
 
+    def linear(x, w):
+        return gemv.gemv(x, w) if x.shape[0] <= _GEMV_ROWS else F.linear(x, w)
+
+    def linear_swiglu(x, w):
+        return gemv.gemv_swiglu(x, w) if x.shape[0] <= _GEMV_ROWS else swiglu.swiglu(F.linear(x, w))
+
     return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
-                   prefill_attention.prefill_attention, moe.moe_route, moe.moe_experts)
+                   prefill_attention.prefill_attention, moe.moe_route, moe.moe_experts, linear, linear_swiglu)
 
 
 def naive_kernels() -> Kernels:
@@ -70,8 +87,12 @@ def naive_kernels() -> Kernels:
     def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen):
         return prefill_attention_naive(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens)
 
+    def linear_swiglu(x, w):
+        return swiglu_naive(F.linear(x, w))
+
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
-                   gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, moe_experts_naive)
+                   gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, moe_experts_naive,
+                   F.linear, linear_swiglu)
 
 
 def get_kernels(name: str) -> Kernels:

@@ -2,7 +2,8 @@
 decode form (one token for each of B sequences) and a prefill form (T tokens of one sequence), and the FFNs.
 
 Shape-only host logic: nothing here reads a device value back, so a decode step can be captured in a CUDA graph.
-GEMMs go to cuBLAS through ``F.linear``; everything between them is one of the ``Kernels``.
+Every op, GEMMs included, is one of the ``Kernels``: ``k.linear`` streams the weight with the GEMV kernel at
+decode row counts and hands larger ones to cuBLAS.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ninfer.models.qwen3_5.config import Qwen35Config
 
@@ -46,17 +46,17 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, y: torch.Tensor, con
               step: StepInputs) -> torch.Tensor:
     """y [T, H] normed input; conv [slots+1, C, K-1] and ssm [slots+1, HV, dk, dv] are this layer's state slots,
     updated in place. Returns [T, H]."""
-    mixed, z, b, a = _split_gdn(F.linear(y, w.in_proj), cfg)
+    mixed, z, b, a = _split_gdn(k.linear(y, w.in_proj), cfg)
     dims = dict(num_k_heads=cfg.linear_num_key_heads, head_k_dim=cfg.linear_key_head_dim,
                 head_v_dim=cfg.linear_value_head_dim, eps=cfg.rms_norm_eps)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
-        return F.linear(out, w.out_proj)
+        return k.linear(out, w.out_proj)
     slot = step.prefill_slot
     qkv = k.gdn_conv_prefill(mixed, conv[slot], w.conv)  # [T, C]; the slot's window advances in place
     out, states = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm[slot], **dims)
     ssm[slot].copy_(states[-1])
-    return F.linear(out, w.out_proj)
+    return k.linear(out, w.out_proj)
 
 
 def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tensor, k_pages: torch.Tensor,
@@ -64,7 +64,7 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
     """y [T, H]; writes the new K/V into this layer's pages [P, page_size, nkv, d], attends, gates. Returns [T, H]."""
     T = y.shape[0]
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    qkv = F.linear(y, w.qkv)  # [T, 2*nh*d + 2*nkv*d]
+    qkv = k.linear(y, w.qkv)  # [T, 2*nh*d + 2*nkv*d]
     # q_proj rows are [query(d), gate(d)] per head
     qg = qkv[:, :2 * nh * d].view(T, nh, 2 * d)
     q, gate = qg[..., :d], qg[..., d:]  # [T, nh, d] views
@@ -77,18 +77,18 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
     else:
         o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens)
     o = o * torch.sigmoid(gate)  # [T, nh, d]
-    return F.linear(o.reshape(T, nh * d), w.o_proj)
+    return k.linear(o.reshape(T, nh * d), w.o_proj)
 
 
 def ffn(k: Kernels, cfg: Qwen35Config, w: FfnWeights, y: torch.Tensor) -> torch.Tensor:
     """SwiGLU MLP, or the sparse MoE block with its sigmoid-gated shared expert; y [T, H] -> [T, H]."""
     if not cfg.is_moe:
-        return F.linear(k.swiglu(F.linear(y, w.gate_up)), w.down)
+        return k.linear(k.linear_swiglu(y, w.gate_up), w.down)
     E = cfg.num_experts
-    logits = F.linear(y, w.router)  # [T, E (+1 shared-expert gate)]
+    logits = k.linear(y, w.router)  # [T, E (+1 shared-expert gate)]
     weights, ids = k.moe_route(logits[:, :E], cfg.num_experts_per_tok, cfg.norm_topk_prob)
     out = k.moe_experts(y, w.experts_gate_up, w.experts_down, weights, ids)
     if w.shared_gate_up is not None:
-        shared = F.linear(k.swiglu(F.linear(y, w.shared_gate_up)), w.shared_down)
+        shared = k.linear(k.linear_swiglu(y, w.shared_gate_up), w.shared_down)
         out = out + torch.sigmoid(logits[:, E:]) * shared
     return out
