@@ -56,3 +56,85 @@ def print_table(r: dict) -> None:
     for part, err in r.get("errors", {}).items():
         print(f"ERROR {part}: {err[:300]}")
     print("=" * 100)
+
+
+def load_results(out_dir: str | None, name: str) -> dict | None:
+    """A benchmark's raw JSON from its output folder, or None."""
+    import json
+    from pathlib import Path
+
+    if not out_dir or not (Path(out_dir) / name).is_file():
+        return None
+    return json.loads((Path(out_dir) / name).read_text())
+
+
+def print_hf_table(r: dict) -> None:
+    """bench_hf.py's results: transformers (+ fla when it imported) on the same shapes, this run."""
+    print("\n" + "=" * 100)
+    fla = r.get("fla") or f"not installed ({r.get('fla_error', 'import failed')})"
+    print(f"HF transformers {r.get('transformers')} on {r.get('device')} (torch {r.get('torch')}), fla {fla}; "
+          f"wall {_f(r.get('wall_s'), '{:.0f}')} s")
+    for name, m in r.get("models", {}).items():
+        k = m.get("kernels") or {}
+        gdn = ", ".join(f"{f.replace('torch_', '')} -> {k[f].split('.')[0]}" for f in k
+                        if f.endswith(("gated_delta_rule", "conv1d_fn", "conv1d_update")))
+        print(f"{name:8} {(m.get('params') or 0) / 1e9:.2f}B params, build {_f(m.get('build_s'), '{:.1f}')} s, "
+              f"attention {k.get('attn_implementation')}, experts {k.get('experts_implementation')}; {gdn}")
+        for d in m.get("decode", []):
+            print(f"  decode B={d['B']}: {d['step_ms']:8.2f} ms/step ({d['ms_per_token']:.2f} ms/token, "
+                  f"{d['tok_s']:.0f} tok/s) over {d['new_tokens']} tokens after a {d['prompt']}-token prompt; "
+                  f"generate(1) {d['first_token_s'] * 1e3:.0f} ms")
+        for p in m.get("prefill", []):
+            print(f"  prefill T={p['T']:>5}: {p['ms']:8.1f} ms {p['tok_s']:>9.0f} tok/s  finite={p['finite']}")
+        if m.get("peak_allocated_bytes"):
+            print(f"  peak allocated {m['peak_allocated_bytes'] / 2**30:.2f} GiB")
+    for what in r.get("skipped", []):
+        print(f"SKIPPED {what}")
+    for part, err in r.get("errors", {}).items():
+        print(f"ERROR {part}: {err[:300]}")
+    print("=" * 100)
+
+
+def print_side_by_side(ours: dict, hf: dict) -> None:
+    """HF(+fla) vs ninfer's fast path, from the same run: decode per step at the 512-token context (ninfer: graph
+    replay at context 512; HF: generate after a 512-token prompt) and one-piece prefill."""
+    fla = "HF+fla" if hf.get("fla") else "HF (torch fallbacks)"
+    print("\n" + "=" * 100)
+    print(f"{fla} vs ninfer, same GPU run (ms; x = HF time / ninfer time)")
+    print(f"{'model':8} {'case':16} {fla:>20} {'ninfer':>10} {'x':>8}")
+    for name, h in hf.get("models", {}).items():
+        n = ours.get("models", {}).get(name)
+        if not n:
+            continue
+        for d in h.get("decode", []):
+            mine = [r for r in n.get("decode", []) if r["B"] == d["B"] and r["ctx"] == d["prompt"]]
+            best = (mine[0].get("graph_ms") or mine[0].get("eager_ms")) if mine else None
+            x = d["step_ms"] / best if best else None
+            print(f"{name:8} {'decode B=' + str(d['B']):16} {d['step_ms']:>20.2f} {_f(best):>10} "
+                  f"{_f(x, '{:.1f}x'):>8}")
+        for p in h.get("prefill", []):
+            mine = [r for r in n.get("prefill", []) if r["T"] == p["T"]]
+            best = mine[0]["ms"] if mine else None
+            x = p["ms"] / best if best else None
+            print(f"{name:8} {'prefill T=' + str(p['T']):16} {p['ms']:>20.1f} {_f(best, '{:.1f}'):>10} "
+                  f"{_f(x, '{:.1f}x'):>8}")
+    print("=" * 100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python benchmarks/gpu/report.py DIR: the tables of the JSON files a GPU run left in DIR."""
+    import sys
+
+    out_dir = (argv if argv is not None else sys.argv[1:] or [None])[0]
+    ours, hf = load_results(out_dir, "bench_fast.json"), load_results(out_dir, "bench_hf.json")
+    if ours is not None:
+        print_table(ours)
+    if hf is not None:
+        print_hf_table(hf)
+    if ours is not None and hf is not None:
+        print_side_by_side(ours, hf)
+    return 0 if (ours or hf) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
