@@ -13,18 +13,20 @@ cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+TOTAL_S=565  # leave headroom under the 600 s limit for start-up and result transfer
 # wheels the image lacks (benchmarks/gpu/fetch_wheels.sh; the call carries .whl): server, openai client, xgrammar, fla
 if [ -d .whl ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site:$PYTHONPATH || echo "wheel install failed: tests and benchmarks that need them fail"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH || echo "wheel install failed"
 fi
 # the carried embedded default model: the tests link it into their cache instead of building it
 [ -f .carry/default.ninfer ] && export NINFER_TEST_DEFAULT_MODEL="$PWD/.carry/default.ninfer"
-START=$(date +%s)
-TOTAL_S=565  # leave headroom under the 600 s limit for start-up and result transfer
 
-E2E="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"  # ninfer serve --program fast
-"$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null || { E2E=""; echo "no server packages (carry .whl): e2e tests left out"; }
+# the e2e tests run `ninfer serve --program fast` (they need the carried wheels)
+E2E="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"
+"$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
+    || { E2E=""; echo "no server packages (carry .whl): e2e tests left out"; }
 echo "== GPU tests: tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $E2E"
 LOG=$(mktemp)
 NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-220}" "$PY" -m pytest tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $E2E -q \
@@ -53,8 +55,9 @@ LEFT=$(( TOTAL_S - ($(date +%s) - START) ))
 HF_DEADLINE=$(( HF_S < LEFT - 15 ? HF_S : LEFT - 15 ))
 if [ "$HF_S" -gt 0 ] && [ "$HF_DEADLINE" -gt 30 ]; then
     echo "== HF transformers baseline (${HF_DEADLINE}s budget)"
-    timeout $(( HF_DEADLINE + 10 )) "$PY" benchmarks/gpu/bench_hf.py --models "${HF_MODELS:-${BENCH_MODELS:-0.8B,9B,35B-A3B}}" \
-        --deadline-s "$HF_DEADLINE" ${OUT:+--out "$OUT"} || echo "HF baseline exited with rc=$? (partial results in \$OUT/bench_hf.json)"
+    timeout $(( HF_DEADLINE + 10 )) "$PY" benchmarks/gpu/bench_hf.py \
+        --models "${HF_MODELS:-${BENCH_MODELS:-0.8B,9B,35B-A3B}}" --deadline-s "$HF_DEADLINE" ${OUT:+--out "$OUT"} \
+        || echo "HF baseline exited with rc=$? (partial results, if any, are in \$OUT/bench_hf.json)"
 elif [ "$HF_S" -gt 0 ]; then
     echo "no time left for the HF baseline"
 fi
