@@ -43,11 +43,11 @@ class GemvConfig:
     num_stages: int = 4
 
 
-def pick_config(M: int, rows: int, K: int, elem_bytes: int, num_sms: int) -> GemvConfig:
+def pick_config(M: int, rows: int, K: int, elem_bytes: int, num_sms: int, bw: int | None = None) -> GemvConfig:
     """From shapes only, so a captured graph stays valid. Every K tile of x is re-read from L2 by each program, M/BW
-    of the weight traffic: BW grows with M to keep that near a quarter. Then K is split until there are about two
-    programs per SM, so that every SM has loads in flight."""
-    bw = max(16, min(64, triton.next_power_of_2(4 * M)))
+    of the weight traffic: BW (unless given) grows with M to keep that near a quarter. Then K is split until there
+    are about two programs per SM, so that every SM has loads in flight."""
+    bw = bw or max(16, min(64, triton.next_power_of_2(4 * M)))
     # a 64-row tile keeps three pipeline stages within a third of the shared memory
     bk = min(256 if elem_bytes <= 2 and bw < 64 else 128, max(16, triton.next_power_of_2(K)))
     splits = min(triton.cdiv(2 * num_sms, triton.cdiv(rows, bw)), triton.cdiv(K, bk), _MAX_SPLITS)
