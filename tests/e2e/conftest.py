@@ -152,9 +152,10 @@ def thread_server():
     return ThreadServer
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def program_options():
-    """RuntimeOptions fields that pick this run's Program (see the module doc) for in-process runtimes."""
+    """RuntimeOptions fields that pick this run's Program (see the module doc) for in-process runtimes; the GPU
+    memory share is measured when the module's runtime starts (after any live server)."""
     if PROGRAM == "fast":
         return {"program": "fast", "gpu_memory_utilization": gpu_memory_utilization()}
     return {"program": "reference"}
