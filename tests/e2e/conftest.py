@@ -30,6 +30,14 @@ PROGRAM = "fast" if ON_GPU else "reference"
 GPU_HEADROOM_BYTES = 4 << 30
 
 
+SERVER_LINES: list[str] = []  # the live servers' readiness lines, shown in the terminal summary
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in SERVER_LINES:
+        terminalreporter.write_line(f"e2e live server: {line}")
+
+
 def gpu_memory_utilization() -> float:
     """A --gpu-memory-utilization that leaves GPU_HEADROOM_BYTES beyond what is in use now. vLLM's meaning (a share
     of the whole device, less what every process holds) makes any fixed share collide with another server or with
@@ -76,10 +84,13 @@ class LiveServer:
             time.sleep(0.5)
         raise RuntimeError(f"server not ready in {READY_TIMEOUT_S} s:\n{self.log.read_text()}")
 
-    def wait_log(self, text: str, timeout_s: float = 10) -> None:
-        """The readiness summary is printed just after /health/ready turns 200."""
+    def wait_log(self, text: str, timeout_s: float = 10) -> str:
+        """The log line holding ``text`` (the readiness summary is printed just after /health/ready turns 200)."""
         deadline = time.monotonic() + timeout_s
-        while text not in self.log.read_text():
+        while True:
+            lines = [line for line in self.log.read_text().splitlines() if text in line]
+            if lines:
+                return lines[0]
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server log lacks {text!r}:\n{self.log.read_text()}")
             time.sleep(0.1)
@@ -107,7 +118,7 @@ def live_server(request, _default_model_built, tmp_path_factory):
                          *program_args()], tmp_path_factory.mktemp("serve") / "server.log")
     try:
         server.wait_ready()
-        server.wait_log(f"on the {request.param} Program")
+        SERVER_LINES.append(server.wait_log(f"on the {request.param} Program"))
         yield server
     finally:
         server.stop()
