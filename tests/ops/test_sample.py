@@ -16,7 +16,7 @@ TABLE_FLAGS = (L.MASK, L.BIAS, L.MIN_TOKENS, L.REPETITION_ON, L.FREQUENCY_ON, L.
 
 def _inputs(B, V, gen, *, sort, flags=None, max_batch=None):
     """Random rows over random tables; row b reads table row R-1-b (table rows are data, not batch positions)."""
-    R, W = B + 1, L.bitmask_words(V)
+    R = B + 1
     params = torch.zeros(max_batch or B, L.INT_COLUMNS + L.FLOAT_COLUMNS, dtype=torch.int64)
     ip, fp = params[:, :L.INT_COLUMNS], params[:, L.INT_COLUMNS:].view(torch.float64)
     for b in range(B):
