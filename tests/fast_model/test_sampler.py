@@ -1,0 +1,202 @@
+"""The device sampler draws exactly what the host sampler (``ninfer.sampling.draw``) draws from the same logits,
+parameters, seed, position, history and mask: greedy, temperature, top-k, top-p, min-p, penalties, logit bias,
+grammar bitmasks, min_tokens, logprobs, and the host's errors. On CPU the "naive" ops run at V = 1000 and 97 and the
+Triton kernels in the interpreter on a few mixed batches; with NINFER_TEST_DEVICE=cuda both run on the GPU, the
+Triton kernels also at the real vocabulary. Logits are random normals, so no top-p boundary is a float64 tie."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from _fast_env import DEVICE, ON_GPU
+from ninfer.fast.sampling import DeviceSampler, SampleRow, variant_of
+from ninfer.sampling import SamplingError, SamplingParams, draw
+
+EOS = (2, 5)
+KERNELS = ["naive", "triton"]
+
+
+@dataclass
+class History:
+    prompt: tuple = ()
+    outputs: list = field(default_factory=list)
+
+
+def _sampler(vocab, kernels, max_batch=4):
+    block = 2048 if vocab > 10_000 else (256 if vocab >= 1000 else 32)
+    return DeviceSampler(vocab, max_batch, max_batch, DEVICE, kernels=kernels, eos_token_ids=EOS, block_v=block)
+
+
+def _rows(cases, position, owners=None):
+    """cases: (params, seed, history, mask) per row; the table rows run backwards, so they differ from the batch
+    positions."""
+    n = len(cases)
+    return [SampleRow(p, seed, position + i, n - 1 - i, (owners or {}).get(i, ("seq", i, id(h))),
+                      len(h.outputs), h, mask) for i, (p, seed, h, mask) in enumerate(cases)]
+
+
+def _host(logits, rows):
+    return [draw(logits[i].cpu(), r.params, r.seed, r.position, prompt=r.history.prompt, outputs=r.history.outputs,
+                 eos_token_ids=EOS, mask=r.mask) for i, r in enumerate(rows)]
+
+
+def _assert_same(got, want):
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for g, w in zip(got, want):
+        assert (g[1] is None) == (w[1] is None)
+        if w[1] is not None:
+            assert g[1][0] == pytest.approx(w[1][0], rel=1e-5, abs=1e-5)
+            assert [t for t, _ in g[1][1]] == [t for t, _ in w[1][1]]
+            assert [v for _, v in g[1][1]] == pytest.approx([v for _, v in w[1][1]], rel=1e-5, abs=1e-5)
+
+
+def _check(sampler, cases, vocab, positions=(0, 17)):
+    gen = torch.Generator().manual_seed(vocab + len(cases))
+    for pos in positions:
+        logits = (2.0 * torch.randn(len(cases), vocab, generator=gen)).to(DEVICE)
+        rows = _rows(cases, pos)
+        _assert_same(sampler.sample(logits, rows), _host(logits, rows))
+
+
+def _mask(vocab, keep, seed=0, bool_mask=False):
+    allowed = torch.rand(vocab, generator=torch.Generator().manual_seed(seed)) < keep
+    if bool_mask:
+        return allowed
+    from ninfer.fast.ops.sample.layout import pack_bits
+    return pack_bits(allowed)
+
+
+def _history(vocab, n_prompt, n_out, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return History(tuple(torch.randint(0, vocab, (n_prompt,), generator=g).tolist()),
+                   torch.randint(0, vocab, (n_out,), generator=g).tolist())
+
+
+def _cases(name, vocab):
+    P = SamplingParams
+    h = _history(vocab, 30, 12)
+    few = History((1, 3), [2, 2, 7])
+    table = {
+        "greedy": [(P(temperature=0.0), 0, History(), None)] * 2,
+        "temperature": [(P(temperature=t), s, History(), None) for t, s in ((0.7, 1), (1.0, 2 ** 64 - 1), (1.6, 3))],
+        "top_k": [(P(temperature=0.9, top_k=k), s, History(), None) for k, s in ((1, 4), (5, 5), (vocab + 3, 6))],
+        "top_p": [(P(temperature=t, top_p=p), s, History(), None) for t, p, s in ((0.8, 0.5, 7), (1.2, 0.93, 8))],
+        "top_k_top_p": [(P(top_k=40, top_p=0.7), 9, History(), None), (P(temperature=0.5), 10, History(), None)],
+        "min_p": [(P(temperature=1.3, min_p=m), s, History(), None) for m, s in ((0.05, 11), (0.3, 12))],
+        "penalties": [(P(temperature=0.0, repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=-0.5),
+                       0, h, None),
+                      (P(temperature=0.9, repetition_penalty=0.8, presence_penalty=1.2), 13, h, None),
+                      (P(temperature=0.7, frequency_penalty=-1.5), 14, few, None)],
+        "logit_bias": [(P.create(temperature=0.0, logit_bias={4: 100.0, 9: -100.0}), 0, History(), None),
+                       (P.create(temperature=1.0, logit_bias={0: 3.5, vocab - 1: 8.0}), 15, History(), None)],
+        "bitmask": [(P(temperature=0.0), 0, History(), _mask(vocab, 0.3)),
+                    (P(temperature=1.1, top_p=0.9), 16, History(), _mask(vocab, 0.05, seed=1)),
+                    (P(temperature=0.8), 17, History(), _mask(vocab, 0.5, seed=2, bool_mask=True))],
+        "min_tokens": [(P.create(temperature=0.0, min_tokens=3, stop_token_ids=[7]), 0, History((1,), [4]), None),
+                       (P(temperature=0.0, min_tokens=1), 0, History((1,), [4]), None),
+                       (P(temperature=1.0, min_tokens=2, ignore_eos=True), 18, History(), None)],
+        "logprobs": [(P(temperature=0.0, logprobs=0), 0, History(), None),
+                     (P(temperature=0.9, top_k=30, logprobs=3), 19, History(), None),
+                     (P(temperature=1.0, logprobs=20), 20, h, _mask(vocab, 0.5, seed=3))],
+    }
+    return table[name]
+
+
+CASES = ["greedy", "temperature", "top_k", "top_p", "top_k_top_p", "min_p", "penalties", "logit_bias", "bitmask",
+         "min_tokens", "logprobs"]
+
+
+@pytest.mark.parametrize("vocab", [1000, 97])
+@pytest.mark.parametrize("case", CASES)
+def test_naive_equals_host_draw(case, vocab):
+    _check(_sampler(vocab, "naive"), _cases(case, vocab), vocab)
+
+
+def _mixed(vocab):
+    """Every feature across two batches of four rows: (no sort) and (sort)."""
+    c = {name: _cases(name, vocab) for name in CASES}
+    plain = [c["penalties"][0], c["min_p"][0], c["logprobs"][2], c["min_tokens"][0]]
+    sorted_ = [c["top_k"][1], c["top_p"][0], c["bitmask"][1], c["logit_bias"][1]]
+    return plain, sorted_
+
+
+@pytest.mark.parametrize("vocab", [1000, 97] + ([248320] if ON_GPU else []))
+def test_triton_equals_host_draw(vocab):
+    sampler = _sampler(vocab, "triton")
+    for cases in _mixed(vocab):
+        _check(sampler, cases, vocab, positions=(3,) if not ON_GPU else (0, 17, 1 << 33))
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_penalty_counts_follow_commits(kernels):
+    """A generation loop: each drawn token is recorded as committed, so the device counts equal the host's history
+    at every step (repetition, frequency and presence all on); a new owner on the same table row starts over."""
+    V = 97
+    sampler = _sampler(V, kernels)
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.8, presence_penalty=0.6),
+              SamplingParams(temperature=0.7, frequency_penalty=1.9, min_tokens=4, logprobs=2)]
+    gen = torch.Generator().manual_seed(5)
+    for owner in ("first", "second"):
+        hist = [History((1, 2, 3), [4] if owner == "second" else []), History((9,))]
+        for step in range(5):
+            logits = (0.5 * torch.randn(2, V, generator=gen)).to(DEVICE)
+            rows = [SampleRow(p, 11, 3 + step, i, (owner, i), len(h.outputs), h)
+                    for i, (p, h) in enumerate(zip(params, hist))]
+            got = sampler.sample(logits, rows)
+            _assert_same(got, _host(logits, rows))
+            for i, (token, _) in enumerate(got):
+                hist[i].outputs.append(token)
+            sampler.record([(i, (owner, i), [token]) for i, (token, _) in enumerate(got)])
+        counts = torch.bincount(torch.tensor(hist[0].outputs), minlength=V).to(torch.int32)
+        assert torch.equal(sampler.tables.counts[0].cpu(), counts)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_errors_are_the_hosts(kernels):
+    """Undrawable rows raise the host's SamplingError, detected on the device (NaN/+inf after the adjustments,
+    nothing left) or on the host before the draw (ids outside the vocabulary, malformed masks), first row first."""
+    V = 97
+    sampler = _sampler(V, kernels)
+    P = SamplingParams
+    nothing = torch.zeros(V, dtype=torch.bool)
+    only_eos = torch.arange(V) == EOS[0]
+    nan_masked = torch.ones(V, dtype=torch.bool)
+    nan_masked[10] = False
+    cases = [
+        ([(P(temperature=0.0), 0, History(), None)], {0: (3, float("nan"))}, "NaN or \\+inf"),
+        ([(P(temperature=0.9), 1, History(), None)], {0: (50, float("inf"))}, "NaN or \\+inf"),
+        ([(P(temperature=0.9), 1, History(), nothing)], {}, "every token is masked"),
+        ([(P(temperature=0.0, min_tokens=2), 0, History(), only_eos)], {}, "every token is masked"),
+        ([(P.create(logit_bias={V + 3: 1.0}), 2, History(), None)], {}, "logit_bias"),
+        ([(P(), 3, History(), torch.ones(V + 1, dtype=torch.bool))], {}, "allowed"),
+        ([(P(repetition_penalty=1.2), 4, History((V + 5,)), None)], {}, "prompt_token_ids"),
+        # row 0 is fine (its NaN is masked out), row 1 fails
+        ([(P(temperature=0.0), 0, History(), nan_masked), (P(), 5, History(), nothing)], {0: (10, float("nan"))},
+         "every token is masked"),
+    ]
+    for k, (cases_, poison, match) in enumerate(cases):
+        logits = torch.randn(len(cases_), V)
+        for row, (t, value) in poison.items():
+            logits[row, t] = value
+        rows = _rows(cases_, 0, owners={i: ("err", k, i) for i in range(len(cases_))})
+        with pytest.raises(SamplingError, match=match):
+            _host(logits, rows)
+        with pytest.raises(SamplingError, match=match):
+            sampler.sample(logits.to(DEVICE), rows)
+    # the sampler is usable after an error
+    rows = _rows([(P(temperature=0.0), 0, History(), nan_masked)], 0)
+    assert sampler.sample(torch.randn(1, V).to(DEVICE), rows)[0][0] != 10
+
+
+def test_variant_is_the_cheapest_that_serves_every_row():
+    P = SamplingParams
+
+    def rows(*params):
+        return [SampleRow(p, 0, 0, 0, i, 0, History()) for i, p in enumerate(params)]
+    assert variant_of(rows(P(temperature=0.0), P(temperature=0.0, repetition_penalty=2.0))) == "greedy"
+    assert variant_of(rows(P(temperature=0.0, logprobs=1))) == "sample"
+    assert variant_of(rows(P(temperature=0.0), P(min_p=0.1))) == "sample"
+    assert variant_of(rows(P(temperature=0.0, top_k=5), P())) == "sample"  # greedy rows never truncate
+    assert variant_of(rows(P(), P(top_p=0.9))) == "sort"
+    assert variant_of(rows(P(top_k=-1))) == "sample"
