@@ -1,10 +1,11 @@
-"""CUDA graphs of the whole decode step (embedding to fp32 logits, optionally to the greedy token), one per exact
-batch size B in 1..max_batch.
+"""CUDA graphs of the whole decode step, one per exact batch size B in 1..max_batch: embedding to fp32 logits
+(optionally to their argmax) or, with a ``DeviceSampler``, embedding to sampled tokens.
 
-Stability note: a graph is keyed by B alone. Request identity and page ids are graph *input data*: before a replay
-the caller's tokens, slot ids, block-table row ids, context lengths and positions are copied into static buffers
-that the graph reads, so any B sequences replay the same graph at any context length. There is no padding: the
-Engine runs compact decode rounds of exactly B rows.
+Stability note: a graph is keyed by B (and, with a sampler, by its variant: greedy, sample or sort, see
+``ninfer.fast.sampling.rows``) alone. Request identity and page ids are graph *input data*: before a replay the
+caller's tokens, slot ids, block-table row ids, context lengths and positions are copied into static buffers that
+the graph reads, and the sampler's per-row parameters and masks into its own, so any B sequences replay the same
+graph at any context length. There is no padding: the Engine runs compact decode rounds of exactly B rows.
 
 Capture runs the real decode, so warm-up and capture address the plan's dummy slot and dummy block-table row (which
 points only at the dummy page): no live sequence's KV or GDN state is touched. Graphs are captured largest first
@@ -12,6 +13,8 @@ into one shared memory pool. Without CUDA (or with ``use_graphs=False``) the sam
 call, which keeps this file's buffer logic testable on a CPU.
 
 NOTE: the outputs returned by ``run`` are the graph's own buffers; the next ``run`` of the same B overwrites them.
+With a sampler ``run`` returns nothing: the results sit in the sampler's static buffers (``DeviceSampler.collect``),
+and no graph keeps its logits alive, so the pool holds one step's transients, not one logits tensor per graph.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.fast.model import FastModel
+from ninfer.fast.sampling import DeviceSampler
 
 
 @dataclass
@@ -63,62 +67,81 @@ def graphs_available() -> bool:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model: FastModel, max_batch: int, greedy: bool = False, use_graphs: bool | None = None):
+    def __init__(self, model: FastModel, max_batch: int, greedy: bool = False, use_graphs: bool | None = None,
+                 sampler: DeviceSampler | None = None):
         if not 1 <= max_batch <= model.plan.max_seqs:
             raise ValueError(f"max_batch {max_batch} must lie in 1..{model.plan.max_seqs} (the plan's max_seqs)")
+        if sampler is not None and sampler.max_batch < max_batch:
+            raise ValueError(f"the sampler serves {sampler.max_batch} rows, the runner {max_batch}")
         self.model = model
         self.max_batch = max_batch
         self.greedy = greedy
+        self.sampler = sampler
+        self.variants: tuple[str | None, ...] = sampler.VARIANTS if sampler is not None else (None,)
         on_cuda = model.device.type == "cuda" and graphs_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
         self.inputs = StaticInputs.allocate(max_batch, model.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.graphs: dict[tuple[int, str | None], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, str | None], tuple[torch.Tensor, ...]] = {}
         self._pool = None
 
-    def _step(self, B: int) -> tuple[torch.Tensor, ...]:
+    def _step(self, B: int, variant: str | None = None) -> tuple[torch.Tensor, ...]:
         s = self.inputs
         logits = self.model.decode(s.tokens[:B], s.slot_ids[:B], s.table_rows[:B], s.context_lens[:B],
                                    s.positions[:B])
+        if self.sampler is not None:
+            self.sampler.stages(logits, variant)
+            return ()
         return (logits, logits.argmax(-1)) if self.greedy else (logits,)
 
     def capture(self, batch_sizes: list[int] | None = None, warmup: int = 2) -> None:
-        """Capture one graph per batch size (default every B in 1..max_batch), largest first, one shared pool."""
+        """Capture one graph per batch size (default every B in 1..max_batch) and variant, largest first, one shared
+        pool."""
         if not self.use_graphs:
             return
         plan = self.model.plan
         sizes = sorted(batch_sizes or range(1, self.max_batch + 1), reverse=True)
         stream = torch.cuda.Stream(device=self.model.device)
         for B in sizes:
-            self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
-            # warm-up on a side stream compiles the Triton kernels and settles the allocator before capture
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    self._step(B)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self.outputs[B] = self._step(B)
-            if self._pool is None:
-                self._pool = graph.pool()
-            self.graphs[B] = graph
+            for variant in self.variants:
+                self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+                if self.sampler is not None:
+                    self.sampler.fill_dummy(B, variant)
+                # warm-up on a side stream compiles the Triton kernels and settles the allocator before capture
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(warmup):
+                        self._step(B, variant)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    self.outputs[B, variant] = self._step(B, variant)
+                if self._pool is None:
+                    self._pool = graph.pool()
+                self.graphs[B, variant] = graph
         torch.cuda.synchronize(self.model.device)
 
-    def can_use_graph(self, B: int) -> bool:
-        return B in self.graphs
+    def can_use_graph(self, B: int, variant: str | None = None) -> bool:
+        return (B, variant) in self.graphs
 
     def run(self, tokens: torch.Tensor, slot_ids: torch.Tensor, table_rows: torch.Tensor,
-            context_lens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            context_lens: torch.Tensor, positions: torch.Tensor,
+            variant: str | None = None) -> tuple[torch.Tensor, ...] | None:
         """Fill the static inputs and replay B's graph (or run eagerly on the same buffers when B has no graph).
-        Returns (logits [B, V] fp32,) or, with ``greedy``, (logits, argmax tokens [B])."""
+        Returns (logits [B, V] fp32,) or, with ``greedy``, (logits, argmax tokens [B]). With a sampler the caller has
+        filled its inputs (``DeviceSampler.prepare``, which names the variant) and collects the tokens afterwards;
+        nothing is returned."""
         if not 1 <= tokens.shape[0] <= self.max_batch:
             raise ValueError(f"batch {tokens.shape[0]} must lie in 1..{self.max_batch} (the runner's max_batch)")
+        if variant not in self.variants:
+            raise ValueError(f"variant {variant!r} is not one of this runner's {self.variants}")
         B = self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions)
-        if self.can_use_graph(B):
-            self.graphs[B].replay()
-            return self.outputs[B]
-        return self._step(B)
+        if self.can_use_graph(B, variant):
+            self.graphs[B, variant].replay()
+            out = self.outputs[B, variant]
+        else:
+            out = self._step(B, variant)
+        return None if self.sampler is not None else out
 
     def reset(self) -> None:
         """Drop the graphs and their pool (before the model's tensors are freed)."""

@@ -3,12 +3,16 @@ ids are data), capture that touches no live state. Two twin models on the same w
 runner, one by direct eager ``decode``; their logits must agree step after step while the batch composition and the
 rows/slots change. On CPU the runner's eager path exercises the same buffers; on the GPU it replays CUDA graphs."""
 
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 
 from _fast_env import DEVICE, ON_GPU
 from _fast_setup import build_pair, place_sequences, tiny_config
 from ninfer.fast.graph_runner import DecodeGraphRunner, StaticInputs
+from ninfer.fast.sampling import VARIANTS, DeviceSampler, SampleRow
+from ninfer.sampling import SamplingParams, draw
 from ninfer.testing.numerics import assert_close
 
 I32 = dict(dtype=torch.int32, device=DEVICE)
@@ -90,3 +94,49 @@ def test_static_inputs_fill_only_the_first_rows():
                torch.tensor([8, 7]))
     assert B == 2
     assert s.context_lens.tolist() == [9, 8, -5, -5] and s.tokens[:2].tolist() == [3, 4]
+
+
+@dataclass
+class History:
+    prompt: tuple
+    outputs: list = field(default_factory=list)
+
+
+def test_runner_with_sampler_draws_inside_the_step():
+    """With a DeviceSampler every (B, variant) graph ends in sampled tokens, and no graph keeps its logits. The
+    tokens, fed back as the next inputs, equal the host sampler's draws from the twin's eager logits while the batch
+    composition, the variant and the penalties' counts change."""
+    runner_model, eager = _twins(torch.float32)
+    lengths = [3, 9, 6]
+    slots, rows = _prefill_both(runner_model, eager, lengths)
+    V = runner_model.cfg.vocab_size
+    sampler = DeviceSampler(V, 3, runner_model.plan.max_seqs, DEVICE, kernels=KERNELS, eos_token_ids=(0,))
+    runner = DecodeGraphRunner(runner_model, max_batch=3, sampler=sampler)
+    runner.capture()
+    assert sorted(runner.graphs) == (sorted((B, v) for B in (1, 2, 3) for v in VARIANTS) if ON_GPU else [])
+    assert all(out == () for out in runner.outputs.values())
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5),
+              SamplingParams(temperature=0.9, top_p=0.8, logprobs=2), SamplingParams(temperature=1.1, min_p=0.05)]
+    hist = [History(tuple(t % V for t in range(n)), [n % V]) for n in lengths]
+    pos = list(lengths)
+    for members in ([0, 1, 2], [2, 0], [0], [1, 2], [0, 1, 2]):
+        args = (torch.tensor([hist[m].outputs[-1] for m in members], device=DEVICE),
+                torch.tensor([slots[m] for m in members], **I32), torch.tensor([rows[m] for m in members], **I32),
+                torch.tensor([pos[m] + 1 for m in members], **I32), torch.tensor([pos[m] for m in members], **I32))
+        draws = [SampleRow(params[m], 7 + m, pos[m] + 1, rows[m], ("seq", m), len(hist[m].outputs), hist[m])
+                 for m in members]
+        assert runner.run(*args, variant=sampler.prepare(draws)) is None
+        got = sampler.collect()
+        logits = eager.decode(*args).cpu()
+        want = [draw(logits[i], r.params, r.seed, r.position, prompt=r.history.prompt, outputs=r.history.outputs,
+                     eos_token_ids=(0,), mask=None) for i, r in enumerate(draws)]
+        assert [g[0] for g in got] == [w[0] for w in want], members
+        for g, w in zip(got, want):
+            assert (g[1] is None) == (w[1] is None)
+            if w[1] is not None:
+                assert g[1][0] == pytest.approx(w[1][0], abs=1e-4)
+                assert [t for t, _ in g[1][1]] == [t for t, _ in w[1][1]]
+        sampler.record([(rows[m], ("seq", m), [g[0]]) for m, g in zip(members, got)])
+        for m, g in zip(members, got):
+            hist[m].outputs.append(g[0])
+            pos[m] += 1
