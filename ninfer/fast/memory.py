@@ -68,7 +68,8 @@ class MemoryPlan:
 def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch.dtype) -> int:
     """An upper estimate of the transient bytes alive at once: a prefill piece of ``tokens`` (the widest fused
     projection, the residual stream, the GDN chunk scratch in fp32: gamma, W, U, O and the chunk states) or a
-    decode step of ``max_batch`` rows (fp32 logits and split-K attention partials), whichever is larger."""
+    decode step of ``max_batch`` rows (fp32 logits and split-K attention partials), whichever is larger, plus the
+    device sampler's tables and scratch."""
     act = torch.finfo(dtype).bits // 8
     HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     attn_w = 2 * cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim
@@ -80,7 +81,15 @@ def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch
     chunk_states = (tokens // 64 + 2) * HV * dk * dv * 4
     prefill = tokens * per_token + chunk_states + 4 * cfg.vocab_size
     decode = max_batch * (4 * cfg.vocab_size + per_token + 64 * cfg.num_attention_heads * cfg.head_dim * 4)
-    return max(prefill, decode)
+    return max(prefill, decode) + sampling_bytes(cfg.vocab_size, max_batch)
+
+
+def sampling_bytes(vocab: int, max_batch: int) -> int:
+    """An upper estimate of the device sampler's bytes (``ninfer.fast.sampling``): per-sequence tables (bias and
+    counts, 8 B a token, and two bitmasks), the z workspace and the sort variant's transients (sorted values and
+    ids, cub's double buffers, four float64 rows: about 64 B a token) for ``max_batch`` rows."""
+    words = (vocab + 31) // 32
+    return (max_batch + 1) * (8 * vocab + 12 * words) + max_batch * 68 * vocab + 4 * vocab
 
 
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,

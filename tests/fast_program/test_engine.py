@@ -171,6 +171,23 @@ def test_sampling_logprobs_and_forced_control_equal_reference(make_fast, make_re
     assert_drained(fast)
 
 
+def test_penalties_bias_min_tokens_and_truncation_equal_reference(make_fast, make_reference, prompt_of):
+    """Every draw on the device (prefill and decode): penalties whose counts follow each commit, logit bias, a
+    min_tokens block on EOS, top-p and min-p, greedy and seeded rows in one decode round."""
+    P = SamplingParams
+    params = [P(temperature=0.0, repetition_penalty=1.6, frequency_penalty=0.7, presence_penalty=0.4),
+              P.create(temperature=0.9, top_p=0.85, min_p=0.02, logit_bias={0: 4.0, 5: -3.0}, min_tokens=4),
+              P(temperature=1.2, top_k=7, frequency_penalty=-0.6)]
+    reqs = lambda: [token_request(prompt_of(n, seed=70 + n), 9, sampling=p, seed=n)  # noqa: E731
+                    for n, p in zip((6, 8, 5), params)]
+    cfg = dict(max_concurrency=3, prefill_chunk=5)
+    fast = make_fast(max_concurrency=3)
+    got = [r.token_ids for r in serve(fast, reqs(), **cfg)]
+    assert got == [r.token_ids for r in serve(make_reference(max_concurrency=3), reqs(), **cfg)]
+    assert 0 not in got[1][:4], "min_tokens let EOS through"
+    assert_drained(fast)
+
+
 def test_pressure_drains_back_to_baseline(make_fast, prompt_of):
     """Few pages and slots: admissions wait, release victims, move checkpoints to the host tier, and backfill."""
     small = dict(max_concurrency=2, kv_pages=16, checkpoint_slots=1, page_size=4, max_context=40)

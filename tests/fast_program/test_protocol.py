@@ -100,8 +100,8 @@ def test_prefill_batch_is_one_sampled_row(make_fast, prompt_of):
 
 
 def test_masks_gate_prefill_and_decode_draws(make_fast, prompt_of):
-    """A mask allowing one token decides every row's draw (the host path); unmasked greedy rows in the same round
-    take the device argmax and equal an unmasked run."""
+    """A mask allowing one token decides its row's draw on the device (bool masks are packed to xgrammar's
+    bitmask); an unmasked greedy row in the same round equals an unmasked run."""
     program = make_fast()
     prompt = prompt_of(6, seed=4)
     handle = run(program, ResourceChoice(TransitionKind.MATERIALIZE, request_id=1, prompt=prompt,

@@ -19,7 +19,7 @@ import torch
 
 from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle,
                               token_digest)
-from ninfer.sampling import draw
+from ninfer.fast.sampling import SampleRow
 
 from .records import ActiveSequence, Checkpoint
 
@@ -63,39 +63,10 @@ def _restore(prog: "FastProgram", seq: ActiveSequence, prov: Provisional) -> Non
 
 
 # ---- sampling ------------------------------------------------------------------------------------------------
-def _plain_greedy(seq: ActiveSequence, mask: Any | None) -> bool:
-    """Greedy on the raw logits: nothing (bias, mask, min_tokens, penalties) moves the argmax, no logprobs."""
-    p = seq.params
-    return (p.is_greedy and mask is None and p.logprobs is None and not p.logit_bias and not p.has_penalties
-            and len(seq.outputs) >= p.min_tokens)
-
-
-def _sample_batch(prog: "FastProgram", seqs: Sequence[ActiveSequence], logits: torch.Tensor,
-                  masks: Sequence[Any | None]) -> list[tuple[int, tuple | None]]:
-    """One draw per row from device fp32 logits [B, V], each at its sequence's next position. Plain greedy rows
-    take a device argmax (B ids cross to the host, not B x V floats); every other row, and any row with a NaN,
-    goes through `sample_row` on a host copy of its logits (which also raises on undrawable logits)."""
-    plain = [_plain_greedy(s, m) for s, m in zip(seqs, masks)]
-    ids = nan = host = None
-    if any(plain):
-        # argmax returns the first maximum, as sample_row's host argmax does
-        both = torch.stack([logits.argmax(-1), logits.isnan().any(-1).long()]).cpu()  # [2, B]
-        ids, nan = both[0].tolist(), both[1].tolist()
-    out = []
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        if plain[i] and not nan[i]:
-            out.append((ids[i], None))
-            continue
-        host = logits.cpu() if host is None else host  # [B, V]; the runner's buffer is overwritten next replay
-        out.append(_sample(prog, s, host[i], s.frontier + (s.pending is not None), m))
-    return out
-
-
-def _sample(prog: "FastProgram", seq: ActiveSequence, logits: torch.Tensor, position: int,
-            mask: Any | None) -> tuple[int, tuple | None]:
-    """Draw at absolute `position` from fp32 logits [V] (ninfer.sampling.draw)."""
-    return draw(logits, seq.params, seq.seed, position, prompt=seq.prompt, outputs=seq.outputs,
-                eos_token_ids=prog.limits.eos_token_ids, mask=mask)
+def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[SampleRow]:
+    """One device draw per sequence at its next position (the pending token, if any, is consumed first)."""
+    return [SampleRow(s.params, s.seed, s.frontier + (s.pending is not None), s.row, s.handle, s.num_outputs, s, m)
+            for s, m in zip(seqs, masks)]
 
 
 # ---- prefill -------------------------------------------------------------------------------------------------
@@ -134,7 +105,7 @@ def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: 
             prog.bump_revision()
     if end < n:
         return None
-    ((token, lp),) = _sample_batch(prog, [seq], logits[None], [mask])  # position n: the prompt is all consumed
+    ((token, lp),) = prog.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position n: prompt consumed
     return PendingBatch(BatchKind.PREFILL, (PendingRow.drawn(handle, (token,), n, lp),), prog.resource_revision)
 
 
@@ -166,11 +137,11 @@ def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
     provisional = tuple(Provisional((s.pending,), _grow(prog, s, s.frontier + 1)) for s in seqs)
     i32 = dict(dtype=torch.int32)
     pos = [s.frontier for s in seqs]
-    (logits, *_) = prog.runner.run(torch.tensor([s.pending for s in seqs], dtype=torch.long),
-                                   torch.tensor([s.handle.slot for s in seqs], **i32),
-                                   torch.tensor([s.row for s in seqs], **i32),
-                                   torch.tensor([p + 1 for p in pos], **i32), torch.tensor(pos, **i32))
-    drawn = _sample_batch(prog, seqs, logits, masks or [None] * len(seqs))  # positions frontier + 1
+    variant = prog.sampler.prepare(_sample_rows(seqs, masks or [None] * len(seqs)))  # positions frontier + 1
+    prog.runner.run(torch.tensor([s.pending for s in seqs], dtype=torch.long),
+                    torch.tensor([s.handle.slot for s in seqs], **i32), torch.tensor([s.row for s in seqs], **i32),
+                    torch.tensor([p + 1 for p in pos], **i32), torch.tensor(pos, **i32), variant=variant)
+    drawn = prog.sampler.collect()
     rows = [PendingRow.drawn(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
 
@@ -204,11 +175,13 @@ def commit(prog: "FastProgram", batch: PendingBatch, decisions: Sequence[RowDeci
         if d.accepted and not prefill_batch and d.accepted != row.produced:
             raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
         seqs.append(seq)
+    counted = []
     for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
         if d.accepted == 0:
             if not prefill_batch:
                 _restore(prog, seq, batch.payload[i])
             continue
+        counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
         if not prefill_batch:
             seq.tokens.extend(batch.payload[i].fed)
         seq.pending = row.tokens[d.accepted - 1]
@@ -216,6 +189,7 @@ def commit(prog: "FastProgram", batch: PendingBatch, decisions: Sequence[RowDeci
             seq.boundary = row.base_frontier + d.boundary
         if prefill_batch:
             _snapshot_prompt_end(prog, seq)
+    prog.sampler.record(counted)  # the accepted tokens are outputs now: the penalties' counts follow
 
 
 def abort_pending(prog: "FastProgram", batch: PendingBatch) -> None:

@@ -20,6 +20,7 @@ from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, Infea
                               RunningTransaction, SequenceHandle, StalePlan, TransitionKind, token_digest)
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
+from ninfer.fast.sampling import DeviceSampler
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
 
@@ -48,10 +49,17 @@ class FastProgram:
         self.page_bytes = plan.kv_bytes // (plan.num_pages + 1)
         self.state_bytes = plan.state_bytes // (plan.slots + 1)
         self.host = HostTier(c.host_bytes, self.state_bytes)
-        self.runner = DecodeGraphRunner(model, c.max_concurrency)
+        # sampling tables live on block-table rows; the naive model runs the naive sampling ops
+        self.sampler = DeviceSampler(cfg.vocab_size, c.max_concurrency, c.max_concurrency, model.device,
+                                     kernels="naive" if model.kernels.name == "naive" else "triton",
+                                     eos_token_ids=c.eos_token_ids)
+        self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler)
         if self.runner.use_graphs:
             _warm_prefill(model, min(c.max_prefill_tokens, c.max_context))
-        self.runner.capture()  # one graph per exact B on CUDA; eager on the same buffers elsewhere
+        # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
+        # eager on the same buffers elsewhere
+        self.runner.capture()
+        self.sampler.capture()
         self.seqs: dict[int, ActiveSequence] = {}  # live state slot -> sequence
         self.ckpts: dict[CheckpointId, Checkpoint] = {}  # published, inactive
         self.prepared: dict[int, ActiveSequence] = {}  # txn id -> materialization past its claim stage

@@ -45,6 +45,11 @@ class ActiveSequence:
         return min(len(self.tokens), len(self.prompt))
 
     @property
+    def num_outputs(self) -> int:
+        """len(outputs), without building the list."""
+        return max(len(self.tokens) - len(self.prompt), 0) + (self.pending is not None)
+
+    @property
     def outputs(self) -> list[int]:
         """Committed output tokens, the pending one included (the history penalties see)."""
         done = self.tokens[len(self.prompt):]
