@@ -1,16 +1,18 @@
 """gdn_decode kernels vs the naive step: state slots addressed through slot_ids, GVA head grouping, odd head dims,
-several consecutive steps, and padding rows (slot -1) that must not touch any state."""
+dv split over several programs (the last one to arrive finishing the gated norm), several consecutive steps (the
+arrival counters must come back to zero), padding rows (slot -1) that must not touch any state, and the two
+kernels run separately."""
 
 import pytest
 import torch
 
 from _device import DEVICE, IO_DTYPES, ON_GPU
-from ninfer.fast.ops.gdn_decode import gdn_decode, gdn_decode_naive
+from ninfer.fast.ops.gdn_decode import gdn_conv_update, gdn_decode, gdn_decode_naive, gdn_recurrent_update
 from ninfer.testing.numerics import assert_close
 
 # (B, HK, HV, dk, dv, slots): the GPU checks Qwen3.5-9B dims (HK=16, HV=32, dk=dv=128) and 27B's HV=48
 SHAPES = ([(1, 16, 32, 128, 128, 4), (8, 16, 32, 128, 128, 12), (3, 16, 48, 128, 128, 5)] if ON_GPU
-          else [(3, 2, 6, 24, 20, 5), (1, 1, 1, 16, 16, 2)])
+          else [(3, 2, 6, 24, 20, 5), (1, 1, 1, 16, 16, 2), (2, 2, 6, 24, 72, 4)])
 K = 4
 
 
@@ -59,3 +61,21 @@ def test_gdn_decode_padding_rows_write_no_state():
     assert torch.equal(ssm_state[1], before)
     assert_close("gdn_decode.ssm_state", ssm_ref, ssm_state, 1e-5)
     assert_close("gdn_decode.conv_state", conv_ref, conv_state, 1e-5)
+
+
+def test_gdn_conv_update_then_recurrent_update():
+    # the two halves exposed separately (conv kernel, then the recurrence on post-conv qkv) equal the fused step
+    B, HK, HV, dk, dv, slots = (2, 2, 6, 24, 72, 4) if not ON_GPU else (8, 16, 32, 128, 128, 12)
+    weights, conv_state, ssm_state, step = _inputs(B, HK, HV, dk, dv, slots, torch.float32)
+    slot_ids = torch.tensor([3, 1] + list(range(4, B + 2)), dtype=torch.int32, device=DEVICE)[:B]
+    conv_ref, ssm_ref = conv_state.clone(), ssm_state.clone()
+    x = step()
+    y_ref = gdn_decode_naive(**x, **weights, conv_state=conv_ref, ssm_state=ssm_ref, slot_ids=slot_ids,
+                             num_k_heads=HK, head_k_dim=dk, head_v_dim=dv)
+    qkv = gdn_conv_update(x["mixed"], conv_state, weights["conv_weight"], slot_ids)
+    y = gdn_recurrent_update(qkv, x["z"], x["a"], x["b"], weights["A_log"], weights["dt_bias"],
+                             weights["norm_weight"], ssm_state, slot_ids, HK, dk, dv)
+    tol = 1e-5
+    assert_close("gdn_recurrent_update.y", y_ref, y, tol)
+    assert_close("gdn_recurrent_update.ssm_state", ssm_ref, ssm_state, tol)
+    assert_close("gdn_conv_update.conv_state", conv_ref, conv_state, tol)

@@ -1,6 +1,8 @@
-"""GDN decode step in two kernels: the conv-window update, then the delta-rule recurrence fused with the gates,
-the q/k l2norm and the gated RMSNorm. Every sequence addresses its own conv/SSM state slot through ``slot_ids``;
-a negative slot id (a CUDA-graph padding row) reads a zero state and writes no state.
+"""GDN decode step in one launch: the conv-window update, the delta-rule recurrence fused with the gates, the q/k
+l2norm and the gated RMSNorm, one program per (row, value head, 32-wide dv block). The norm needs whole rows of o,
+so the last program of a key head to arrive (an atomic counter) finishes them. ``gdn_conv_update`` keeps the conv
+alone as its own kernel. Every sequence addresses its own conv/SSM state slot through ``slot_ids``; a negative
+slot id (a CUDA-graph padding row) reads a zero state and writes no state.
 """
 
 from __future__ import annotations
@@ -37,43 +39,129 @@ def _conv_update_kernel(x_ptr, state_ptr, w_ptr, slot_ptr, out_ptr, C, stride_x,
 
 
 @triton.jit
-def _recurrent_kernel(qkv_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, s_ptr, slot_ptr, y_ptr,
-                      stride_qkv, stride_z, stride_a, stride_b, stride_slot, stride_y, scale, eps,
-                      HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr):
+def _conv_channels(x_row, win_row, w_ptr, ch, mch, mwin, K: tl.constexpr):
+    # silu(conv) of channels ch for one new input: taps = window [ch, K-1] (read where mwin) then x.
+    # Rounded through the io dtype, like the stored output of an unfused conv. [len(ch)] fp32. Tap by tap on
+    # vectors, so no 2D layout reaches the state tile's products
+    x = tl.load(x_row + ch, mask=mch, other=0.0)
+    acc = x.to(tl.float32) * tl.load(w_ptr + ch * K + K - 1, mask=mch, other=0.0).to(tl.float32)
+    for j in tl.static_range(K - 1):
+        win = tl.load(win_row + ch * (K - 1) + j, mask=mwin, other=0.0).to(tl.float32)
+        acc += win * tl.load(w_ptr + ch * K + j, mask=mch, other=0.0).to(tl.float32)
+    return (acc * tl.sigmoid(acc)).to(x.dtype).to(tl.float32)
+
+
+@triton.jit
+def _shift_window(x_row, win_row, ch, mch, K: tl.constexpr, BKW: tl.constexpr):
+    # window [ch, K-1] <- [window[:, 1:], x]; loads all land before any thread stores (the barrier), because a
+    # thread may store an element another thread still has to read
+    j = tl.arange(0, BKW)
+    ptrs = win_row + ch[:, None] * (K - 1) + j[None, :]
+    shifted = tl.load(ptrs + 1, mask=mch[:, None] & (j + 1 < K - 1)[None, :], other=0.0)
+    x = tl.load(x_row + ch, mask=mch, other=0.0)
+    new = tl.where((j == K - 2)[None, :], x[:, None].to(shifted.dtype), shifted)
+    tl.debug_barrier()
+    tl.store(ptrs, new, mask=mch[:, None] & (j < K - 1)[None, :])
+
+
+@triton.jit
+def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, eps,
+                      HV: tl.constexpr, DV: tl.constexpr, G: tl.constexpr, BVF: tl.constexpr):
+    # y = w * o / rms(o) * silu(z) for the G value heads of key head hk, reading the fp32 o rows every program
+    # wrote (.cg: from L2, where the other programs' stores are)
+    vv = tl.arange(0, BVF)
+    mv = vv < DV
+    w = tl.load(nw_ptr + vv, mask=mv, other=0.0).to(tl.float32)
+    for j in tl.static_range(G):
+        hv = hk * G + j
+        o = tl.load(o_ptr + (b * HV + hv) * DV + vv, mask=mv, other=0.0, cache_modifier=".cg")
+        rstd = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
+        z = tl.load(z_ptr + b * stride_z + hv * DV + vv, mask=mv, other=0.0).to(tl.float32)
+        y = o * rstd * w * (z * tl.sigmoid(z))
+        tl.store(y_ptr + b * stride_y + hv * DV + vv, y.to(y_ptr.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, s_ptr, slot_ptr,
+                      o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b, stride_slot,
+                      stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                      DV: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      NV: tl.constexpr, BVF: tl.constexpr, BKW: tl.constexpr):
+    # program (b, value head, dv block): columns of S are independent in the delta rule, so S [dk, BV] is this
+    # program's alone; q/k (and with CONV their conv) are recomputed by each of the G * NV programs of a key head
     b = tl.program_id(0)
     hv = tl.program_id(1)
-    hk = hv // (HV // HK)
+    G: tl.constexpr = HV // HK
+    hk = hv // G
     slot = tl.load(slot_ptr + b).to(tl.int64)
+    live = slot >= 0
     kk = tl.arange(0, BK)
-    vv = tl.arange(0, BV)
+    vv = tl.program_id(2) * BV + tl.arange(0, BV)
     mk = kk < DK
     mv = vv < DV
-    row = qkv_ptr + b * stride_qkv
-    q = tl.load(row + hk * DK + kk, mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(row + HK * DK + hk * DK + kk, mask=mk, other=0.0).to(tl.float32)
-    v = tl.load(row + 2 * HK * DK + hv * DV + vv, mask=mv, other=0.0).to(tl.float32)
-    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-    k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
     # gates in fp32; softplus uses torch's threshold of 20
     a = tl.load(a_ptr + b * stride_a + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
     softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
     g = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus
     beta = tl.sigmoid(tl.load(b_ptr + b * stride_b + hv).to(tl.float32))
+    # the decayed state block before the conv: its DRAM latency overlaps the conv and the q/k norms.
+    # A padding row starts from a zero state and writes none
     s_ptrs = s_ptr + slot * stride_slot + hv * DK * DV + kk[:, None] * DV + vv[None, :]
-    # a padding row (slot < 0) starts from a zero state and writes none
-    smask = (kk < tl.where(slot >= 0, DK, 0))[:, None] & mv[None, :]
+    smask = (kk < tl.where(live, DK, 0))[:, None] & mv[None, :]
     S = tl.load(s_ptrs, mask=smask, other=0.0) * tl.exp(g)  # [BK, BV] fp32
+    x_row = x_ptr + b * stride_x
+    win_row = conv_ptr + slot * stride_conv
+    q, k, v = _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK, DK, DV, K, CONV)
+    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+    k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
     u = beta * (v - tl.sum(S * k[:, None], axis=0))  # [BV]
     S += k[:, None] * u[None, :]
     tl.store(s_ptrs, S, mask=smask)
-    o = tl.sum(S * q[:, None], axis=0)  # [BV], read after the write
-    # gated RMSNorm over this value head: w * o / rms(o) * silu(z), all in fp32
-    rstd = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
-    w = tl.load(nw_ptr + vv, mask=mv, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + b * stride_z + hv * DV + vv, mask=mv, other=0.0).to(tl.float32)
-    y = o * rstd * w * (z * tl.sigmoid(z))
-    tl.store(y_ptr + b * stride_y + hv * DV + vv, y.to(y_ptr.dtype.element_ty), mask=mv)
+    tl.store(o_ptr + (b * HV + hv) * DV + vv, tl.sum(S * q[:, None], axis=0), mask=mv)  # o block, pre-norm
+    if CONV:
+        if live:
+            _shift_window(x_row, win_row, 2 * HK * DK + hv * DV + vv, mv, K, BKW)
+    _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live, stride_z,
+                            stride_y, eps, HK, HV, DK, DV, K, CONV, NV, BVF, BKW)
+
+
+@triton.jit
+def _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK: tl.constexpr, DK: tl.constexpr,
+              DV: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr):
+    # q, k [BK] of key head hk and v [BV] of this dv block, fp32, from the post-conv row or (CONV) through the conv
+    if CONV:
+        # a padding row (slot < 0) sees an empty window (the limit trick keeps masks as tensors)
+        wk = kk < tl.where(live, DK, 0)
+        wv = vv < tl.where(live, DV, 0)
+        q = _conv_channels(x_row, win_row, cw_ptr, hk * DK + kk, mk, wk, K)
+        k = _conv_channels(x_row, win_row, cw_ptr, (HK + hk) * DK + kk, mk, wk, K)
+        v = _conv_channels(x_row, win_row, cw_ptr, 2 * HK * DK + hv * DV + vv, mv, wv, K)
+    else:
+        q = tl.load(x_row + hk * DK + kk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(x_row + (HK + hk) * DK + kk, mask=mk, other=0.0).to(tl.float32)
+        v = tl.load(x_row + 2 * HK * DK + hv * DV + vv, mask=mv, other=0.0).to(tl.float32)
+    return q, k, v
+
+
+@triton.jit
+def _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live, stride_z,
+                            stride_y, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                            K: tl.constexpr, CONV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr,
+                            BKW: tl.constexpr):
+    # the last of the key head's G * NV programs to arrive normalises its G rows of o (the norm needs whole rows)
+    # and moves the shared q/k windows, which every other program has read by then; it leaves the counter at 0.
+    # The barrier puts all of this program's o stores before the (acq_rel, gpu-scope) arrival.
+    G: tl.constexpr = HV // HK
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + b * HK + hk, 1)
+    if arrived == G * NV - 1:
+        tl.debug_barrier()
+        _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, eps, HV, DV, G, BVF)
+        if CONV:
+            if live:
+                _shift_window(x_row, win_row, hk * DK + kk, mk, K, BKW)
+                _shift_window(x_row, win_row, (HK + hk) * DK + kk, mk, K, BKW)
+        tl.atomic_xchg(cnt_ptr + b * HK + hk, 0)
 
 
 def gdn_conv_update(mixed: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor,
@@ -93,24 +181,51 @@ def gdn_conv_update(mixed: torch.Tensor, conv_state: torch.Tensor, conv_weight: 
     return out
 
 
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-(row, key head) arrival counters, zeroed once: every launch leaves them at zero again. NOTE: shared by
+    all launches on a device, so two decode kernels must not run concurrently on different streams."""
+    buf = _ARRIVALS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _ARRIVALS[device] = buf
+    return buf
+
+
+def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, HK, DK, DV,
+            eps, out):
+    B = x.shape[0]
+    HV = a.shape[1]
+    assert ssm_state.dtype == torch.float32 and ssm_state.shape[1:] == (HV, DK, DV)
+    assert ssm_state[0].is_contiguous() and x.stride(1) == 1 and z.stride(1) == 1 and HV % HK == 0
+    y = x.new_empty(B, HV * DV) if out is None else out
+    o = torch.empty(B, HV, DV, device=x.device, dtype=torch.float32)  # pre-norm outputs
+    conv = conv_state is not None
+    K = conv_weight.shape[-1] if conv else 1
+    w = conv_weight.reshape(-1, K).contiguous() if conv else x
+    BK, BVF = triton.next_power_of_2(DK), triton.next_power_of_2(DV)
+    # dv blocks of 32 (128-byte rows of S): 4 programs per head at dv=128, so B=1 already spreads over ~128 SMs
+    BV = min(BVF, 32)
+    NV = triton.cdiv(DV, BV)
+    _recurrent_kernel[(B, HV, NV)](
+        x, conv_state if conv else x, w, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, o,
+        _arrival_counters(x.device, B * HK), y, x.stride(0), conv_state.stride(0) if conv else 0, z.stride(0),
+        a.stride(0), b.stride(0), ssm_state.stride(0), y.stride(0), DK ** -0.5, eps,
+        HK=HK, HV=HV, DK=DK, DV=DV, K=K, CONV=conv, BK=BK, BV=BV, NV=NV, BVF=BVF,
+        BKW=triton.next_power_of_2(K), num_warps=4)
+    return y
+
+
 def gdn_recurrent_update(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                          dt_bias: torch.Tensor, norm_weight: torch.Tensor, ssm_state: torch.Tensor,
                          slot_ids: torch.Tensor, num_k_heads: int, head_k_dim: int, head_v_dim: int,
                          eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """Delta-rule step + gated norm. qkv [B, conv_dim] (post-conv), z [B, HV*dv], a/b [B, HV], ssm_state
     [slots, HV, dk, dv] fp32 (updated in place at slot_ids). Returns y [B, HV*dv] in qkv's dtype."""
-    B = qkv.shape[0]
-    HV = a.shape[1]
-    HK, DK, DV = num_k_heads, head_k_dim, head_v_dim
-    assert ssm_state.dtype == torch.float32 and ssm_state.shape[1:] == (HV, DK, DV)
-    assert ssm_state[0].is_contiguous() and qkv.stride(1) == 1 and z.stride(1) == 1 and HV % HK == 0
-    y = qkv.new_empty(B, HV * DV) if out is None else out
-    BK, BV = triton.next_power_of_2(DK), triton.next_power_of_2(DV)
-    _recurrent_kernel[(B, HV)](
-        qkv, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, y,
-        qkv.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_state.stride(0), y.stride(0), DK ** -0.5, eps,
-        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, num_warps=8 if BK * BV >= 16384 else 4)
-    return y
+    return _launch(qkv, None, None, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, num_k_heads,
+                   head_k_dim, head_v_dim, eps, out)
 
 
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
@@ -118,7 +233,8 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
                ssm_state: torch.Tensor, slot_ids: torch.Tensor, num_k_heads: int, head_k_dim: int, head_v_dim: int,
                eps: float = 1e-6) -> torch.Tensor:
     """The whole GDN decode step between the input projections and out_proj (same contract as
-    ``gdn_decode_naive``): conv update, then recurrence + gated norm. Returns y [B, HV*dv]."""
-    qkv = gdn_conv_update(mixed, conv_state, conv_weight, slot_ids)
-    return gdn_recurrent_update(qkv, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, num_k_heads,
-                                head_k_dim, head_v_dim, eps)
+    ``gdn_decode_naive``) in one launch: conv update, recurrence, gated norm. Returns y [B, HV*dv]."""
+    C, K = mixed.shape[1], conv_weight.shape[-1]
+    assert conv_state.shape[1:] == (C, K - 1) and conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1
+    return _launch(mixed, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids,
+                   num_k_heads, head_k_dim, head_v_dim, eps, None)
