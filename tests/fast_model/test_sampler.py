@@ -2,7 +2,8 @@
 parameters, seed, position, history and mask: greedy, temperature, top-k, top-p, min-p, penalties, logit bias,
 grammar bitmasks, min_tokens, logprobs, and the host's errors. On CPU the "naive" ops run at V = 1000 and 97 and the
 Triton kernels in the interpreter on a few mixed batches; with NINFER_TEST_DEVICE=cuda both run on the GPU, the
-Triton kernels also at the real vocabulary. Logits are random normals, so no top-p boundary is a float64 tie."""
+Triton kernels also at the real vocabulary. Logits are random normals on a 2^-10 grid: no top-p boundary is a float64
+tie, and logprob ranks and ties do not hang on the last bit of a log-sum-exp."""
 
 from dataclasses import dataclass, field
 
@@ -54,7 +55,8 @@ def _assert_same(got, want):
 def _check(sampler, cases, vocab, positions=(0, 17)):
     gen = torch.Generator().manual_seed(vocab + len(cases))
     for pos in positions:
-        logits = (2.0 * torch.randn(len(cases), vocab, generator=gen)).to(DEVICE)
+        # a 2^-10 grid keeps distinct logits distinct logprobs under either log-sum-exp rounding (test_logprobs)
+        logits = (torch.round(2048 * torch.randn(len(cases), vocab, generator=gen)) / 1024).to(DEVICE)
         rows = _rows(cases, pos)
         _assert_same(sampler.sample(logits, rows), _host(logits, rows))
 
@@ -124,7 +126,10 @@ def _mixed(vocab):
 @pytest.mark.parametrize("vocab", [1000, 97] + ([248320] if ON_GPU else []))
 def test_triton_equals_host_draw(vocab):
     sampler = _sampler(vocab, "triton")
-    for cases in _mixed(vocab):
+    sampler.capture()  # the prefill draw's B = 1 graphs, one per variant (CUDA only)
+    assert sorted(sampler.graphs) == (sorted(sampler.VARIANTS) if ON_GPU else [])
+    plain, sorted_ = _mixed(vocab)
+    for cases in (plain, sorted_, plain[:1], sorted_[:1], plain[1:2]):
         _check(sampler, cases, vocab, positions=(3,) if not ON_GPU else (0, 17, 1 << 33))
 
 
@@ -140,7 +145,7 @@ def test_penalty_counts_follow_commits(kernels):
     for owner in ("first", "second"):
         hist = [History((1, 2, 3), [4] if owner == "second" else []), History((9,))]
         for step in range(5):
-            logits = (0.5 * torch.randn(2, V, generator=gen)).to(DEVICE)
+            logits = (torch.round(512 * torch.randn(2, V, generator=gen)) / 1024).to(DEVICE)
             rows = [SampleRow(p, 11, 3 + step, i, (owner, i), len(h.outputs), h)
                     for i, (p, h) in enumerate(zip(params, hist))]
             got = sampler.sample(logits, rows)
