@@ -1,11 +1,13 @@
 """Occupancy summary and the physical invariants of the fast Program (the reference Program's, plus the device
-block-table rows and the row ownership)."""
+block-table rows, the row ownership and the device sampler's output counts)."""
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter
 from typing import TYPE_CHECKING
+
+import torch
 
 from ninfer.contracts import ResourceUsage
 
@@ -47,6 +49,16 @@ def _check_sequences(prog: "FastProgram", refs: Counter, slots: list[int], rows:
             assert len(ck.table) == pages_for(len(ck.tokens)), f"{seq.handle}: snapshot pages do not cover it"
 
 
+def _check_sampling_counts(prog: "FastProgram") -> None:
+    """Every sequence whose penalties read the device counts has them equal to its committed outputs."""
+    tables = prog.sampler.tables
+    for seq in prog.seqs.values():
+        row = seq.row
+        if tables.bound(row, seq.handle) and tables.counting[row] and not tables.invalid[row]:
+            want = torch.bincount(torch.tensor(seq.outputs, dtype=torch.int64), minlength=tables.vocab)  # [V]
+            assert torch.equal(tables.counts[row].cpu().long(), want), f"{seq.handle}: device counts differ"
+
+
 def check_invariants(prog: "FastProgram") -> None:
     """Refcounts equal the references held, no page both free and used, every slot and row owned once or free,
     device rows equal the host tables, reservations covered by free pages, the host tier within budget."""
@@ -73,3 +85,4 @@ def check_invariants(prog: "FastProgram") -> None:
     assert prog.boundary_snapshots() <= prog.config.checkpoint_slots, "boundary snapshots beyond the allowance"
     assert host == set(prog.host.entries), "host-tier entries differ from host-resident checkpoints"
     assert prog.host.used <= prog.host.budget, "host tier over its budget"
+    _check_sampling_counts(prog)
