@@ -10,10 +10,13 @@ from ninfer.fast.ops.prefill_attention import prefill_attention, prefill_attenti
 from ninfer.fast.ops.rope_kv_write import rope_kv_write, rope_kv_write_naive
 from ninfer.testing.numerics import assert_close
 
-# (chunk lengths, prefix lengths, nh, nkv, d, page_size): the GPU checks the 9B dims at real lengths
+# (chunk lengths, prefix lengths, nh, nkv, d, page_size): the GPU checks the 9B dims at real lengths. Query blocks
+# whose first query sits past a key block's end walk unmasked blocks first (prefix 70 + 150 queries; d=256 fp32),
+# the others only masked diagonal blocks
 CASES = ([([2048], [0], 16, 4, 256, 16), ([1000, 37, 513], [0, 4000, 100], 16, 4, 256, 16),
-          ([63, 200], [65, 0], 24, 4, 256, 32)] if ON_GPU
-         else [([5, 1, 13], [0, 7, 20], 6, 2, 60, 6), ([70], [3], 4, 1, 16, 16)])
+          ([63, 200], [65, 0], 24, 4, 256, 32), ([8192], [0], 16, 4, 256, 16)] if ON_GPU
+         else [([5, 1, 13], [0, 7, 20], 6, 2, 60, 6), ([70], [3], 4, 1, 16, 16),
+               ([150, 9], [70, 130], 4, 2, 60, 16), ([100], [40], 2, 1, 256, 8)])
 
 
 def _varlen(lens, prefixes):

@@ -1,8 +1,16 @@
 """Causal flash attention for prefill chunks over the paged KV cache (varlen batch packed along T).
 
 The chunk's own keys/values are already in the pages (``rope_kv_write`` runs first), so a query block simply walks
-the sequence's keys 0 .. its last query position through the block table, with an online softmax in fp32.
-One program per (query block, query head, sequence); query blocks past a sequence's end do no work.
+the sequence's keys 0 .. its last query position through the block table, with an online softmax in fp32 (exp2,
+the log2(e) factor folded into the score scale). Per query block the key walk has two phases:
+
+    keys  0 ............ full | full ........ end
+          every query sees    | diagonal blocks: causal mask,
+          them: no masks      | key-range mask, -inf-safe max
+
+One program per (query head, query block, sequence), query blocks in reverse order: the grid's x is the head, so
+the longest blocks (last in the sequence, most keys) start first and the short ones fill the tail of the launch.
+Query blocks past a sequence's end do no work.
 """
 
 from __future__ import annotations
@@ -11,52 +19,96 @@ import torch
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634
+
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, scale,
+def _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale, stride_page, stride_tok,
+            D: tl.constexpr, PAGE: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, MASK: tl.constexpr):
+    # one [BN] key block starting at s; m_i is in log2 units (scores already scaled by qk_scale)
+    n = s + tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    if MASK:
+        mn = n < end
+        page = tl.load(bt_row + n // PAGE, mask=mn, other=0).to(tl.int64)
+        kvmask = mn[:, None] & (d < D)[None, :]
+    else:
+        page = tl.load(bt_row + n // PAGE).to(tl.int64)
+        kvmask = (d < D)[None, :]
+    kv_off = page * stride_page + (n % PAGE) * stride_tok + kvh_off
+    k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kvmask, other=0.0)  # [BN, BD]
+    s_ij = tl.dot(q, tl.trans(k)) * qk_scale  # [BM, BN]
+    if MASK:
+        s_ij = tl.where(mn[None, :] & (n[None, :] <= q_pos[:, None]), s_ij, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s_ij, axis=1))
+    if MASK:
+        # rows with nothing allowed yet keep m = -inf; shift by 0 there so exp2 gives 0, not NaN
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_shift = m_new  # every row has a key in an unmasked block
+    p = tl.math.exp2(s_ij - m_shift[:, None])
+    alpha = tl.math.exp2(m_i - m_shift)
+    v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kvmask, other=0.0)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_scale,
                     sq0, sq1, so0, so1, stride_page, stride_tok, stride_kvh, stride_bt,
                     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    mb = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)
+    mb = tl.num_programs(1) - 1 - tl.program_id(1)
     b = tl.program_id(2)
-    kvh = h // G
     q_start = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q_start
-    prefix = tl.load(prefix_ptr + b)
-    i = mb * BM + tl.arange(0, BM)
-    mi = i < q_len
-    d = tl.arange(0, BD)
-    md = d < D
-    rows = (q_start + i).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * sq0 + h * sq1 + d[None, :], mask=mi[:, None] & md[None, :], other=0.0)
-    q_pos = prefix + i  # [BM] cache positions of these queries
-    # keys up to the block's last real query; 0 for a block entirely past this sequence's chunk
-    end = tl.where(mb * BM < q_len, prefix + tl.minimum(q_len, mb * BM + BM), 0)
-    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for s in range(0, end, BN):
-        n = s + tl.arange(0, BN)
-        mn = n < end
-        page = tl.load(bt_ptr + b * stride_bt + n // PAGE, mask=mn, other=0).to(tl.int64)
-        kv_off = page * stride_page + (n % PAGE) * stride_tok + kvh * stride_kvh
-        kvmask = mn[:, None] & md[None, :]
-        k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=kvmask, other=0.0)  # [BN, BD]
-        allowed = mn[None, :] & (n[None, :] <= q_pos[:, None])
-        s_ij = tl.where(allowed, tl.dot(q, tl.trans(k)) * scale, float("-inf"))  # [BM, BN]
-        m_new = tl.maximum(m_i, tl.max(s_ij, axis=1))
-        # rows with nothing allowed yet keep m = -inf; shift by 0 there so exp gives 0, not NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s_ij - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=kvmask, other=0.0)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(o_ptr + rows[:, None] * so0 + h * so1 + d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=mi[:, None] & md[None, :])
+    if mb * BM < q_len:
+        prefix = tl.load(prefix_ptr + b)
+        i = mb * BM + tl.arange(0, BM)
+        mi = i < q_len
+        d = tl.arange(0, BD)
+        md = d < D
+        rows = (q_start + i).to(tl.int64)
+        q = tl.load(q_ptr + rows[:, None] * sq0 + h * sq1 + d[None, :], mask=mi[:, None] & md[None, :], other=0.0)
+        q_pos = prefix + i  # [BM] cache positions of these queries
+        # keys < full are visible to every query of the block (the first sits at prefix + mb*BM); the block's
+        # last real query ends the walk
+        full = (prefix + mb * BM + 1) // BN * BN
+        end = prefix + tl.minimum(q_len, mb * BM + BM)
+        bt_row = bt_ptr + b * stride_bt
+        kvh_off = (h // G) * stride_kvh
+        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BM], dtype=tl.float32)
+        acc = tl.zeros([BM, BD], dtype=tl.float32)
+        for s in range(0, full, BN):
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale,
+                                    stride_page, stride_tok, D, PAGE, BN, BD, False)
+        for s in range(full, end, BN):
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale,
+                                    stride_page, stride_tok, D, PAGE, BN, BD, True)
+        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(o_ptr + rows[:, None] * so0 + h * so1 + d[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=mi[:, None] & md[None, :])
+
+
+# candidates for 2-byte io on a GPU, timed once per (head dim, GQA group, dtypes) at first use (prefill is never
+# graph-captured). (BM, BN, warps, stages), for d=256 on sm_90: 128/64/8: the [128, 256] fp32 accumulator in 128
+# registers a thread, K/V double buffers + Q in 192 KB of shared memory (the old fixed choice, 297 TFLOP/s on the
+# H200); 128/32/8: 131 KB; 64/32/4: 98 KB and 255 registers, so two programs share an SM and one's softmax overlaps
+# the other's MMAs. BN 128 spills at d=256.
+_TUNED = [(128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2)]
+_prefill_tuned = triton.autotune([triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=st)
+                                  for bm, bn, w, st in _TUNED], key=["D", "G"])(_prefill_kernel)
+
+
+def _fixed_blocks(BD: int, io_bytes: int) -> tuple[int, int, int, int]:
+    """(BM, BN, num_warps, num_stages) without tuning: fp32 io (128-row tiles of it exceed shared memory) and the
+    CPU interpreter."""
+    if BD <= 128:
+        return 64, 64, 4, 3
+    return (128, 64, 8, 3) if io_bytes == 2 else (64, 32, 8, 2)
 
 
 def prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
@@ -71,15 +123,15 @@ def prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Ten
     scale = D ** -0.5 if scale is None else scale
     out = q.new_empty(T, nh, D) if out is None else out
     BD = triton.next_power_of_2(D)
-    # BM 128, BN 64, 8 warps, 3 stages: 297 TFLOP/s at head_dim 256, T=8192 on the H200 (64/32: 122); fp32 tiles
-    # that size exceed shared memory, so fp32 io keeps the small blocks
-    if BD <= 128:
-        BM, BN, warps = 64, 64, 4
+    args = (q, k_pages, v_pages, out, block_table, cu_seqlens, prefix_lens, scale * LOG2E, q.stride(0), q.stride(1),
+            out.stride(0), out.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+            block_table.stride(0))
+    dims = dict(G=nh // nkv, D=D, PAGE=page, BD=BD)
+    n_rows = max(max_seqlen, 1)
+    if q.is_cuda and q.element_size() == 2:
+        _prefill_tuned[lambda meta: (nh, triton.cdiv(n_rows, meta["BM"]), B)](*args, **dims)
     else:
-        BM, BN, warps = (128, 64, 8) if q.element_size() == 2 else (64, 32, 8)
-    grid = (triton.cdiv(max(max_seqlen, 1), BM), nh, B)
-    _prefill_kernel[grid](
-        q, k_pages, v_pages, out, block_table, cu_seqlens, prefix_lens, scale, q.stride(0), q.stride(1),
-        out.stride(0), out.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
-        G=nh // nkv, D=D, PAGE=page, BM=BM, BN=BN, BD=BD, num_warps=warps, num_stages=3)
+        BM, BN, warps, stages = _fixed_blocks(BD, q.element_size())
+        _prefill_kernel[(nh, triton.cdiv(n_rows, BM), B)](*args, **dims, BM=BM, BN=BN, num_warps=warps,
+                                                            num_stages=stages)
     return out
