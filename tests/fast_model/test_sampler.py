@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from _fast_env import DEVICE, ON_GPU
+from ninfer.fast.ops.sample.layout import pack_bits
 from ninfer.fast.sampling import DeviceSampler, SampleRow, variant_of
 from ninfer.sampling import SamplingError, SamplingParams, draw
 
@@ -63,10 +64,7 @@ def _check(sampler, cases, vocab, positions=(0, 17)):
 
 def _mask(vocab, keep, seed=0, bool_mask=False):
     allowed = torch.rand(vocab, generator=torch.Generator().manual_seed(seed)) < keep
-    if bool_mask:
-        return allowed
-    from ninfer.fast.ops.sample.layout import pack_bits
-    return pack_bits(allowed)
+    return allowed if bool_mask else pack_bits(allowed)
 
 
 def _history(vocab, n_prompt, n_out, seed=1):
