@@ -18,10 +18,14 @@ from ninfer.sampling.processors import min_tokens_blocked
 
 
 def _in_vocab(ids: Sequence[int], vocab: int) -> bool:
-    return all(0 <= t < vocab for t in ids)
+    # builtin min/max: a long prompt is checked at C speed
+    return not ids or (min(ids) >= 0 and max(ids) < vocab)
 
 
 class SequenceTables:
+    """The sample op's table inputs (``SampleInputs.bias``, ``blocked``, ``prompt_seen``, ``counts``) and which
+    sequence each row currently serves."""
+
     def __init__(self, rows: int, vocab: int, device: torch.device | str):
         R, W = rows + 1, bitmask_words(vocab)
         self.vocab = vocab
