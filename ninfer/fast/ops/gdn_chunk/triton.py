@@ -2,10 +2,12 @@
 (qwen35-architecture.md section 2.5) in three passes over chunks of C tokens, then the gated RMSNorm.
 
 1. prep    (chunk, value head), parallel: gamma = in-chunk cumsum of g, beta, and the WY transform
-           T = (I + strictly_lower(diag(beta) K K^T * D))^-1, U = T diag(beta) V, W = T diag(beta exp(gamma)) K.
-2. state   (value head, dv block), sequential over chunks: V_new = U - W S, S <- exp(gamma_C) S + K_dec^T V_new;
-           writes V_new over U and S after every chunk (the checkpoint states; the last is the final state).
-3. output  (chunk, value head, dv block), parallel: O = exp(gamma) Q S_in + ((Q K^T) * D) V_new.
+           T = (I + strictly_lower(diag(beta) K K^T * D))^-1, U = T diag(beta) V, W = T diag(beta exp(gamma)) K,
+           and kd = the l2norm x decay-to-chunk-end scale of each key row.
+2. state   (value head, dv block), sequential over chunks: V_new = U - W S, S <- exp(gamma_C) S + K^T (kd V_new);
+           writes V_new (into the o buffer) and S after every chunk (the checkpoint states; the last is the final
+           state).
+3. output  (chunk, value head, dv block), parallel: O = exp(gamma) Q S_in + ((Q K^T) * D) V_new, over V_new.
 q/k are l2-normalised on every load (cheaper than a round trip through memory). All math is fp32, and tl.dot on fp32
 operands runs as TF32 on the GPU (3xTF32 bought no accuracy on ill-conditioned chunks and cost 25%).
 """
@@ -74,7 +76,7 @@ def _load_rows(qkv_ptr, t, mt, col0, stride_qkv, KB: tl.constexpr, kb: tl.conste
 
 
 @triton.jit
-def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, w_ptr, u_ptr,
+def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr,
                        T, stride_qkv, stride_a, stride_b,
                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                        KB: tl.constexpr, NKB: tl.constexpr, VB: tl.constexpr, NVB: tl.constexpr,
@@ -100,6 +102,10 @@ def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, w_ptr,
         kkt += tl.dot(k, tl.trans(k))
         kn2 += tl.sum(k * k, axis=1)
     rk = 1.0 / tl.sqrt(kn2 + 1e-6)
+    # the state pass's per-row key scale: l2norm and the decay to the chunk end (padded rows add g = 0, so the
+    # last row's gamma is the chunk's)
+    g_last = tl.sum(tl.where(o_t == BT - 1, gamma, 0.0), axis=0)
+    tl.store(kd_ptr + t * HV + hv, rk * tl.exp(g_last - gamma), mask=mt)
     # A = strictly_lower(diag(beta) K K^T * D), D[r, s] = exp(gamma_r - gamma_s) <= 1 below the diagonal
     lower = o_t[:, None] > o_t[None, :]
     decay = tl.exp(tl.where(lower, gamma[:, None] - gamma[None, :], 0.0))
@@ -133,51 +139,48 @@ def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, w_ptr,
 
 
 @triton.jit
-def _chunk_state_kernel(qkv_ptr, gam_ptr, w_ptr, u_ptr, states_ptr, T, NT, stride_qkv,
+def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_ptr, T, NT, stride_qkv,
                         HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                        KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr):
-    # S [DK, BV] is held as up to two row blocks of KB (dk <= 128), so no tile exceeds [BT, KB] / [KB, BV]
+                        BK: tl.constexpr, BV: tl.constexpr):
+    # program (value head, dv block), sequential over chunks with S [BK, BV] in registers: two dots a chunk,
+    # V_new = U - W S and S = e^gamma_C S + K^T (kd * V_new), kd = the prep pass's l2norm x decay row scale.
+    # Reads U and states[0], writes V_new (to vn) and states[1:]: rerunning it gives the same result (autotuning)
     hv = tl.program_id(0)
     k_col = HK * DK + (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
-    k1 = tl.arange(0, KB)
-    k2 = KB + tl.arange(0, KB)
+    kk = tl.arange(0, BK)
+    mk = kk < DK
     vv = tl.program_id(1) * BV + tl.arange(0, BV)
     mv = vv < DV
     STATE = HV * DK * DV
-    s1_off = hv * DK * DV + k1[:, None] * DV + vv[None, :]
-    s2_off = hv * DK * DV + k2[:, None] * DV + vv[None, :]
-    s1_mask = (k1 < DK)[:, None] & mv[None, :]
-    s2_mask = (k2 < DK)[:, None] & mv[None, :]
-    # states[0] is the initial state; states[n + 1] the state after chunk n
-    S1 = tl.load(states_ptr + s1_off, mask=s1_mask, other=0.0)
-    if NKB == 2:
-        S2 = tl.load(states_ptr + s2_off, mask=s2_mask, other=0.0)
+    s_off = hv * DK * DV + kk[:, None] * DV + vv[None, :]
+    s_mask = mk[:, None] & mv[None, :]
+    S = tl.load(states_ptr + s_off, mask=s_mask, other=0.0)  # states[0]: the initial state
+    g_last = tl.load(gam_ptr + (tl.minimum(BT, T) - 1) * HV + hv)
     for n in range(NT):
+        # the next chunk's total decay, loaded a chunk ahead (a dependent scalar load would stall every chunk)
+        g_next = tl.load(gam_ptr + (tl.minimum(n * BT + 2 * BT, T) - 1) * HV + hv)
         t = n * BT + o_t
         mt = t < T
-        w_row = w_ptr + (t[:, None] * HV + hv) * DK
-        u_ptrs = u_ptr + (t[:, None] * HV + hv) * DV + vv[None, :]
+        kmask = mt[:, None] & mk[None, :]
+        w = tl.load(w_ptr + (t[:, None] * HV + hv) * DK + kk[None, :], mask=kmask, other=0.0)  # [BT, BK]
+        k = tl.load(qkv_ptr + t[:, None] * stride_qkv + k_col + kk[None, :], mask=kmask, other=0.0)
+        row = (t[:, None] * HV + hv) * DV + vv[None, :]
         umask = mt[:, None] & mv[None, :]
-        w1 = tl.load(w_row + k1[None, :], mask=mt[:, None] & (k1 < DK)[None, :], other=0.0)
-        v_new = tl.load(u_ptrs, mask=umask, other=0.0) - tl.dot(w1, S1)  # [BT, BV]
-        ka = _load_rows(qkv_ptr, t, mt, k_col, stride_qkv, KB, 0, DK)
-        kn2 = tl.sum(ka * ka, axis=1)
-        if NKB == 2:
-            w2 = tl.load(w_row + k2[None, :], mask=mt[:, None] & (k2 < DK)[None, :], other=0.0)
-            v_new -= tl.dot(w2, S2)
-            kb = _load_rows(qkv_ptr, t, mt, k_col, stride_qkv, KB, 1, DK)
-            kn2 += tl.sum(kb * kb, axis=1)
-        tl.store(u_ptrs, v_new, mask=umask)
-        gamma = tl.load(gam_ptr + t * HV + hv, mask=mt, other=0.0)
-        g_last = tl.load(gam_ptr + (tl.minimum(n * BT + BT, T) - 1) * HV + hv)
-        # l2norm of k and its decay to the chunk end, as one row scale
-        k_scale = tl.where(mt, tl.exp(g_last - gamma) / tl.sqrt(kn2 + 1e-6), 0.0)[:, None]
-        S1 = S1 * tl.exp(g_last) + tl.dot(tl.trans(ka * k_scale), v_new)
-        tl.store(states_ptr + (n + 1) * STATE + s1_off, S1, mask=s1_mask)
-        if NKB == 2:
-            S2 = S2 * tl.exp(g_last) + tl.dot(tl.trans(kb * k_scale), v_new)
-            tl.store(states_ptr + (n + 1) * STATE + s2_off, S2, mask=s2_mask)
+        v_new = tl.load(u_ptr + row, mask=umask, other=0.0) - tl.dot(w, S)  # [BT, BV]
+        tl.store(vn_ptr + row, v_new, mask=umask)
+        kd = tl.load(kd_ptr + t * HV + hv, mask=mt, other=0.0)
+        S = tl.dot(tl.trans(k.to(tl.float32)), v_new * kd[:, None], S * tl.exp(g_last))
+        tl.store(states_ptr + (n + 1) * STATE + s_off, S, mask=s_mask)
+        g_last = g_next
+
+
+# (BV, stages), timed once per head shape at first use on a GPU (prefill is never graph-captured). The pass is a
+# chain of NT dependent steps per program, so narrower dv blocks buy programs (HV x DV/BV) and, at 2 stages
+# (~100 KB of shared memory), two of them per SM; wider ones read W and K fewer times.
+_STATE_TUNED = [(16, 2), (32, 2), (16, 3), (32, 3)]
+_chunk_state_tuned = triton.autotune([triton.Config({"BV": bv}, num_warps=4, num_stages=st)
+                                      for bv, st in _STATE_TUNED], key=["HV", "DK", "DV", "BT"])(_chunk_state_kernel)
 
 
 @triton.jit
@@ -279,6 +282,7 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     KB, VB = min(BK, 64), min(BV_full, 64)
     f32 = dict(device=qkv.device, dtype=torch.float32)
     gam = torch.empty(T, HV, **f32)  # in-chunk cumulative log decay
+    kd = torch.empty(T, HV, **f32)  # key row scale for the state pass: l2norm x decay to the chunk end
     w, u = torch.empty(T, HV, DK, **f32), torch.empty(T, HV, DV, **f32)
     # states[0] holds the initial state so every kernel finds the state entering chunk n at states[n]
     states = torch.empty(NT + 1, HV, DK, DV, **f32)
@@ -288,12 +292,17 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
         states[0].copy_(initial_state)
     o = torch.empty(T, HV, DV, **f32)
     dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, KB=KB, NKB=BK // KB)
-    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, w, u, T, qkv.stride(0), a.stride(0), b.stride(0),
+    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, kd, w, u, T, qkv.stride(0), a.stride(0), b.stride(0),
                                  **dims, VB=VB, NVB=BV_full // VB, SUB=BT // 4, num_warps=4)
-    BV_s = min(BV_full, 32)
-    _chunk_state_kernel[(HV, triton.cdiv(DV, BV_s))](qkv, gam, w, u, states, T, NT, qkv.stride(0), **dims, BV=BV_s,
-                                                     num_warps=4)
-    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, u, states, o, T, qkv.stride(0), DK ** -0.5, **dims,
+    state_args = (qkv, gam, kd, w, u, states, o, T, NT, qkv.stride(0))
+    state_dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, BK=BK)
+    if qkv.is_cuda:
+        _chunk_state_tuned[lambda meta: (HV, triton.cdiv(DV, meta["BV"]))](*state_args, **state_dims)
+    else:
+        BV = min(BV_full, 32)
+        _chunk_state_kernel[(HV, triton.cdiv(DV, BV))](*state_args, **state_dims, BV=BV)
+    # V_new sits in o; each output program reads its V_new block before writing its o block over it
+    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, o, states, o, T, qkv.stride(0), DK ** -0.5, **dims,
                                                         BV=VB, num_warps=4)
     y = qkv.new_empty(T, HV * DV)
     _gated_norm_kernel[(T,)](o, z, norm_weight, y, z.stride(0), y.stride(0), eps, HV=HV, DV=DV,
