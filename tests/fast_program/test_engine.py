@@ -172,19 +172,21 @@ def test_sampling_logprobs_and_forced_control_equal_reference(make_fast, make_re
 
 
 def test_penalties_bias_min_tokens_and_truncation_equal_reference(make_fast, make_reference, prompt_of):
-    """Every draw on the device (prefill and decode): penalties whose counts follow each commit, logit bias, a
-    min_tokens block on EOS, top-p and min-p, greedy and seeded rows in one decode round."""
+    """Every draw on the device (prefill and decode): penalties whose counts follow each commit (a forced control
+    token included), logit bias, a min_tokens block on EOS, top-p and min-p, greedy and seeded rows in one round."""
     P = SamplingParams
     params = [P(temperature=0.0, repetition_penalty=1.6, frequency_penalty=0.7, presence_penalty=0.4),
               P.create(temperature=0.9, top_p=0.85, min_p=0.02, logit_bias={0: 4.0, 5: -3.0}, min_tokens=4),
               P(temperature=1.2, top_k=7, frequency_penalty=-0.6)]
-    reqs = lambda: [token_request(prompt_of(n, seed=70 + n), 9, sampling=p, seed=n)  # noqa: E731
-                    for n, p in zip((6, 8, 5), params)]
+    # the first request's thinking budget forces a control token: forced outputs are counted too
+    reqs = lambda: [token_request(prompt_of(n, seed=70 + n), 9, sampling=p, seed=n,  # noqa: E731
+                                  think_budget=3 if n == 6 else None) for n, p in zip((6, 8, 5), params)]
     cfg = dict(max_concurrency=3, prefill_chunk=5)
     fast = make_fast(max_concurrency=3)
     got = [r.token_ids for r in serve(fast, reqs(), **cfg)]
     assert got == [r.token_ids for r in serve(make_reference(max_concurrency=3), reqs(), **cfg)]
     assert 0 not in got[1][:4], "min_tokens let EOS through"
+    assert got[0][3] == 1, "the thinking budget forced no control token"
     assert_drained(fast)
 
 
