@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# One command for the H200 (fits a 10-minute limit): the GPU ops, fast-model, fast-Program and oracle-diff tests
-# and the e2e server tests on the fast Program, then the fast-path benchmark
-# (bandwidth, decode eager/graphs, prefill, floors, peak memory), then HF transformers (+fla) on the same shapes
-# with a side-by-side table. Each part may fail without stopping the next;
-# the benchmark prints its table last and writes raw JSON to $OUT when set. Nothing is downloaded: carry .whl
-# (benchmarks/gpu/fetch_wheels.sh) and .carry/default.ninfer for the e2e tests and fla.
+# The H200 script: GPU tests, benchmarks through the Engine and of the model executor, the HF transformers (+fla)
+# baseline on the same shapes, and op micro-benchmarks with a per-kernel profile. Each part fits one 10-minute device
+# call; run them in separate calls, back to back (a warm machine is reused). Each step may fail without stopping the
+# next; every benchmark prints its table last and writes raw JSON to $OUT when set. Nothing is downloaded: carry
+# .whl (benchmarks/gpu/fetch_wheels.sh) and .carry/default.ninfer for the e2e tests and fla.
 #
-#   bash benchmarks/gpu/run.sh            # env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_TIMEOUT_S,
-#                                         #      HF_BUDGET_S (default 120; 0 skips HF), HF_MODELS
+#   bash benchmarks/gpu/run.sh tests    # ops, fast model, fast Program (+ property harness), oracle diff, e2e serve
+#   bash benchmarks/gpu/run.sh engine   # bench_engine.py then bench_fast.py: 0.8B, 9B, 35B-A3B
+#   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
+#   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
+#   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
+PART="${1:-tests}"
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
-TOTAL_S=565  # leave headroom under the 600 s limit for start-up and result transfer
+TOTAL_S="${PART_BUDGET_S:-560}"  # headroom under the 600 s limit for start-up and result transfer
+MODELS="${BENCH_MODELS:-0.8B,9B,35B-A3B}"
+left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
 # wheels the image lacks (benchmarks/gpu/fetch_wheels.sh; the call carries .whl): server, openai client, xgrammar, fla
 if [ -d .whl ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -22,42 +27,48 @@ if [ -d .whl ]; then
 fi
 # the carried embedded default model: the tests link it into their cache instead of building it
 [ -f .carry/default.ninfer ] && export NINFER_TEST_DEFAULT_MODEL="$PWD/.carry/default.ninfer"
+[ -n "${OUT:-}" ] && mkdir -p "$OUT"
 
-# the e2e tests run `ninfer serve --program fast` (they need the carried wheels)
-E2E="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"
-"$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
-    || { E2E=""; echo "no server packages (carry .whl): e2e tests left out"; }
-echo "== GPU tests: tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $E2E"
-LOG=$(mktemp)
-NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-220}" "$PY" -m pytest tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $E2E -q \
-    -p no:cacheprovider 2>&1 | tee "$LOG" | tail -40
-RC=${PIPESTATUS[0]}
-SUMMARY="rc=$RC: $(grep -E '(passed|failed|error)' "$LOG" | tail -1)"
-[ "$RC" = 124 ] && SUMMARY="rc=124: timed out after ${TEST_TIMEOUT_S:-220}s; $(tail -1 "$LOG")"
-[ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp "$LOG" "$OUT/pytest_gpu.log"
-rm -f "$LOG"
+run_tests() {
+    # the e2e tests run `ninfer serve --program fast` (they need the carried wheels)
+    local e2e="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"
+    "$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
+        || { e2e=""; echo "no server packages (carry .whl): e2e tests left out"; }
+    echo "== GPU tests: tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $e2e"
+    local log="${OUT:-/tmp}/pytest_gpu.log"
+    NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest tests/ops tests/fast_model \
+        tests/fast_program tests/oracle/test_diff.py $e2e -q -p no:cacheprovider --durations=15 > "$log" 2>&1
+    echo "pytest rc=$?"
+    tail -45 "$log"
+}
 
-HF_S="${HF_BUDGET_S:-120}"  # seconds kept for the HF transformers (+fla) baseline after the benchmark; 0 skips it
-LEFT=$(( TOTAL_S - ($(date +%s) - START) ))
-DEADLINE=$(( LEFT - 25 - HF_S ))
-echo "== benchmark (${DEADLINE}s budget)"
-if [ "$DEADLINE" -gt 30 ]; then
-    NINFER_PYTEST_SUMMARY="$SUMMARY" timeout $(( LEFT - 5 - HF_S )) "$PY" benchmarks/gpu/bench_fast.py \
-        --models "${BENCH_MODELS:-0.8B,9B,35B-A3B}" --deadline-s "$DEADLINE" ${OUT:+--out "$OUT"}
-    BRC=$?
-    [ "$BRC" != 0 ] && echo "benchmark exited with rc=$BRC (partial results, if any, are in \$OUT/bench_fast.json)"
-else
-    echo "no time left for the benchmark; GPU tests: $SUMMARY"
-fi
+run_engine() {
+    echo "== benchmark through the Engine"
+    timeout $(( $(left) * 6 / 10 )) "$PY" benchmarks/gpu/bench_engine.py --models "$MODELS" \
+        --deadline-s $(( $(left) * 6 / 10 - 10 )) ${OUT:+--out "$OUT"} || echo "bench_engine rc=$?"
+    echo "== benchmark of the model executor"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_fast.py --models "$MODELS" \
+        --deadline-s $(( $(left) - 20 )) ${OUT:+--out "$OUT"} || echo "bench_fast rc=$?"
+}
 
-# HF transformers on the same shapes (fla kernels when the carried wheels import), then the side-by-side table
-LEFT=$(( TOTAL_S - ($(date +%s) - START) ))
-HF_DEADLINE=$(( HF_S < LEFT - 15 ? HF_S : LEFT - 15 ))
-if [ "$HF_S" -gt 0 ] && [ "$HF_DEADLINE" -gt 30 ]; then
-    echo "== HF transformers baseline (${HF_DEADLINE}s budget)"
-    timeout $(( HF_DEADLINE + 10 )) "$PY" benchmarks/gpu/bench_hf.py \
-        --models "${HF_MODELS:-${BENCH_MODELS:-0.8B,9B,35B-A3B}}" --deadline-s "$HF_DEADLINE" ${OUT:+--out "$OUT"} \
-        || echo "HF baseline exited with rc=$? (partial results, if any, are in \$OUT/bench_hf.json)"
-elif [ "$HF_S" -gt 0 ]; then
-    echo "no time left for the HF baseline"
-fi
+run_hf() {
+    echo "== HF transformers baseline"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_hf.py --models "$MODELS" --deadline-s $(( $(left) - 20 )) \
+        ${OUT:+--out "$OUT"} || echo "bench_hf rc=$?"
+}
+
+run_micro() {
+    echo "== op micro-benchmarks and per-kernel profile"
+    timeout 150 "$PY" benchmarks/gpu/bench_gemv.py || echo "bench_gemv rc=$?"
+    timeout 150 "$PY" benchmarks/gpu/bench_ops.py || echo "bench_ops rc=$?"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_fast.py --models "$MODELS" ${OUT:+--out "$OUT"} \
+        || echo "profile_fast rc=$?"
+}
+
+case "$PART" in
+    tests) run_tests ;;
+    engine) run_engine ;;
+    hf) run_hf ;;
+    micro) run_micro ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro)"; exit 2 ;;
+esac
