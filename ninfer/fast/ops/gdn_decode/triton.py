@@ -85,14 +85,13 @@ def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, ep
 def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, s_ptr, slot_ptr,
                       o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b, stride_slot,
                       stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                      DV: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      NV: tl.constexpr, BVF: tl.constexpr, BKW: tl.constexpr):
+                      DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr, BKW: tl.constexpr):
     # program (b, value head, dv block): columns of S are independent in the delta rule, so S [dk, BV] is this
     # program's alone; q/k (and with CONV their conv) are recomputed by each of the G * NV programs of a key head
     b = tl.program_id(0)
     hv = tl.program_id(1)
-    G: tl.constexpr = HV // HK
-    hk = hv // G
+    hk = hv // G  # G = HV // HK value heads per key head
     slot = tl.load(slot_ptr + b).to(tl.int64)
     live = slot >= 0
     kk = tl.arange(0, BK)
@@ -122,7 +121,7 @@ def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dt
         if live:
             _shift_window(x_row, win_row, 2 * HK * DK + hv * DV + vv, mv, K, BKW)
     _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live, stride_z,
-                            stride_y, eps, HK, HV, DK, DV, K, CONV, NV, BVF, BKW)
+                            stride_y, eps, HK, HV, DK, DV, G, K, CONV, NV, BVF, BKW)
 
 
 @triton.jit
@@ -146,12 +145,11 @@ def _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK: tl.const
 @triton.jit
 def _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live, stride_z,
                             stride_y, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                            K: tl.constexpr, CONV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr,
-                            BKW: tl.constexpr):
+                            G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, NV: tl.constexpr,
+                            BVF: tl.constexpr, BKW: tl.constexpr):
     # the last of the key head's G * NV programs to arrive normalises its G rows of o (the norm needs whole rows)
     # and moves the shared q/k windows, which every other program has read by then; it leaves the counter at 0.
     # The barrier puts all of this program's o stores before the (acq_rel, gpu-scope) arrival.
-    G: tl.constexpr = HV // HK
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr + b * HK + hk, 1)
     if arrived == G * NV - 1:
@@ -213,7 +211,7 @@ def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ss
         x, conv_state if conv else x, w, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, o,
         _arrival_counters(x.device, B * HK), y, x.stride(0), conv_state.stride(0) if conv else 0, z.stride(0),
         a.stride(0), b.stride(0), ssm_state.stride(0), y.stride(0), DK ** -0.5, eps,
-        HK=HK, HV=HV, DK=DK, DV=DV, K=K, CONV=conv, BK=BK, BV=BV, NV=NV, BVF=BVF,
+        HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, K=K, CONV=conv, BK=BK, BV=BV, NV=NV, BVF=BVF,
         BKW=triton.next_power_of_2(K), num_warps=4)
     return y
 
