@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.model import FastModel
 from ninfer.fast.sampling import DeviceSampler
 
@@ -99,9 +100,14 @@ class DecodeGraphRunner:
         pool."""
         if not self.use_graphs:
             return
-        plan = self.model.plan
         sizes = sorted(batch_sizes or range(1, self.max_batch + 1), reverse=True)
         stream = torch.cuda.Stream(device=self.model.device)
+        with no_collection_during_capture():
+            self._capture(sizes, stream, warmup)
+        torch.cuda.synchronize(self.model.device)
+
+    def _capture(self, sizes: list[int], stream: torch.cuda.Stream, warmup: int) -> None:
+        plan = self.model.plan
         for B in sizes:
             for variant in self.variants:
                 self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
@@ -119,7 +125,6 @@ class DecodeGraphRunner:
                 if self._pool is None:
                     self._pool = graph.pool()
                 self.graphs[B, variant] = graph
-        torch.cuda.synchronize(self.model.device)
 
     def can_use_graph(self, B: int, variant: str | None = None) -> bool:
         return (B, variant) in self.graphs

@@ -16,6 +16,7 @@ from typing import Hashable, Sequence
 
 import torch
 
+from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.ops.logprobs import LogprobsWorkspace, logprobs, logprobs_naive
 from ninfer.fast.ops.logprobs import layout as LP
 from ninfer.fast.ops.sample import SampleInputs, SampleWorkspace, sample, sample_naive
@@ -91,6 +92,11 @@ class DeviceSampler:
         """One sampling-only graph per variant at B = 1 on ``logits_in`` (the prefill draw); a no-op without CUDA."""
         if not self._cuda:
             return
+        with no_collection_during_capture():
+            self._capture(warmup)
+        torch.cuda.synchronize(self.device)
+
+    def _capture(self, warmup: int) -> None:
         stream = torch.cuda.Stream(device=self.device)
         pool = None
         for variant in VARIANTS:
@@ -105,7 +111,6 @@ class DeviceSampler:
                 self.stages(self.logits_in, variant)
             pool = graph.pool() if pool is None else pool
             self.graphs[variant] = graph
-        torch.cuda.synchronize(self.device)
 
     # ---- one step -----------------------------------------------------------------------------------------------
     def prepare(self, rows: Sequence[SampleRow]) -> str:
