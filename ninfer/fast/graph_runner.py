@@ -19,8 +19,6 @@ and no graph keeps its logits alive, so the pool holds one step's transients, no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture
@@ -28,30 +26,46 @@ from ninfer.fast.model import FastModel
 from ninfer.fast.sampling import DeviceSampler
 
 
-@dataclass
 class StaticInputs:
-    """Decode inputs at the largest batch size; a batch of B uses the first B rows."""
-    tokens: torch.Tensor  # [max_batch] int64
-    slot_ids: torch.Tensor  # [max_batch] int32
-    table_rows: torch.Tensor  # [max_batch] int32, rows of pools.block_tables
-    context_lens: torch.Tensor  # [max_batch] int32
-    positions: torch.Tensor  # [max_batch] int32
+    """Decode inputs at the largest batch size; a batch of B uses the first B columns. The five int32 rows live in
+    one device tensor, mirrored (on CUDA) by one pinned host tensor, so a step's inputs cross in one copy."""
+
+    ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions")
+
+    def __init__(self, max_batch: int, device: torch.device):
+        self.packed = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, device=device)  # [5, max_batch]
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        self.staging = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, pin_memory=pin)  # host mirror
+        self._staging_np = self.staging.numpy()
+        self._copied = torch.cuda.Event() if pin else None  # the mirror's last copy; reuse waits for it
+        # tokens [max_batch]; slot_ids: GDN slots; table_rows: rows of pools.block_tables; context_lens: keys to
+        # attend to, the current token included; positions: the token's absolute position
+        self.tokens, self.slot_ids, self.table_rows, self.context_lens, self.positions = self.packed.unbind(0)
 
     @classmethod
     def allocate(cls, max_batch: int, device: torch.device) -> "StaticInputs":
-        i32 = dict(dtype=torch.int32, device=device)
-        return cls(tokens=torch.zeros(max_batch, dtype=torch.int64, device=device),
-                   slot_ids=torch.zeros(max_batch, **i32), table_rows=torch.zeros(max_batch, **i32),
-                   context_lens=torch.zeros(max_batch, **i32), positions=torch.zeros(max_batch, **i32))
+        return cls(max_batch, torch.device(device))
 
     def fill(self, tokens, slot_ids, table_rows, context_lens, positions) -> int:
         """Copy one batch in (host or device tensors, any int dtype); returns B."""
         B = tokens.shape[0]
-        for dst, src in ((self.tokens, tokens), (self.slot_ids, slot_ids), (self.table_rows, table_rows),
-                         (self.context_lens, context_lens), (self.positions, positions)):
+        for dst, src in zip(self.packed, (tokens, slot_ids, table_rows, context_lens, positions)):
             if src.shape != (B,):
                 raise ValueError(f"decode inputs must all be [B={B}], got {tuple(src.shape)}")
             dst[:B].copy_(src, non_blocking=True)
+        return B
+
+    def fill_lists(self, columns: tuple[list[int], ...]) -> int:
+        """The same from five host lists of ints, through the pinned mirror in one copy; returns B."""
+        B = len(columns[0])
+        if any(len(c) != B for c in columns):
+            raise ValueError(f"decode inputs must all have B={B} entries, got {[len(c) for c in columns]}")
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._staging_np[:, :B] = columns
+        self.packed[:, :B].copy_(self.staging[:, :B], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         return B
 
     def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int) -> None:
@@ -136,11 +150,21 @@ class DecodeGraphRunner:
         Returns (logits [B, V] fp32,) or, with ``greedy``, (logits, argmax tokens [B]). With a sampler the caller has
         filled its inputs (``DeviceSampler.prepare``, which names the variant) and collects the tokens afterwards;
         nothing is returned."""
-        if not 1 <= tokens.shape[0] <= self.max_batch:
-            raise ValueError(f"batch {tokens.shape[0]} must lie in 1..{self.max_batch} (the runner's max_batch)")
+        self._check(tokens.shape[0], variant)
+        return self._replay(self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions), variant)
+
+    def run_lists(self, columns: tuple[list[int], ...], variant: str | None = None) -> tuple[torch.Tensor, ...] | None:
+        """``run`` from five host lists (tokens, slot ids, table rows, context lengths, positions): one copy in."""
+        self._check(len(columns[0]), variant)
+        return self._replay(self.inputs.fill_lists(columns), variant)
+
+    def _check(self, B: int, variant: str | None) -> None:
+        if not 1 <= B <= self.max_batch:
+            raise ValueError(f"batch {B} must lie in 1..{self.max_batch} (the runner's max_batch)")
         if variant not in self.variants:
             raise ValueError(f"variant {variant!r} is not one of this runner's {self.variants}")
-        B = self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions)
+
+    def _replay(self, B: int, variant: str | None) -> tuple[torch.Tensor, ...] | None:
         if self.can_use_graph(B, variant):
             self.graphs[B, variant].replay()
             out = self.outputs[B, variant]

@@ -135,12 +135,10 @@ def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
         raise EngineFailure("decode of a sequence before its prompt finished")
     prog.dev.copy_slots([s.handle.slot for s in seqs], [prog.config.backup_slot(s.row) for s in seqs])
     provisional = tuple(Provisional((s.pending,), _grow(prog, s, s.frontier + 1)) for s in seqs)
-    i32 = dict(dtype=torch.int32)
     pos = [s.frontier for s in seqs]
     variant = prog.sampler.prepare(_sample_rows(seqs, masks or [None] * len(seqs)))  # positions frontier + 1
-    prog.runner.run(torch.tensor([s.pending for s in seqs], dtype=torch.long),
-                    torch.tensor([s.handle.slot for s in seqs], **i32), torch.tensor([s.row for s in seqs], **i32),
-                    torch.tensor([p + 1 for p in pos], **i32), torch.tensor(pos, **i32), variant=variant)
+    prog.runner.run_lists(([s.pending for s in seqs], [s.handle.slot for s in seqs], [s.row for s in seqs],
+                           [p + 1 for p in pos], pos), variant=variant)
     drawn = prog.sampler.collect()
     rows = [PendingRow.drawn(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
