@@ -56,8 +56,8 @@ def profile_model(name: str, prefill_T: int) -> dict:
         runner.capture([B])
         graph_ms = cuda_ms(lambda: runner.run(*args), iters=20)
         runner.reset()
-        out[f"decode_B{B}"] = {"kernel_us": total, "graph_us": graph_ms * 1e3, "launches": sum(r["count"] for r in rows),
-                               "top": rows[:30]}
+        out[f"decode_B{B}"] = {"kernel_us": total, "graph_us": graph_ms * 1e3,
+                               "launches": sum(r["count"] for r in rows), "top": rows[:30]}
     tokens = torch.randint(0, cfg.vocab_size, (prefill_T,), device="cuda")
     rows, total = kernel_table(lambda: model.prefill(tokens, 0, 0, 0), 1)
     out[f"prefill_T{prefill_T}"] = {"kernel_us": total, "launches": sum(r["count"] for r in rows), "top": rows[:30]}

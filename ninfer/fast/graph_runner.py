@@ -83,7 +83,7 @@ def graphs_available() -> bool:
 
 class DecodeGraphRunner:
     def __init__(self, model: FastModel, max_batch: int, greedy: bool = False, use_graphs: bool | None = None,
-                 sampler: DeviceSampler | None = None):
+                 sampler: DeviceSampler | None = None, backup_base: int | None = None):
         if not 1 <= max_batch <= model.plan.max_seqs:
             raise ValueError(f"max_batch {max_batch} must lie in 1..{model.plan.max_seqs} (the plan's max_seqs)")
         if sampler is not None and sampler.max_batch < max_batch:
@@ -92,6 +92,8 @@ class DecodeGraphRunner:
         self.max_batch = max_batch
         self.greedy = greedy
         self.sampler = sampler
+        # with a backup base, each step first copies every row's GDN state to slot backup_base + its table row
+        self.backup_base = backup_base
         self.variants: tuple[str | None, ...] = sampler.VARIANTS if sampler is not None else (None,)
         on_cuda = model.device.type == "cuda" and graphs_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
@@ -102,6 +104,8 @@ class DecodeGraphRunner:
 
     def _step(self, B: int, variant: str | None = None) -> tuple[torch.Tensor, ...]:
         s = self.inputs
+        if self.backup_base is not None:
+            self.model.backup_slots(s.slot_ids[:B], s.table_rows[:B], self.backup_base)
         logits = self.model.decode(s.tokens[:B], s.slot_ids[:B], s.table_rows[:B], s.context_lens[:B],
                                    s.positions[:B])
         if self.sampler is not None:

@@ -40,6 +40,8 @@ class Kernels:
     linear: Callable
     # (x [T, K], w [2I, K] = [gate | up]) -> silu(gate) * up [T, I]
     linear_swiglu: Callable
+    # (pool [L, S, ...], src [B], dst [B], dst_offset) -> None: pool[:, dst_offset + dst[b]] = pool[:, src[b]]
+    slot_copy: Callable
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
@@ -49,7 +51,7 @@ _GEMV_ROWS = 8
 
 def triton_kernels() -> Kernels:
     from ninfer.fast.ops import (gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention, prefill_attention,
-                                 rmsnorm, rope_kv_write, swiglu)
+                                 rmsnorm, rope_kv_write, slot_copy, swiglu)
 
     def norm(x, weight, eps, residual=None):
         # the residual stream is updated in place: one buffer per step instead of one per layer
@@ -66,7 +68,8 @@ def triton_kernels() -> Kernels:
 
     return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
-                   prefill_attention.prefill_attention, moe.moe_route, moe.moe_experts, linear, linear_swiglu)
+                   prefill_attention.prefill_attention, moe.moe_route, moe.moe_experts, linear, linear_swiglu,
+                   slot_copy.slot_copy)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:
@@ -91,6 +94,7 @@ def naive_kernels() -> Kernels:
     from ninfer.fast.ops.prefill_attention.naive import prefill_attention_naive
     from ninfer.fast.ops.rmsnorm.naive import rmsnorm_naive
     from ninfer.fast.ops.rope_kv_write.naive import rope_kv_write_naive
+    from ninfer.fast.ops.slot_copy.naive import slot_copy_naive
     from ninfer.fast.ops.swiglu.naive import swiglu_naive
 
     def conv_prefill(m, window, conv_weight):
@@ -106,7 +110,7 @@ def naive_kernels() -> Kernels:
 
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
                    gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, moe_experts_naive,
-                   F.linear, linear_swiglu)
+                   F.linear, linear_swiglu, slot_copy_naive)
 
 
 def get_kernels(name: str) -> Kernels:

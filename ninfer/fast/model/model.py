@@ -62,6 +62,13 @@ class FastModel:
         hidden = self._layers(tokens, step)
         return self.logits(hidden)
 
+    def backup_slots(self, slot_ids: torch.Tensor, table_rows: torch.Tensor, backup_base: int) -> None:
+        """Copy each row's GDN state (conv window and S of every GDN layer) from its slot into the backup slot of
+        its block-table row, ``backup_base + row``: the committed state a rejected decode step goes back to. Device
+        ids only, so it runs inside the decode graph."""
+        for pool in (self.pools.conv, self.pools.ssm):
+            self.kernels.slot_copy(pool, slot_ids, table_rows, backup_base)
+
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
                 all_logits: bool = False) -> torch.Tensor:
         """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The

@@ -4,10 +4,11 @@ commit, over FastModel's pools.
 Prompt tokens are not provisional: a prefill chunk writes KV and GDN state at once (cut at most once, at the
 deepest absolute multiple of 64 inside it, whose state becomes a boundary checkpoint), and the final chunk's batch
 holds only the sampled first token. Decode and control run on the live slot: the GDN step updates the state slot
-in place, so before the step each row's committed state is copied into the backup slot bound to its block-table
-row. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by abort_pending) gets
-its slot back from the backup and returns the pages the step took. Positions at and past the frontier may hold
-provisional K/V: every read is bounded by the context length, so they are never seen before being overwritten.
+in place, so the decode graph first copies each row's committed state into the backup slot bound to its block-table
+row (``FastModel.backup_slots``, inside the graph; control copies it eagerly). Commit keeps the stepped state; a
+rejected row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the backup and returns
+the pages the step took. Positions at and past the frontier may hold provisional K/V: every read is bounded by the
+context length, so they are never seen before being overwritten.
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
     seqs = [prog.sequence(h) for h in handles]
     if any(s.pending is None for s in seqs):
         raise EngineFailure("decode of a sequence before its prompt finished")
-    prog.dev.copy_slots([s.handle.slot for s in seqs], [prog.config.backup_slot(s.row) for s in seqs])
     provisional = tuple(Provisional((s.pending,), _grow(prog, s, s.frontier + 1)) for s in seqs)
     pos = [s.frontier for s in seqs]
     variant = prog.sampler.prepare(_sample_rows(seqs, masks or [None] * len(seqs)))  # positions frontier + 1

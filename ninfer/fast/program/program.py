@@ -53,7 +53,9 @@ class FastProgram:
         self.sampler = DeviceSampler(cfg.vocab_size, c.max_concurrency, c.max_concurrency, model.device,
                                      kernels="naive" if model.kernels.name == "naive" else "triton",
                                      eos_token_ids=c.eos_token_ids)
-        self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler)
+        # the decode graph starts with each row's backup copy (live slot -> the backup slot of its table row)
+        self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler,
+                                        backup_base=c.backup_slot(0))
         if self.runner.use_graphs:
             _warm_prefill(model, min(c.max_prefill_tokens, c.max_context))
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);

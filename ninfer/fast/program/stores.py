@@ -33,30 +33,10 @@ class DeviceState:
 
     def __init__(self, pools: Pools):
         self.pools = pools
-        dev = pools.conv.device
-        n = pools.conv.shape[1]
-        pin = dev.type == "cuda" and torch.cuda.is_available()
-        # copy_slots' (src, dst) ids: one pinned host mirror and one copy per call, not two synchronous uploads
-        self._ids = torch.zeros(2, n, dtype=torch.int64, device=dev)  # [2, slots + 1]
-        self._ids_host = torch.zeros(2, n, dtype=torch.int64, pin_memory=pin)
-        self._copied = torch.cuda.Event() if pin else None
 
     def copy_slot(self, src: int, dst: int) -> None:
         self.pools.conv[:, dst].copy_(self.pools.conv[:, src])  # [n_gdn, conv_dim, K-1]
         self.pools.ssm[:, dst].copy_(self.pools.ssm[:, src])  # [n_gdn, HV, dk, dv]
-
-    def copy_slots(self, src: list[int], dst: list[int]) -> None:
-        """Slot src[i] -> dst[i] for every i in one gather and one scatter per tensor (the decode backups)."""
-        B = len(src)
-        if self._copied is not None:
-            self._copied.synchronize()
-        self._ids_host.numpy()[:, :B] = (src, dst)
-        self._ids[:, :B].copy_(self._ids_host[:, :B], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
-        s, d = self._ids[0, :B], self._ids[1, :B]
-        self.pools.conv.index_copy_(1, d, self.pools.conv.index_select(1, s))  # [n_gdn, B, conv_dim, K-1]
-        self.pools.ssm.index_copy_(1, d, self.pools.ssm.index_select(1, s))  # [n_gdn, B, HV, dk, dv]
 
     def clear_slot(self, slot: int) -> None:
         self.pools.reset_slot(slot)
