@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu/run.sh engine   # bench_engine.py then bench_fast.py: 0.8B, 9B, 35B-A3B
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
 #   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
-#   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
+#   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
 PART="${1:-tests}"
@@ -34,10 +34,12 @@ run_tests() {
     local e2e="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"
     "$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
         || { e2e=""; echo "no server packages (carry .whl): e2e tests left out"; }
-    echo "== GPU tests: tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $e2e"
+    local paths="${TEST_PATHS:-tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $e2e}"
+    echo "== GPU tests: $paths"
     local log="${OUT:-/tmp}/pytest_gpu.log"
-    NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest tests/ops tests/fast_model \
-        tests/fast_program tests/oracle/test_diff.py $e2e -q -p no:cacheprovider --durations=15 > "$log" 2>&1
+    # shellcheck disable=SC2086
+    NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest $paths -q \
+        -p no:cacheprovider --durations=15 > "$log" 2>&1
     echo "pytest rc=$?"
     tail -45 "$log"
 }
