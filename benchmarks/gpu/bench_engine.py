@@ -13,7 +13,6 @@ Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadlin
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import statistics
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlog import Run  # noqa: E402
+from runlog import Run, bench_arguments, print_problems  # noqa: E402
 from shapes import config, random_source  # noqa: E402
 
 from ninfer.contracts import GenerationResult, GenerationStart, OutputDelta  # noqa: E402
@@ -286,33 +285,15 @@ def print_table(r: dict) -> None:
         print(f"  {name:8} memory: weights {gib('weight_bytes')} GiB, KV {gib('kv_bytes')} GiB, GDN state "
               f"{gib('state_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
               f"{gib('peak_allocated_bytes')} GiB, build {_f(m.get('build_s'), '{:.1f}')} s")
-    for what in r.get("skipped", []):
-        print(f"SKIPPED {what}")
-    for part, err in r.get("errors", {}).items():
-        print(f"ERROR {part}: {err[:300]}")
-    print("=" * 100)
+    print_problems(r)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="0.8B,9B,35B-A3B")
-    ap.add_argument("--deadline-s", type=float, default=240.0)
-    ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU with the naive kernels")
-    args = ap.parse_args()
+    args = bench_arguments(240.0, "tiny shape on the CPU with the naive kernels").parse_args()
     run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "bench_engine.json")
-    if not args.smoke and not torch.cuda.is_available():
-        run.results["errors"]["setup"] = "no CUDA device"
-        run.save()
-        print_table(run.results)
+    if not run.need_cuda(args.smoke, print_table):
         return 1
-    for name in ["tiny"] if args.smoke else args.models.split(","):
-        if run.left() < MIN_SECONDS.get(name, 60):
-            run.results["skipped"].append(f"{name} (deadline: {run.left():.0f}s left)")
-            continue
-        run.part(name, bench_model, run, name)
-    run.results["wall_s"] = time.monotonic() - run.t0
-    run.save()
+    run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)
     print_table(run.results)
     return 0
 

@@ -9,7 +9,6 @@ Run: python benchmarks/gpu/bench_fast.py [--models 0.8B,9B,35B-A3B] [--deadline-
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measure import cuda_ms, decode_floor, hbm_bandwidth  # noqa: E402
 from parity import parity  # noqa: E402
 from report import print_table  # noqa: E402
-from runlog import Run  # noqa: E402
+from runlog import Run, bench_arguments  # noqa: E402
 from shapes import config, random_source  # noqa: E402
 
 from ninfer.fast.graph_runner import DecodeGraphRunner  # noqa: E402
@@ -145,28 +144,14 @@ def bench_model(run: Run, name: str, bw: float) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="0.8B,9B,35B-A3B")
-    ap.add_argument("--deadline-s", type=float, default=330.0)
-    ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU with the naive kernels")
-    args = ap.parse_args()
+    args = bench_arguments(330.0, "tiny shape on the CPU with the naive kernels").parse_args()
     run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "bench_fast.json")
-    models = ["tiny"] if args.smoke else args.models.split(",")
-    if not args.smoke and not torch.cuda.is_available():
-        run.results["errors"]["setup"] = "no CUDA device"
-        run.save()
-        print_table(run.results)
+    if not run.need_cuda(args.smoke, print_table):
         return 1
     bw = (run.part("bandwidth", hbm_bandwidth) or {}) if not args.smoke else {}
     run.results["bandwidth"] = bw
-    for name in models:
-        if run.left() < MIN_SECONDS.get(name, 60):
-            run.results["skipped"].append(f"{name} (deadline: {run.left():.0f}s left)")
-            continue
-        run.part(name, bench_model, run, name, bw.get("copy_tb_s", 0.0))
-    run.results["wall_s"] = time.monotonic() - run.t0
-    run.save()
+    run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model,
+                   bw.get("copy_tb_s", 0.0))
     print_table(run.results)
     return 0
 

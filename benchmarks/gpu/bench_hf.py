@@ -15,7 +15,6 @@ Run: python benchmarks/gpu/bench_hf.py [--models 0.8B,9B,35B-A3B] [--deadline-s 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import os
@@ -27,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import load_results, print_hf_table, print_side_by_side  # noqa: E402
-from runlog import Run  # noqa: E402
+from runlog import Run, bench_arguments  # noqa: E402
 from shapes import _COMMON, SHAPES  # noqa: E402
 
 
@@ -225,12 +224,8 @@ def fla_status() -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="0.8B,9B,35B-A3B")
-    ap.add_argument("--deadline-s", type=float, default=120.0)
+    ap = bench_arguments(120.0, "tiny dense and MoE shapes on the CPU")
     ap.add_argument("--new-tokens", type=int, default=Settings.new_tokens, help="decode tokens per timed generate")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--smoke", action="store_true", help="tiny dense and MoE shapes on the CPU")
     args = ap.parse_args()
     settings = SMOKE if args.smoke else Settings(new_tokens=max(args.new_tokens, 2))
     run = Run(args.deadline_s, args.out, settings, "bench_hf.json")
@@ -238,19 +233,9 @@ def main() -> int:
     import transformers
 
     run.results["transformers"] = transformers.__version__
-    models = ["tiny", "tiny-moe"] if args.smoke else args.models.split(",")
-    if not args.smoke and not torch.cuda.is_available():
-        run.results["errors"]["setup"] = "no CUDA device"
-        run.save()
-        print_hf_table(run.results)
+    if not run.need_cuda(args.smoke, print_hf_table):
         return 1
-    for name in models:
-        if run.left() < MIN_SECONDS.get(name, 30):
-            run.results["skipped"].append(f"{name} (deadline: {run.left():.0f}s left)")
-            continue
-        run.part(name, bench_model, run, name)
-    run.results["wall_s"] = time.monotonic() - run.t0
-    run.save()
+    run.each_model(["tiny", "tiny-moe"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)
     print_hf_table(run.results)
     ours = load_results(args.out, "bench_fast.json")
     if ours is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from runlog import print_problems
+
 HF_ANCHORS = ("9B decode B=1 53.2 ms, B=8 67.2 ms/step, prefill 2048 87 ms, 8192 287 ms; 0.8B decode B=1 48.6 ms, "
               "B=8 54.9 ms/step, prefill 2048 49 ms, 8192 67 ms; 35B-A3B decode B=1 119.7 ms, B=8 108.1 ms/step, "
               "prefill 2048 170 ms")
@@ -51,11 +53,7 @@ def print_table(r: dict) -> None:
               f"transient peak {gib('transient_peak_bytes')} GiB vs planned workspace "
               f"{gib('workspace_planned_bytes')} GiB, graph capture {_f(m.get('graph_capture_s'), '{:.1f}')} s, "
               f"build {_f(m.get('build_s'), '{:.1f}')} s")
-    for what in r.get("skipped", []):
-        print(f"SKIPPED {what}")
-    for part, err in r.get("errors", {}).items():
-        print(f"ERROR {part}: {err[:300]}")
-    print("=" * 100)
+    print_problems(r)
 
 
 def load_results(out_dir: str | None, name: str) -> dict | None:
@@ -88,11 +86,7 @@ def print_hf_table(r: dict) -> None:
             print(f"  prefill T={p['T']:>5}: {p['ms']:8.1f} ms {p['tok_s']:>9.0f} tok/s  finite={p['finite']}")
         if m.get("peak_allocated_bytes"):
             print(f"  peak allocated {m['peak_allocated_bytes'] / 2**30:.2f} GiB")
-    for what in r.get("skipped", []):
-        print(f"SKIPPED {what}")
-    for part, err in r.get("errors", {}).items():
-        print(f"ERROR {part}: {err[:300]}")
-    print("=" * 100)
+    print_problems(r)
 
 
 def print_side_by_side(ours: dict, hf: dict) -> None:

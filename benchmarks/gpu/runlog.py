@@ -1,8 +1,10 @@
 """A benchmark run's deadline, its raw results dict and their JSON file: each part may fail without stopping the
-others, and the JSON is rewritten after every part so a run killed at its time limit still leaves its numbers."""
+others, and the JSON is rewritten after every part so a run killed at its time limit still leaves its numbers. Also
+the pieces every GPU benchmark's main shares: its common flags, the CUDA check, the per-model loop, the footer."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -38,7 +40,45 @@ class Run:
             print(f"[bench] {name}: {time.monotonic() - t:.1f}s ({self.left():.0f}s left)", flush=True)
             self.save()
 
+    def need_cuda(self, smoke: bool, print_table) -> bool:
+        """False (and the reason recorded and printed) when a real run finds no CUDA device."""
+        if smoke or torch.cuda.is_available():
+            return True
+        self.results["errors"]["setup"] = "no CUDA device"
+        self.save()
+        print_table(self.results)
+        return False
+
+    def each_model(self, names, min_seconds: dict[str, float], fn, *args) -> None:
+        """fn(self, name, *args) per model as one part, skipping a model once fewer seconds are left than it needs."""
+        for name in names:
+            if self.left() < min_seconds.get(name, 60):
+                self.results["skipped"].append(f"{name} (deadline: {self.left():.0f}s left)")
+                continue
+            self.part(name, fn, self, name, *args)
+        self.results["wall_s"] = time.monotonic() - self.t0
+        self.save()
+
     def save(self) -> None:
         if self.out is not None:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self.out.write_text(json.dumps(self.results, indent=1, default=str))
+
+
+def bench_arguments(deadline_s: float, smoke_help: str) -> argparse.ArgumentParser:
+    """The flags every GPU benchmark takes: --models, --deadline-s, --out (default $OUT), --smoke."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="0.8B,9B,35B-A3B")
+    ap.add_argument("--deadline-s", type=float, default=deadline_s)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--smoke", action="store_true", help=smoke_help)
+    return ap
+
+
+def print_problems(results: dict) -> None:
+    """A table's footer: what the deadline skipped and which parts failed."""
+    for what in results.get("skipped", []):
+        print(f"SKIPPED {what}")
+    for part, err in results.get("errors", {}).items():
+        print(f"ERROR {part}: {err[:300]}")
+    print("=" * 100)
