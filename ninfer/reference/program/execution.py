@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle,
-                              token_digest)
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
+from ninfer.program_core import ActiveSequence
+from ninfer.program_core.execution import boundary_wanted, share, snapshot_prompt_end, validate_commit
 from ninfer.reference.gdn import CHUNK
 from ninfer.reference.state import SequenceState
 from ninfer.sampling import draw
-
-from .records import ActiveSequence, Checkpoint
 
 if TYPE_CHECKING:
     from .program import ReferenceProgram
@@ -57,7 +56,7 @@ def _store(prog: "ReferenceProgram", seq: ActiveSequence, state: SequenceState, 
     if state.next_position != end:
         raise EngineFailure(f"state at {state.next_position}, sequence {seq.handle} expects {end}")
     for _ in range(_growth(prog, seq, len(fed))):
-        seq.table.append(prog.pages.alloc.take())
+        seq.table.append(prog.alloc.take())
         seq.reserve_left -= 1
     prog.pages.write(seq.table, state.kv, start, end)
     prog.slots.store(seq.handle.slot, state.gdn)
@@ -100,29 +99,9 @@ def prefill(prog: "ReferenceProgram", handle: SequenceHandle, max_tokens: int, m
 def _boundary_snapshot(prog: "ReferenceProgram", seq: ActiveSequence) -> None:
     """Capture the state at a chunk boundary when the checkpoint allowance has a free slot; skip otherwise, and
     skip a boundary whose tokens are already published."""
-    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
-        return
-    tokens = tuple(seq.tokens)
-    digest = token_digest(tokens)
-    if any(len(c.tokens) == len(tokens) and token_digest(c.tokens) == digest for c in prog.ckpts.values()):
-        return
-    slot = prog.slots.take()
-    prog.slots.copy(seq.handle.slot, slot)
-    for p in seq.table:
-        prog.pages.alloc.ref(p)  # shared by reference, partial page included: the checkpoint reads < frontier
-    seq.snapshots.append(Checkpoint(tokens, list(seq.table), slot, boundary=True))
-    prog.bump_revision()
-
-
-def _snapshot_prompt_end(prog: "ReferenceProgram", seq: ActiveSequence) -> None:
-    """Capture the prompt-end state into the publication slot reserved at activation."""
-    if seq.pub_slot is None:
-        return
-    slot, seq.pub_slot = seq.pub_slot, None
-    prog.slots.copy(seq.handle.slot, slot)
-    for p in seq.table:
-        prog.pages.alloc.ref(p)
-    seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot))
+    if boundary_wanted(prog, seq.tokens):
+        share(prog, seq, prog.slots.take(), boundary=True)
+        prog.bump_revision()
 
 
 # ---- decode and control --------------------------------------------------------------------------------------
@@ -158,21 +137,9 @@ def control(prog: "ReferenceProgram", handle: SequenceHandle, tokens: Sequence[i
 # ---- commit ----------------------------------------------------------------------------------------------------
 def commit(prog: "ReferenceProgram", batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
     """Validate every row first, then apply: the batch is committed whole or not at all."""
-    batch.check_decisions(decisions)
+    seqs = validate_commit(prog, batch, decisions,
+                           lambda seq, i: _growth(prog, seq, len(batch.payload[i].fed)))
     prefill_batch = batch.kind is BatchKind.PREFILL
-    if not prefill_batch and (batch.payload is None or len(batch.payload) != len(batch.rows)):
-        raise EngineFailure("a decode/control batch lost its provisional state")
-    seqs = []
-    for i, (row, d) in enumerate(zip(batch.rows, decisions)):
-        seq = prog.sequence(row.handle)
-        expected = seq.frontier if prefill_batch else seq.frontier + 1
-        if row.base_frontier != expected or (prefill_batch and seq.pending is not None):
-            raise EngineFailure(f"batch row {row.handle} at {row.base_frontier}, sequence expects {expected}")
-        if d.accepted and not prefill_batch:
-            if d.accepted != row.produced:
-                raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
-            _growth(prog, seq, len(batch.payload[i].fed))
-        seqs.append(seq)
     for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
         if d.accepted == 0:
             continue
@@ -182,7 +149,7 @@ def commit(prog: "ReferenceProgram", batch: PendingBatch, decisions: Sequence[Ro
         if d.boundary is not None:
             seq.boundary = row.base_frontier + d.boundary
         if prefill_batch:
-            _snapshot_prompt_end(prog, seq)
+            snapshot_prompt_end(prog, seq)
 
 
 def abort_pending(prog: "ReferenceProgram", batch: PendingBatch) -> None:

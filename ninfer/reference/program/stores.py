@@ -1,4 +1,5 @@
-"""The reference Program's physical stores: a refcounted KV page pool, GDN state slots and the host tier.
+"""The reference Program's physical stores: a refcounted KV page pool and GDN state slots as CPU tensors, and the
+`TensorStore` that offers both to the shared Program core (`ninfer.program_core.PhysicalStore`).
 
 KV pages are real tensors, so sharing a page by reference and copying a partial page are real operations, not
 bookkeeping only: a sequence reads its KV by gathering its block table and writes new positions into its own pages.
@@ -10,9 +11,10 @@ import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
+from ninfer.program_core import HostTier, IdPool
 from ninfer.reference.state import GDNState, KVCache
 
-__all__ = ["HostTier", "KVPages", "PageAllocator", "StateSlots"]
+__all__ = ["TensorStore", "HostTier", "KVPages", "PageAllocator", "StateSlots"]
 
 
 class KVPages:
@@ -50,27 +52,17 @@ class KVPages:
         self.v[dst] = self.v[src]
 
 
-class StateSlots:
+class StateSlots(IdPool):
     """A fixed number of GDN state slots; slot s holds every GDN layer's conv window and recurrent state."""
 
     def __init__(self, cfg: Qwen35Config, total: int, dtype: torch.dtype):
+        super().__init__(total, "GDN state slot")
         self.layers = tuple(cfg.linear_layers)
-        self.total = total
         n, K = len(self.layers), cfg.linear_conv_kernel_dim
         s_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self.conv = torch.zeros(total, n, cfg.conv_dim, K - 1, dtype=dtype)  # [slots, n, conv_dim, K-1]
         self.recurrent = torch.zeros(total, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                      cfg.linear_value_head_dim, dtype=s_dtype)  # [slots, n, HV, dk, dv]
-        self.free = list(range(total - 1, -1, -1))
-
-    def take(self) -> int:
-        if not self.free:
-            raise RuntimeError("GDN state slot pool exhausted")
-        return self.free.pop()
-
-    def give(self, slot: int) -> None:
-        assert slot not in self.free, f"state slot {slot} freed twice"
-        self.free.append(slot)
 
     def load(self, slot: int) -> dict[int, GDNState]:
         """A private copy of the slot's state, for the model to advance."""
@@ -92,16 +84,27 @@ class StateSlots:
         self.recurrent[dst] = self.recurrent[src]
 
 
-class HostTier:
-    """Host copies of inactive checkpoints' GDN state, within a byte budget (KV pages stay in the pool)."""
+class TensorStore:
+    """The physical store the Program core drives: slots and pages as above; no block-table rows, since the model
+    gathers each sequence's table itself."""
 
-    def __init__(self, budget: int, state_bytes: int):
-        self.budget, self.state_bytes = budget, state_bytes
-        self.entries: dict[int, dict[int, GDNState]] = {}  # checkpoint id value -> state
+    def __init__(self, pages: KVPages, slots: StateSlots):
+        self.pages, self.slots = pages, slots
 
-    @property
-    def used(self) -> int:
-        return len(self.entries) * self.state_bytes
+    def clear_slot(self, slot: int) -> None:
+        self.slots.clear(slot)
 
-    def fits(self) -> bool:
-        return self.used + self.state_bytes <= self.budget
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.slots.copy(src, dst)
+
+    def load_slot(self, slot: int) -> dict[int, GDNState]:
+        return self.slots.load(slot)
+
+    def store_slot(self, slot: int, state: dict[int, GDNState]) -> None:
+        self.slots.store(slot, state)
+
+    def copy_page(self, src: int, dst: int) -> None:
+        self.pages.copy_page(src, dst)
+
+    def write_row(self, row: int | None, table: list[int]) -> None:
+        """No rows: the block table travels with the sequence."""

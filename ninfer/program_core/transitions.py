@@ -1,9 +1,10 @@
-"""The reference Program's physical transitions: the stages of each resource transaction, and their results.
+"""The physical transitions both Programs share: the stages of each resource transaction, and their results.
 
 MATERIALIZE from a checkpoint runs in two stages, at two worker boundaries: the claim stage makes room, takes the
-slots and pages and copies the source's state (GDN state into the new slot, the partial KV page into a new page;
-full pages are shared by reference); the activation stage makes the sequence visible. Every other transition, and
-a materialization from root, completes in one stage. An abort after the claim returns everything it took.
+slots, pages and (where the store has them) a block-table row, and copies the source's state (GDN state into the
+new slot, the partial KV page into a new page; full pages are shared by reference); the activation stage makes the
+sequence visible. Every other transition, and a materialization from root, completes in one stage. An abort after
+the claim returns everything it took. Bytes move only through the Program's `PhysicalStore` (`prog.store`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from ninfer.sampling import params_or_greedy
 from .records import ActiveSequence, Checkpoint
 
 if TYPE_CHECKING:
-    from .program import ReferenceProgram
+    from .core import ProgramCore
 
 SEED_MOD = 1 << 64
 
 
-def advance(prog: "ReferenceProgram", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult | None:
+def advance(prog: "ProgramCore", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult | None:
     choice = txn.plan.choice
     kind = choice.kind
     if kind is TransitionKind.MATERIALIZE:
@@ -43,7 +44,7 @@ def advance(prog: "ReferenceProgram", txn: RunningTransaction, progress: dict[st
     return ResourceResult(txn.txn_id, kind, True, prog.resource_revision, released=released)
 
 
-def abort(prog: "ReferenceProgram", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult:
+def abort(prog: "ProgramCore", txn: RunningTransaction, progress: dict[str, Any]) -> ResourceResult:
     """Return what the claim stage took; victims it already released stay released and are reported."""
     seq = prog.prepared.pop(txn.txn_id, None)
     if seq is not None:
@@ -54,12 +55,12 @@ def abort(prog: "ReferenceProgram", txn: RunningTransaction, progress: dict[str,
 
 
 # ---- materialization -----------------------------------------------------------------------------------------
-def _advance_materialize(prog: "ReferenceProgram", txn: RunningTransaction,
+def _advance_materialize(prog: "ProgramCore", txn: RunningTransaction,
                          progress: dict[str, Any]) -> ResourceResult | None:
     choice = txn.plan.choice
     if progress["stage"] == 0:
         progress["released"] = _make_room(prog, choice)
-        if prog.need(choice) > prog.free_pages() or len(prog.slots.free) < 2:
+        if prog.need(choice) > prog.free_pages() or len(prog.slots.free) < 2 or prog.rows_short():
             prog.bump_revision()
             return ResourceResult(txn.txn_id, choice.kind, False, prog.resource_revision,
                                   released=progress["released"], detail="pools changed under the plan")
@@ -75,7 +76,7 @@ def _advance_materialize(prog: "ReferenceProgram", txn: RunningTransaction,
                           reused_tokens=seq.frontier, released=progress["released"])
 
 
-def _make_room(prog: "ReferenceProgram", choice: ResourceChoice) -> tuple[CheckpointId, ...]:
+def _make_room(prog: "ProgramCore", choice: ResourceChoice) -> tuple[CheckpointId, ...]:
     """Walk the victims in the given (LRU) order until the need is met. When only state slots are short, a
     victim's GDN state moves to the host tier (it stays cached); otherwise the victim is released."""
     need, released = prog.need(choice), []
@@ -96,35 +97,37 @@ def _make_room(prog: "ReferenceProgram", choice: ResourceChoice) -> tuple[Checkp
     return tuple(released)
 
 
-def _claim(prog: "ReferenceProgram", choice: ResourceChoice) -> ActiveSequence:
+def _claim(prog: "ProgramCore", choice: ResourceChoice) -> ActiveSequence:
     slot, pub = prog.slots.take(), prog.slots.take()
+    row = prog.rows.take() if prog.rows is not None else None
     seq = ActiveSequence(prog.new_handle(slot), choice.prompt, choice.max_new_tokens, params_or_greedy(choice.sampling),
-                         choice.seed % SEED_MOD, pub_slot=pub)
+                         choice.seed % SEED_MOD, row=row, pub_slot=pub)
     taken = 0
     if choice.source is None:
-        prog.slots.clear(slot)
+        prog.store.clear_slot(slot)
     else:
         src, ps = prog.checkpoint(choice.source), prog.config.page_size
         full = len(src.tokens) // ps
         for p in src.table[:full]:
-            prog.pages.alloc.ref(p)  # shared by reference: positions < frontier are immutable
+            prog.alloc.ref(p)  # shared by reference: positions < frontier are immutable
         seq.table = list(src.table[:full])
         if len(src.tokens) % ps:
-            page = prog.pages.alloc.take()  # the partial page is copied: this sequence writes after the frontier
-            prog.pages.copy_page(src.table[full], page)
+            page = prog.alloc.take()  # the partial page is copied: this sequence writes after the frontier
+            prog.store.copy_page(src.table[full], page)
             seq.table.append(page)
             taken = 1
         if src.slot is not None:
-            prog.slots.copy(src.slot, slot)
+            prog.store.copy_slot(src.slot, slot)
         else:
-            prog.slots.store(slot, prog.host.entries[choice.source.value])  # resume from the host replica
+            prog.store.store_slot(slot, prog.host.entries[choice.source.value])  # resume from the host replica
         seq.tokens = list(src.tokens)
+        prog.store.write_row(row, seq.table)
     seq.reserve_left = prog.need(choice) - taken
     return seq
 
 
 # ---- checkpoints -------------------------------------------------------------------------------------------
-def publish(prog: "ReferenceProgram", ck: Checkpoint) -> tuple[CheckpointInfo, ...]:
+def publish(prog: "ProgramCore", ck: Checkpoint) -> tuple[CheckpointInfo, ...]:
     """Publish a complete checkpoint, unless one of the same tokens is already published (then free it)."""
     digest = token_digest(ck.tokens)
     for other in prog.ckpts.values():
@@ -136,29 +139,29 @@ def publish(prog: "ReferenceProgram", ck: Checkpoint) -> tuple[CheckpointInfo, .
     return (prog.checkpoint_info(cid),)
 
 
-def free_checkpoint(prog: "ReferenceProgram", ck: Checkpoint, cid: CheckpointId | None) -> None:
+def free_checkpoint(prog: "ProgramCore", ck: Checkpoint, cid: CheckpointId | None) -> None:
     for p in ck.table:
-        prog.pages.alloc.unref(p)
+        prog.alloc.unref(p)
     if ck.slot is not None:
         prog.slots.give(ck.slot)
     elif cid is not None:
         del prog.host.entries[cid.value]
 
 
-def _to_host(prog: "ReferenceProgram", cid: CheckpointId, ck: Checkpoint) -> None:
-    prog.host.entries[cid.value] = prog.slots.load(ck.slot)
+def _to_host(prog: "ProgramCore", cid: CheckpointId, ck: Checkpoint) -> None:
+    prog.host.entries[cid.value] = prog.store.load_slot(ck.slot)
     prog.slots.give(ck.slot)
     ck.slot = None
 
 
-def _place(prog: "ReferenceProgram", txn: RunningTransaction, cid: CheckpointId | None) -> ResourceResult:
+def _place(prog: "ProgramCore", txn: RunningTransaction, cid: CheckpointId | None) -> ResourceResult:
     """Move one inactive checkpoint's GDN state to the other tier; its KV pages stay where they are."""
     ck = prog.checkpoint(cid)
     if ck.slot is not None and prog.host.fits():
         _to_host(prog, cid, ck)
     elif ck.slot is None and prog.slots.free:
         ck.slot = prog.slots.take()
-        prog.slots.store(ck.slot, prog.host.entries.pop(cid.value))
+        prog.store.store_slot(ck.slot, prog.host.entries.pop(cid.value))
     else:
         return ResourceResult(txn.txn_id, TransitionKind.PLACE, False, prog.resource_revision,
                               detail="the target tier has no room")
@@ -167,7 +170,7 @@ def _place(prog: "ReferenceProgram", txn: RunningTransaction, cid: CheckpointId 
 
 
 # ---- terminal ------------------------------------------------------------------------------------------------
-def _terminal(prog: "ReferenceProgram", txn: RunningTransaction, choice: ResourceChoice) -> ResourceResult:
+def _terminal(prog: "ProgramCore", txn: RunningTransaction, choice: ResourceChoice) -> ResourceResult:
     seq = prog.sequence(choice.handle)
     retain = choice.kind is TransitionKind.RETAIN and seq.frontier > 0
     if retain and choice.capture_at is not None and choice.capture_at != seq.frontier:
@@ -178,22 +181,29 @@ def _terminal(prog: "ReferenceProgram", txn: RunningTransaction, choice: Resourc
     seq.snapshots, seq.reserve_left = [], 0
     if seq.pub_slot is not None:
         prog.slots.give(seq.pub_slot)
+    _give_row(prog, seq)
     published: tuple[CheckpointInfo, ...] = ()
     if retain:
         # The live state itself becomes the checkpoint: its slot and pages change owner, nothing is copied.
         published = publish(prog, Checkpoint(tuple(seq.tokens), seq.table, seq.handle.slot))
     else:
         for p in seq.table:
-            prog.pages.alloc.unref(p)
+            prog.alloc.unref(p)
         prog.slots.give(seq.handle.slot)
     return ResourceResult(txn.txn_id, choice.kind, True, prog.resource_revision, published=published)
 
 
-def _free_sequence(prog: "ReferenceProgram", seq: ActiveSequence) -> None:
+def _free_sequence(prog: "ProgramCore", seq: ActiveSequence) -> None:
     for ck in seq.snapshots:
         free_checkpoint(prog, ck, None)
     for p in seq.table:
-        prog.pages.alloc.unref(p)
+        prog.alloc.unref(p)
     prog.slots.give(seq.handle.slot)
     if seq.pub_slot is not None:
         prog.slots.give(seq.pub_slot)
+    _give_row(prog, seq)
+
+
+def _give_row(prog: "ProgramCore", seq: ActiveSequence) -> None:
+    if seq.row is not None:
+        prog.rows.give(seq.row)

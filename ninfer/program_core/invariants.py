@@ -1,4 +1,4 @@
-"""Occupancy summary and the physical invariants of the reference Program."""
+"""Occupancy summary and the physical invariants both Programs keep (the fast Program adds its device checks)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,20 @@ from typing import TYPE_CHECKING
 from ninfer.contracts import ResourceUsage
 
 if TYPE_CHECKING:
-    from .program import ReferenceProgram
+    from .core import ProgramCore
 
 
-def resource_usage(prog: "ReferenceProgram") -> ResourceUsage:
+def resource_usage(prog: "ProgramCore") -> ResourceUsage:
     live = list(itertools.chain(prog.seqs.values(), prog.prepared.values()))
     seq_pages = {p for s in live for p in s.table} | {p for s in live for c in s.snapshots for p in c.table}
     ck_pages = {p for c in prog.ckpts.values() for p in c.table} - seq_pages
     return ResourceUsage(active_sequences=len(prog.seqs), reserved_pages=prog.reserved(),
                          sequence_pages=len(seq_pages), checkpoint_pages=len(ck_pages),
-                         free_pages=prog.pages.alloc.available, total_pages=prog.pages.alloc.total,
+                         free_pages=prog.alloc.available, total_pages=prog.alloc.total,
                          checkpoints=len(prog.ckpts), free_slots=len(prog.slots.free), total_slots=prog.slots.total)
 
 
-def check_invariants(prog: "ReferenceProgram") -> None:
-    """Refcounts equal the references held, no page both free and used, every slot owned once or free,
-    reservations covered by free pages, block tables covering each frontier, the host tier within budget."""
-    refs: Counter[int] = Counter()
-    slots: list[int] = []
+def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows: list[int]) -> None:
     pages_for = prog.config.pages_for
     for slot, seq in prog.seqs.items():
         assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
@@ -34,6 +30,7 @@ def check_invariants(prog: "ReferenceProgram") -> None:
         refs.update(seq.table)
         slots.append(seq.handle.slot)
         slots.extend([seq.pub_slot] if seq.pub_slot is not None else [])
+        rows.extend([seq.row] if seq.row is not None else [])
         assert len(seq.table) == pages_for(seq.frontier), f"{seq.handle}: block table does not cover the frontier"
         assert seq.reserve_left >= 0, f"{seq.handle}: negative reservation"
         assert len(seq.table) + seq.reserve_left <= pages_for(len(seq.prompt) + seq.max_new), \
@@ -46,20 +43,31 @@ def check_invariants(prog: "ReferenceProgram") -> None:
             refs.update(ck.table)
             slots.append(ck.slot)
             assert len(ck.table) == pages_for(len(ck.tokens)), f"{seq.handle}: snapshot pages do not cover it"
+
+
+def check_invariants(prog: "ProgramCore") -> None:
+    """Refcounts equal the references held, no page both free and used, every slot (and row) owned once or free,
+    reservations covered by free pages, block tables covering each frontier, the host tier within budget."""
+    refs: Counter[int] = Counter()
+    slots: list[int] = []
+    rows: list[int] = []
+    _check_sequences(prog, refs, slots, rows)
     host = set()
     for cid, ck in prog.ckpts.items():
         refs.update(ck.table)
-        assert len(ck.table) == pages_for(len(ck.tokens)), f"checkpoint {cid.value}: pages do not cover it"
+        assert len(ck.table) == prog.config.pages_for(len(ck.tokens)), f"checkpoint {cid.value}: pages do not cover it"
         if ck.slot is None:
             host.add(cid.value)
         else:
             slots.append(ck.slot)
-    alloc = prog.pages.alloc
+    alloc = prog.alloc
     assert dict(refs) == alloc.refs, "page refcounts differ from the references held"
     assert not set(refs) & set(alloc.free), "a referenced page is on the free list"
     assert len(refs) + len(alloc.free) == alloc.total, "KV pages leaked"
     assert len(slots) == len(set(slots)), "a GDN state slot is owned twice"
     assert sorted(slots + prog.slots.free) == list(range(prog.slots.total)), "GDN state slots leaked"
+    if prog.rows is not None:
+        assert sorted(rows + prog.rows.free) == list(range(prog.rows.total)), "block-table rows leaked or shared"
     assert prog.reserved() <= alloc.available, "reservations exceed the free pages"
     assert prog.boundary_snapshots() <= prog.config.checkpoint_slots, "boundary snapshots beyond the allowance"
     assert host == set(prog.host.entries), "host-tier entries differ from host-resident checkpoints"

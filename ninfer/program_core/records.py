@@ -1,5 +1,5 @@
-"""What the reference Program holds per active sequence and per checkpoint (host-side bookkeeping only: the
-tensors live in the stores, addressed by block table and state slot)."""
+"""What a Program holds per active sequence and per checkpoint: host bookkeeping only. The tensors live in the
+Program's physical store, addressed by page ids, state slot ids and (in the fast Program) block-table row ids."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class ActiveSequence:
     max_new: int
     params: SamplingParams
     seed: int  # resolved, in [0, 2^64)
+    row: int | None = None  # block-table row where the store has rows: data handed to the model, not an identity
     tokens: list[int] = field(default_factory=list)  # consumed tokens: the KV and GDN frontier is len(tokens)
     pending: int | None = None  # last committed output token, not yet consumed
     table: list[int] = field(default_factory=list)  # block table, covers exactly the frontier
@@ -42,6 +43,11 @@ class ActiveSequence:
     @property
     def prompt_pos(self) -> int:
         return min(len(self.tokens), len(self.prompt))
+
+    @property
+    def num_outputs(self) -> int:
+        """len(outputs), without building the list."""
+        return max(len(self.tokens) - len(self.prompt), 0) + (self.pending is not None)
 
     @property
     def outputs(self) -> list[int]:
