@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle,
-                              token_digest)
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
 from ninfer.fast.sampling import SampleRow
-
-from .records import ActiveSequence, Checkpoint
+from ninfer.program_core import ActiveSequence
+from ninfer.program_core.execution import boundary_wanted, share, snapshot_prompt_end, validate_commit
 
 if TYPE_CHECKING:
     from .program import FastProgram
@@ -45,21 +44,21 @@ def _grow(prog: "FastProgram", seq: ActiveSequence, end: int) -> tuple[int, ...]
     if n > seq.reserve_left:
         raise EngineFailure(f"sequence {seq.handle} would grow past its reservation ({n} pages, "
                             f"{seq.reserve_left} reserved)")
-    grown = tuple(prog.pages.take() for _ in range(max(n, 0)))
+    grown = tuple(prog.alloc.take() for _ in range(max(n, 0)))
     if grown:
         seq.table.extend(grown)
         seq.reserve_left -= len(grown)
-        prog.dev.write_row(seq.row, seq.table)
+        prog.store.write_row(seq.row, seq.table)
     return grown
 
 
 def _restore(prog: "FastProgram", seq: ActiveSequence, prov: Provisional) -> None:
     """Undo one provisional step: the committed GDN state from the row's backup slot, the grown pages back to the
     pool and the reservation (the device row keeps stale entries past the table, which nothing reads)."""
-    prog.dev.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
+    prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
     for p in reversed(prov.grown):
         assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
-        prog.pages.unref(p)
+        prog.alloc.unref(p)
         seq.reserve_left += 1
 
 
@@ -76,17 +75,9 @@ def _boundary_cut(prog: "FastProgram", seq: ActiveSequence, start: int, end: int
     there. One per chunk, not one per boundary: a cut inside the chunk is another model call (a 64-token call uses
     the GPU poorly), and the deepest boundary is the one a later prompt diverging in this chunk reuses the most of."""
     cut = end // CHUNK * CHUNK
-    if cut <= start or cut >= len(seq.prompt) or not _boundary_wanted(prog, seq.prompt[:cut]):
+    if cut <= start or cut >= len(seq.prompt) or not boundary_wanted(prog, seq.prompt[:cut]):
         return None
     return cut
-
-
-def _boundary_wanted(prog: "FastProgram", tokens: Sequence[int]) -> bool:
-    """The checkpoint allowance has a free slot and these tokens are not already published."""
-    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
-        return False
-    digest = token_digest(tokens)
-    return not any(len(c.tokens) == len(tokens) and token_digest(c.tokens) == digest for c in prog.ckpts.values())
 
 
 def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: Any | None) -> PendingBatch | None:
@@ -102,28 +93,12 @@ def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: 
         logits = prog.model.prefill(tokens, handle.slot, seq.row, a)  # [V] fp32, the distribution at b
         seq.tokens.extend(seq.prompt[a:b])
         if b == cut:
-            _share(prog, seq, prog.slots.take(), boundary=True)
+            share(prog, seq, prog.slots.take(), boundary=True)
             prog.bump_revision()
     if end < n:
         return None
     ((token, lp),) = prog.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position n: prompt consumed
     return PendingBatch(BatchKind.PREFILL, (PendingRow.drawn(handle, (token,), n, lp),), prog.resource_revision)
-
-
-def _share(prog: "FastProgram", seq: ActiveSequence, slot: int, boundary: bool) -> None:
-    """Snapshot the frontier: GDN state copied into `slot`, every page shared by reference (the partial one too:
-    the checkpoint reads only positions before its frontier, and a resume copies it)."""
-    prog.dev.copy_slot(seq.handle.slot, slot)
-    for p in seq.table:
-        prog.pages.ref(p)
-    seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot, boundary=boundary))
-
-
-def _snapshot_prompt_end(prog: "FastProgram", seq: ActiveSequence) -> None:
-    """Capture the prompt-end state into the publication slot reserved at activation."""
-    if seq.pub_slot is not None:
-        slot, seq.pub_slot = seq.pub_slot, None
-        _share(prog, seq, slot, boundary=False)
 
 
 # ---- decode and control --------------------------------------------------------------------------------------
@@ -150,7 +125,7 @@ def control(prog: "FastProgram", handle: SequenceHandle, tokens: Sequence[int]) 
     if not tokens or seq.pending is None:
         raise EngineFailure(f"control of {handle} needs a finished prompt and a non-empty suffix")
     fed = (seq.pending,) + tuple(tokens[:-1])
-    prog.dev.copy_slot(handle.slot, prog.config.backup_slot(seq.row))
+    prog.store.copy_slot(handle.slot, prog.config.backup_slot(seq.row))
     grown = _grow(prog, seq, seq.frontier + len(fed))
     prog.model.prefill(torch.tensor(fed, dtype=torch.long, device=prog.device), handle.slot, seq.row, seq.frontier)
     row = PendingRow(handle, tuple(tokens), seq.frontier + 1)
@@ -160,19 +135,8 @@ def control(prog: "FastProgram", handle: SequenceHandle, tokens: Sequence[int]) 
 # ---- commit ----------------------------------------------------------------------------------------------------
 def commit(prog: "FastProgram", batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
     """Validate every row first, then apply: the batch is committed whole or not at all."""
-    batch.check_decisions(decisions)
+    seqs = validate_commit(prog, batch, decisions)
     prefill_batch = batch.kind is BatchKind.PREFILL
-    if not prefill_batch and (batch.payload is None or len(batch.payload) != len(batch.rows)):
-        raise EngineFailure("a decode/control batch lost its provisional state")
-    seqs = []
-    for row, d in zip(batch.rows, decisions):
-        seq = prog.sequence(row.handle)
-        expected = seq.frontier if prefill_batch else seq.frontier + 1
-        if row.base_frontier != expected or (prefill_batch and seq.pending is not None):
-            raise EngineFailure(f"batch row {row.handle} at {row.base_frontier}, sequence expects {expected}")
-        if d.accepted and not prefill_batch and d.accepted != row.produced:
-            raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
-        seqs.append(seq)
     counted = []
     for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
         if d.accepted == 0:
@@ -186,7 +150,7 @@ def commit(prog: "FastProgram", batch: PendingBatch, decisions: Sequence[RowDeci
         if d.boundary is not None:
             seq.boundary = row.base_frontier + d.boundary
         if prefill_batch:
-            _snapshot_prompt_end(prog, seq)
+            snapshot_prompt_end(prog, seq)
     prog.sampler.record(counted)  # the accepted tokens are outputs now: the penalties' counts follow
 
 

@@ -1,52 +1,22 @@
-"""Occupancy summary and the physical invariants of the fast Program (the reference Program's, plus the device
-block-table rows, the row ownership and the device sampler's output counts)."""
+"""The fast Program's own invariants, on top of the Program core's (`ninfer.program_core.invariants`): each
+device block-table row equals its host table, and the device sampler's output counts equal the committed outputs."""
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from typing import TYPE_CHECKING
 
 import torch
 
-from ninfer.contracts import ResourceUsage
+from ninfer.program_core import invariants as core
 
 if TYPE_CHECKING:
     from .program import FastProgram
 
 
-def resource_usage(prog: "FastProgram") -> ResourceUsage:
-    live = list(itertools.chain(prog.seqs.values(), prog.prepared.values()))
-    seq_pages = {p for s in live for p in s.table} | {p for s in live for c in s.snapshots for p in c.table}
-    ck_pages = {p for c in prog.ckpts.values() for p in c.table} - seq_pages
-    return ResourceUsage(active_sequences=len(prog.seqs), reserved_pages=prog.reserved(),
-                         sequence_pages=len(seq_pages), checkpoint_pages=len(ck_pages),
-                         free_pages=prog.pages.available, total_pages=prog.pages.total,
-                         checkpoints=len(prog.ckpts), free_slots=len(prog.slots.free), total_slots=prog.slots.total)
-
-
-def _check_sequences(prog: "FastProgram", refs: Counter, slots: list[int], rows: list[int]) -> None:
-    pages_for = prog.config.pages_for
-    for slot, seq in prog.seqs.items():
-        assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
+def _check_device_rows(prog: "FastProgram") -> None:
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
-        refs.update(seq.table)
-        slots.append(seq.handle.slot)
-        slots.extend([seq.pub_slot] if seq.pub_slot is not None else [])
-        rows.append(seq.row)
-        assert len(seq.table) == pages_for(seq.frontier), f"{seq.handle}: block table does not cover the frontier"
-        assert prog.dev.read_row(seq.row, len(seq.table)) == seq.table, f"{seq.handle}: device row differs"
-        assert seq.reserve_left >= 0, f"{seq.handle}: negative reservation"
-        assert len(seq.table) + seq.reserve_left <= pages_for(len(seq.prompt) + seq.max_new), \
-            f"{seq.handle}: holds more than its full-growth commitment"
-        assert seq.frontier <= len(seq.prompt) + seq.max_new, f"{seq.handle}: consumed past its budget"
-        assert seq.pending is None or seq.frontier >= len(seq.prompt), f"{seq.handle}: output before prompt end"
-        for ck in seq.snapshots:
-            assert ck.slot is not None, f"{seq.handle}: an unpublished snapshot without a device slot"
-            assert tuple(seq.tokens[:len(ck.tokens)]) == ck.tokens, f"{seq.handle}: snapshot is not a prefix"
-            refs.update(ck.table)
-            slots.append(ck.slot)
-            assert len(ck.table) == pages_for(len(ck.tokens)), f"{seq.handle}: snapshot pages do not cover it"
+        assert prog.store.read_row(seq.row, len(seq.table)) == seq.table, f"{seq.handle}: device row differs"
 
 
 def _check_sampling_counts(prog: "FastProgram") -> None:
@@ -60,29 +30,8 @@ def _check_sampling_counts(prog: "FastProgram") -> None:
 
 
 def check_invariants(prog: "FastProgram") -> None:
-    """Refcounts equal the references held, no page both free and used, every slot and row owned once or free,
-    device rows equal the host tables, reservations covered by free pages, the host tier within budget."""
-    refs: Counter[int] = Counter()
-    slots: list[int] = []
-    rows: list[int] = []
-    _check_sequences(prog, refs, slots, rows)
-    host = set()
-    for cid, ck in prog.ckpts.items():
-        refs.update(ck.table)
-        assert len(ck.table) == prog.config.pages_for(len(ck.tokens)), f"checkpoint {cid.value}: pages do not cover it"
-        if ck.slot is None:
-            host.add(cid.value)
-        else:
-            slots.append(ck.slot)
-    alloc = prog.pages
-    assert dict(refs) == alloc.refs, "page refcounts differ from the references held"
-    assert not set(refs) & set(alloc.free), "a referenced page is on the free list"
-    assert len(refs) + len(alloc.free) == alloc.total, "KV pages leaked"
-    assert len(slots) == len(set(slots)), "a GDN state slot is owned twice"
-    assert sorted(slots + prog.slots.free) == list(range(prog.slots.total)), "GDN state slots leaked"
-    assert sorted(rows + prog.rows.free) == list(range(prog.rows.total)), "block-table rows leaked or shared"
-    assert prog.reserved() <= alloc.available, "reservations exceed the free pages"
-    assert prog.boundary_snapshots() <= prog.config.checkpoint_slots, "boundary snapshots beyond the allowance"
-    assert host == set(prog.host.entries), "host-tier entries differ from host-resident checkpoints"
-    assert prog.host.used <= prog.host.budget, "host tier over its budget"
+    """The core's (refcounts, slot and row ownership, reservations, block-table coverage, the host tier), then
+    the device rows against the host tables and the sampler's counts."""
+    core.check_invariants(prog)
+    _check_device_rows(prog)
     _check_sampling_counts(prog)

@@ -1,7 +1,6 @@
-"""Host-side accounting over the plan's device pools: page refcounts, free state slots and block-table rows, the
-host tier, and the few device copies the transitions need (a GDN slot, a KV page, a block-table row).
-
-Pages are counted with the allocator both Programs share (`ninfer.models.qwen3_5.pages`).
+"""The fast Program's physical store: the few device copies the Program core's transitions and the model
+transactions need (a GDN slot, a KV page, a block-table row) over the plan's pools. The host-side accounting (page
+refcounts, slot and row pools, the host tier) is the Program core's (`ninfer.program_core`).
 """
 
 from __future__ import annotations
@@ -11,25 +10,9 @@ import torch
 from ninfer.fast.memory import Pools
 
 
-class IdPool:
-    """A fixed set of ids (state slots, block-table rows), each owned once or free."""
-
-    def __init__(self, total: int, what: str):
-        self.total, self.what = total, what
-        self.free = list(range(total - 1, -1, -1))
-
-    def take(self) -> int:
-        if not self.free:
-            raise RuntimeError(f"{self.what} pool exhausted")
-        return self.free.pop()
-
-    def give(self, i: int) -> None:
-        assert i not in self.free, f"{self.what} {i} freed twice"
-        self.free.append(i)
-
-
 class DeviceState:
-    """The device copies: GDN slots (conv windows and S of every GDN layer), KV pages, block-table rows."""
+    """The device copies (a `PhysicalStore`): GDN slots (conv windows and S of every GDN layer), KV pages,
+    block-table rows."""
 
     def __init__(self, pools: Pools):
         self.pools = pools
@@ -63,17 +46,3 @@ class DeviceState:
     def read_row(self, row: int, n: int) -> list[int]:
         return self.pools.block_tables[row, :n].tolist()
 
-
-class HostTier:
-    """Host copies of inactive checkpoints' GDN state, within a byte budget (KV pages stay in the pool)."""
-
-    def __init__(self, budget: int, state_bytes: int):
-        self.budget, self.state_bytes = budget, state_bytes
-        self.entries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # checkpoint id value -> (conv, S)
-
-    @property
-    def used(self) -> int:
-        return len(self.entries) * self.state_bytes
-
-    def fits(self) -> bool:
-        return self.used + self.state_bytes <= self.budget
