@@ -2,9 +2,8 @@
 resource transitions, snapshots, commit validation, invariants) over a small physical-store interface, so the
 reference and fast Programs keep only their model calls, their tensors and what is really theirs."""
 
-from .core import SLOTS_PER_SEQUENCE, ProgramCore
+from .core import ProgramCore
 from .records import ActiveSequence, Checkpoint
 from .store import HostTier, IdPool, PhysicalStore
 
-__all__ = ["SLOTS_PER_SEQUENCE", "ActiveSequence", "Checkpoint", "HostTier", "IdPool", "PhysicalStore",
-           "ProgramCore"]
+__all__ = ["ActiveSequence", "Checkpoint", "HostTier", "IdPool", "PhysicalStore", "ProgramCore"]

@@ -114,6 +114,8 @@ def decode(prog: "FastProgram", handles: Sequence[SequenceHandle],
     variant = prog.sampler.prepare(_sample_rows(seqs, masks or [None] * len(seqs)))  # positions frontier + 1
     prog.runner.run_lists(([s.pending for s in seqs], [s.handle.slot for s in seqs], [s.row for s in seqs],
                            [p + 1 for p in pos], pos), variant=variant)
+    # a SamplingError here leaves the step's pages and stepped slots in place with no batch to abort: the Engine
+    # fails whole on any escape from a Program call (EngineCore.boundary), so nothing reads them again
     drawn = prog.sampler.collect()
     rows = [PendingRow.drawn(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)

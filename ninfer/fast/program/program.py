@@ -37,9 +37,9 @@ class FastProgram(ProgramCore):
         self.model = model
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids)
         self.device = model.device
-        self.state_bytes = plan.state_bytes // (plan.slots + 1)
+        state_bytes = plan.state_bytes // (plan.slots + 1)
         super().__init__(c, PageAllocator(plan.num_pages), IdPool(c.usable_slots, "GDN state slot"),
-                         HostTier(c.host_bytes, self.state_bytes), DeviceState(model.pools),
+                         HostTier(c.host_bytes, state_bytes), DeviceState(model.pools),
                          plan.kv_bytes // (plan.num_pages + 1), rows=IdPool(c.max_concurrency, "block-table row"))
         # sampling tables live on block-table rows; the naive model runs the naive sampling ops
         self.sampler = DeviceSampler(cfg.vocab_size, c.max_concurrency, c.max_concurrency, model.device,

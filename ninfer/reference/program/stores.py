@@ -11,10 +11,10 @@ import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
-from ninfer.program_core import HostTier, IdPool
+from ninfer.program_core import IdPool
 from ninfer.reference.state import GDNState, KVCache
 
-__all__ = ["TensorStore", "HostTier", "KVPages", "PageAllocator", "StateSlots"]
+__all__ = ["TensorStore", "KVPages", "StateSlots"]
 
 
 class KVPages:

@@ -180,6 +180,7 @@ def gdn_conv_update(mixed: torch.Tensor, conv_state: torch.Tensor, conv_weight: 
 
 
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor | None] = []
 
 
 def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -187,7 +188,12 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     all launches on a device, so two decode kernels must not run concurrently on different streams."""
     buf = _ARRIVALS.get(device)
     if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gdn_decode: run a launch of this batch size once before CUDA-graph capture (it "
+                               "allocates its arrival counters)")
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        # a replaced buffer may still be baked into captured graphs: it stays allocated for the process
+        _RETIRED.append(_ARRIVALS.get(device))
         _ARRIVALS[device] = buf
     return buf
 
