@@ -12,6 +12,7 @@ keys directly lets a test choose either expert layout and add the MTP head that 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,26 @@ def random_logical_tensors(cfg: Qwen35Config, dtype: torch.dtype = torch.bfloat1
     g = torch.Generator().manual_seed(seed)
     return {n: torch.randn(s.shape, generator=g).to(torch.float32 if s.kind == "fp32" else dtype)
             for n, s in logical_parameters(cfg, features).items()}
+
+
+def peaked_text_tensors(cfg: Qwen35Config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """fp32 text weights with peaked logits, so that greedy tokens of two implementations are not near-ties: decay
+    rates exp(A_log) in [1, 16], gated-norm weights near 1, other norms near 0, projections of std 2/sqrt(fan_in)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, spec in logical_parameters(cfg, ("text",)).items():
+        if name.endswith("A_log"):
+            t = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
+        elif name.endswith("dt_bias"):
+            t = torch.rand(spec.shape, generator=g)
+        elif name.endswith("linear_attn.norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
+        elif spec.kind == "norm":
+            t = 0.1 * torch.randn(spec.shape, generator=g)
+        else:
+            t = 2.0 * torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
+        out[name] = t
+    return out
 
 
 def _build_model(text_kw: dict[str, Any], moe: bool, seed: int, dtype: torch.dtype):

@@ -9,7 +9,6 @@ fixtures because the suite imports test modules in importlib mode (no sibling im
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -18,8 +17,8 @@ import torch
 from ninfer.artifact import write_artifact
 from ninfer.fast.program import FastProgram, FastProgramConfig
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
-from ninfer.models.qwen3_5.params import TEXT, logical_parameters
 from ninfer.reference.model import ReferenceModel
+from ninfer.testing.checkpoints import peaked_text_tensors
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
@@ -41,23 +40,7 @@ def tiny_config() -> Qwen35Config:
                          "mrope_section": [11, 11, 10] if big else [2, 1, 1], "mrope_interleaved": True}))
 
 
-def tiny_weights(cfg: Qwen35Config, seed: int = 0) -> dict[str, torch.Tensor]:
-    """fp32 weights with peaked logits, so that greedy tokens are not near-ties between the two models."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, spec in logical_parameters(cfg, (TEXT,)).items():
-        if name.endswith("A_log"):
-            t = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
-        elif name.endswith("dt_bias"):
-            t = torch.rand(spec.shape, generator=g)
-        elif name.endswith("linear_attn.norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
-        elif spec.kind == "norm":
-            t = 0.1 * torch.randn(spec.shape, generator=g)
-        else:
-            t = 2.0 * torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
-        out[name] = t
-    return out
+tiny_weights = peaked_text_tensors  # fp32 weights with peaked logits (ninfer.testing.checkpoints)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ fast model fails the check and the report names the number that failed. Triton r
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -15,7 +14,7 @@ import oracle.diff as diff
 from ninfer.artifact import write_artifact
 from ninfer.cli import main
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
-from ninfer.models.qwen3_5.params import TEXT, logical_parameters
+from ninfer.testing.checkpoints import peaked_text_tensors
 
 RUN = dict(prompts=2, prompt_len=9, decode_steps=3, dtype=torch.float32, device="cpu")
 # With NINFER_TEST_DEVICE=cuda the Triton variant runs on the GPU (no interpreter there), with its TF32 tolerance.
@@ -33,22 +32,7 @@ def _tiny_config() -> Qwen35Config:
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}))
 
 
-def _tiny_weights(cfg: Qwen35Config) -> dict[str, torch.Tensor]:
-    """fp32 weights with peaked logits (greedy tokens are not near-ties)."""
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for name, spec in logical_parameters(cfg, (TEXT,)).items():
-        if name.endswith("A_log"):
-            out[name] = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
-        elif name.endswith("dt_bias"):
-            out[name] = torch.rand(spec.shape, generator=g)
-        elif name.endswith("linear_attn.norm.weight"):
-            out[name] = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
-        elif spec.kind == "norm":
-            out[name] = 0.1 * torch.randn(spec.shape, generator=g)
-        else:
-            out[name] = 2.0 * torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
-    return out
+_tiny_weights = peaked_text_tensors  # fp32 weights with peaked logits (ninfer.testing.checkpoints)
 
 
 @pytest.fixture(scope="module")

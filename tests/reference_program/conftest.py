@@ -5,14 +5,13 @@ Helpers are fixtures because the suite imports test modules in importlib mode (n
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
-from ninfer.models.qwen3_5.params import logical_parameters
 from ninfer.reference.model import ReferenceModel
+from ninfer.testing.checkpoints import peaked_text_tensors
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
 VOCAB = 97
@@ -29,23 +28,7 @@ def tiny_config(layers: tuple[str, ...] = (LINEAR, FULL, LINEAR)) -> Qwen35Confi
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}))
 
 
-def tiny_weights(cfg: Qwen35Config, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights with realistic magnitudes (peaked enough that greedy tokens are not near-ties)."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, spec in logical_parameters(cfg, ("text",)).items():
-        if name.endswith("A_log"):
-            t = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
-        elif name.endswith("dt_bias"):
-            t = torch.rand(spec.shape, generator=g)
-        elif name.endswith("linear_attn.norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
-        elif spec.kind == "norm":
-            t = 0.1 * torch.randn(spec.shape, generator=g)
-        else:
-            t = 2.0 * torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
-        out[name] = t
-    return out
+tiny_weights = peaked_text_tensors  # fp32 weights with peaked logits (ninfer.testing.checkpoints)
 
 
 @pytest.fixture(autouse=True)
