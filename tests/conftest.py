@@ -18,7 +18,28 @@ settings.register_profile("dev", deadline=None, max_examples=20)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+# areas whose tests run tiny models on the CPU: intra-op threads add nothing there, and on a busy 2-core runner
+# thread oversubscription made them up to ~15x slower
+_ONE_THREAD_AREAS = frozenset({"reference", "reference_program", "fast_program", "fast_model", "oracle"})
+_TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread(request):
+    """One torch thread for the tests of the areas above, restored afterwards so other areas keep their setting."""
+    if Path(request.path).resolve().relative_to(_TESTS).parts[0] not in _ONE_THREAD_AREAS:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,7 @@ from ninfer.testing.numerics import nan_poisoning  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _poison_and_seed():
-    # single-threaded torch: the CPU runners are small and shared
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    # single-threaded torch comes from tests/conftest.py (_ONE_THREAD_AREAS)
     torch.manual_seed(7)
     with nan_poisoning():
         yield
-    torch.set_num_threads(threads)

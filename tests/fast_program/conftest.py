@@ -43,15 +43,6 @@ def tiny_config() -> Qwen35Config:
 tiny_weights = peaked_text_tensors  # fp32 weights with peaked logits (ninfer.testing.checkpoints)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors gain nothing from intra-op threads; the shared 2-core box loses a lot to oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def tiny():
     cfg = tiny_config()

@@ -49,16 +49,6 @@ def _tokens(n: int, vocab: int = 512, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner thread oversubscription made
-    these tests ~15x slower; restored afterwards so other areas keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def tiny_config():
     return _tiny_config
