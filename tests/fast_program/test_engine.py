@@ -13,44 +13,15 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.fast.program import FastProgram
 from ninfer.sampling import SamplingParams
+from ninfer.testing.serving import assert_drained as check_drained
+from ninfer.testing.serving import cold, in_turns, serve
 from ninfer.testing.sessions import token_request
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 
 
-def serve(program, requests, **config):
-    """Submit every request at once, drain, and return the results in order."""
-    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
-    handles = [engine.submit(r) for r in requests]
-    engine.run_until_idle()
-    results = [h.result(timeout=0) for h in handles]
-    assert engine.available, engine.failure
-    return results
-
-
-def in_turns(program, batches, **config):
-    """Serve the batches one after another on one Engine (later ones meet earlier checkpoints)."""
-    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
-    out = []
-    for batch in batches:
-        handles = [engine.submit(r) for r in batch]
-        engine.run_until_idle()
-        out.append([h.result(timeout=0) for h in handles])
-    assert engine.available, engine.failure
-    return out
-
-
-def cold(make_program, prompt, max_tokens):
-    (result,) = serve(make_program(), [token_request(prompt, max_tokens)], max_concurrency=1, prefix_caching=False)
-    return result.token_ids
-
-
 def assert_drained(program):
-    u = program.resource_usage()
-    assert u.active_sequences == u.reserved_pages == u.sequence_pages == 0, u
-    assert u.free_pages + u.checkpoint_pages == u.total_pages, u
-    assert u.free_slots + u.checkpoints == u.total_slots, u
-    assert u.checkpoints > 0, "prefix caching published nothing"
+    check_drained(program, published=True)
 
 
 def test_triton_concurrency_3_equals_reference(make_fast, make_reference, prompt_of):

@@ -8,42 +8,8 @@ import pytest
 from ninfer.contracts import FinishReason
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
+from ninfer.testing.serving import assert_drained, cold, in_turns, serve
 from ninfer.testing.sessions import token_request
-
-
-def serve(program, requests, **config):
-    """Submit every request at once, drain, and return the results in order."""
-    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
-    handles = [engine.submit(r) for r in requests]
-    engine.run_until_idle()
-    results = [h.result(timeout=0) for h in handles]
-    assert engine.available, engine.failure
-    return engine, results
-
-
-def cold(make_program, prompt, max_tokens):
-    _, (result,) = serve(make_program(), [token_request(prompt, max_tokens)], max_concurrency=1,
-                         prefix_caching=False)
-    return result.token_ids
-
-
-def assert_drained(program):
-    u = program.resource_usage()
-    assert u.active_sequences == u.reserved_pages == u.sequence_pages == 0, u
-    assert u.free_pages + u.checkpoint_pages == u.total_pages, u
-    assert u.free_slots + u.checkpoints == u.total_slots, u
-
-
-def in_turns(program, batches, **config):
-    """Serve the batches one after another on one Engine (later ones meet earlier checkpoints)."""
-    engine = Engine(program, EngineConfig(check_invariants=True, **config), threaded=False)
-    out = []
-    for batch in batches:
-        handles = [engine.submit(r) for r in batch]
-        engine.run_until_idle()
-        out.append([h.result(timeout=0) for h in handles])
-    assert engine.available, engine.failure
-    return out
 
 
 @pytest.mark.parametrize("base_len, chunk, reused", [(12, 5, 12), (100, 48, 64)])
@@ -82,7 +48,7 @@ def test_concurrency_does_not_change_greedy_outputs(make_program, prompt_of):
     shared = prompt_of(20, seed=40)
     prompts = [shared + prompt_of(n, seed=41 + n) for n in (1, 6, 13)] + [prompt_of(30, seed=50)]
     program = make_program(max_concurrency=3)
-    _, results = serve(program, [token_request(p, 7) for p in prompts], max_concurrency=3, prefill_chunk=6,
+    results = serve(program, [token_request(p, 7) for p in prompts], max_concurrency=3, prefill_chunk=6,
                        concurrent_prefill=True)
     for p, r in zip(prompts, results):
         assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
@@ -94,7 +60,7 @@ def test_pressure_drains_back_to_baseline(make_program, prompt_of):
     """Few pages and slots: admissions wait, release victims and backfill, and everything comes back."""
     program = make_program(max_concurrency=2, kv_pages=16, checkpoint_slots=1, page_size=4, max_context=40)
     prompts = [prompt_of(n, seed=60 + n) for n in (9, 17, 5, 22, 13)]
-    _, results = serve(program, [token_request(p, 8) for p in prompts], max_concurrency=2, prefill_chunk=7)
+    results = serve(program, [token_request(p, 8) for p in prompts], max_concurrency=2, prefill_chunk=7)
     for p, r in zip(prompts, results):
         assert r.token_ids == cold(make_program, p, 8)
     assert_drained(program)
