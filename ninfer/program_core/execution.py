@@ -13,6 +13,17 @@ if TYPE_CHECKING:
     from .core import ProgramCore
 
 
+# ---- prefill -------------------------------------------------------------------------------------------------
+def prefill_end(seq: ActiveSequence, max_tokens: int) -> int:
+    """Where a prefill chunk of at most `max_tokens` from the frontier ends; EngineFailure when there is nothing to
+    prefill (the Engine asked for a chunk of a consumed prompt, or for an empty one)."""
+    n = len(seq.prompt)
+    if seq.frontier >= n or max_tokens < 1:
+        raise EngineFailure(f"prefill of {seq.handle}: frontier {seq.frontier} of a {n}-token prompt, chunk "
+                            f"{max_tokens}")
+    return min(n, seq.frontier + max_tokens)
+
+
 # ---- snapshots -----------------------------------------------------------------------------------------------
 def boundary_wanted(prog: "ProgramCore", tokens: Sequence[int]) -> bool:
     """The checkpoint allowance has a free slot and these tokens are not already published."""

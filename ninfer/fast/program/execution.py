@@ -21,7 +21,8 @@ import torch
 from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
 from ninfer.fast.sampling import SampleRow
 from ninfer.program_core import ActiveSequence
-from ninfer.program_core.execution import boundary_wanted, share, snapshot_prompt_end, validate_commit
+from ninfer.program_core.execution import (boundary_wanted, prefill_end, share, snapshot_prompt_end,
+                                            validate_commit)
 
 if TYPE_CHECKING:
     from .program import FastProgram
@@ -83,9 +84,7 @@ def _boundary_cut(prog: "FastProgram", seq: ActiveSequence, start: int, end: int
 def prefill(prog: "FastProgram", handle: SequenceHandle, max_tokens: int, mask: Any | None) -> PendingBatch | None:
     seq = prog.sequence(handle)
     n = len(seq.prompt)
-    if seq.frontier >= n or max_tokens < 1:
-        raise EngineFailure(f"prefill of {handle}: frontier {seq.frontier} of a {n}-token prompt, chunk {max_tokens}")
-    end = min(n, seq.frontier + max_tokens)
+    end = prefill_end(seq, max_tokens)
     cut = _boundary_cut(prog, seq, seq.frontier, end)
     for a, b in [(seq.frontier, cut), (cut, end)] if cut is not None and cut < end else [(seq.frontier, end)]:
         _grow(prog, seq, b)

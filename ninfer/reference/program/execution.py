@@ -17,7 +17,8 @@ import torch
 
 from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
 from ninfer.program_core import ActiveSequence
-from ninfer.program_core.execution import boundary_wanted, share, snapshot_prompt_end, validate_commit
+from ninfer.program_core.execution import (boundary_wanted, prefill_end, share, snapshot_prompt_end,
+                                            validate_commit)
 from ninfer.reference.gdn import CHUNK
 from ninfer.reference.state import SequenceState
 from ninfer.sampling import draw
@@ -81,9 +82,7 @@ def _segments(start: int, end: int) -> list[tuple[int, int]]:
 def prefill(prog: "ReferenceProgram", handle: SequenceHandle, max_tokens: int, mask: Any | None) -> PendingBatch | None:
     seq = prog.sequence(handle)
     n = len(seq.prompt)
-    if seq.frontier >= n or max_tokens < 1:
-        raise EngineFailure(f"prefill of {handle}: frontier {seq.frontier} of a {n}-token prompt, chunk {max_tokens}")
-    end = min(n, seq.frontier + max_tokens)
+    end = prefill_end(seq, max_tokens)
     state = state_of(prog, seq)
     for a, b in _segments(seq.frontier, end):
         logits = prog.model.prefill(torch.tensor(seq.prompt[a:b]), state)  # [b - a, V]
