@@ -2,32 +2,33 @@
 reference Program.
 
 Memory is planned once at start from a byte budget; afterwards only page ids, slot ids and block-table rows move.
-Resource transactions, the physical transitions and the shared invariants are the Program core's
-(`ninfer.program_core`), driven over the device pools through `DeviceState`; the model transactions are in
-`execution.py`, the device-only invariants in `invariants.py`.
+Everything but the tensor math is the Program core's (`ninfer.program_core.Program`): it drives the device pools
+through `DeviceState` (the store) and the model through `FastExecutor`; the device-only invariants are in
+`invariants.py`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
-from ninfer.contracts import PendingBatch, ProgramLimits, RowDecision, SequenceHandle
+from ninfer.contracts import ProgramLimits
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
-from ninfer.program_core import HostTier, IdPool, ProgramCore
+from ninfer.program_core import HostTier, IdPool, Program
 
-from . import execution, invariants
+from . import invariants
 from .config import FastProgramConfig
+from .executor import FastExecutor
 from .stores import DeviceState
 
 
-class FastProgram(ProgramCore):
+class FastProgram(Program):
     def __init__(self, model: FastModel, config: FastProgramConfig):
         cfg, plan = model.cfg, model.plan
         c = config.resolved(cfg)
@@ -54,6 +55,7 @@ class FastProgram(ProgramCore):
         # eager on the same buffers elsewhere
         self.runner.capture()
         self.sampler.capture()
+        self.executor = FastExecutor(model, self.runner, self.sampler)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
@@ -85,22 +87,6 @@ class FastProgram(ProgramCore):
             _require_dense(art)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
                              kernels=kernels)
-
-    # ---- model transactions ----------------------------------------------------------------------------------
-    def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
-        return execution.prefill(self, handle, max_tokens, mask)
-
-    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
-        return execution.decode(self, handles, masks)
-
-    def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
-        return execution.control(self, handle, tokens)
-
-    def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
-        execution.commit(self, batch, decisions)
-
-    def abort_pending(self, batch: PendingBatch) -> None:
-        execution.abort_pending(self, batch)
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)

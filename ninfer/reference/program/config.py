@@ -11,43 +11,31 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers,
-                                             kv_pages_for_tokens)
+from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.models.qwen3_5.program_limits import check_program_limits
+from ninfer.program_core import ProgramConfig
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
 
 
 @dataclass(frozen=True)
-class ReferenceProgramConfig:
-    max_concurrency: int = 4  # active sequences, 1..8; two GDN state slots each (live + publication)
-    max_context: int = 4096  # prompt + output tokens of one sequence
-    page_size: int = 16  # positions per KV page (every attention layer's K and V of those positions)
-    kv_pages: int | None = None  # None: room for every lane at full context, twice over (checkpoints share it)
-    checkpoint_slots: int = 8  # GDN state slots beyond 2 per lane: published and chunk-boundary checkpoints
-    host_bytes: int = 64 << 20  # host-tier budget for inactive checkpoints' GDN state
+class ReferenceProgramConfig(ProgramConfig):
+    """kv_pages None: room for every lane at full context, twice over (checkpoints share it)."""
+
     dtype: torch.dtype = torch.float32  # activations, KV and conv windows; S stays fp32 (fp64 in fp64 mode)
-    eos_token_ids: tuple[int, ...] | None = None  # None: the model config's
 
     def resolved(self, cfg: Qwen35Config) -> "ReferenceProgramConfig":
         """Every None filled in and every range checked; the Program keeps only a resolved config."""
-        eos = check_program_limits(cfg, max_concurrency=self.max_concurrency, max_context=self.max_context,
-                                   page_size=self.page_size, checkpoint_slots=self.checkpoint_slots,
-                                   host_bytes=self.host_bytes, eos_token_ids=self.eos_token_ids)
+        eos = self.checked_eos(cfg)
         if self.dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {sorted(map(str, _DTYPE_NAMES))}, got {self.dtype}")
         pages = self.kv_pages
         if pages is None:
-            pages = 2 * self.max_concurrency * kv_pages_for_tokens(self.max_context, self.page_size)
+            pages = 2 * self.max_concurrency * self.pages_for(self.max_context)
         if pages < 1:
             raise ValueError(f"kv_pages must be >= 1, got {pages}")
         return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos)
-
-    @property
-    def total_slots(self) -> int:
-        return 2 * self.max_concurrency + self.checkpoint_slots
 
     @property
     def dtype_name(self) -> str:
@@ -60,6 +48,3 @@ class ReferenceProgramConfig:
     def state_bytes(self, cfg: Qwen35Config) -> int:
         """One GDN state slot: conv windows and recurrent state of every GDN layer."""
         return gdn_state_bytes_per_sequence(cfg, self.dtype_name)
-
-    def pages_for(self, tokens: int) -> int:
-        return kv_pages_for_tokens(tokens, self.page_size)

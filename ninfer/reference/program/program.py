@@ -1,26 +1,24 @@
 """ReferenceProgram: the Program protocol on CPU torch with the reference model and real paged accounting.
 
-Resource transactions (plan, start, advance, abort, backfill proof), the physical transitions and the invariants
-are the shared Program core's (`ninfer.program_core`), driven over this Program's tensor stores; the model
-transactions are in `execution.py`.
+Everything but the tensor math is the shared Program core's (`ninfer.program_core.Program`): it drives this
+Program's CPU tensor stores through `TensorStore` and the reference model through `ReferenceExecutor`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
 
-from ninfer.contracts import PendingBatch, ProgramLimits, RowDecision, SequenceHandle
-from ninfer.program_core import HostTier, ProgramCore
+from ninfer.contracts import ProgramLimits
+from ninfer.program_core import HostTier, IdPool, Program
 from ninfer.reference.model import ReferenceModel
 
-from . import execution
 from .config import ReferenceProgramConfig
+from .executor import ReferenceExecutor
 from .scoring import CausalScoring
 from .stores import KVPages, StateSlots, TensorStore
 
 
-class ReferenceProgram(ProgramCore):
+class ReferenceProgram(Program):
     def __init__(self, model: ReferenceModel, config: ReferenceProgramConfig = ReferenceProgramConfig()):
         cfg = model.cfg
         c = config.resolved(cfg)
@@ -29,9 +27,11 @@ class ReferenceProgram(ProgramCore):
         self.model = model
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids)
         self.pages = KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
-        slots = StateSlots(cfg, c.total_slots, c.dtype)
-        super().__init__(c, self.pages.alloc, slots, HostTier(c.host_bytes, c.state_bytes(cfg)),
-                         TensorStore(self.pages, slots), c.page_bytes(cfg))
+        self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype)  # allocatable, then backups
+        super().__init__(c, self.pages.alloc, IdPool(c.usable_slots, "GDN state slot"),
+                         HostTier(c.host_bytes, c.state_bytes(cfg)), TensorStore(self.pages, self.states),
+                         c.page_bytes(cfg), rows=IdPool(c.max_concurrency, "block-table row"))
+        self.executor = ReferenceExecutor(model, self.pages, self.states, c.eos_token_ids, c.backup_slot)
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: ReferenceProgramConfig = ReferenceProgramConfig()):
@@ -40,22 +40,6 @@ class ReferenceProgram(ProgramCore):
         from ninfer.reference.weights import load_model
 
         return cls(load_model(path, features=(TEXT,), dtype=config.dtype), config)
-
-    # ---- model transactions ----------------------------------------------------------------------------------
-    def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
-        return execution.prefill(self, handle, max_tokens, mask)
-
-    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
-        return execution.decode(self, handles, masks)
-
-    def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
-        return execution.control(self, handle, tokens)
-
-    def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
-        execution.commit(self, batch, decisions)
-
-    def abort_pending(self, batch: PendingBatch) -> None:
-        execution.abort_pending(self, batch)
 
     def scoring(self) -> CausalScoring:
         """The CausalScoring core over this Program's model: temporary states only, no store is touched."""

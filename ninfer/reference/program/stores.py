@@ -11,7 +11,6 @@ import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
-from ninfer.program_core import IdPool
 from ninfer.reference.state import GDNState, KVCache
 
 __all__ = ["TensorStore", "KVPages", "StateSlots"]
@@ -52,11 +51,11 @@ class KVPages:
         self.v[dst] = self.v[src]
 
 
-class StateSlots(IdPool):
-    """A fixed number of GDN state slots; slot s holds every GDN layer's conv window and recurrent state."""
+class StateSlots:
+    """A fixed number of GDN state slots (the allocatable ones, then one backup per lane: which is free is the
+    Program core's); slot s holds every GDN layer's conv window and recurrent state."""
 
     def __init__(self, cfg: Qwen35Config, total: int, dtype: torch.dtype):
-        super().__init__(total, "GDN state slot")
         self.layers = tuple(cfg.linear_layers)
         n, K = len(self.layers), cfg.linear_conv_kernel_dim
         s_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -85,8 +84,8 @@ class StateSlots(IdPool):
 
 
 class TensorStore:
-    """The physical store the Program core drives: slots and pages as above; no block-table rows, since the model
-    gathers each sequence's table itself."""
+    """The physical store the Program core drives: slots and pages as above; block-table rows are ids only, since
+    the model gathers each sequence's table itself."""
 
     def __init__(self, pages: KVPages, slots: StateSlots):
         self.pages, self.slots = pages, slots

@@ -1,0 +1,35 @@
+"""ModelExecutor: the tensor math a Program supplies to the shared Program core, and nothing else.
+
+The core decides what runs (which tokens, which positions, where a prefill chunk is cut, which pages a step takes,
+when a state is backed up, restored or kept); the executor runs the model on a sequence's live state in place
+through its own store and draws tokens with the shared sampling semantics (`ninfer.sampling`). Every call works on
+state the core has already made room for: the block table covers every position written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Protocol, Sequence
+
+from .records import ActiveSequence
+
+# (token, (its raw logprob, the top alternatives) when the request asked for logprobs)
+Drawn = tuple[int, "tuple[float, tuple] | None"]
+
+
+class ModelExecutor(Protocol):
+    def prefill(self, seq: ActiveSequence, start: int, end: int) -> Any:
+        """Consume prompt[start:end] at positions start.. on the live state (slot, pages) in place; returns the
+        distribution at `end` in whatever form `draw_first` takes (fp32 logits [V])."""
+
+    def draw_first(self, seq: ActiveSequence, logits: Any, mask: Any | None) -> Drawn:
+        """The first output token at position len(prompt), from what the last `prefill` returned."""
+
+    def decode(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[Drawn]:
+        """For every row: save the committed state into `backup_slot(row)`, consume the pending token at the
+        frontier in place, and draw the token at frontier + 1."""
+
+    def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
+        """Consume forced tokens at the frontier in place (no draw); the core has backed the state up."""
+
+    def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
+        """(row, handle, tokens) just committed as outputs: the penalties' history follows them."""

@@ -1,0 +1,94 @@
+"""Program: the whole Program protocol over a `PhysicalStore` and a `ModelExecutor`, for both Programs.
+
+The resource side is `ProgramCore`'s; this adds the model transactions. Prompt tokens are not provisional: a
+prefill chunk writes KV and GDN state at once (cut at most once, at a chunk boundary whose state becomes a boundary
+checkpoint, `execution.boundary_cut`), and the final chunk's batch holds only the sampled first token. Decode and
+control step the live state in place: the committed GDN state is first saved into the backup slot bound to the
+sequence's block-table row, and the pages the step takes are provisional. Commit keeps the stepped state; a rejected
+row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the backup and returns the
+pages. The reference and fast Programs subclass this and supply only their store and executor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
+
+from .core import ProgramCore
+from .execution import (Provisional, boundary_cut, grow, prefill_end, restore, share, snapshot_prompt_end,
+                        validate_commit)
+from .executor import ModelExecutor
+
+
+class Program(ProgramCore):
+    executor: ModelExecutor  # set by the subclass before serving
+
+    def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
+        seq = self.sequence(handle)
+        n = len(seq.prompt)
+        end = prefill_end(seq, max_tokens)
+        cut = boundary_cut(self, seq, seq.frontier, end)
+        for a, b in [(seq.frontier, cut), (cut, end)] if cut is not None and cut < end else [(seq.frontier, end)]:
+            grow(self, seq, b)
+            logits = self.executor.prefill(seq, a, b)
+            seq.tokens.extend(seq.prompt[a:b])
+            if b == cut:
+                share(self, seq, self.slots.take(), boundary=True)
+                self.bump_revision()
+        if end < n:
+            return None
+        token, lp = self.executor.draw_first(seq, logits, mask)
+        return PendingBatch(BatchKind.PREFILL, (PendingRow.drawn(handle, (token,), n, lp),), self.resource_revision)
+
+    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
+        if masks is not None and len(masks) != len(handles):
+            raise EngineFailure(f"{len(masks)} masks for {len(handles)} decode rows")
+        seqs = [self.sequence(h) for h in handles]
+        if any(s.pending is None for s in seqs):
+            raise EngineFailure("decode of a sequence before its prompt finished")
+        provisional = tuple(Provisional((s.pending,), grow(self, s, s.frontier + 1)) for s in seqs)
+        # a SamplingError here leaves the step's pages and stepped slots in place with no batch to abort: the Engine
+        # fails whole on any escape from a Program call (EngineCore.boundary), so nothing reads them again
+        drawn = self.executor.decode(seqs, masks or [None] * len(seqs))
+        rows = [PendingRow.drawn(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
+        return PendingBatch(BatchKind.DECODE, tuple(rows), self.resource_revision, payload=provisional)
+
+    def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
+        """Forced tokens: no sampling, no RNG position consumed beyond the tokens themselves."""
+        seq = self.sequence(handle)
+        if not tokens or seq.pending is None:
+            raise EngineFailure(f"control of {handle} needs a finished prompt and a non-empty suffix")
+        fed = (seq.pending,) + tuple(tokens[:-1])
+        self.store.copy_slot(handle.slot, self.config.backup_slot(seq.row))
+        grown = grow(self, seq, seq.frontier + len(fed))
+        self.executor.feed(seq, fed)
+        row = PendingRow(handle, tuple(tokens), seq.frontier + 1)
+        return PendingBatch(BatchKind.CONTROL, (row,), self.resource_revision, payload=(Provisional(fed, grown),))
+
+    def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
+        """Validate every row first, then apply: the batch is committed whole or not at all."""
+        seqs = validate_commit(self, batch, decisions)
+        prefill_batch = batch.kind is BatchKind.PREFILL
+        counted = []
+        for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
+            if d.accepted == 0:
+                if not prefill_batch:
+                    restore(self, seq, batch.payload[i])
+                continue
+            counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
+            if not prefill_batch:
+                seq.tokens.extend(batch.payload[i].fed)
+            seq.pending = row.tokens[d.accepted - 1]
+            if d.boundary is not None:
+                seq.boundary = row.base_frontier + d.boundary
+            if prefill_batch:
+                snapshot_prompt_end(self, seq)
+        self.executor.record(counted)  # the accepted tokens are outputs now: the penalties' history follows
+
+    def abort_pending(self, batch: PendingBatch) -> None:
+        """Every row back to its committed state: prefill rows hold nothing provisional, stepped rows are restored."""
+        if batch.kind is BatchKind.PREFILL or batch.payload is None:
+            return
+        for row, prov in zip(batch.rows, batch.payload):
+            restore(self, self.sequence(row.handle), prov)
