@@ -9,14 +9,14 @@ One `boundary()` runs the seed's semantic order:
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable
 
-from ninfer.contracts import (EngineFailure, FinishReason, GenerationResult, Infeasible, Program, RejectReason,
-                              RequestState, ResourceChoice, ResourcePlan, ResourceResult, RunningTransaction,
-                              StalePlan, Usage)
+from ninfer.contracts import (EngineFailure, FinishReason, GenerationResult, Infeasible, PendingBatch, Program,
+                              RejectReason, RequestState, ResourceChoice, ResourcePlan, ResourceResult,
+                              RunningTransaction, StalePlan, Usage)
 
 from .config import EngineConfig
+from .inbox import Inbox
 from .records import RequestRecord
 from .resource_manager import ResourceManager
 from .scheduler import Scheduler
@@ -34,9 +34,11 @@ class EngineCore:
         self.scheduler = Scheduler(concurrent_prefill=config.concurrent_prefill)
         self.resources = ResourceManager(config.max_concurrency, prefix_caching=config.prefix_caching)
         self.records: dict[int, RequestRecord] = {}
-        self.inbox: deque[RequestRecord] = deque()  # filled by the facade under its lock
+        self.inbox: Inbox[RequestRecord] = Inbox()  # filled by the facade from any thread
         self.txn: RunningTransaction | None = None  # the one open global topology transition
         self.txn_owner: RequestRecord | None = None
+        self.pending: PendingBatch | None = None  # the one model transaction while it is unconsumed
+        self.cancel_all = False  # set by Engine.shutdown once its grace period is over
         self.failed: str | None = None
         self.units = UnitRunner(self)
         self._revision = program.resource_revision
@@ -80,11 +82,13 @@ class EngineCore:
     # ---- waiting requests ----------------------------------------------------------------------------------
     def _ingest(self) -> bool:
         worked = False
-        while self.inbox:
-            rec = self.inbox.popleft()
+        for rec in self.inbox.take_all():
             self.records[rec.rid] = rec
             self.scheduler.enqueue(rec.rid)
             worked = True
+        if self.cancel_all:
+            for rec in self.records.values():
+                rec.cancel_requested = True
         return worked
 
     def _expire_waiting(self) -> bool:
@@ -115,12 +119,12 @@ class EngineCore:
         if self.txn is None:
             return False
         owner = self.txn_owner
-        if (owner is not None and owner.state is RequestState.MATERIALIZING and owner.cancel_requested):
-            result = self.program.abort(self.txn)
-        else:
-            result = self.program.advance(self.txn)
+        aborted = owner is not None and owner.state is RequestState.MATERIALIZING and owner.cancel_requested
+        result = self.program.abort(self.txn) if aborted else self.program.advance(self.txn)
+        if aborted and result is None:
+            raise EngineFailure(f"abort of transaction {self.txn.txn_id} returned no terminal result")
         if result is not None:
-            self._adopt(result)
+            self._adopt(result, aborted=aborted)
         return True
 
     def begin_transition(self, choice: ResourceChoice, owner: RequestRecord | None, *,
@@ -142,10 +146,10 @@ class EngineCore:
             on_started()
         result = self.program.advance(self.txn)
         if result is not None:
-            self._adopt(result)
+            self._adopt(result, aborted=False)
         return True
 
-    def _adopt(self, result: ResourceResult) -> None:
+    def _adopt(self, result: ResourceResult, *, aborted: bool) -> None:
         """ResourceManager adopts first; only then may the lane and the request change visible state."""
         txn, owner = self.txn, self.txn_owner
         assert txn is not None
@@ -155,7 +159,7 @@ class EngineCore:
         self.scheduler.note_trigger()
         from .transitions import adopt_result
 
-        adopt_result(self, result, owner)
+        adopt_result(self, result, owner, aborted=aborted)
 
     def _start_settlement(self) -> bool:
         """Start one pending capture or terminal settlement (terminal first: it frees lanes)."""
@@ -190,7 +194,7 @@ class EngineCore:
         usage = Usage(prompt_tokens=len(rec.prompt), completion_tokens=len(rec.output_tokens),
                       cached_prompt_tokens=rec.reused_tokens)
         output = None
-        if rec.error is None:
+        if rec.output_ended:
             try:
                 output = rec.request.session.result()
             except Exception as e:  # noqa: BLE001 - a Frontend bug ends this request, not the Engine

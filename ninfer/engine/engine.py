@@ -8,6 +8,7 @@ was abandoned). Abandoning a handle sets cancellation and consumer_released; it 
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import random
 import threading
@@ -21,7 +22,10 @@ from .core import EngineCore
 from .records import GenerationRequest, RequestRecord
 from .rules import should_release_capacity
 
+log = logging.getLogger("ninfer.engine")
+
 _IDLE_WAIT_S = 0.01  # the worker re-checks deadlines and timeouts at least this often when idle
+_CANCEL_WAIT_S = 30.0  # after shutdown cancels, the longest it waits for the worker to end every request
 
 
 class GenerationHandle:
@@ -90,7 +94,7 @@ class Engine:
     # ---- availability ------------------------------------------------------------------------------------
     @property
     def available(self) -> bool:
-        return self.core.failed is None and not self._stop
+        return self.core.failed is None and self.core.inbox.closed is None
 
     @property
     def failure(self) -> str | None:
@@ -104,16 +108,19 @@ class Engine:
     # ---- submit --------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> GenerationHandle:
         self._validate(request)
+        now = self._clock()
         with self._lock:
-            if not self.available:
-                raise RequestRejected(RejectReason.ENGINE_UNAVAILABLE, self.core.failed or "engine is shut down")
             if self._outstanding >= self.config.max_outstanding:
                 raise RequestRejected(RejectReason.OVERLOADED, f"{self._outstanding} requests outstanding "
                                       f"(limit {self.config.max_outstanding})")
-            self._outstanding += 1
             seed = request.seed if request.seed is not None else self._seeds.getrandbits(63)
-            rec = RequestRecord(next(self._rids), request, next(self._order), self._clock(), seed)
-            self.core.inbox.append(rec)
+            rec = RequestRecord(next(self._rids), request, next(self._order), now, seed)
+            # Accepted only if the inbox takes it: a failure or shutdown closes the inbox atomically, and what it
+            # holds then still gets its terminal event from the worker or the failure cleanup.
+            closed = self.core.inbox.put(rec)
+            if closed is not None:
+                raise RequestRejected(RejectReason.ENGINE_UNAVAILABLE, closed)
+            self._outstanding += 1
         self._wake()
         return GenerationHandle(self, rec)
 
@@ -157,7 +164,7 @@ class Engine:
 
     def run_until_idle(self, max_boundaries: int = 100_000) -> int:
         for n in range(max_boundaries):
-            if not self.step() and not self.core.inbox:
+            if not self.step() and not len(self.core.inbox):
                 return n
         raise RuntimeError(f"engine still busy after {max_boundaries} boundaries")
 
@@ -171,8 +178,34 @@ class Engine:
                 self._wakeup.wait(_IDLE_WAIT_S)
                 self._wakeup.clear()
 
-    def shutdown(self) -> None:
+    # ---- shutdown ----------------------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 0.0) -> None:
+        """Stop admitting; let the requests already accepted (waiting or active) finish for up to `timeout`
+        seconds; then cancel the rest through the ordinary cancellation paths, so every request gets its one
+        terminal event and the Program's state is released; then stop the worker. Idempotent."""
+        self.core.inbox.close("engine is shutting down")
+        if not self._drain(timeout):
+            self.core.cancel_all = True
+            self._wake()
+            if not self._drain(_CANCEL_WAIT_S):
+                log.error("engine shutdown: %d requests still open after cancelling them", len(self.core.records))
         self._stop = True
         self._wake()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=_CANCEL_WAIT_S)
+
+    def _drain(self, timeout: float) -> bool:
+        """True once the worker ended every accepted request (it stops early on an Engine failure, which ends
+        them all); an unthreaded Engine runs its boundaries here."""
+        end = time.monotonic() + timeout
+        while self.core.records or len(self.core.inbox):
+            if self.core.failed is not None:
+                return True
+            if self._thread is None:
+                self.step()
+            else:
+                self._wakeup.set()
+                time.sleep(_IDLE_WAIT_S)
+            if time.monotonic() >= end:
+                return not (self.core.records or len(self.core.inbox))
+        return True

@@ -45,6 +45,8 @@ class RequestRecord:
     finish_reason: FinishReason | None = None
     error: str | None = None
     capture_pending: bool = False  # a prompt-end checkpoint waits to be published
+    final: Any = None  # a terminal row's CommittedOutput, published once the terminal result is adopted
+    output_ended: bool = False  # the OutputSession ended (terminal commit or end()): its result() is valid
     events: "queue.SimpleQueue[Any]" = field(default_factory=queue.SimpleQueue)
     cancel_requested: bool = False
     consumer_released: bool = False
@@ -62,5 +64,7 @@ class RequestRecord:
 
     @property
     def frontier(self) -> int:
-        """Tokens the sequence has consumed once the last committed output token is fed back."""
-        return len(self.prompt) + max(0, len(self.output_tokens) - 1)
+        """Tokens the sequence has consumed once the last Program-committed output token is fed back (a terminal
+        row's tokens count before they are accounted)."""
+        committed = len(self.output_tokens) + (len(self.final.tokens) if self.final is not None else 0)
+        return len(self.prompt) + max(0, committed - 1)

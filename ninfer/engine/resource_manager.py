@@ -172,6 +172,15 @@ class ResourceManager:
         for key in [k for k, b in self.sessions.items() if b.checkpoint == cid]:
             del self.sessions[key]
 
+    def clear(self) -> None:
+        """Engine failure: forget every lane, claim, checkpoint and binding (the Program is discarded too)."""
+        self.lanes = [LaneState.FREE] * len(self.lanes)
+        self.lane_owner = [None] * len(self.lanes)
+        self.catalog.clear()
+        self.sessions.clear()
+        self.by_length.clear()
+        self._claims.clear()
+
     def check_invariants(self) -> None:
         for i, (s, owner) in enumerate(zip(self.lanes, self.lane_owner)):
             assert (s is LaneState.FREE) == (owner is None), f"lane {i} is {s.value} with owner {owner}"

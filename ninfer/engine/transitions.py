@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ninfer.contracts import (FinishReason, GenerationStart, Infeasible, RejectReason, RequestState, ResourceResult,
+from ninfer.contracts import (EngineFailure, FinishReason, GenerationStart, Infeasible, RequestState, ResourceResult,
                               TransitionKind)
 
 if TYPE_CHECKING:
@@ -49,36 +49,37 @@ def _start_terminal(core: "EngineCore", rec: "RequestRecord") -> None:
         release = core.resources.terminal_choice(rec.handle, rec.frontier, None, False)
         outcome = core.begin_transition(release, rec)
         if isinstance(outcome, Infeasible):
-            from ninfer.contracts import EngineFailure
-
             raise EngineFailure(f"Program cannot release request {rec.rid}: {outcome.reason}")
 
 
-def adopt_result(core: "EngineCore", result: ResourceResult, owner: "RequestRecord | None") -> None:
+def adopt_result(core: "EngineCore", result: ResourceResult, owner: "RequestRecord | None", *,
+                 aborted: bool) -> None:
     kind = result.kind
     if kind is TransitionKind.MATERIALIZE:
         assert owner is not None
         core.resources.adopt(result, rid=owner.rid, lane=owner.lane)
-        _after_materialize(core, result, owner)
+        _after_materialize(core, result, owner, aborted)
     elif kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
         assert owner is not None
         core.resources.adopt(result, rid=owner.rid, lane=owner.lane, session_key=owner.request.session_key,
                              publication_order=owner.publication_order)
         owner.lane, owner.handle = None, None
+        core.units.publish_final(owner)  # budget accounting, OutputSession commit, publish: after the result
         core.finish(owner, owner.finish_reason or FinishReason.ERROR)
     else:
         core.resources.adopt(result, rid=None, lane=None)
 
 
-def _after_materialize(core: "EngineCore", result: ResourceResult, rec: "RequestRecord") -> None:
+def _after_materialize(core: "EngineCore", result: ResourceResult, rec: "RequestRecord", aborted: bool) -> None:
     if not result.succeeded:
+        if not aborted:
+            # The Program sealed this plan at its current revision and started it: a shortfall now means its own
+            # accounting broke. An invariant break fails the Engine; it is never downgraded to a rejection.
+            raise EngineFailure(f"materialization of request {rec.rid} failed after its plan was sealed and "
+                                f"started: {result.detail or 'no detail'}")
         rec.lane = None
-        if rec.cancel_requested:
-            rec.error = "cancelled while materializing"
-            core.finish(rec, FinishReason.CANCELLED)
-        else:
-            rec.error = f"{RejectReason.INFEASIBLE.value}: {result.detail or 'materialization failed'}"
-            core.finish(rec, FinishReason.REJECTED)
+        rec.error = "cancelled while materializing"
+        core.finish(rec, FinishReason.CANCELLED)
         return
     rec.handle, rec.reused_tokens = result.handle, result.reused_tokens
     rec.move(RequestState.PREFILL)

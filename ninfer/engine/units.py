@@ -1,14 +1,17 @@
 """Running one model execution unit and committing it in the seed's order:
 
-  Frontend preview -> Program commit -> budget accounting -> OutputSession commit -> scheduler accounting ->
-  publish (the terminal resource result follows at a later boundary, before the final result is published).
+  Frontend preview -> Program commit -> terminal resource result (when the row ends) -> budget and scheduler
+  accounting -> OutputSession commit -> publish.
 
-A PendingBatch is consumed exactly once inside the unit: by commit, or by abort_pending when anything before the
-commit fails.
+A PendingBatch is consumed exactly once: by `Program.commit`, or, when anything before the commit fails, by
+`abort_pending` in the Engine's failure cleanup (`failure.py`), which finds it in `core.pending`. A terminal row's
+output waits on its record (`rec.final`) until the retain or release result is adopted (`transitions.py`); only
+then is it accounted, committed into the OutputSession and published.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ninfer.contracts import (EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow, RequestState,
@@ -24,12 +27,28 @@ if TYPE_CHECKING:
 _ACTIVE = (RequestState.PREFILL, RequestState.DECODE_READY, RequestState.CONTROL_READY)
 
 
+@dataclass(frozen=True)
+class CommittedOutput:
+    """One row's output after the Program committed it, before accounting, session commit and publication."""
+
+    tokens: tuple[int, ...]
+    preview: Any
+    logprobs: tuple[float, ...] | None
+    top_logprobs: tuple | None
+
+    @classmethod
+    def of(cls, row: PendingRow, preview: Any, n: int) -> "CommittedOutput":
+        return cls(row.tokens[:n], preview, None if row.logprobs is None else row.logprobs[:n],
+                   None if row.top_logprobs is None else row.top_logprobs[:n])
+
+
 class UnitRunner:
     def __init__(self, core: "EngineCore"):
         self.core = core
 
     def end_cancelled(self, cancelled: frozenset[int]) -> bool:
-        """Cancelled or expired active requests stop at this stable boundary and go to TerminalPending."""
+        """Cancelled or expired active requests stop at this stable boundary and go to TerminalPending; their
+        output so far is ended and published once the release result is adopted."""
         worked = False
         for rid in sorted(cancelled):
             rec = self.core.records.get(rid)
@@ -69,22 +88,18 @@ class UnitRunner:
         else:
             masks = [r.request.session.next_token_mask() for r in recs]
             batch = program.decode([r.handle for r in recs], masks if any(m is not None for m in masks) else None)
-            if len(batch.rows) != len(recs):
-                program.abort_pending(batch.take())
-                raise EngineFailure(f"decode returned {len(batch.rows)} rows for {len(recs)} sequences")
             self._commit(batch, recs, forced=False)
 
     def _commit(self, batch: PendingBatch, recs: Sequence["RequestRecord"], *, forced: bool) -> None:
-        try:
-            previews, decisions = self._preview(batch, recs, forced)
-            batch.check_decisions(decisions)
-        except BaseException:
-            if not batch.consumed:
-                self.core.program.abort_pending(batch.take())
-            raise
+        self.core.pending = batch  # unconsumed until commit; the failure cleanup aborts it if anything raises
+        if len(batch.rows) != len(recs):
+            raise EngineFailure(f"{batch.kind.value} returned {len(batch.rows)} rows for {len(recs)} sequences")
+        previews, decisions = self._preview(batch, recs, forced)
+        batch.check_decisions(decisions)
         self.core.program.commit(batch.take(), decisions)
+        self.core.pending = None
         for row, rec, preview, decision in zip(batch.rows, recs, previews, decisions):
-            self._account_and_publish(rec, row, preview, decision)
+            self._after_commit(rec, row, preview, decision)
 
     def _preview(self, batch: PendingBatch, recs: Sequence["RequestRecord"], forced: bool):
         previews: list[Any] = []
@@ -108,26 +123,44 @@ class UnitRunner:
             decisions.append(RowDecision(p.accepted, p.terminal, boundary=p.boundary))
         return previews, decisions
 
-    def _account_and_publish(self, rec: "RequestRecord", row: PendingRow, preview: Any,
-                             decision: RowDecision) -> None:
-        n = decision.accepted
-        tokens = row.tokens[:n]
-        rec.output_tokens.extend(tokens)  # budget accounting
-        if preview is None:
+    def _after_commit(self, rec: "RequestRecord", row: PendingRow, preview: Any, decision: RowDecision) -> None:
+        if preview is None:  # the Frontend failed this row (a cancelled row decision): nothing to publish
             self.enter_terminal(rec, FinishReason.ERROR)
             return
-        delta = rec.request.session.commit(preview)  # the OutputSession commits after the Program
-        # Scheduler accounting reads the committed session: a forced-control need exists only after commit.
+        out = CommittedOutput.of(row, preview, decision.accepted)
         if decision.terminal:
+            # The terminal resource result comes first: the output is accounted and published on its adoption.
+            rec.final = out
             self.enter_terminal(rec, preview.finish_reason or FinishReason.STOP)
-        elif rec.request.session.control_suffix():
+            return
+        rec.output_tokens.extend(out.tokens)  # budget accounting
+        # Scheduler accounting reads the preview: a forced-control need is known before the session commits.
+        if preview.needs_control:
             rec.move(RequestState.CONTROL_READY)
             self.core.scheduler.set_control_ready(rec.rid)
-        elif rec.state is RequestState.DECODE_READY:
-            pass  # the common decode path: the request stays in the next round, nothing to reschedule
-        else:
+        elif rec.state is not RequestState.DECODE_READY:
             rec.move(RequestState.DECODE_READY)
             self.core.scheduler.set_decode_ready(rec.rid, rec.lane)
-        rec.events.put(OutputDelta(rec.rid, tokens, delta,
-                                   None if row.logprobs is None else row.logprobs[:n],
-                                   None if row.top_logprobs is None else row.top_logprobs[:n]))
+        self._publish(rec, out)
+
+    def publish_final(self, rec: "RequestRecord") -> None:
+        """After the terminal result was adopted: account, commit and publish the final output; a request ended
+        by its deadline or a cancellation ends its session instead and publishes what the session held back."""
+        out, rec.final = rec.final, None
+        if out is not None:
+            rec.output_tokens.extend(out.tokens)
+            self._publish(rec, out)
+        elif rec.finish_reason in (FinishReason.DEADLINE, FinishReason.CANCELLED):
+            try:
+                tail = rec.request.session.end(rec.finish_reason)
+            except Exception as e:  # noqa: BLE001 - a Frontend failure ends this request, not the Engine
+                rec.error = f"frontend failed to end the output: {e}"
+                return
+            rec.output_ended = True
+            if tail is not None:
+                rec.events.put(OutputDelta(rec.rid, (), tail))
+
+    def _publish(self, rec: "RequestRecord", out: CommittedOutput) -> None:
+        delta = rec.request.session.commit(out.preview)  # the OutputSession commits after the Program
+        rec.output_ended = rec.output_ended or out.preview.terminal
+        rec.events.put(OutputDelta(rec.rid, out.tokens, delta, out.logprobs, out.top_logprobs))

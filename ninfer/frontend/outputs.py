@@ -73,6 +73,7 @@ class OutputPreview:
     forced: bool
     base_version: int
     state: Any  # the forked session state that commit adopts
+    needs_control: bool = False  # once committed, the session asks for its forced-control suffix next
 
     def decision(self) -> RowDecision:
         return RowDecision(accepted=self.accepted, terminal=self.terminal, boundary=self.boundary)

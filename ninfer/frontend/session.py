@@ -113,8 +113,9 @@ class OutputSession:
         base = len(self._calls)
         chunk = OutputChunk(tuple(delta.tokens), delta.parsed.content, delta.parsed.reasoning,
                             tuple(d for j, c in enumerate(delta.calls) for d in c.deltas(base + j)))
+        needs_control = finish is None and self._control_for(st) is not None
         return OutputPreview(len(delta.tokens), finish is not None, finish, boundary, chunk, forced, self._version,
-                             (st, delta, finish, reason))
+                             (st, delta, finish, reason), needs_control)
 
     def _run(self, st: _State, tokens: Sequence[int], forced: bool, delta: _Delta):
         opts = self.options
@@ -176,10 +177,27 @@ class OutputSession:
             self._finish, self._stop_reason = finish, reason
         return preview.chunk
 
+    def end(self, reason: FinishReason) -> OutputChunk | None:
+        """End the output early (deadline, cancellation): flush held-back text, close the channels, keep `reason`.
+        Returns the chunk of what was held back, or None when nothing was."""
+        if self.terminal:
+            raise EngineFailure(f"OutputSession.end({reason.value}) after the output ended")
+        st = self._state.fork()
+        delta = _Delta([], Parsed(), [])
+        self._finalize(st, delta, released_tail=True)
+        base = len(self._calls)
+        chunk = OutputChunk((), delta.parsed.content, delta.parsed.reasoning,
+                            tuple(d for j, c in enumerate(delta.calls) for d in c.deltas(base + j)))
+        self.commit(OutputPreview(0, True, reason, None, chunk, False, self._version, (st, delta, reason, None)))
+        return chunk if chunk.text or chunk.reasoning_text or chunk.tool_calls else None
+
     def control_suffix(self) -> tuple[int, ...] | None:
         """The forced `</think>` suffix once the thinking budget is spent, else None."""
-        st, budget = self._state, self.options.thinking_budget
-        if self.terminal or budget is None or st.forced_suffix or st.parser.phase != REASONING:
+        return None if self.terminal else self._control_for(self._state)
+
+    def _control_for(self, st: _State) -> tuple[int, ...] | None:
+        budget = self.options.thinking_budget
+        if budget is None or st.forced_suffix or st.parser.phase != REASONING:
             return None
         room = self.options.max_tokens is None or st.generated + len(self._suffix) <= self.options.max_tokens
         return self._suffix if self._suffix and room and st.reasoning_tokens >= budget else None

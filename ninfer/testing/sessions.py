@@ -20,6 +20,7 @@ class TokenPreview:
     boundary: int | None
     tokens: tuple[int, ...]
     forced: bool
+    needs_control: bool = False
 
 
 class TokenSession:
@@ -31,6 +32,7 @@ class TokenSession:
         self.tokens: list[int] = []
         self.forced: list[tuple[int, ...]] = []
         self.commits = 0
+        self.finish: FinishReason | None = None
         self.commit_guard = commit_guard
 
     def preview(self, tokens: Sequence[int], *, forced: bool = False) -> TokenPreview:
@@ -41,7 +43,8 @@ class TokenSession:
                 return TokenPreview(i + 1, True, FinishReason.STOP, i + 1, tuple(tokens[:i + 1]), forced)
             if count >= self.max_tokens:
                 return TokenPreview(i + 1, True, FinishReason.LENGTH, None, tuple(tokens[:i + 1]), forced)
-        return TokenPreview(len(tokens), False, None, None, tuple(tokens), forced)
+        control = self._control_after(self.tokens + list(tokens), bool(self.forced) or forced)
+        return TokenPreview(len(tokens), False, None, None, tuple(tokens), forced, control is not None)
 
     def commit(self, preview: TokenPreview) -> tuple[int, ...]:
         if self.commit_guard is not None:
@@ -50,21 +53,34 @@ class TokenSession:
         if preview.forced:
             self.forced.append(preview.tokens)
         self.commits += 1
+        if preview.terminal:
+            self.finish = preview.finish_reason
         return preview.tokens
+
+    def end(self, reason: FinishReason) -> None:
+        """Nothing is ever held back here, so no last delta."""
+        if self.finish is not None:
+            raise AssertionError(f"TokenSession.end({reason}) after the output ended with {self.finish}")
+        self.finish = reason
 
     def next_token_mask(self) -> None:
         return None
 
     def control_suffix(self) -> tuple[int, ...] | None:
         """Once the thinking budget is spent without a think-end token, force one (once)."""
-        if self.think_budget is None or self.forced or self.think_end in self.tokens:
+        return self._control_after(self.tokens, bool(self.forced))
+
+    def _control_after(self, tokens: Sequence[int], forced: bool) -> tuple[int, ...] | None:
+        if self.think_budget is None or forced or self.think_end in tokens:
             return None
-        if len(self.tokens) >= self.think_budget and len(self.tokens) < self.max_tokens:
+        if len(tokens) >= self.think_budget and len(tokens) < self.max_tokens:
             return (self.think_end,)
         return None
 
     def result(self) -> dict[str, object]:
-        return {"tokens": tuple(self.tokens), "forced": tuple(self.forced)}
+        if self.finish is None:
+            raise AssertionError("TokenSession.result before the output ended")
+        return {"tokens": tuple(self.tokens), "forced": tuple(self.forced), "finish": self.finish}
 
 
 def token_request(prompt, max_tokens: int = 6, *, think_budget: int | None = None, **kw):

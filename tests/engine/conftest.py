@@ -19,3 +19,13 @@ def make_engine(clock):
         return Engine(program, EngineConfig(**cfg), threaded=False, clock=clock), program
     return make
 
+
+
+@pytest.fixture(scope="session")
+def frontend():
+    """The real Frontend over the Qwen3.5 vocabulary (built once into the session cache dir)."""
+    from ninfer.convert.tokenizer import build_qwen35_tokenizer_json
+    from ninfer.frontend import Frontend
+    from ninfer.frontend.tokenizer import Qwen35Tokenizer
+
+    return Frontend(Qwen35Tokenizer.load(build_qwen35_tokenizer_json()), max_context=256)

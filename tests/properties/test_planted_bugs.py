@@ -33,7 +33,7 @@ def _publish_before_program_commit(self, batch, recs, *, forced):
     previews, decisions = self._preview(batch, recs, forced)
     batch.check_decisions(decisions)
     for row, rec, preview, decision in zip(batch.rows, recs, previews, decisions):
-        self._account_and_publish(rec, row, preview, decision)
+        self._after_commit(rec, row, preview, decision)
     self.core.program.commit(batch.take(), decisions)
 
 
