@@ -11,13 +11,21 @@ from pathlib import Path
 
 import click
 
-from ninfer.serve.cli_options import runtime_options, start_runtime
+from ninfer.errors import NinferError
+
+from ninfer.serve.cli_command import GroupedOption, NinferGroup
+from ninfer.serve.cli_options import model_argument, pick_model, runtime_options, start_runtime
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "NINFER"})
+@click.group(cls=NinferGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                "auto_envvar_prefix": "NINFER"})
 @click.version_option(package_name="ninfer")
 def main() -> None:
-    """ninfer: an inference engine for the Qwen3.5 family (reference Program on CPU)."""
+    """ninfer: an inference engine for the Qwen3.5 family (reference Program on CPU).
+
+    Every model-running command takes the model as MODEL or --model: a .ninfer artifact, an HF checkpoint
+    directory (converted once into the cache), or nothing for the embedded random-weight model.
+    """
 
 
 @main.command()
@@ -40,14 +48,12 @@ def convert(src_dir: Path, out: Path, name: str | None, dtype: str | None, no_pr
 @click.option("--verify", is_flag=True, help="Check every object's checksum; exit 1 naming the first broken one.")
 def inspect(artifact: Path, verify: bool) -> None:
     """Print what an artifact holds: config, objects, bindings, bytes by kind."""
-    from ninfer.artifact import ArtifactError
     from ninfer.convert.inspect import inspect_artifact
 
     try:
         click.echo(inspect_artifact(artifact, verify=verify))
-    except ArtifactError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    except NinferError as e:
+        raise e.locate(str(artifact))
 
 
 def _sampling(max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None):
@@ -60,30 +66,38 @@ def _sampling(max_tokens: int, temperature: float, top_p: float, top_k: int, see
         raise click.BadParameter(str(e), param_hint=f"--{e.field.replace('_', '-')}") from None
 
 
+def _sampling_option(*decls: str, **kw):
+    return click.option(*decls, cls=GroupedOption, help_group="Sampling", **kw)
+
+
 def _sampling_options(fn):
     for option in reversed([
-        click.option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(1)),
-        click.option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy."),
-        click.option("--top-p", default=1.0, show_default=True, type=float),
-        click.option("--top-k", default=0, show_default=True, type=int, help="0 or -1: off."),
-        click.option("--request-seed", default=None, type=int, help="The sampling seed of this request."),
+        _sampling_option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(1)),
+        _sampling_option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy."),
+        _sampling_option("--top-p", default=1.0, show_default=True, type=float),
+        _sampling_option("--top-k", default=0, show_default=True, type=int, help="0 or -1: off."),
+        _sampling_option("--request-seed", default=None, type=int, help="The sampling seed of this request."),
     ]):
         fn = option(fn)
     return fn
 
 
 @main.command()
-@click.argument("prompt")
+@click.argument("words", metavar="[MODEL] PROMPT", nargs=-1, required=True)
 @runtime_options
 @_sampling_options
 @click.option("--raw", is_flag=True, help="Feed PROMPT as is instead of rendering it as a chat user turn.")
 @click.option("--think/--no-think", default=True, show_default=True, help="Render the prompt with thinking on/off.")
-def generate(prompt: str, runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k: int,
+def generate(words: tuple[str, ...], runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k: int,
              request_seed: int | None, raw: bool, think: bool) -> None:
     """Generate from PROMPT through the Engine and stream the text (reasoning dimmed, on stderr)."""
     from ninfer.contracts import RequestRejected
     from ninfer.serve.terminal import Printer, run_turn
 
+    if len(words) > 2:
+        raise click.UsageError(f"expected [MODEL] PROMPT, got {len(words)} words: quote the prompt")
+    pick_model(runtime, words[0] if len(words) == 2 else None)
+    prompt = words[-1]
     sampling = _sampling(max_tokens, temperature, top_p, top_k, request_seed)
     rt = start_runtime(runtime, purpose="generation")
     try:
@@ -96,6 +110,7 @@ def generate(prompt: str, runtime: dict, max_tokens: int, temperature: float, to
 
 
 @main.command()
+@model_argument
 @runtime_options
 @_sampling_options
 @click.option("--think/--no-think", default=True, show_default=True, help="Start with thinking on/off.")
@@ -112,47 +127,64 @@ def chat(runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k
         rt.close()
 
 
+def _frontend_option(*decls: str, env: str, **kw):
+    return click.option(*decls, cls=GroupedOption, help_group="Frontend", envvar=f"NINFER_{env}", show_envvar=True,
+                        **kw)
+
+
+def _score_options(fn):
+    for option in reversed([
+        click.option("--score-window", cls=GroupedOption, help_group="ninfer", type=click.IntRange(2), default=None,
+                     help="Scoring purpose: tokens per window (default 512)."),
+        click.option("--score-stride", cls=GroupedOption, help_group="ninfer", type=click.IntRange(1),
+                     default=None, help="Scoring purpose: tokens between window starts (default: half a window)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
 @main.command()
+@model_argument
 @runtime_options
-@click.option("--host", envvar="NINFER_HOST", show_envvar=True, default="127.0.0.1", show_default=True)
-@click.option("--port", envvar="NINFER_PORT", show_envvar=True, default=8000, show_default=True,
-              type=click.IntRange(0, 65535))
-@click.option("--api-key", envvar="NINFER_API_KEY", show_envvar=True, default=None,
-              help="Require `Authorization: Bearer KEY` on the API routes.")
-@click.option("--uvicorn-log-level", envvar="NINFER_UVICORN_LOG_LEVEL", default="info", show_default=True,
-              type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
-@click.option("--score-window", type=click.IntRange(2), default=None,
-              help="Scoring purpose: tokens per window (default 512).")
-@click.option("--score-stride", type=click.IntRange(1), default=None,
-              help="Scoring purpose: tokens between window starts (default: half a window).")
+@_frontend_option("--host", env="HOST", default="127.0.0.1", show_default=True)
+@_frontend_option("--port", env="PORT", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@_frontend_option("--api-key", env="API_KEY", default=None, help="Require `Authorization: Bearer KEY` on the API routes.")
+@_frontend_option("--uvicorn-log-level", env="UVICORN_LOG_LEVEL", default="info", show_default=True,
+                  type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
+@_score_options
 def serve(runtime: dict, host: str, port: int, api_key: str | None, uvicorn_log_level: str,
           score_window: int | None, score_stride: int | None) -> None:
-    """Serve the OpenAI-compatible API (chat, completions, models, health, metrics, tokenize)."""
+    """Serve the OpenAI-compatible API (chat, completions, models, health, metrics, tokenize).
+
+    The model loads first: one that does not load ends the command with one line and a non-zero exit before the
+    port is bound."""
     from ninfer.serve.server import serve as run
 
-    run(lambda: start_runtime(runtime, score_window=score_window, score_stride=score_stride),
-        model_name=runtime["served_model_name"] or "ninfer", host=host, port=port, api_key=api_key,
-        log_level=uvicorn_log_level)
+    rt = start_runtime(runtime, score_window=score_window, score_stride=score_stride)
+    run(rt, host=host, port=port, api_key=api_key, log_level=uvicorn_log_level)
 
 
 @main.command()
-@click.argument("input_file", type=click.File("r"), default="-")
+@click.argument("words", metavar="[MODEL] [INPUT]", nargs=-1)
 @click.option("--output", "-o", type=click.File("w"), default="-", help="JSONL out (default stdout).")
 @runtime_options
-@click.option("--score-window", type=click.IntRange(2), default=None, help="Tokens per window (default 512).")
-@click.option("--score-stride", type=click.IntRange(1), default=None,
-              help="Tokens between window starts (default: half a window).")
-def score(input_file, output, runtime: dict, score_window: int | None, score_stride: int | None) -> None:
-    """Score texts: JSONL in ({"text": ...} or {"tokens": [...]}), per-token logprobs and totals out."""
-    from ninfer.serve.scoring_cli import score_lines
+@_score_options
+def score(words: tuple[str, ...], output, runtime: dict, score_window: int | None, score_stride: int | None) -> None:
+    """Score texts: JSONL in ({"text": ...} or {"tokens": [...]}), per-token logprobs and totals out.
 
-    rt = start_runtime(runtime, purpose="scoring", score_window=score_window, score_stride=score_stride)
-    try:
-        failed = score_lines(rt, input_file, output)
-    finally:
-        rt.close()
-    if failed:
-        raise click.ClickException(f"{failed} line(s) could not be scored (see their \"error\" field)")
+    MODEL (a .ninfer file or a checkpoint directory) and INPUT (a JSONL file, default stdin) are both optional:
+    one word is the model when it names a directory or a .ninfer file, else the input."""
+    from ninfer.serve.scoring_cli import report_failures, score_lines, split_score_words
+
+    model, source = split_score_words(words)
+    pick_model(runtime, model)
+    with click.open_file(source, "r") as input_file:
+        rt = start_runtime(runtime, purpose="scoring", score_window=score_window, score_stride=score_stride)
+        try:
+            failures = score_lines(rt, input_file, output)
+        finally:
+            rt.close()
+    report_failures(failures, lambda line: click.echo(line, err=True))
 
 
 @main.group()

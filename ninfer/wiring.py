@@ -13,14 +13,16 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from ninfer.contracts import RequestRejected
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.records import GenerationRequest
 from ninfer.engine.scoring import CausalScoreCore
+from ninfer.errors import NinferError, NotFoundError, UnavailableError, UsageError
 from ninfer.frontend import Frontend, OutputOptions
-from ninfer.frontend.tokenizer import Qwen35Tokenizer
+from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
 
 PROGRAMS = ("auto", "reference", "fast")
 PURPOSES = ("generation", "scoring")
@@ -29,8 +31,12 @@ DEFAULT_CONTEXT = 4096  # the reference Program is CPU-bound; a longer default o
 DEFAULT_SCORE_WINDOW = 512
 
 
-class WiringError(ValueError):
+class WiringError(UsageError, ValueError):
     """A startup option that cannot be honoured; the message is what the user sees."""
+
+
+class WarmupError(NinferError):
+    """The warmup request did not run cleanly through the Engine: the model loads but does not serve."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,8 @@ class Runtime:
             self.scorer.shutdown()
 
 
-def resolve_model_path(model: str | None, progress: bool = False) -> Path:
+def resolve_model_path(model: str | None, progress: bool = False,
+                       report: Callable[[str], None] | None = None) -> Path:
     """A .ninfer file, an HF checkpoint directory (converted once into the cache), or the embedded default."""
     if model is None:
         from ninfer.convert.default_model import default_model_path
@@ -143,8 +150,9 @@ def resolve_model_path(model: str | None, progress: bool = False) -> Path:
     if p.is_dir():
         from ninfer.convert.cached import converted_path
 
-        return converted_path(p)
-    raise WiringError(f"model {model!r} is neither a .ninfer file nor a checkpoint directory")
+        return converted_path(p, progress=progress, report=report)
+    raise NotFoundError("no such model: neither a .ninfer file nor an HF checkpoint directory").locate(
+        model, hint="pass a .ninfer file or a directory holding config.json and *.safetensors")
 
 
 def _program_kind(requested: str, purpose: str) -> str:
@@ -153,7 +161,8 @@ def _program_kind(requested: str, purpose: str) -> str:
         return "reference"
     available, why = _fast_available()
     if requested == "fast" and not available:
-        raise WiringError(f"--program fast is not available: {why}. Use --program reference (CPU) instead.")
+        raise UnavailableError(f"--program fast is not available: {why}").locate(
+            "--program", hint="use --program reference (CPU) instead")
     return "fast" if available else "reference"
 
 
@@ -171,19 +180,27 @@ def _fast_available() -> tuple[bool, str]:
     return True, ""
 
 
-def build_runtime(options: RuntimeOptions, *, progress: bool = True) -> Runtime:
-    """Resolve, load, warm up; raises WiringError with a user-facing message for bad options."""
-    from tqdm import tqdm
-
+def build_runtime(options: RuntimeOptions, *, progress: bool = True,
+                  report: Callable[[str], None] | None = None) -> Runtime:
+    """Resolve, load, warm up; raises a NinferError with a user-facing message (the model file as its place) for
+    bad options and for a model that does not load. ``report`` receives one-off notes such as a conversion."""
     options.check()
     kind = _program_kind(options.program, options.purpose)
     if options.speculative_config and kind == "reference":
         raise WiringError("--speculative-config: the reference Program runs no speculative backend "
                           f"(asked for {dict(options.speculative_config)}); drop the option on CPU")
+    path = resolve_model_path(options.model, progress=progress, report=report)
+    try:
+        return _load(path, options, kind, progress)
+    except NinferError as e:
+        raise e.locate(options.model or str(path))
+
+
+def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool) -> Runtime:
+    from tqdm import tqdm
+
     start = time.monotonic()
-    bar = tqdm(total=4, desc="Loading", unit="step", disable=not progress, leave=False)
-    path = resolve_model_path(options.model, progress=progress)
-    bar.update(1)
+    bar = tqdm(total=3, desc="Loading", unit="step", disable=not progress, leave=False)
     frontend, meta = _frontend(path, options)
     bar.update(1)
     name = options.served_model_name or meta.get("name") or path.stem
@@ -214,6 +231,13 @@ def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, dict]:
     with open_artifact(path) as art:
         meta, config = art.metadata, art.config
         tokenizer = Qwen35Tokenizer.load(art.resource("tokenizer.json").decode("utf-8"))
+        if tokenizer.vocab_size > config.vocab_size:
+            # Qwen3.5 pads the embedding past the tokenizer (248,320 rows for 248,077 ids); fewer rows than ids
+            # would let the tokenizer emit ids the model has no row for.
+            error = TokenizerLoadError(f"the tokenizer.json has {tokenizer.vocab_size} ids but the model's "
+                                       f"vocab_size is {config.vocab_size}")
+            error.hint = "convert the checkpoint with the tokenizer it was trained with"
+            raise error
         template = None
         if "chat_template.jinja" in art.resources:
             template = art.resource("chat_template.jinja").decode("utf-8")
@@ -254,13 +278,16 @@ def warmup(program, frontend: Frontend, options: RuntimeOptions) -> None:
     try:
         prompt = frontend.prepare_text(WARMUP_PROMPT, max_tokens=2)
         session = frontend.open_session(prompt, OutputOptions(max_tokens=2))
-        handle = engine.submit(GenerationRequest(tuple(prompt.token_ids), session, max_tokens=2, seed=0))
+        try:
+            handle = engine.submit(GenerationRequest(tuple(prompt.token_ids), session, max_tokens=2, seed=0))
+        except RequestRejected as e:
+            raise WarmupError(f"warmup request refused: {e.message}") from None
         result = handle.result(timeout=600)
         if result.error is not None:
-            raise WiringError(f"warmup request failed: {result.error}")
+            raise WarmupError(f"warmup request failed: {result.error}")
     finally:
         engine.shutdown()
     left = program.resource_usage()
     if left.checkpoints or left.active_sequences:
-        raise WiringError(f"warmup left state behind ({left.checkpoints} checkpoints, "
+        raise WarmupError(f"warmup left state behind ({left.checkpoints} checkpoints, "
                           f"{left.active_sequences} sequences)")

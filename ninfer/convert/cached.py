@@ -7,7 +7,9 @@ edited checkpoint is converted again while an unchanged one costs a few stat cal
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
+from typing import Callable
 
 from ninfer.cache import cache_dir
 
@@ -22,13 +24,17 @@ def checkpoint_key(src_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def converted_path(src_dir: Path, *, progress: bool = True) -> Path:
-    """The cached artifact of `src_dir`, converting it first when the cache has none for this content."""
+def converted_path(src_dir: Path, *, progress: bool = True, report: Callable[[str], None] | None = None) -> Path:
+    """The cached artifact of `src_dir`, converting it first when the cache has none for this content; a
+    conversion is reported once through ``report`` (a cache hit costs a few stat calls and says nothing)."""
     from ninfer.convert.convert import convert_checkpoint
 
     src_dir = src_dir.resolve()
     out = cache_dir() / "converted" / f"{src_dir.name}-{checkpoint_key(src_dir)}.ninfer"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
         convert_checkpoint(src_dir, out, progress=progress)
+        if report is not None:
+            report(f"converted {src_dir} into the cache, {time.monotonic() - start:.1f} s ({out})")
     return out

@@ -11,13 +11,18 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 
+from ninfer.errors import ExitCode, NinferError
+
 TEMPLATE_PACKAGE = "ninfer.frontend"
 TEMPLATE_RESOURCE = "templates/qwen3_5.jinja"
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 
 
-class ChatTemplateError(RuntimeError):
+class ChatTemplateError(NinferError, RuntimeError):
     """The packaged chat template is missing or differs from the vendored file."""
+
+    exit_code = ExitCode.UNAVAILABLE
+    hint = "reinstall ninfer (pip install -e .)"
 
 
 def default_chat_template() -> str:

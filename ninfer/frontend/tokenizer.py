@@ -7,9 +7,14 @@ from typing import Iterable
 
 from tokenizers import Tokenizer
 
+from ninfer.errors import ExitCode, NinferError
 
-class TokenizerLoadError(ValueError):
+
+class TokenizerLoadError(NinferError, ValueError):
     """A tokenizer source that cannot be read, or is not a Qwen3.5 tokenizer."""
+
+    exit_code = ExitCode.BAD_MODEL
+    hint = "ninfer runs the Qwen3.5 vocabulary only; remove the checkpoint's tokenizer.json to use the built-in one"
 
 
 def load_tokenizer(source: str | Path) -> Tokenizer:

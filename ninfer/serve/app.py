@@ -101,8 +101,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     async def _models() -> dict:
         rt = state.runtime
         card = {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "ninfer",
-                "root": str(rt.model_path) if rt else None, "max_model_len": rt.max_context if rt else None,
-                "random_weights": rt.random_weights if rt else None}
+                "root": str(rt.model_path), "max_model_len": rt.max_context, "random_weights": rt.random_weights}
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
@@ -118,8 +117,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/metrics", response_class=PlainTextResponse)
     async def _metrics() -> str:
         rt = state.runtime
-        core = None if rt is None else (rt.engine or rt.scorer)
-        return state.metrics.render(core.outstanding if core else 0, bool(rt and rt.available))
+        core = rt.engine or rt.scorer
+        return state.metrics.render(core.outstanding if core else 0, rt.available)
 
     _tokenizer_routes(app, state)
 

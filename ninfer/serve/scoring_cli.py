@@ -2,22 +2,29 @@
 
 Input lines are {"text": "..."} or {"tokens": [ids]} (any other keys, e.g. an "id", are copied to the output).
 Output: tokens, token strings, logprobs (null for the first token: it has no prefix), greedy flags, the total and
-the token count scored. A bad line gets an "error" field and scoring goes on.
+the token count scored. A bad line gets an "error" field and scoring goes on; at the end each failed line is named
+on stderr with its reason, and the command exits 1.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
 
 from ninfer.contracts import RequestRejected
+from ninfer.errors import NinferError, NotFoundError, UsageError
 from ninfer.wiring import Runtime
 
 from .requests import TokenText
 
 
 def score_line(rt: Runtime, line: str) -> dict:
-    record = json.loads(line)
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(record, dict) or ("text" in record) == ("tokens" in record):
         raise ValueError('each line must be a JSON object with exactly one of "text" and "tokens"')
     tok = rt.frontend.tokenizer
@@ -37,17 +44,52 @@ def score_line(rt: Runtime, line: str) -> dict:
             "all_greedy": all(result.greedy), "windows": result.windows}
 
 
-def score_lines(rt: Runtime, source: TextIO, sink: TextIO) -> int:
-    """Score every non-blank line; returns how many failed."""
-    failed = 0
+@dataclass(frozen=True)
+class LineFailure:
+    line: int  # 1-based line number in the input
+    reason: str
+
+
+class ScoringFailed(NinferError):
+    """Some input lines could not be scored (each is named on stderr and has an "error" field in the output)."""
+
+
+def split_score_words(words: tuple[str, ...]) -> tuple[str | None, str]:
+    """(model or None, input path or "-") from `ninfer score [MODEL] [INPUT]`: a lone word is the model when it
+    names a directory or a .ninfer file, else the input."""
+    if len(words) > 2:
+        raise UsageError(f"expected [MODEL] [INPUT], got {len(words)} words").locate("ninfer score")
+    if len(words) == 2:
+        model, source = words
+    elif len(words) == 1 and (Path(words[0]).is_dir() or words[0].endswith(".ninfer")):
+        model, source = words[0], "-"
+    else:
+        model, source = None, words[0] if words else "-"
+    if source != "-" and not Path(source).is_file():
+        raise NotFoundError("no such input file").locate(source, hint="pass a JSONL file, or - for stdin")
+    return model, source
+
+
+def score_lines(rt: Runtime, source: TextIO, sink: TextIO) -> list[LineFailure]:
+    """Score every non-blank line; returns the lines that failed, with why."""
+    failures: list[LineFailure] = []
     for number, line in enumerate(source, 1):
         if not line.strip():
             continue
         try:
             out = score_line(rt, line)
         except (ValueError, RequestRejected) as e:
-            failed += 1
-            out = {"line": number, "error": getattr(e, "message", None) or str(e)}
+            failures.append(LineFailure(number, getattr(e, "message", None) or str(e)))
+            out = {"line": number, "error": failures[-1].reason}
         sink.write(json.dumps(out, ensure_ascii=False) + "\n")
         sink.flush()
-    return failed
+    return failures
+
+
+def report_failures(failures: list[LineFailure], echo: Callable[[str], None]) -> None:
+    """Name each failed line and its reason, then fail the command."""
+    for f in failures:
+        echo(f"line {f.line}: {f.reason}")
+    if failures:
+        raise ScoringFailed(f"{len(failures)} line(s) could not be scored (listed above; each output line has an "
+                            "\"error\" field)")

@@ -1,14 +1,11 @@
 """`ninfer serve`: the HTTP server on uvicorn.
 
-The port opens at once and the model loads (and warms up) on a background thread, so /health answers 200 and
-/health/ready 503 until the Engine is available, as llama-server does; a failed load keeps 503 with the reason.
+The model loads and warms up first; only a model that loaded gets a port, as `vllm serve` does, so a broken model
+is a one-line error and a non-zero exit before anything listens, never a server answering 503. Once the port is
+open, /health is 200 and /health/ready 200 until an Engine failure (then 503 with its reason).
 """
 
 from __future__ import annotations
-
-import logging
-import threading
-from typing import Callable
 
 import click
 
@@ -17,46 +14,17 @@ from ninfer.wiring import Runtime
 from .app import create_app
 from .state import ServerState
 
-log = logging.getLogger("ninfer.serve")
 
-
-def load_in_background(state: ServerState, load: Callable[[], Runtime], on_ready: Callable[[Runtime], None]) -> \
-        threading.Thread:
-    def run() -> None:
-        try:
-            rt = load()
-        except click.ClickException as e:
-            state.load_error = f"model failed to load: {e.message}"
-            log.error(state.load_error)
-            return
-        except Exception as e:  # noqa: BLE001 - reported through /health/ready; the process stays up to say why
-            state.load_error = f"model failed to load: {type(e).__name__}: {e}"
-            log.exception("model failed to load")
-            return
-        state.runtime = rt
-        on_ready(rt)
-
-    thread = threading.Thread(target=run, name="ninfer-load", daemon=True)
-    thread.start()
-    return thread
-
-
-def serve(load: Callable[[], Runtime], *, model_name: str, host: str, port: int, api_key: str | None,
-          log_level: str = "info") -> None:
+def serve(rt: Runtime, *, host: str, port: int, api_key: str | None, log_level: str = "info") -> None:
+    """Serve a loaded Runtime until interrupted, then close it."""
     import uvicorn
 
-    state = ServerState(None, model_name, api_key=api_key)
-    app = create_app(state)
-
-    def ready(rt: Runtime) -> None:
-        state.model_name = rt.name
-        state.metrics.model = rt.name
-        click.echo(f"{rt.summary()} | http://{host}:{port}/v1", err=True)
-
-    load_in_background(state, load, ready)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     try:
-        uvicorn.Server(config).run()
+        state = ServerState(rt, model_name=rt.name, api_key=api_key)
+        app = create_app(state)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        server = uvicorn.Server(config)
+        click.echo(f"{rt.summary()} | http://{host}:{port}/v1", err=True)
+        server.run()
     finally:
-        if state.runtime is not None:
-            state.runtime.close()
+        rt.close()

@@ -17,12 +17,11 @@ MAX_BODY_BYTES = 8 << 20  # a request body beyond this is refused (413) before i
 
 @dataclass
 class ServerState:
-    runtime: Runtime | None  # None while loading: /health/ready says 503, model routes 503
+    runtime: Runtime  # loaded before the port opens (ninfer.serve.server)
     model_name: str
     api_key: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     metrics: Metrics = field(init=False)
-    load_error: str | None = None
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.model_name)
@@ -30,12 +29,10 @@ class ServerState:
     @property
     def fingerprint(self) -> str:
         rt = self.runtime
-        key = f"{self.model_name}|{rt.model_path.name if rt else ''}|{rt.program_kind if rt else ''}"
+        key = f"{self.model_name}|{rt.model_path.name}|{rt.program_kind}"
         return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def ready(self) -> Runtime:
-        if self.runtime is None:
-            raise APIError(503, self.load_error or "the model is loading", code="loading")
         if not self.runtime.available:
             raise APIError(503, f"the engine is unavailable: {self.runtime.failure or 'shut down'}",
                            code="engine_unavailable")

@@ -5,18 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from ninfer.cli import main
-
-SMALL = ["--no-progress", "--max-model-len", "256", "--max-num-seqs", "1"]
-
-
-@pytest.fixture
-def run():
-    def invoke(*args: str, input: str | None = None, env: dict | None = None):
-        return CliRunner().invoke(main, list(args), input=input, env=env, catch_exceptions=False)
-    return invoke
+from cli_helpers import SMALL
 
 
 def test_help_lists_commands_and_env_vars(run):
@@ -57,13 +47,14 @@ def test_chat_keeps_history_and_switches_thinking(run):
 
 def test_bad_options_fail_cleanly(run):
     fast = run("generate", "x", "--program", "fast", *SMALL)
-    assert fast.exit_code == 1 and "--program fast is not available" in fast.stderr
+    assert fast.exit_code == 6 and "error: --program fast is not available" in fast.stderr
+    assert "hint: use --program reference" in fast.stderr
     bad_env = run("generate", "x", env={"NINFER_MAX_NUM_SEQS": "9"})
     assert bad_env.exit_code == 2 and "NINFER_MAX_NUM_SEQS" in bad_env.stderr
     spec = run("generate", "x", "--speculative-config", "{nope", *SMALL)
-    assert spec.exit_code == 1 and "--speculative-config is not valid JSON" in spec.stderr
+    assert spec.exit_code == 2 and "error: --speculative-config is not valid JSON" in spec.stderr
     mtp = run("generate", "x", "--speculative-config", '{"method": "mtp"}', *SMALL)
-    assert mtp.exit_code == 1 and "no speculative backend" in mtp.stderr
+    assert mtp.exit_code == 2 and "no speculative backend" in mtp.stderr
 
 
 def test_env_vars_mirror_flags(run):
@@ -79,6 +70,8 @@ def test_score_jsonl(run, tmp_path):
                    + "not json\n")
     result = run("score", str(src), "--no-progress", "--score-window", "8")
     assert result.exit_code == 1 and "1 line(s) could not be scored" in result.stderr
+    # The failed line is named on stderr with its reason, not only counted.
+    assert "line 4: not valid JSON (Expecting value at column 1)" in result.stderr.splitlines()
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert rows[0]["id"] == "a" and rows[0]["logprobs"][0] is None
     assert rows[0]["total_logprob"] == pytest.approx(sum(rows[0]["logprobs"][1:]))

@@ -37,7 +37,7 @@ def score_runtime():
 
 
 def _client(rt, **kw) -> TestClient:
-    state = ServerState(rt, rt.name if rt is not None else "pending", **kw)
+    state = ServerState(rt, rt.name, **kw)
     return TestClient(create_app(state), raise_server_exceptions=False)
 
 

@@ -98,16 +98,6 @@ def test_body_limit(make_client):
     assert c.post(CHAT, content=chunked(10), headers=headers).status_code == 200
 
 
-def test_readiness_while_loading_and_after_failure(make_client):
-    c = make_client(rt=None)
-    assert c.get("/health").status_code == 200
-    err = assert_error(c.get("/health/ready"), 503)
-    assert err["code"] == "loading"
-    assert_error(c.post(CHAT, json={"messages": HI}), 503)
-    c.app.state.ninfer.load_error = "model failed to load: boom"
-    assert "boom" in assert_error(c.get("/health/ready"), 503)["message"]
-
-
 def test_scoring_purpose_refuses_generation(score_client):
     err = assert_error(score_client.post(CHAT, json={"messages": HI}), 400)
     assert err["code"] == "wrong_purpose"

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ninfer.errors import ExitCode, NinferError
+
 LINEAR = "linear_attention"
 FULL = "full_attention"
 
@@ -24,8 +26,10 @@ _MODEL_TYPES = {
 ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 
 
-class ConfigError(ValueError):
+class ConfigError(NinferError, ValueError):
     """An HF config that ninfer cannot run, naming the offending field."""
+
+    exit_code = ExitCode.BAD_MODEL
 
     def __init__(self, field: str, message: str):
         super().__init__(f"config field {field!r}: {message}")
