@@ -37,6 +37,9 @@ class ResourceUsage:
     checkpoints: int
     free_slots: int
     total_slots: int
+    host_checkpoints: int = 0  # checkpoints whose state lives only as a host replica (they hold no slot)
+    checkpoint_device_bytes: int = 0  # bytes of inactive checkpoints per tier (shared pages counted once)
+    checkpoint_host_bytes: int = 0
 
 
 @runtime_checkable

@@ -38,6 +38,11 @@ class CheckpointInfo:
     device_bytes: int
     host_bytes: int
 
+    @property
+    def on_device(self) -> bool:
+        """Resumable without a host-to-device copy of its state."""
+        return self.host_bytes == 0
+
 
 @dataclass(frozen=True)
 class ResourceChoice:
@@ -49,7 +54,14 @@ class ResourceChoice:
     prompt: tuple[int, ...] = ()
     max_new_tokens: int = 0
     source: CheckpointId | None = None  # materialize from this checkpoint (a prefix of the prompt)
-    victims: tuple[CheckpointId, ...] = ()  # inactive checkpoints this transition may release
+    victims: tuple[CheckpointId, ...] = ()  # inactive checkpoints this transition may displace, lowest value first
+    # The leading victims that may also make room for the optional `captures` (the rest only for what is required).
+    capture_victims: int = 0
+    # Victims to keep as a host replica when they leave the device (the others are deleted), where the host fits.
+    demote: frozenset[CheckpointId] = frozenset()
+    # MATERIALIZE: prompt frontiers the ResourceManager wants captured during prefill, most valuable first; the
+    # Program reserves a state slot for as many as it can and reports them in ResourceResult.captures.
+    captures: tuple[int, ...] = ()
     capture_at: int | None = None  # frontier to capture (CAPTURE / RETAIN)
     sampling: Any = None  # MATERIALIZE: the request's ninfer.sampling.SamplingParams, kept with the sequence
     seed: int = 0  # MATERIALIZE: the request's resolved sampling seed
@@ -86,6 +98,8 @@ class ResourceResult:
     resource_revision: int  # the Program's revision after the transition
     handle: SequenceHandle | None = None  # MATERIALIZE: the new active sequence
     reused_tokens: int = 0  # MATERIALIZE: prompt tokens covered by the source checkpoint
+    captures: tuple[int, ...] = ()  # MATERIALIZE: the capture frontiers a state slot was reserved for
     published: tuple[CheckpointInfo, ...] = ()
     released: tuple[CheckpointId, ...] = ()
+    placed: tuple[CheckpointInfo, ...] = ()  # checkpoints that changed tier (demoted to host or promoted back)
     detail: str = ""

@@ -26,6 +26,9 @@ class GenerationRequest:
     sampling: Any = None  # ninfer.sampling.SamplingParams; None means greedy
     seed: int | None = None
     session_key: str | None = None  # a lookup hint for prefix reuse, never an owner of state
+    # Prompt lengths the Frontend marks as turn boundaries (message ends, the point before dropped reasoning):
+    # frontiers a later request of the conversation is likely to share, so the ResourceManager may capture them.
+    capture_hints: tuple[int, ...] = ()
     deadline: float | None = None  # absolute time.monotonic() after which the request ends
     queue_timeout: float | None = None  # seconds it may wait before admission
 
@@ -44,7 +47,8 @@ class RequestRecord:
     output_tokens: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
-    capture_pending: bool = False  # a prompt-end checkpoint waits to be published
+    capture_pending: bool = False  # checkpoints captured during prefill wait to be published
+    boundary: int | None = None  # absolute Frontend boundary of the last commit that carried one
     final: Any = None  # a terminal row's CommittedOutput, published once the terminal result is adopted
     output_ended: bool = False  # the OutputSession ended (terminal commit or end()): its result() is valid
     events: "queue.SimpleQueue[Any]" = field(default_factory=queue.SimpleQueue)

@@ -1,30 +1,31 @@
-"""ResourceManager: logical lanes, the checkpoint catalog, SessionIndex, prefix index and cache policy.
+"""ResourceManager: logical lanes, the checkpoint catalog, SessionIndex, prefix index and the cache policy.
 
-Pure Python. It makes logical choices and adopts the Program's complete ResourceResults; it keeps no mirror of
-device/host bytes, page refcounts or allocator free space (those facts belong to the Program).
+Pure Python. It makes the logical choices (which frontiers to capture, which checkpoint a request resumes from,
+which checkpoints give way, demoted or deleted, and which come back) and adopts the Program's complete
+ResourceResults; it keeps no mirror of device/host bytes, page refcounts or allocator free space (those facts
+belong to the Program). The value of each checkpoint is `retention.Worth` (docs/context-cache.md).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, LaneState, ResourceChoice,
                               ResourceResult, SequenceHandle, TransitionKind, check_lane_transition, token_digest)
 
-
-class Retention(enum.Enum):
-    PREFIX = "prefix"  # a prompt-end checkpoint: any request whose prompt starts with it may reuse it
-    SESSION = "session"  # a finished conversation's frontier, bound to a session key
+from .cache_stats import CacheStats, Miss
+from .catalog_index import PrefixIndex
+from .retention import MAX_CAPTURES, Retention, Worth, capture_candidates, fresh_worth
 
 
 @dataclass
 class CatalogEntry:
     info: CheckpointInfo
     retention: Retention
-    session_key: str | None
-    last_used: int  # logical clock of the last hit or publication (LRU victim order)
+    last_used: int  # logical clock of the last hit or publication
+    hits: int = 0
     pins: int = 0  # materializations currently reading this checkpoint as their source
+    superseded: bool = False  # a request resumed from it and published a deeper checkpoint
 
 
 @dataclass(frozen=True)
@@ -33,18 +34,35 @@ class SessionBinding:
     publication_order: int
 
 
+@dataclass(frozen=True)
+class TerminalFacts:
+    """What the Engine knows of a finished request when it asks for its terminal choice."""
+
+    frontier: int  # tokens the sequence has consumed
+    boundary: int | None  # the last committed Frontend boundary, absolute (None: none)
+    session_key: str | None
+    succeeded: bool
+
+
 class ResourceManager:
     def __init__(self, max_concurrency: int, *, prefix_caching: bool = True):
         self.lanes: list[LaneState] = [LaneState.FREE] * max_concurrency
         self.lane_owner: list[int | None] = [None] * max_concurrency
         self.catalog: dict[CheckpointId, CatalogEntry] = {}
         self.sessions: dict[str, SessionBinding] = {}
-        # Prefix candidate index: frontier length -> digest of the tokens before it -> checkpoints. A lookup
-        # digests the prompt once per distinct frontier length, deepest first.
-        self.by_length: dict[int, dict[str, set[CheckpointId]]] = {}
+        self.index = PrefixIndex()
         self.prefix_caching = prefix_caching
+        self.stats = CacheStats()
         self._claims: dict[int, CheckpointId] = {}  # request -> pinned source during materialization
+        self._sources: dict[int, CheckpointId] = {}  # active request -> the checkpoint it resumed from
+        self._planned: dict[int, dict[int, Retention]] = {}  # request -> capture frontier -> its class
+        self._miss: dict[int, Miss] = {}  # request -> why its last lookup found nothing
+        self._promote: list[CheckpointId] = []  # host-resident checkpoints that earned a hit
         self._clock = 0
+
+    @property
+    def by_length(self) -> dict[int, dict[str, set[CheckpointId]]]:
+        return self.index.by_length
 
     # ---- lanes ---------------------------------------------------------------------------------------------
     def free_lane(self) -> int | None:
@@ -60,33 +78,90 @@ class ResourceManager:
     def active_lanes(self) -> list[int]:
         return [i for i, s in enumerate(self.lanes) if s is not LaneState.FREE]
 
+    def enter_terminal(self, lane: int) -> None:
+        self._set_lane(lane, LaneState.TERMINAL_PENDING, self.lane_owner[lane])
+
+    # ---- value ---------------------------------------------------------------------------------------------
+    def worth(self, entry: CatalogEntry, bound: set[CheckpointId] | None = None) -> Worth:
+        bound = self._bound() if bound is None else bound
+        return Worth.of(entry.info, entry.retention, entry.hits, self._clock - entry.last_used, entry.info.id in bound,
+                        entry.superseded)
+
+    def _bound(self) -> set[CheckpointId]:
+        return {b.checkpoint for b in self.sessions.values()}
+
+    def _bytes_per_token(self) -> float:
+        entries = [e.info for e in self.catalog.values() if e.info.tokens]
+        if not entries:
+            return 1.0
+        return sum(i.device_bytes + i.host_bytes for i in entries) / sum(i.tokens for i in entries)
+
+    def victims(self, exclude: CheckpointId | None = None) -> tuple[CheckpointId, ...]:
+        """Inactive, unpinned checkpoints, lowest value first: what a transition may displace."""
+        bound = self._bound()
+        free = [(self.worth(e, bound).value, e.info.id.value, e.info.id) for e in self.catalog.values()
+                if e.pins == 0 and e.info.id != exclude]
+        return tuple(cid for _, _, cid in sorted(free))
+
+    def _demote(self, victims: tuple[CheckpointId, ...]) -> frozenset[CheckpointId]:
+        bound = self._bound()
+        return frozenset(c for c in victims if self.worth(self.catalog[c], bound).demote)
+
     # ---- admission choice ----------------------------------------------------------------------------------
     def find_source(self, prompt: tuple[int, ...], session_key: str | None) -> CatalogEntry | None:
         """The deepest published checkpoint that is a strict prefix of the prompt (the last prompt token must
-        still run to give the first output token's logits): session binding first, then the prefix index."""
+        still run to give the first output token's logits). The session's binding is tried first: only deeper
+        frontiers of the prefix index are digested after it."""
         if not self.prefix_caching:
             return None
-        for n in sorted((n for n in self.by_length if 0 < n < len(prompt)), reverse=True):
-            ids = self.by_length[n].get(token_digest(prompt[:n]), ())
-            usable = [self.catalog[c] for c in ids if self.catalog[c].retention is Retention.PREFIX
-                      or self.catalog[c].session_key == session_key]
-            if usable:
-                return max(usable, key=lambda e: e.last_used)
-        return None
-
-    def victims(self, exclude: CheckpointId | None = None) -> tuple[CheckpointId, ...]:
-        """Inactive, unpinned checkpoints in release order: what a transition may release."""
-        free = [e for e in self.catalog.values() if e.pins == 0 and e.info.id != exclude]
-        bound = {b.checkpoint for b in self.sessions.values()}
-        # A conversation's latest checkpoint (its SessionIndex binding) outlives superseded and prefix entries.
-        return tuple(e.info.id for e in sorted(free, key=lambda e: (e.info.id in bound, e.last_used)))
+        floor, best = 0, None
+        binding = self.sessions.get(session_key) if session_key is not None else None
+        if binding is not None:
+            entry = self.catalog[binding.checkpoint]
+            n = entry.info.tokens
+            if n < len(prompt) and token_digest(prompt[:n]) == entry.info.digest:
+                floor, best = n, entry
+        ids = self.index.deepest(prompt, floor)
+        if ids:
+            best = max((self.catalog[c] for c in ids), key=lambda e: (e.last_used, e.info.id.value))
+        return best
 
     def materialize_choice(self, rid: int, prompt: tuple[int, ...], max_new_tokens: int, session_key: str | None,
-                           sampling: object, seed: int, *, from_root: bool = False) -> ResourceChoice:
+                           sampling: object, seed: int, *, hints: tuple[int, ...] = (),
+                           from_root: bool = False) -> ResourceChoice:
         source = None if from_root else self.find_source(prompt, session_key)
         sid = source.info.id if source else None
+        if source is None and not from_root:
+            self._miss[rid] = self._miss_cause(prompt)
+        victims = self.victims(exclude=sid)
+        captures, capture_victims = self._captures(rid, prompt, source.info.tokens if source else 0, hints, victims)
         return ResourceChoice(TransitionKind.MATERIALIZE, request_id=rid, prompt=prompt, max_new_tokens=max_new_tokens,
-                              source=sid, victims=self.victims(exclude=sid), sampling=sampling, seed=seed)
+                              source=sid, victims=victims, capture_victims=capture_victims,
+                              demote=self._demote(victims), captures=captures, sampling=sampling, seed=seed)
+
+    def _miss_cause(self, prompt: tuple[int, ...]) -> Miss:
+        if not self.prefix_caching:
+            return Miss.DISABLED
+        return Miss.EVICTED if self.index.was_deleted(prompt) else Miss.COLD
+
+    def _captures(self, rid: int, prompt: tuple[int, ...], reused: int, hints: tuple[int, ...],
+                  victims: tuple[CheckpointId, ...]) -> tuple[tuple[int, ...], int]:
+        """The frontiers worth capturing, most valuable first, and how many of the victims a capture may displace
+        (those worth less than the most valuable capture)."""
+        if not self.prefix_caching:
+            self._planned[rid] = {}
+            return (), 0
+        per_token = self._bytes_per_token()
+        wanted = {f: r for f, r in capture_candidates(len(prompt), reused, hints).items()
+                  if not self.index.holds(prompt, f)}
+        ranked = sorted(wanted, key=lambda f: -fresh_worth(wanted[f], f, per_token).value)[:MAX_CAPTURES]
+        self._planned[rid] = {f: wanted[f] for f in ranked}
+        if not ranked:
+            return (), 0
+        best = fresh_worth(wanted[ranked[0]], ranked[0], per_token).value
+        bound = self._bound()
+        displace = sum(1 for c in victims if self.worth(self.catalog[c], bound).value < best)
+        return tuple(ranked), displace
 
     def begin_materialize(self, rid: int, lane: int, choice: ResourceChoice) -> None:
         self._set_lane(lane, LaneState.MATERIALIZING, rid)
@@ -94,24 +169,38 @@ class ResourceManager:
             self.catalog[choice.source].pins += 1
             self._claims[rid] = choice.source
 
-    # ---- capture and terminal choices ------------------------------------------------------------------------
+    # ---- capture, terminal and placement choices -------------------------------------------------------------
     def capture_choice(self, handle: SequenceHandle, frontier: int) -> ResourceChoice | None:
         if not self.prefix_caching:
             return None
-        return ResourceChoice(TransitionKind.CAPTURE, handle=handle, capture_at=frontier, victims=self.victims())
+        return ResourceChoice(TransitionKind.CAPTURE, handle=handle, capture_at=frontier)
 
     def eviction_choice(self, cap: int | None) -> ResourceChoice | None:
-        """Retention policy: past `cap` inactive checkpoints, delete the first ones in release order."""
+        """Past `cap` inactive checkpoints, delete the lowest-valued ones."""
         if cap is None or len(self.catalog) <= cap:
             return None
         victims = self.victims()[:len(self.catalog) - cap]
         return ResourceChoice(TransitionKind.DELETE, victims=victims) if victims else None
 
-    def terminal_choice(self, handle: SequenceHandle, frontier: int, session_key: str | None,
-                        succeeded: bool) -> ResourceChoice:
-        """Retain a finished conversation for its session key; release everything otherwise."""
-        if self.prefix_caching and succeeded and session_key is not None and frontier > 0:
-            return ResourceChoice(TransitionKind.RETAIN, handle=handle, capture_at=frontier, victims=self.victims())
+    def placement_choice(self) -> ResourceChoice | None:
+        """Bring back one host replica that earned a hit (the Program refuses when no device slot is free)."""
+        while self._promote:
+            cid = self._promote.pop(0)
+            entry = self.catalog.get(cid)
+            if entry is not None and not entry.info.on_device and entry.pins == 0:
+                return ResourceChoice(TransitionKind.PLACE, source=cid)
+        return None
+
+    def terminal_choice(self, handle: SequenceHandle, facts: TerminalFacts) -> ResourceChoice:
+        """Retain the end of a successful output when the Frontend says history reproduces it (its boundary is at
+        the frontier or just after the pending token) or a session key asks for it; release otherwise."""
+        reproduced = facts.boundary is not None and facts.boundary >= facts.frontier
+        if self.prefix_caching and facts.succeeded and facts.frontier > 0 and (
+                reproduced or facts.session_key is not None):
+            return ResourceChoice(TransitionKind.RETAIN, handle=handle, capture_at=facts.frontier)
+        return ResourceChoice(TransitionKind.RELEASE, handle=handle)
+
+    def release_choice(self, handle: SequenceHandle) -> ResourceChoice:
         return ResourceChoice(TransitionKind.RELEASE, handle=handle)
 
     # ---- adoption ------------------------------------------------------------------------------------------
@@ -120,29 +209,79 @@ class ResourceManager:
         """Take the Program's complete result; the only way the catalog and lanes change after a transition."""
         self._clock += 1
         for cid in result.released:
-            entry = self.catalog.pop(cid, None)
-            if entry is None:
-                raise EngineFailure(f"Program released unknown checkpoint {cid.value}")
-            self._unindex(entry.info)
-            if entry.pins:
-                raise EngineFailure(f"Program released pinned checkpoint {cid.value}")
-            self._drop_session_binding(cid)
+            self._release(cid)
+        for info in result.placed:
+            self._place(info)
         if rid is not None and rid in self._claims:
-            source = self._claims.pop(rid)
-            self.catalog[source].pins -= 1
-            if result.succeeded and result.kind is TransitionKind.MATERIALIZE:
-                self.catalog[source].last_used = self._clock
-        retention = Retention.SESSION if result.kind is TransitionKind.RETAIN else Retention.PREFIX
+            self._unpin(rid, result)
+        if result.kind is TransitionKind.MATERIALIZE and result.succeeded and rid is not None:
+            self._count_lookup(rid, result.reused_tokens)
+        planned = self._planned.get(rid, {}) if rid is not None else {}
         for info in result.published:
-            if info.id in self.catalog:
-                raise EngineFailure(f"checkpoint {info.id.value} published twice")
-            self.catalog[info.id] = CatalogEntry(info, retention, session_key if retention is Retention.SESSION
-                                                 else None, self._clock)
-            self.by_length.setdefault(info.tokens, {}).setdefault(info.digest, set()).add(info.id)
-            if retention is Retention.SESSION and session_key is not None:
-                self._bind_session(session_key, info.id, publication_order)
+            retention = Retention.OUTPUT if result.kind is TransitionKind.RETAIN else planned.get(info.tokens,
+                                                                                                   Retention.PREFIX)
+            self._publish(info, retention, session_key, publication_order)
+        if result.published and rid in self._sources and self._sources[rid] in self.catalog:
+            self.catalog[self._sources[rid]].superseded = True
+        if result.kind in (TransitionKind.RETAIN, TransitionKind.RELEASE) or (
+                result.kind is TransitionKind.MATERIALIZE and not result.succeeded):
+            for table in (self._planned, self._miss, self._sources):
+                table.pop(rid, None)
         if lane is not None:
             self._adopt_lane(result, lane, rid)
+
+    def _release(self, cid: CheckpointId) -> None:
+        entry = self.catalog.pop(cid, None)
+        if entry is None:
+            raise EngineFailure(f"Program released unknown checkpoint {cid.value}")
+        if entry.pins:
+            raise EngineFailure(f"Program released pinned checkpoint {cid.value}")
+        self.index.remove(entry.info, deleted=True)
+        for key in [k for k, b in self.sessions.items() if b.checkpoint == cid]:
+            del self.sessions[key]
+        self.stats.deletions += 1
+
+    def _place(self, info: CheckpointInfo) -> None:
+        entry = self.catalog.get(info.id)
+        if entry is None:
+            raise EngineFailure(f"Program placed unknown checkpoint {info.id.value}")
+        if entry.info.on_device != info.on_device:
+            if info.on_device:
+                self.stats.promotions += 1
+            else:
+                self.stats.demotions += 1
+        entry.info = info
+
+    def _unpin(self, rid: int, result: ResourceResult) -> None:
+        source = self._claims.pop(rid)
+        entry = self.catalog[source]
+        entry.pins -= 1
+        if result.succeeded and result.kind is TransitionKind.MATERIALIZE:
+            entry.last_used, entry.hits = self._clock, entry.hits + 1
+            self._sources[rid] = source
+            if not entry.info.on_device:
+                self._promote.append(source)
+
+    def _count_lookup(self, rid: int, reused: int) -> None:
+        self.stats.lookups += 1
+        if reused:
+            self.stats.hits += 1
+            self.stats.hit_tokens += reused
+        else:
+            self.stats.miss(self._miss.get(rid, Miss.DISABLED if not self.prefix_caching else Miss.COLD))
+        self._miss.pop(rid, None)
+
+    def _publish(self, info: CheckpointInfo, retention: Retention, session_key: str | None, order: int) -> None:
+        if info.id in self.catalog:
+            raise EngineFailure(f"checkpoint {info.id.value} published twice")
+        self.catalog[info.id] = CatalogEntry(info, retention, self._clock)
+        self.index.add(info)
+        if retention is Retention.OUTPUT:
+            self.stats.retained += 1
+            if session_key is not None:
+                self._bind_session(session_key, info.id, order)
+        else:
+            self.stats.captures += 1
 
     def _adopt_lane(self, result: ResourceResult, lane: int, rid: int | None) -> None:
         if result.kind is TransitionKind.MATERIALIZE:
@@ -151,26 +290,11 @@ class ResourceManager:
         elif result.kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
             self._set_lane(lane, LaneState.FREE, None)
 
-    def enter_terminal(self, lane: int) -> None:
-        self._set_lane(lane, LaneState.TERMINAL_PENDING, self.lane_owner[lane])
-
-    def _unindex(self, info: CheckpointInfo) -> None:
-        same = self.by_length[info.tokens]
-        same[info.digest].discard(info.id)
-        if not same[info.digest]:
-            del same[info.digest]
-        if not same:
-            del self.by_length[info.tokens]
-
     def _bind_session(self, key: str, cid: CheckpointId, order: int) -> None:
         """Only a later publication_order may replace a binding; the replaced checkpoint stays cached."""
         old = self.sessions.get(key)
         if old is None or order > old.publication_order:
             self.sessions[key] = SessionBinding(cid, order)
-
-    def _drop_session_binding(self, cid: CheckpointId) -> None:
-        for key in [k for k, b in self.sessions.items() if b.checkpoint == cid]:
-            del self.sessions[key]
 
     def clear(self) -> None:
         """Engine failure: forget every lane, claim, checkpoint and binding (the Program is discarded too)."""
@@ -178,8 +302,10 @@ class ResourceManager:
         self.lane_owner = [None] * len(self.lanes)
         self.catalog.clear()
         self.sessions.clear()
-        self.by_length.clear()
-        self._claims.clear()
+        self.index = PrefixIndex()
+        for table in (self._claims, self._planned, self._miss, self._sources):
+            table.clear()
+        self._promote.clear()
 
     def check_invariants(self) -> None:
         for i, (s, owner) in enumerate(zip(self.lanes, self.lane_owner)):
@@ -194,8 +320,6 @@ class ResourceManager:
             assert entry.pins == pins.get(cid, 0), f"checkpoint {cid.value} pins {entry.pins} != claims"
         for key, b in self.sessions.items():
             assert b.checkpoint in self.catalog, f"session {key!r} bound to a released checkpoint"
-        indexed = {c for same in self.by_length.values() for ids in same.values() for c in ids}
-        assert indexed == set(self.catalog), "prefix index and catalog disagree"
-        for n, same in self.by_length.items():
-            for digest, ids in same.items():
-                assert all(self.catalog[c].info.tokens == n and self.catalog[c].info.digest == digest for c in ids)
+        self.index.check(self.catalog)
+        s = self.stats
+        assert s.hits + sum(s.misses.values()) == s.lookups, "cache lookups do not add up"

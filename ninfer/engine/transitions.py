@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from ninfer.contracts import (EngineFailure, FinishReason, GenerationStart, Infeasible, RequestState, ResourceResult,
                               TransitionKind)
 
+from .resource_manager import TerminalFacts
+
 if TYPE_CHECKING:
     from .core import EngineCore
     from .records import RequestRecord
@@ -17,7 +19,8 @@ _SUCCESS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
 
 def next_settlement(core: "EngineCore") -> bool:
     """Start at most one transition: a terminal request's pending capture, then its retain/release (lanes free
-    up first), then captures of active requests, then deletions past the retention cap."""
+    up first), then captures of active requests, then deletions past the retention cap, then the promotion of a
+    host replica that earned a hit."""
     terminal = [r for r in core.records.values() if r.state is RequestState.TERMINAL_PENDING]
     for rec in terminal:
         if rec.capture_pending and _start_capture(core, rec):
@@ -28,7 +31,11 @@ def next_settlement(core: "EngineCore") -> bool:
         if rec.capture_pending and rec.handle is not None and _start_capture(core, rec):
             return True
     eviction = core.resources.eviction_choice(core.config.max_cached_checkpoints)
-    return eviction is not None and core.begin_transition(eviction, None) is True
+    if eviction is not None:
+        return core.begin_transition(eviction, None) is True
+    placement = core.resources.placement_choice()
+    # A promotion that does not fit now is dropped: the replica still serves hits from the host.
+    return placement is not None and core.begin_transition(placement, None) is True
 
 
 def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:
@@ -42,12 +49,12 @@ def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:
 
 def _start_terminal(core: "EngineCore", rec: "RequestRecord") -> None:
     succeeded = rec.finish_reason in _SUCCESS and rec.error is None
-    choice = core.resources.terminal_choice(rec.handle, rec.frontier, rec.request.session_key, succeeded)
+    facts = TerminalFacts(rec.frontier, rec.boundary, rec.request.session_key, succeeded)
+    choice = core.resources.terminal_choice(rec.handle, facts)
     outcome = core.begin_transition(choice, rec)
     if isinstance(outcome, Infeasible):
         # Retention that cannot form a complete continuation ends deterministically in release.
-        release = core.resources.terminal_choice(rec.handle, rec.frontier, None, False)
-        outcome = core.begin_transition(release, rec)
+        outcome = core.begin_transition(core.resources.release_choice(rec.handle), rec)
         if isinstance(outcome, Infeasible):
             raise EngineFailure(f"Program cannot release request {rec.rid}: {outcome.reason}")
 
@@ -67,7 +74,7 @@ def adopt_result(core: "EngineCore", result: ResourceResult, owner: "RequestReco
         core.units.publish_final(owner)  # budget accounting, OutputSession commit, publish: after the result
         core.finish(owner, owner.finish_reason or FinishReason.ERROR)
     else:
-        core.resources.adopt(result, rid=None, lane=None)
+        core.resources.adopt(result, rid=owner.rid if owner is not None else None, lane=None)
 
 
 def _after_materialize(core: "EngineCore", result: ResourceResult, rec: "RequestRecord", aborted: bool) -> None:

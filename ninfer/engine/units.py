@@ -124,6 +124,8 @@ class UnitRunner:
         return previews, decisions
 
     def _after_commit(self, rec: "RequestRecord", row: PendingRow, preview: Any, decision: RowDecision) -> None:
+        if decision.boundary is not None:
+            rec.boundary = row.base_frontier + decision.boundary  # the same absolute position the Program commits
         if preview is None:  # the Frontend failed this row (a cancelled row decision): nothing to publish
             self.enter_terminal(rec, FinishReason.ERROR)
             return

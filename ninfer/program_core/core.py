@@ -20,7 +20,9 @@ from . import invariants, transitions
 from .records import ActiveSequence, Checkpoint
 from .store import HostTier, IdPool, PhysicalStore
 
-SLOTS_PER_SEQUENCE = 2  # the live state and the publication slot reserved at activation
+# A sequence needs its live state slot; it may hold one capture slot beyond it, and further capture slots only from
+# the `checkpoint_slots` allowance shared by all sequences, so an admission from root never lacks a slot.
+SLOTS_PER_SEQUENCE = 2
 
 
 class ProgramCore:
@@ -82,11 +84,11 @@ class ProgramCore:
                 slots += self.ckpts[cid].slot is not None
         return sum(1 for p, n in held.items() if self.alloc.refs[p] == n), slots
 
-    def boundary_snapshots(self) -> int:
-        """Unpublished chunk-boundary snapshots: bounded by checkpoint_slots, so they never take a slot that an
-        admission from root would need (see docs/reference-program.md)."""
+    def capture_allowance_used(self) -> int:
+        """Capture slots held beyond one per sequence: bounded by checkpoint_slots, so they never take a slot that
+        an admission from root would need (see docs/reference-program.md)."""
         live = itertools.chain(self.seqs.values(), self.prepared.values())
-        return sum(1 for s in live for ck in s.snapshots if ck.boundary)
+        return sum(max(0, s.capture_slots - 1) for s in live)
 
     # ---- resource transactions -----------------------------------------------------------------------------
     def plan(self, choice: ResourceChoice) -> ResourcePlan | Infeasible:
@@ -112,7 +114,7 @@ class ProgramCore:
             raise EngineFailure(f"source checkpoint {choice.source.value} is not a strict prefix of the prompt")
         rel_pages, rel_slots = self.releasable(choice.victims, choice.source)
         if self.need(choice) > self.free_pages() + rel_pages or \
-                SLOTS_PER_SEQUENCE > len(self.slots.free) + rel_slots or self.rows_short():
+                1 > len(self.slots.free) + rel_slots or self.rows_short():
             what = "KV pages or state slots" if self.rows is None else "KV pages, state slots or block-table rows"
             return Infeasible(f"not enough free {what} now", permanent=False)
         return None
@@ -131,7 +133,7 @@ class ProgramCore:
         if plan.resource_revision != self._revision:
             raise StalePlan(f"plan sealed at revision {plan.resource_revision}, now {self._revision}")
         txn = RunningTransaction(plan, next(self._ids))
-        self._open[txn.txn_id] = {"stage": 0, "released": ()}
+        self._open[txn.txn_id] = {"stage": 0, "released": (), "placed": ()}
         return txn
 
     def advance(self, txn: RunningTransaction) -> ResourceResult | None:
@@ -184,8 +186,7 @@ class ProgramCore:
         ck = self.checkpoint(cid)
         on_device = ck.slot is not None
         device = len(ck.table) * self.page_bytes + (self.host.state_bytes if on_device else 0)
-        return CheckpointInfo(cid, len(ck.tokens), token_digest(ck.tokens), device,
-                              0 if on_device else self.host.state_bytes)
+        return CheckpointInfo(cid, len(ck.tokens), ck.digest, device, 0 if on_device else self.host.state_bytes)
 
     def prompt_remaining(self, handle: SequenceHandle) -> int:
         seq = self.sequence(handle)

@@ -1,5 +1,5 @@
 """The pieces of the model transactions (`program.py`): where a prefill chunk ends and is cut, the pages a step
-takes and gives back, snapshots of the frontier (chunk boundary and prompt end), and the validation that makes a
+takes and gives back, the captures of the frontiers the ResourceManager chose, and the validation that makes a
 commit whole or nothing."""
 
 from __future__ import annotations
@@ -7,14 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, RowDecision, token_digest
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, RowDecision
 
 from .records import ActiveSequence, Checkpoint
 
 if TYPE_CHECKING:
     from .core import ProgramCore
-
-CHUNK = 64  # the GDN chunk: boundary checkpoints sit at its absolute multiples
 
 
 @dataclass(frozen=True)
@@ -36,14 +34,11 @@ def prefill_end(seq: ActiveSequence, max_tokens: int) -> int:
     return min(n, seq.frontier + max_tokens)
 
 
-def boundary_cut(prog: "ProgramCore", seq: ActiveSequence, start: int, end: int) -> int | None:
-    """The deepest multiple of 64 in (start, end] short of the prompt end, when a boundary snapshot will be taken
-    there. One per chunk, not one per boundary: a cut inside the chunk is another model call (a 64-token call uses
-    the GPU poorly), and the deepest boundary is the one a later prompt diverging in this chunk reuses the most of."""
-    cut = end // CHUNK * CHUNK
-    if cut <= start or cut >= len(seq.prompt) or not boundary_wanted(prog, seq.prompt[:cut]):
-        return None
-    return cut
+def capture_cuts(seq: ActiveSequence, start: int, end: int) -> list[int]:
+    """The reserved capture frontiers strictly inside a prefill piece [start, end): where the piece is cut so that
+    the state there can be captured (one at `end` needs no cut; one inside is another model call, which is why the
+    ResourceManager asks for few)."""
+    return [f for f, _ in seq.captures if start < f < end]
 
 
 # ---- pages and backups ---------------------------------------------------------------------------------------
@@ -72,29 +67,19 @@ def restore(prog: "ProgramCore", seq: ActiveSequence, prov: Provisional) -> None
         seq.reserve_left += 1
 
 
-# ---- snapshots -----------------------------------------------------------------------------------------------
-def boundary_wanted(prog: "ProgramCore", tokens: Sequence[int]) -> bool:
-    """The checkpoint allowance has a free slot and these tokens are not already published."""
-    if prog.boundary_snapshots() >= prog.config.checkpoint_slots or not prog.slots.free:
-        return False
-    digest = token_digest(tokens)
-    return not any(len(c.tokens) == len(tokens) and token_digest(c.tokens) == digest for c in prog.ckpts.values())
-
-
-def share(prog: "ProgramCore", seq: ActiveSequence, slot: int, boundary: bool) -> None:
-    """Snapshot the frontier: GDN state copied into `slot`, every page shared by reference (the partial one too:
-    the checkpoint reads only positions before its frontier, and a resume copies it)."""
-    prog.store.copy_slot(seq.handle.slot, slot)
-    for p in seq.table:
-        prog.alloc.ref(p)
-    seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot, boundary=boundary))
-
-
-def snapshot_prompt_end(prog: "ProgramCore", seq: ActiveSequence) -> None:
-    """Capture the prompt-end state into the publication slot reserved at activation."""
-    if seq.pub_slot is not None:
-        slot, seq.pub_slot = seq.pub_slot, None
-        share(prog, seq, slot, boundary=False)
+# ---- captures ------------------------------------------------------------------------------------------------
+def capture_due(prog: "ProgramCore", seq: ActiveSequence) -> None:
+    """Capture the frontier when the ResourceManager chose it (a slot was reserved for it at activation): the GDN
+    state is copied into that slot and every page is shared by reference (the partial one too: the checkpoint reads
+    only positions before its frontier, and a resume copies it)."""
+    while seq.captures and seq.captures[0][0] <= seq.frontier:
+        frontier, slot = seq.captures.pop(0)
+        if frontier != seq.frontier:
+            raise EngineFailure(f"{seq.handle}: prefill passed the capture frontier {frontier} (at {seq.frontier})")
+        prog.store.copy_slot(seq.handle.slot, slot)
+        for p in seq.table:
+            prog.alloc.ref(p)
+        seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot))
 
 
 # ---- commit --------------------------------------------------------------------------------------------------

@@ -16,10 +16,16 @@ def resource_usage(prog: "ProgramCore") -> ResourceUsage:
     live = list(itertools.chain(prog.seqs.values(), prog.prepared.values()))
     seq_pages = {p for s in live for p in s.table} | {p for s in live for c in s.snapshots for p in c.table}
     ck_pages = {p for c in prog.ckpts.values() for p in c.table} - seq_pages
+    on_host = sum(1 for c in prog.ckpts.values() if c.slot is None)
+    state = prog.host.state_bytes
+    device = len({p for c in prog.ckpts.values() for p in c.table}) * prog.page_bytes + \
+        (len(prog.ckpts) - on_host) * state
     return ResourceUsage(active_sequences=len(prog.seqs), reserved_pages=prog.reserved(),
                          sequence_pages=len(seq_pages), checkpoint_pages=len(ck_pages),
                          free_pages=prog.alloc.available, total_pages=prog.alloc.total,
-                         checkpoints=len(prog.ckpts), free_slots=len(prog.slots.free), total_slots=prog.slots.total)
+                         checkpoints=len(prog.ckpts), free_slots=len(prog.slots.free), total_slots=prog.slots.total,
+                         host_checkpoints=on_host, checkpoint_device_bytes=device,
+                         checkpoint_host_bytes=on_host * state)
 
 
 def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows: list[int]) -> None:
@@ -29,7 +35,9 @@ def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows:
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
         refs.update(seq.table)
         slots.append(seq.handle.slot)
-        slots.extend([seq.pub_slot] if seq.pub_slot is not None else [])
+        slots.extend(slot for _, slot in seq.captures)
+        assert [f for f, _ in seq.captures] == sorted({f for f, _ in seq.captures}), f"{seq.handle}: captures unordered"
+        assert all(f > seq.frontier for f, _ in seq.captures), f"{seq.handle}: prefill passed a reserved capture"
         rows.extend([seq.row] if seq.row is not None else [])
         assert len(seq.table) == pages_for(seq.frontier), f"{seq.handle}: block table does not cover the frontier"
         assert seq.reserve_left >= 0, f"{seq.handle}: negative reservation"
@@ -69,6 +77,6 @@ def check_invariants(prog: "ProgramCore") -> None:
     if prog.rows is not None:
         assert sorted(rows + prog.rows.free) == list(range(prog.rows.total)), "block-table rows leaked or shared"
     assert prog.reserved() <= alloc.available, "reservations exceed the free pages"
-    assert prog.boundary_snapshots() <= prog.config.checkpoint_slots, "boundary snapshots beyond the allowance"
+    assert prog.capture_allowance_used() <= prog.config.checkpoint_slots, "capture slots beyond the allowance"
     assert host == set(prog.host.entries), "host-tier entries differ from host-resident checkpoints"
     assert prog.host.used <= prog.host.budget, "host tier over its budget"

@@ -1,8 +1,8 @@
 """Program: the whole Program protocol over a `PhysicalStore` and a `ModelExecutor`, for both Programs.
 
 The resource side is `ProgramCore`'s; this adds the model transactions. Prompt tokens are not provisional: a
-prefill chunk writes KV and GDN state at once (cut at most once, at a chunk boundary whose state becomes a boundary
-checkpoint, `execution.boundary_cut`), and the final chunk's batch holds only the sampled first token. Decode and
+prefill chunk writes KV and GDN state at once (cut at each capture frontier the ResourceManager chose and a slot was
+reserved for, whose state is captured there), and the final chunk's batch holds only the sampled first token. Decode and
 control step the live state in place: the committed GDN state is first saved into the backup slot bound to the
 sequence's block-table row, and the pages the step takes are provisional. Commit keeps the stepped state; a rejected
 row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the backup and returns the
@@ -16,8 +16,7 @@ from typing import Any, Sequence
 from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
 
 from .core import ProgramCore
-from .execution import (Provisional, boundary_cut, grow, prefill_end, restore, share, snapshot_prompt_end,
-                        validate_commit)
+from .execution import Provisional, capture_cuts, capture_due, grow, prefill_end, restore, validate_commit
 from .executor import ModelExecutor
 
 
@@ -28,14 +27,12 @@ class Program(ProgramCore):
         seq = self.sequence(handle)
         n = len(seq.prompt)
         end = prefill_end(seq, max_tokens)
-        cut = boundary_cut(self, seq, seq.frontier, end)
-        for a, b in [(seq.frontier, cut), (cut, end)] if cut is not None and cut < end else [(seq.frontier, end)]:
+        cuts = [seq.frontier, *capture_cuts(seq, seq.frontier, end), end]
+        for a, b in zip(cuts, cuts[1:]):
             grow(self, seq, b)
             logits = self.executor.prefill(seq, a, b)
             seq.tokens.extend(seq.prompt[a:b])
-            if b == cut:
-                share(self, seq, self.slots.take(), boundary=True)
-                self.bump_revision()
+            capture_due(self, seq)
         if end < n:
             return None
         token, lp = self.executor.draw_first(seq, logits, mask)
@@ -82,8 +79,6 @@ class Program(ProgramCore):
             seq.pending = row.tokens[d.accepted - 1]
             if d.boundary is not None:
                 seq.boundary = row.base_frontier + d.boundary
-            if prefill_batch:
-                snapshot_prompt_end(self, seq)
         self.executor.record(counted)  # the accepted tokens are outputs now: the penalties' history follows
 
     def abort_pending(self, batch: PendingBatch) -> None:

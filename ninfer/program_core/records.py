@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ninfer.contracts import SequenceHandle
+from ninfer.contracts import SequenceHandle, token_digest
 from ninfer.sampling import SamplingParams
 
 
@@ -17,7 +17,10 @@ class Checkpoint:
     tokens: tuple[int, ...]
     table: list[int]  # pages covering positions < len(tokens), each holding one reference
     slot: int | None
-    boundary: bool = False  # captured at a GDN chunk boundary: its slot came from the checkpoint allowance
+    digest: str = field(init=False)  # resident prefix identity: token_digest(tokens), computed once
+
+    def __post_init__(self) -> None:
+        self.digest = token_digest(self.tokens)
 
 
 @dataclass
@@ -32,9 +35,16 @@ class ActiveSequence:
     pending: int | None = None  # last committed output token, not yet consumed
     table: list[int] = field(default_factory=list)  # block table, covers exactly the frontier
     reserve_left: int = 0  # pages reserved for growth, not yet taken from the pool
-    pub_slot: int | None = None  # the publication slot reserved at activation, until the prompt-end snapshot
+    # Capture frontiers the ResourceManager chose and a state slot was reserved for at activation, ascending:
+    # (frontier, slot), each filled when prefill reaches it.
+    captures: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[Checkpoint] = field(default_factory=list)  # captured, not yet published
     boundary: int | None = None  # absolute reconstruction boundary of the last commit (Frontend metadata)
+
+    @property
+    def capture_slots(self) -> int:
+        """State slots held for captures, reserved or filled and unpublished."""
+        return len(self.captures) + len(self.snapshots)
 
     @property
     def frontier(self) -> int:

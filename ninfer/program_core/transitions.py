@@ -9,10 +9,10 @@ the claim returns everything it took. Bytes move only through the Program's `Phy
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, ResourceChoice, ResourceResult,
-                              RunningTransaction, TransitionKind, token_digest)
+                              RunningTransaction, TransitionKind)
 from ninfer.sampling import params_or_greedy
 
 from .records import ActiveSequence, Checkpoint
@@ -51,7 +51,7 @@ def abort(prog: "ProgramCore", txn: RunningTransaction, progress: dict[str, Any]
         _free_sequence(prog, seq)
         prog.bump_revision()
     return ResourceResult(txn.txn_id, txn.plan.choice.kind, False, prog.resource_revision,
-                          released=progress["released"], detail="aborted")
+                          released=progress["released"], placed=progress.get("placed", ()), detail="aborted")
 
 
 # ---- materialization -----------------------------------------------------------------------------------------
@@ -59,12 +59,15 @@ def _advance_materialize(prog: "ProgramCore", txn: RunningTransaction,
                          progress: dict[str, Any]) -> ResourceResult | None:
     choice = txn.plan.choice
     if progress["stage"] == 0:
-        progress["released"] = _make_room(prog, choice)
-        if prog.need(choice) > prog.free_pages() or len(prog.slots.free) < 2 or prog.rows_short():
+        room = Room(prog, choice)
+        room.make(choice.victims, prog.need(choice), 1)
+        progress["released"], progress["placed"] = room.released, room.placed
+        if prog.need(choice) > prog.free_pages() or not prog.slots.free or prog.rows_short():
             prog.bump_revision()
-            return ResourceResult(txn.txn_id, choice.kind, False, prog.resource_revision,
-                                  released=progress["released"], detail="pools changed under the plan")
-        prog.prepared[txn.txn_id] = _claim(prog, choice)
+            return room.result(txn, False, detail="pools changed under the plan")
+        seq = prog.prepared[txn.txn_id] = _claim(prog, choice)
+        _reserve_captures(prog, choice, seq, room)
+        progress["released"], progress["placed"] = room.released, room.placed
         prog.bump_revision()
         progress["stage"] = 1
         if choice.source is not None:
@@ -73,35 +76,64 @@ def _advance_materialize(prog: "ProgramCore", txn: RunningTransaction,
     prog.seqs[seq.handle.slot] = seq
     prog.bump_revision()
     return ResourceResult(txn.txn_id, choice.kind, True, prog.resource_revision, handle=seq.handle,
-                          reused_tokens=seq.frontier, released=progress["released"])
+                          reused_tokens=seq.frontier, captures=tuple(f for f, _ in seq.captures),
+                          released=progress["released"], placed=progress["placed"])
 
 
-def _make_room(prog: "ProgramCore", choice: ResourceChoice) -> tuple[CheckpointId, ...]:
-    """Walk the victims in the given (LRU) order until the need is met. When only state slots are short, a
-    victim's GDN state moves to the host tier (it stays cached); otherwise the victim is released."""
-    need, released = prog.need(choice), []
-    for cid in choice.victims:
-        pages_ok, slots_ok = prog.free_pages() >= need, len(prog.slots.free) >= 2
-        if pages_ok and slots_ok:
+class Room:
+    """Making room by the ResourceManager's victims, lowest value first: a victim it wants demoted keeps a host
+    replica when only state slots are short and the host tier fits; otherwise it is deleted. The source is never
+    displaced, and a host-resident victim is skipped when only slots are short (it holds none)."""
+
+    def __init__(self, prog: "ProgramCore", choice: ResourceChoice):
+        self.prog, self.choice = prog, choice
+        self.released: tuple[CheckpointId, ...] = ()
+        self.placed: tuple[CheckpointInfo, ...] = ()
+
+    def make(self, victims: Sequence[CheckpointId], pages: int, slots: int) -> bool:
+        prog = self.prog
+        for cid in victims:
+            pages_ok, slots_ok = prog.free_pages() >= pages, len(prog.slots.free) >= slots
+            if pages_ok and slots_ok:
+                return True
+            if cid == self.choice.source or cid not in prog.ckpts:
+                continue
+            ck = prog.ckpts[cid]
+            if pages_ok and ck.slot is None:
+                continue
+            if pages_ok and cid in self.choice.demote and prog.host.fits():
+                to_host(prog, cid, ck)
+                self.placed += (prog.checkpoint_info(cid),)
+                continue
+            free_checkpoint(prog, prog.ckpts.pop(cid), cid)
+            self.released += (cid,)
+        return prog.free_pages() >= pages and len(prog.slots.free) >= slots
+
+    def result(self, txn: RunningTransaction, succeeded: bool, **kw: Any) -> ResourceResult:
+        return ResourceResult(txn.txn_id, txn.plan.choice.kind, succeeded, self.prog.resource_revision,
+                              released=self.released, placed=self.placed, **kw)
+
+
+def _reserve_captures(prog: "ProgramCore", choice: ResourceChoice, seq: ActiveSequence, room: Room) -> None:
+    """A state slot for each chosen capture frontier, in the ResourceManager's order, while the allowance lasts; a
+    slot may come from the victims the ResourceManager let captures displace (`capture_victims`)."""
+    start, wanted = seq.frontier, []
+    for f in dict.fromkeys(choice.captures):
+        if not start < f <= len(choice.prompt):
+            raise EngineFailure(f"capture at {f} outside the prefill of {start}..{len(choice.prompt)}")
+        if prog.capture_allowance_used() + (seq.capture_slots >= 1) > prog.config.checkpoint_slots:
             break
-        if cid == choice.source or cid not in prog.ckpts:
-            continue
-        ck = prog.ckpts[cid]
-        if pages_ok and ck.slot is None:
-            continue  # a host-resident checkpoint holds no slot: releasing it would not help
-        if pages_ok and prog.host.fits():
-            _to_host(prog, cid, ck)
-            continue
-        free_checkpoint(prog, prog.ckpts.pop(cid), cid)
-        released.append(cid)
-    return tuple(released)
+        if not room.make(choice.victims[:choice.capture_victims], 0, 1):
+            break
+        wanted.append((f, prog.slots.take()))
+        seq.captures = sorted(wanted)
 
 
 def _claim(prog: "ProgramCore", choice: ResourceChoice) -> ActiveSequence:
-    slot, pub = prog.slots.take(), prog.slots.take()
+    slot = prog.slots.take()
     row = prog.rows.take() if prog.rows is not None else None
     seq = ActiveSequence(prog.new_handle(slot), choice.prompt, choice.max_new_tokens, params_or_greedy(choice.sampling),
-                         choice.seed % SEED_MOD, row=row, pub_slot=pub)
+                         choice.seed % SEED_MOD, row=row)
     taken = 0
     if choice.source is None:
         prog.store.clear_slot(slot)
@@ -129,9 +161,8 @@ def _claim(prog: "ProgramCore", choice: ResourceChoice) -> ActiveSequence:
 # ---- checkpoints -------------------------------------------------------------------------------------------
 def publish(prog: "ProgramCore", ck: Checkpoint) -> tuple[CheckpointInfo, ...]:
     """Publish a complete checkpoint, unless one of the same tokens is already published (then free it)."""
-    digest = token_digest(ck.tokens)
     for other in prog.ckpts.values():
-        if len(other.tokens) == len(ck.tokens) and token_digest(other.tokens) == digest:
+        if len(other.tokens) == len(ck.tokens) and other.digest == ck.digest:
             free_checkpoint(prog, ck, None)
             return ()
     cid = prog.new_checkpoint_id()
@@ -148,7 +179,8 @@ def free_checkpoint(prog: "ProgramCore", ck: Checkpoint, cid: CheckpointId | Non
         del prog.host.entries[cid.value]
 
 
-def _to_host(prog: "ProgramCore", cid: CheckpointId, ck: Checkpoint) -> None:
+def to_host(prog: "ProgramCore", cid: CheckpointId, ck: Checkpoint) -> None:
+    """Demote: the GDN state becomes a host replica and the device slot is freed (KV pages stay in the pool)."""
     prog.host.entries[cid.value] = prog.store.load_slot(ck.slot)
     prog.slots.give(ck.slot)
     ck.slot = None
@@ -158,7 +190,7 @@ def _place(prog: "ProgramCore", txn: RunningTransaction, cid: CheckpointId | Non
     """Move one inactive checkpoint's GDN state to the other tier; its KV pages stay where they are."""
     ck = prog.checkpoint(cid)
     if ck.slot is not None and prog.host.fits():
-        _to_host(prog, cid, ck)
+        to_host(prog, cid, ck)
     elif ck.slot is None and prog.slots.free:
         ck.slot = prog.slots.take()
         prog.store.store_slot(ck.slot, prog.host.entries.pop(cid.value))
@@ -166,7 +198,7 @@ def _place(prog: "ProgramCore", txn: RunningTransaction, cid: CheckpointId | Non
         return ResourceResult(txn.txn_id, TransitionKind.PLACE, False, prog.resource_revision,
                               detail="the target tier has no room")
     return ResourceResult(txn.txn_id, TransitionKind.PLACE, True, prog.resource_revision,
-                          detail="to host" if ck.slot is None else "to device")
+                          placed=(prog.checkpoint_info(cid),), detail="to host" if ck.slot is None else "to device")
 
 
 # ---- terminal ------------------------------------------------------------------------------------------------
@@ -176,11 +208,8 @@ def _terminal(prog: "ProgramCore", txn: RunningTransaction, choice: ResourceChoi
     if retain and choice.capture_at is not None and choice.capture_at != seq.frontier:
         raise EngineFailure(f"retain at {choice.capture_at} but sequence {seq.handle} is at {seq.frontier}")
     del prog.seqs[seq.handle.slot]
-    for ck in seq.snapshots:
-        free_checkpoint(prog, ck, None)
-    seq.snapshots, seq.reserve_left = [], 0
-    if seq.pub_slot is not None:
-        prog.slots.give(seq.pub_slot)
+    _free_captures(prog, seq)
+    seq.reserve_left = 0
     _give_row(prog, seq)
     published: tuple[CheckpointInfo, ...] = ()
     if retain:
@@ -193,14 +222,20 @@ def _terminal(prog: "ProgramCore", txn: RunningTransaction, choice: ResourceChoi
     return ResourceResult(txn.txn_id, choice.kind, True, prog.resource_revision, published=published)
 
 
-def _free_sequence(prog: "ProgramCore", seq: ActiveSequence) -> None:
+def _free_captures(prog: "ProgramCore", seq: ActiveSequence) -> None:
+    """Unpublished snapshots and the slots of captures prefill never reached."""
     for ck in seq.snapshots:
         free_checkpoint(prog, ck, None)
+    for _, slot in seq.captures:
+        prog.slots.give(slot)
+    seq.snapshots, seq.captures = [], []
+
+
+def _free_sequence(prog: "ProgramCore", seq: ActiveSequence) -> None:
+    _free_captures(prog, seq)
     for p in seq.table:
         prog.alloc.unref(p)
     prog.slots.give(seq.handle.slot)
-    if seq.pub_slot is not None:
-        prog.slots.give(seq.pub_slot)
     _give_row(prog, seq)
 
 

@@ -37,12 +37,16 @@ class ToySequence:
     pending: int | None = None  # last committed output token, not yet consumed
     pages: list[int] = field(default_factory=list)
     reserve_left: int = 0  # pages reserved for growth, not yet taken from the pool
-    snapshot: "ToyCheckpoint | None" = None  # prompt-end capture, owned until published or released
-    snapshot_slot: int | None = None  # the publication slot reserved at activation
+    captures: list[tuple[int, int]] = field(default_factory=list)  # (frontier, reserved slot), ascending
+    snapshots: list["ToyCheckpoint"] = field(default_factory=list)  # captured, owned until published or released
 
     @property
     def prompt_pos(self) -> int:
         return min(len(self.history), len(self.prompt))
+
+    @property
+    def capture_slots(self) -> int:
+        return len(self.captures) + len(self.snapshots)
 
 
 @dataclass
@@ -59,6 +63,7 @@ class ToyProgram:
                  eos: tuple[int, ...] = (0,)):
         self.limits = ProgramLimits(max_concurrency, max_context, vocab, eos)
         self.page_size, self.draft_tokens, self.multi_stage = page_size, draft_tokens, multi_stage
+        self.checkpoint_slots = checkpoint_slots
         self.pages = PagePool(total_pages)
         self.slots = SlotPool(2 * max_concurrency + checkpoint_slots)
         self.seqs: dict[int, ToySequence] = {}  # state slot -> sequence
@@ -83,7 +88,7 @@ class ToyProgram:
         shared = 0
         if choice.source is not None:
             shared = len(self.ckpts[choice.source].tokens) // self.page_size
-        return total - shared, 2
+        return total - shared, 1
 
     def _commitment(self, seq: ToySequence) -> int:
         return len(seq.pages) + seq.reserve_left
@@ -112,8 +117,10 @@ class ToyProgram:
                 return Infeasible("not enough free pages or slots now", permanent=False)
         elif choice.kind is TransitionKind.CAPTURE:
             seq = self._seq(choice.handle)
-            if seq.snapshot is None:
-                return Infeasible("no prompt-end snapshot to publish", permanent=False)
+            if not seq.snapshots:
+                return Infeasible("no captured snapshot to publish", permanent=False)
+        elif choice.kind is TransitionKind.PLACE:
+            return Infeasible("the ToyProgram has no host tier", permanent=False)
         elif choice.kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
             self._seq(choice.handle)
         return ResourcePlan(choice, self._revision, next(self._ids))
@@ -155,11 +162,15 @@ class ToyProgram:
                           borrower: ResourceChoice) -> bool:
         donor_slots = {d.slot for d in donors}
         held = sum(self._commitment(s) for slot, s in self.seqs.items() if slot not in donor_slots)
-        held_slots = 2 * sum(1 for slot in self.seqs if slot not in donor_slots)
+        # each sequence holds its live slot and one capture slot; further capture slots come from the allowance
+        held_slots = 2 * sum(1 for slot in self.seqs if slot not in donor_slots) + self.checkpoint_slots
         b_pages = self._pages_for(len(borrower.prompt) + borrower.max_new_tokens)
         h_pages = self._pages_for(len(head.prompt) + head.max_new_tokens)
         return (held + b_pages + h_pages <= self.pages.total
                 and held_slots + 4 <= self.slots.total)
+
+    def capture_allowance_used(self) -> int:
+        return sum(max(0, s.capture_slots - 1) for s in self.seqs.values())
 
     # ---- model transactions ----------------------------------------------------------------------------------
     def _seq(self, handle: SequenceHandle | None) -> ToySequence:
@@ -177,6 +188,8 @@ class ToyProgram:
                 seq.pages.append(self.pages.take())
             seq.history.append(t)
             seq.rolling = _roll(seq.rolling, t)
+            if seq.captures and seq.captures[0][0] == len(seq.history):
+                self._capture(seq, seq.captures.pop(0)[1])
 
     def _draw(self, seq: ToySequence, rolling: int, position: int) -> int:
         self.calls += 1
@@ -228,18 +241,13 @@ class ToyProgram:
             feed = ([seq.pending] if seq.pending is not None else []) + list(row.tokens[:d.accepted - 1])
             self._consume(seq, feed)
             seq.pending = row.tokens[d.accepted - 1]
-            if batch.kind is BatchKind.PREFILL:
-                self._snapshot_prompt_end(seq)
 
-    def _snapshot_prompt_end(self, seq: ToySequence) -> None:
-        """Capture the prompt-end state into the publication slot reserved at activation (KV pages by reference)."""
-        if seq.snapshot_slot is None or seq.snapshot is not None:
-            return
+    def _capture(self, seq: ToySequence, slot: int) -> None:
+        """Capture the frontier into the slot reserved for it at activation (KV pages by reference)."""
         pages = list(seq.pages)
         for p in pages:
             self.pages.ref(p)
-        seq.snapshot = ToyCheckpoint(tuple(seq.history), seq.rolling, pages, seq.snapshot_slot)
-        seq.snapshot_slot = None
+        seq.snapshots.append(ToyCheckpoint(tuple(seq.history), seq.rolling, pages, slot))
 
     def abort_pending(self, batch: PendingBatch) -> None:
         """Provisional tokens live only in the batch, so dropping it restores every row."""
@@ -250,7 +258,7 @@ class ToyProgram:
 
     def resource_usage(self) -> ResourceUsage:
         seq_pages = {p for s in self.seqs.values() for p in s.pages}
-        snap_pages = {p for s in self.seqs.values() if s.snapshot for p in s.snapshot.pages}
+        snap_pages = {p for s in self.seqs.values() for c in s.snapshots for p in c.pages}
         ck_pages = {p for c in self.ckpts.values() for p in c.pages} - seq_pages - snap_pages
         return ResourceUsage(len(self.seqs), self._reserved(), len(seq_pages | snap_pages), len(ck_pages),
                              self.pages.available, self.pages.total, len(self.ckpts), len(self.slots.free),

@@ -17,8 +17,8 @@ def apply_transition(prog: "ToyProgram", txn: RunningTransaction, choice: Resour
         return _materialize(prog, txn, choice)
     if kind is TransitionKind.CAPTURE:
         seq = prog._seq(choice.handle)
-        snap, seq.snapshot = seq.snapshot, None
-        published = _publish(prog, snap) if snap is not None else ()
+        snaps, seq.snapshots = seq.snapshots, []
+        published = tuple(info for snap in snaps for info in _publish(prog, snap))
         return ResourceResult(txn.txn_id, kind, True, prog._revision, published=published)
     if kind in (TransitionKind.RETAIN, TransitionKind.RELEASE):
         return _terminal(prog, txn, choice)
@@ -58,7 +58,7 @@ def _materialize(prog: "ToyProgram", txn: RunningTransaction, choice: ResourceCh
     slot = prog.slots.take()
     greedy = choice.sampling is None or getattr(choice.sampling, "temperature", 0.0) == 0.0
     seq = ToySequence(SequenceHandle(slot, next(prog._generation)), choice.prompt, choice.max_new_tokens,
-                      choice.seed, greedy, snapshot_slot=prog.slots.take())
+                      choice.seed, greedy)
     reused = 0
     if choice.source is not None:
         src = prog.ckpts[choice.source]
@@ -72,8 +72,25 @@ def _materialize(prog: "ToyProgram", txn: RunningTransaction, choice: ResourceCh
         seq.history, seq.rolling = list(src.tokens), src.rolling
     seq.reserve_left = need_pages - (len(seq.pages) - reused // prog.page_size)
     prog.seqs[slot] = seq
+    released += _reserve_captures(prog, choice, seq, reused)
     return ResourceResult(txn.txn_id, choice.kind, True, prog._revision, handle=seq.handle, reused_tokens=reused,
-                          released=released)
+                          captures=tuple(f for f, _ in seq.captures), released=released)
+
+
+def _reserve_captures(prog: "ToyProgram", choice: ResourceChoice, seq, reused: int) -> tuple[CheckpointId, ...]:
+    """A slot per chosen capture frontier while the allowance lasts, displacing the allowed victims for it."""
+    released: tuple[CheckpointId, ...] = ()
+    for f in dict.fromkeys(choice.captures):
+        assert reused < f <= len(choice.prompt), f"capture at {f} outside the prefill"
+        if prog.capture_allowance_used() + (seq.capture_slots >= 1) > prog.checkpoint_slots:
+            break
+        if not prog.slots.free:
+            released += _release_victims(prog, choice.victims[:choice.capture_victims], need_pages=0, need_slots=1,
+                                         keep=choice.source)
+        if not prog.slots.free:
+            break
+        seq.captures = sorted(seq.captures + [(f, prog.slots.take())])
+    return released
 
 
 def _publish(prog: "ToyProgram", ck: "ToyCheckpoint") -> tuple:
@@ -92,10 +109,10 @@ def _terminal(prog: "ToyProgram", txn: RunningTransaction, choice: ResourceChoic
     seq = prog._seq(choice.handle)
     del prog.seqs[seq.handle.slot]
     seq.reserve_left = 0
-    if seq.snapshot is not None:
-        _free_checkpoint(prog, seq.snapshot)
-    if seq.snapshot_slot is not None:
-        prog.slots.give(seq.snapshot_slot)
+    for snap in seq.snapshots:
+        _free_checkpoint(prog, snap)
+    for _, slot in seq.captures:
+        prog.slots.give(slot)
     published: tuple = ()
     if choice.kind is TransitionKind.RETAIN and seq.history:
         from .toy_program import ToyCheckpoint
@@ -122,9 +139,10 @@ def check_toy_invariants(prog: "ToyProgram") -> None:
     for slot, seq in prog.seqs.items():
         assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
         hold(seq.pages, slot)
-        hold((), seq.snapshot_slot)
-        if seq.snapshot is not None:
-            hold(seq.snapshot.pages, seq.snapshot.slot)
+        for _, reserved in seq.captures:
+            hold((), reserved)
+        for snap in seq.snapshots:
+            hold(snap.pages, snap.slot)
         assert len(seq.pages) == prog._pages_for(len(seq.history)), f"{seq.handle}: pages do not cover history"
         assert seq.reserve_left >= 0
     for ck in prog.ckpts.values():
@@ -135,3 +153,4 @@ def check_toy_invariants(prog: "ToyProgram") -> None:
     assert len(used_slots) == len(set(used_slots)), "a state slot is owned twice"
     assert sorted(used_slots + prog.slots.free) == list(range(prog.slots.total)), "state slots leaked"
     assert prog._reserved() <= prog.pages.available, "reservations exceed free pages"
+    assert prog.capture_allowance_used() <= prog.checkpoint_slots, "capture slots beyond the allowance"

@@ -25,9 +25,17 @@ def run(prog, choice):
     return result
 
 
-def materialize(prog, prompt, max_new=8, source=None, victims=(), sampling=LOGPROBS):
+def every_capture(prog, prompt, source):
+    """The prompt end, then every multiple of 64 inside the prompt past the source."""
+    start = len(prog.ckpts[source].tokens) if source is not None else 0
+    return (len(prompt),) + tuple(range((start // 64 + 1) * 64, len(prompt), 64))
+
+
+def materialize(prog, prompt, max_new=8, source=None, victims=(), sampling=LOGPROBS, captures=None, **kw):
+    captures = every_capture(prog, prompt, source) if captures is None else captures
     return run(prog, ResourceChoice(TransitionKind.MATERIALIZE, prompt=tuple(prompt), max_new_tokens=max_new,
-                                    source=source, victims=tuple(victims), sampling=sampling))
+                                    source=source, victims=tuple(victims), sampling=sampling, captures=captures,
+                                    **kw))
 
 
 def generate(prog, handle, n, chunk=7):
@@ -257,9 +265,12 @@ def test_victims_released_or_demoted_under_pressure(make_program, prompt_of):
     generate(prog, h, 1)
     (info,) = capture(prog, h)
     finish(prog, h)
-    # Slots short (2 total, the checkpoint holds one), pages fine: the victim moves to the host tier.
-    r = materialize(prog, prompt_of(8, seed=1), max_new=4, victims=(info.id,))
-    assert r.released == () and prog.ckpts[info.id].slot is None
+    # Slots short (2 total, the checkpoint holds one, the request wants a capture too), pages fine: the victim the
+    # ResourceManager wants demoted moves to the host tier.
+    r = materialize(prog, prompt_of(8, seed=1), max_new=4, victims=(info.id,), capture_victims=1,
+                    demote=frozenset({info.id}))
+    assert r.released == () and prog.ckpts[info.id].slot is None and r.captures == (8,)
+    assert [p.id for p in r.placed] == [info.id] and r.placed[0].host_bytes == prog.host.state_bytes
     finish(prog, r.handle)
     # Pages short: the victim is released.
     r = materialize(prog, prompt_of(30, seed=2), max_new=10, victims=(info.id,))
@@ -297,14 +308,44 @@ def test_backfill_proof(make_program, prompt_of):
     assert not prog.backfill_feasible(head, [donor], big)  # the borrower's full reservation leaves 9
 
 
-def test_boundary_snapshots_stay_within_the_checkpoint_allowance(make_program, prompt_of):
+def test_captures_stay_within_the_checkpoint_allowance(make_program, prompt_of):
     prog = make_program(max_concurrency=1, checkpoint_slots=1)
-    h = materialize(prog, prompt_of(150, seed=3), max_new=2).handle
+    r = materialize(prog, prompt_of(150, seed=3), max_new=2)
+    h = r.handle
+    assert r.captures == (64, 150)  # live, one capture slot, one from the allowance: 128 was refused
     generate(prog, h, 1, chunk=150)
-    # live, prompt-end snapshot, one boundary snapshot: one chunk is cut once, at its deepest boundary (128)
     assert len(prog.slots.free) == 0
-    assert sorted(i.tokens for i in capture(prog, h)) == [128, 150]
+    assert sorted(i.tokens for i in capture(prog, h)) == [64, 150]
     finish(prog, h)
     # Both checkpoints are inactive now: an admission from root may release them.
     r = materialize(prog, prompt_of(20, seed=4), victims=tuple(prog.ckpts))
     assert r.handle is not None
+
+
+def test_captures_only_where_chosen_displacing_only_allowed_victims(make_program, prompt_of, model32):
+    """A turn boundary off the GDN chunk grid is captured where the ResourceManager asked; a capture takes a slot
+    from a victim only within `capture_victims`, deleting it unless it is to be demoted."""
+    prog = make_program(max_concurrency=1, checkpoint_slots=1)  # 3 slots
+    base = prompt_of(30, seed=7)
+    r = materialize(prog, base, max_new=2, captures=(21,))
+    generate(prog, r.handle, 1, chunk=8)
+    (info,) = capture(prog, r.handle)
+    assert info.tokens == 21 and info.digest == token_digest(base[:21])
+    finish(prog, r.handle)
+    prompt = base[:21] + prompt_of(6, seed=8)
+    r = materialize(prog, prompt, source=info.id, captures=(25, 27))
+    assert r.reused_tokens == 21 and r.captures == (25,)  # no slot left for 27, and no victim allowed
+    assert_same(generate(prog, r.handle, 3), cold(model32, prompt, 3))
+    (second,) = capture(prog, r.handle)
+    finish(prog, r.handle)
+    # Both checkpoints hold the other two slots: a capture may displace only the first listed victim.
+    victims = (second.id, info.id)
+    r = materialize(prog, prompt_of(9, seed=9), max_new=2, victims=victims, captures=(9, 5), capture_victims=1)
+    assert r.captures == (9,) and r.released == (second.id,) and info.id in prog.ckpts
+    generate(prog, r.handle, 1)
+    (third,) = capture(prog, r.handle)
+    finish(prog, r.handle)
+    r = materialize(prog, prompt_of(9, seed=10), max_new=2, victims=(info.id, third.id), captures=(9,))
+    assert r.captures == () and r.released == () and len(prog.ckpts) == 2  # capture_victims=0: none displaced
+    finish(prog, r.handle)
+    assert_baseline(prog)

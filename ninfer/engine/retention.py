@@ -1,0 +1,99 @@
+"""Retention policy of the context cache: which frontiers are worth capturing and what each checkpoint is worth.
+
+Pure functions over ints (docs/context-cache.md). A checkpoint's value is the prefill work a hit saves per byte it
+holds, weighted by its retention class and its observed hits, and decayed by how long ago it was last used:
+
+    value = class_weight * (1 + hits) * recompute(tokens) / bytes / (1 + age / HALF_LIFE)
+
+where recompute(t) = t * (1 + t / QUADRATIC_AT) (prefill is linear in t plus attention's quadratic share) and
+age counts the ResourceManager's logical clock (one tick per adopted transition). class_weight also doubles for a
+SessionIndex binding and quarters for a superseded checkpoint. A capture not yet made counts its class's prior
+hits; it may displace only victims worth less than it.
+Victims are taken lowest value first; a victim that earned hits or belongs to a conversation is demoted to a host replica instead of deleted.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ninfer.contracts import CheckpointInfo
+
+HALF_LIFE = 256  # logical ticks after which an unused checkpoint is worth half as much
+QUADRATIC_AT = 8192  # tokens at which attention's share of the prefill work equals the linear part
+MAX_CAPTURES = 4  # capture frontiers one request may ask for (each costs a state slot, and a cut in the prefill)
+CHUNK = 64  # the GDN chunk: a chunk-boundary capture sits at an absolute multiple of it
+
+
+class Retention(enum.Enum):
+    """Why a checkpoint exists; the class weighs its value."""
+
+    PREFIX = "prefix"  # a prompt's end: reused by a request with the same prompt and more
+    CHUNK = "chunk"  # a GDN chunk boundary inside a prompt: reused by a prompt that diverges after it
+    TURN = "turn"  # a Frontend turn boundary inside a prompt (a message end, the point before dropped reasoning)
+    OUTPUT = "output"  # the end of a retained output: the next request of the conversation continues it
+
+
+CLASS_WEIGHT = {Retention.PREFIX: 1.0, Retention.CHUNK: 1.0, Retention.TURN: 2.0, Retention.OUTPUT: 3.0}
+BOUND_WEIGHT = 2.0  # a conversation's latest checkpoint (its SessionIndex binding)
+# A checkpoint a request resumed from and then published a deeper one of: the conversation's later turns resume
+# from the deeper one, so this one is worth only what another branch from it would be.
+SUPERSEDED_WEIGHT = 0.25
+# The hits a capture not yet made is expected to earn: a turn boundary or a retained output is what the next request
+# of its conversation resumes from, so a new conversation may displace an idle one's checkpoint of equal worth,
+# while one-off prompts (no prior) never displace a conversation's.
+PRIOR_HITS = {Retention.PREFIX: 0, Retention.CHUNK: 0, Retention.TURN: 1, Retention.OUTPUT: 1}
+
+
+def recompute(tokens: int) -> float:
+    """Relative prefill work to rebuild a checkpoint of `tokens` tokens from root."""
+    return tokens * (1.0 + tokens / QUADRATIC_AT)
+
+
+@dataclass(frozen=True)
+class Worth:
+    """What a checkpoint's value is computed from (everything the ResourceManager observes of it)."""
+
+    retention: Retention
+    tokens: int
+    bytes: int
+    hits: int
+    age: int
+    bound: bool
+    superseded: bool = False
+
+    @classmethod
+    def of(cls, info: CheckpointInfo, retention: Retention, hits: int, age: int, bound: bool,
+           superseded: bool) -> "Worth":
+        return cls(retention, info.tokens, info.device_bytes + info.host_bytes, hits, age, bound, superseded)
+
+    @property
+    def value(self) -> float:
+        weight = CLASS_WEIGHT[self.retention] * (BOUND_WEIGHT if self.bound else 1.0) * \
+            (SUPERSEDED_WEIGHT if self.superseded else 1.0)
+        return weight * (1 + self.hits) * recompute(self.tokens) / max(self.bytes, 1) / (1 + self.age / HALF_LIFE)
+
+    @property
+    def demote(self) -> bool:
+        """Worth a host replica when it must leave the device: it was reused, or a conversation continues it."""
+        return self.hits > 0 or self.bound or self.retention in (Retention.TURN, Retention.OUTPUT)
+
+
+def capture_candidates(prompt_len: int, reused: int, hints: tuple[int, ...]) -> dict[int, Retention]:
+    """Frontiers of one prompt worth a capture: its end, the Frontend's turn boundaries, and the deepest chunk
+    boundary short of the end (a prompt diverging in its last chunk resumes there); only past the reused part."""
+    out: dict[int, Retention] = {}
+    chunk = (prompt_len - 1) // CHUNK * CHUNK
+    if reused < chunk:
+        out[chunk] = Retention.CHUNK
+    for h in hints:
+        if reused < h < prompt_len:
+            out[h] = Retention.TURN
+    if reused < prompt_len:
+        out[prompt_len] = Retention.PREFIX
+    return out
+
+
+def fresh_worth(retention: Retention, tokens: int, bytes_per_token: float) -> Worth:
+    """A capture not yet made: its class's prior hits, age 0, bytes estimated from the catalog's checkpoints."""
+    return Worth(retention, tokens, max(1, round(bytes_per_token * tokens)), PRIOR_HITS[retention], 0, False)

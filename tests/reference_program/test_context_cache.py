@@ -1,0 +1,64 @@
+"""The context cache through the Engine on the reference Program: a full catalog makes room for new captures, turn
+boundaries chosen by the ResourceManager carry a conversation whose rendering drops the generation prompt's tail,
+and every hit equals the cold run."""
+
+from __future__ import annotations
+
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.testing.serving import assert_drained, cold
+from ninfer.testing.sessions import token_request
+
+DROPPED = 2  # tokens at the end of each prompt the next turn's rendering does not reproduce (an opened <think>)
+
+
+def conversation(engine, prompt_of, seed: int, turns: int, *, session_key=None):
+    """Turn n+1 is turn n's prompt without its last DROPPED tokens, then new tokens: only the Frontend's turn
+    boundary (at len - DROPPED) is a prefix of the next prompt. Returns (prompt, result) per turn."""
+    out, prompt = [], prompt_of(20, seed=seed)
+    for turn in range(turns):
+        hint = (len(prompt) - DROPPED,)
+        handle = engine.submit(token_request(prompt, 3, capture_hints=hint, session_key=session_key))
+        engine.run_until_idle()
+        out.append((prompt, handle.result(timeout=0)))
+        prompt = prompt[:-DROPPED] + prompt_of(9, seed=seed * 100 + turn)
+    return out
+
+
+def test_a_later_workload_recovers_its_reuse_after_the_catalog_filled(make_program, prompt_of):
+    program = make_program(max_concurrency=1, checkpoint_slots=2, host_bytes=0)  # 4 state slots, no host tier
+    engine = Engine(program, EngineConfig(max_concurrency=1, prefill_chunk=8, check_invariants=True), threaded=False)
+    for seed in range(1, 5):  # earlier workloads fill every slot with their checkpoints
+        for prompt, result in conversation(engine, prompt_of, seed, 3)[1:]:
+            assert result.usage.cached_prompt_tokens == len(prompt) - 9
+    usage = program.resource_usage()
+    assert usage.checkpoints == usage.total_slots - 1  # full: only the slot a live state needs is free
+    later = conversation(engine, prompt_of, 50, 4)
+    for turn, (prompt, result) in enumerate(later):
+        # each turn after the first resumes at the previous turn's boundary: only the 9 new tokens are prefilled
+        assert result.usage.cached_prompt_tokens == (0 if turn == 0 else len(prompt) - 9), turn
+        assert result.token_ids == cold(make_program, prompt, 3), turn
+    stats = engine.core.resources.stats
+    assert stats.deletions > 0 and stats.hits == 2 * 4 + 3 and stats.misses["cold"] == 5
+    assert engine.available, engine.failure
+    assert_drained(program)
+
+
+def test_demoted_checkpoints_resume_from_the_host_replica(make_program, prompt_of):
+    """With a host tier, checkpoints that earned hits are demoted instead of deleted, and resuming from the
+    replica equals the cold run."""
+    program = make_program(max_concurrency=1, checkpoint_slots=1)
+    engine = Engine(program, EngineConfig(max_concurrency=1, prefill_chunk=8, check_invariants=True), threaded=False)
+    first = conversation(engine, prompt_of, 7, 3)
+    for seed in range(8, 11):
+        conversation(engine, prompt_of, seed, 2)
+    usage = program.resource_usage()
+    assert usage.host_checkpoints > 0 and usage.checkpoint_host_bytes == usage.host_checkpoints * program.host.state_bytes
+    assert engine.core.resources.stats.demotions > 0
+    prompt = first[-1][0][:-DROPPED] + prompt_of(5, seed=99)  # the first conversation continues
+    handle = engine.submit(token_request(prompt, 3))
+    engine.run_until_idle()
+    result = handle.result(timeout=0)
+    assert result.usage.cached_prompt_tokens == len(first[-1][0]) - DROPPED
+    assert result.token_ids == cold(make_program, prompt, 3)
+    assert_drained(program)
