@@ -3,7 +3,8 @@
 Imports nothing else from ninfer.
 """
 
-from .batch import BatchKind, PendingBatch, PendingRow, RowDecision, SequenceHandle, check_row_decision
+from .batch import (ROW_FAILURE_TEXT, BatchKind, PendingBatch, PendingRow, RowDecision, RowFailure, SequenceHandle,
+                    check_row_decision)
 from .digest import token_digest
 from .errors import EngineFailure, RejectReason, RequestRejected, StalePlan
 from .program import Program, ProgramLimits, ResourceUsage
@@ -13,8 +14,9 @@ from .resources import (CheckpointId, CheckpointInfo, Infeasible, ResourceChoice
 from .states import (FinishReason, IllegalTransition, LaneState, RequestState, check_lane_transition,
                      check_request_transition)
 
-__all__ = ["BatchKind", "CheckpointId", "CheckpointInfo", "EngineFailure", "FinishReason", "GenerationResult",
-           "GenerationStart", "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch",
-           "PendingRow", "Program", "ProgramLimits", "RejectReason", "RequestRejected", "RequestState", "ResourceChoice", "ResourcePlan",
-           "ResourceResult", "ResourceUsage", "RowDecision", "RunningTransaction", "SequenceHandle", "StalePlan", "TransitionKind",
-           "Usage", "check_lane_transition", "check_request_transition", "check_row_decision", "token_digest"]
+__all__ = ["BatchKind", "check_lane_transition", "check_request_transition", "check_row_decision", "CheckpointId",
+           "CheckpointInfo", "EngineFailure", "FinishReason", "GenerationResult", "GenerationStart",
+           "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch", "PendingRow", "Program",
+           "ProgramLimits", "RejectReason", "RequestRejected", "RequestState", "ResourceChoice", "ResourcePlan",
+           "ResourceResult", "ResourceUsage", "ROW_FAILURE_TEXT", "RowDecision", "RowFailure", "RunningTransaction",
+           "SequenceHandle", "StalePlan", "token_digest", "TransitionKind", "Usage"]

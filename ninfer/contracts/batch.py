@@ -4,6 +4,10 @@ Prefill finalization, decode and forced control each produce one PendingBatch. T
 through the Frontend, forms one RowDecision per row, and consumes the whole batch with exactly one Program commit
 or abort_pending; the Program then moves Main/backend KV, recurrent state, RNG position and speculative state
 together. Rows are never abandoned one by one.
+
+A row whose token the Program could not draw (`RowFailure`: non-finite logits, nothing left to draw) stays in the
+batch with no tokens: the Engine drops it with a cancelled-row decision and ends that request alone, and the
+Program restores the row's provisional state as for any dropped row. A sampling failure never fails the Engine.
 """
 
 from __future__ import annotations
@@ -30,6 +34,22 @@ class BatchKind(enum.Enum):
     CONTROL = "control"  # a forced-control suffix supplied by the Frontend; no sampling, no RNG advance
 
 
+class RowFailure(enum.Enum):
+    """Why a Program drew no token for one row. Request-level: only that request ends."""
+
+    NON_FINITE_LOGITS = "non_finite_logits"  # NaN or +inf in the row's logits after its adjustments
+    NOTHING_ALLOWED = "nothing_allowed"  # logit_bias, grammar mask, min_tokens and stop ids leave no token
+    INVALID_SAMPLING_INPUT = "invalid_sampling_input"  # a token id or mask the sampler refuses
+
+
+ROW_FAILURE_TEXT = {
+    RowFailure.NON_FINITE_LOGITS: "the logits of this request contain NaN or +inf",
+    RowFailure.NOTHING_ALLOWED: "no token is allowed: the grammar, logit_bias, min_tokens and stop ids of this "
+                                "request exclude every token",
+    RowFailure.INVALID_SAMPLING_INPUT: "the sampler refused a token id or mask of this request",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class PendingRow:
     handle: SequenceHandle
@@ -39,6 +59,8 @@ class PendingRow:
     logprobs: tuple[float, ...] | None = None
     # Per token: ((token id, logprob), ...) of the top alternatives, when asked for.
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # Set when no token could be drawn: then `tokens` is empty and the row must get a cancelled-row decision.
+    failure: RowFailure | None = None
 
     @property
     def produced(self) -> int:
@@ -51,6 +73,11 @@ class PendingRow:
         if logprob is None:
             return cls(handle, tokens, base_frontier)
         return cls(handle, tokens, base_frontier, logprobs=(logprob[0],), top_logprobs=(logprob[1],))
+
+    @classmethod
+    def failed(cls, handle: SequenceHandle, base_frontier: int, failure: RowFailure) -> "PendingRow":
+        """A row whose draw failed: no tokens; its request ends alone."""
+        return cls(handle, (), base_frontier, failure=failure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +134,8 @@ class PendingBatch:
         slots = [r.handle.slot for r in self.rows]
         if len(set(slots)) != len(slots):
             raise EngineFailure(f"a PendingBatch names slot(s) twice: {slots}")
-        if any(r.produced < 1 for r in self.rows):
-            raise EngineFailure("every PendingBatch row produces at least one token")
+        if any((r.produced < 1) != (r.failure is not None) for r in self.rows):
+            raise EngineFailure("every PendingBatch row produces at least one token, except a failed row: none")
 
     @property
     def consumed(self) -> bool:
@@ -124,6 +151,8 @@ class PendingBatch:
         if len(decisions) != len(self.rows):
             raise EngineFailure(f"{len(decisions)} decisions for a batch of {len(self.rows)} rows")
         for row, d in zip(self.rows, decisions):
+            if row.failure is not None and not d.cancelled:
+                raise EngineFailure(f"failed row {row.handle} ({row.failure.value}) needs a cancelled-row decision")
             check_row_decision(row.produced, d)
             if self.kind is BatchKind.CONTROL and d.accepted not in (0, row.produced):
                 raise EngineFailure("a forced-control suffix is committed whole or not at all")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .batch import RowFailure
 from .states import FinishReason
 
 
@@ -45,3 +46,4 @@ class GenerationResult:
     token_ids: tuple[int, ...] = ()
     output: Any = None  # the OutputSession's final result (content, reasoning, tool calls, ...)
     error: str | None = None
+    failure: RowFailure | None = None  # set when the request ended alone because its token could not be drawn

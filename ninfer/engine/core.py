@@ -200,7 +200,7 @@ class EngineCore:
             except Exception as e:  # noqa: BLE001 - a Frontend bug ends this request, not the Engine
                 rec.error = f"frontend failed to produce the result: {e}"
         rec.events.put(GenerationResult(rec.rid, rec.finish_reason, usage, tuple(rec.output_tokens), output,
-                                        rec.error))
+                                        rec.error, rec.failure))
         self.records.pop(rec.rid, None)
         self.on_finish(rec)
 

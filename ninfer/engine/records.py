@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ninfer.contracts import FinishReason, RequestState, SequenceHandle, check_request_transition
+from ninfer.contracts import FinishReason, RequestState, RowFailure, SequenceHandle, check_request_transition
 
 from .frontend_api import OutputSession
 
@@ -47,6 +47,7 @@ class RequestRecord:
     output_tokens: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
+    failure: RowFailure | None = None  # the typed reason when the Program could not draw this request's token
     capture_pending: bool = False  # checkpoints captured during prefill wait to be published
     boundary: int | None = None  # absolute Frontend boundary of the last commit that carried one
     final: Any = None  # a terminal row's CommittedOutput, published once the terminal result is adopted

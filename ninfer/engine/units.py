@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ninfer.contracts import (EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow, RequestState,
-                              RowDecision)
+from ninfer.contracts import (ROW_FAILURE_TEXT, EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow,
+                              RequestState, RowDecision)
 
 from .rules import accepted_fits_budget, budget_room
 from .scheduler import Unit
@@ -107,6 +107,11 @@ class UnitRunner:
         for row, rec in zip(batch.rows, recs):
             if row.handle != rec.handle:
                 raise EngineFailure(f"batch row {row.handle} does not belong to request {rec.rid} ({rec.handle})")
+            if row.failure is not None:  # nothing was drawn: this request ends alone, the other rows go on
+                rec.failure, rec.error = row.failure, f"sampling failed: {ROW_FAILURE_TEXT[row.failure]}"
+                previews.append(None)
+                decisions.append(RowDecision(accepted=0, terminal=True, cancelled=True))
+                continue
             try:
                 p = rec.request.session.preview(row.tokens, forced=forced)
             except EngineFailure:

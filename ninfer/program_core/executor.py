@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Protocol, Sequence
 
+from ninfer.contracts import RowFailure
+
 from .records import ActiveSequence
 
-# (token, (its raw logprob, the top alternatives) when the request asked for logprobs)
-Drawn = tuple[int, "tuple[float, tuple] | None"]
+# (token, (its raw logprob, the top alternatives) when the request asked for logprobs), or the RowFailure of a row
+# the sampler could not draw: that request ends alone (docs/sampling.md section 8)
+Drawn = "tuple[int, tuple[float, tuple] | None] | RowFailure"
 
 
 class ModelExecutor(Protocol):

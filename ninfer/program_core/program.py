@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, SequenceHandle
+from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, RowFailure,
+                              SequenceHandle)
 
 from .core import ProgramCore
 from .execution import Provisional, capture_cuts, capture_due, grow, prefill_end, restore, validate_commit
@@ -35,8 +36,8 @@ class Program(ProgramCore):
             capture_due(self, seq)
         if end < n:
             return None
-        token, lp = self.executor.draw_first(seq, logits, mask)
-        return PendingBatch(BatchKind.PREFILL, (PendingRow.drawn(handle, (token,), n, lp),), self.resource_revision)
+        return PendingBatch(BatchKind.PREFILL, (_row(handle, n, self.executor.draw_first(seq, logits, mask)),),
+                            self.resource_revision)
 
     def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
         if masks is not None and len(masks) != len(handles):
@@ -45,10 +46,9 @@ class Program(ProgramCore):
         if any(s.pending is None for s in seqs):
             raise EngineFailure("decode of a sequence before its prompt finished")
         provisional = tuple(Provisional((s.pending,), grow(self, s, s.frontier + 1)) for s in seqs)
-        # a SamplingError here leaves the step's pages and stepped slots in place with no batch to abort: the Engine
-        # fails whole on any escape from a Program call (EngineCore.boundary), so nothing reads them again
+        # a failed row keeps its Provisional: the Engine drops it, and commit restores its slot and pages
         drawn = self.executor.decode(seqs, masks or [None] * len(seqs))
-        rows = [PendingRow.drawn(h, (token,), s.frontier + 1, lp) for h, s, (token, lp) in zip(handles, seqs, drawn)]
+        rows = [_row(h, s.frontier + 1, d) for h, s, d in zip(handles, seqs, drawn)]
         return PendingBatch(BatchKind.DECODE, tuple(rows), self.resource_revision, payload=provisional)
 
     def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
@@ -87,3 +87,11 @@ class Program(ProgramCore):
             return
         for row, prov in zip(batch.rows, batch.payload):
             restore(self, self.sequence(row.handle), prov)
+
+
+def _row(handle: SequenceHandle, base_frontier: int, drawn: Any) -> PendingRow:
+    """A drawn (token, logprobs) as a one-token row; a RowFailure as a failed row, whose request ends alone."""
+    if isinstance(drawn, RowFailure):
+        return PendingRow.failed(handle, base_frontier, drawn)
+    token, lp = drawn
+    return PendingRow.drawn(handle, (token,), base_frontier, lp)

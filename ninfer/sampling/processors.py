@@ -11,13 +11,19 @@ from typing import Sequence
 
 import torch
 
+from ninfer.contracts import RowFailure
 from ninfer.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")
 
 
 class SamplingError(ValueError):
-    """Inputs the sampler cannot draw from: a bad token id, a bad mask, nothing left to pick."""
+    """Inputs the sampler cannot draw from: a bad token id, a bad mask, nothing left to pick. `failure` is the typed
+    reason a Program puts on the row (PendingRow.failed): a sampling failure ends one request, never the Engine."""
+
+    def __init__(self, message: str, failure: RowFailure = RowFailure.INVALID_SAMPLING_INPUT):
+        super().__init__(message)
+        self.failure = failure
 
 
 def _ids_tensor(field: str, ids: Sequence[int] | torch.Tensor, vocab_size: int,

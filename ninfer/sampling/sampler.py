@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from ninfer.contracts import RowFailure
 from ninfer.sampling.filters import apply_temperature, truncate
 from ninfer.sampling.params import SEED_END, SamplingParams
 from ninfer.sampling.philox import gumbel_noise, seed_tensor
@@ -60,11 +61,11 @@ def _check_drawable(x: torch.Tensor) -> None:
     """Refuse rows the race would answer with garbage: NaN/+inf logits, or nothing left."""
     bad = torch.isnan(x).any(dim=-1) | torch.isposinf(x).any(dim=-1)  # [B]
     if bool(bad.any()):
-        raise SamplingError(f"logits row {int(bad.nonzero()[0])} contains NaN or +inf")
+        raise SamplingError(f"logits row {int(bad.nonzero()[0])} contains NaN or +inf", RowFailure.NON_FINITE_LOGITS)
     empty = torch.isneginf(x).all(dim=-1)  # [B]
     if bool(empty.any()):
         raise SamplingError(f"row {int(empty.nonzero()[0])}: every token is masked "
-                            "(logit_bias, allowed-token mask and min_tokens leave nothing)")
+                            "(logit_bias, allowed-token mask and min_tokens leave nothing)", RowFailure.NOTHING_ALLOWED)
 
 
 def _truncated(x: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:

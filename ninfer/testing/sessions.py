@@ -7,7 +7,7 @@ preview on a fork, commit moves the fork in, a dropped preview changes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ninfer.contracts import FinishReason
 
@@ -26,8 +26,10 @@ class TokenPreview:
 class TokenSession:
     def __init__(self, max_tokens: int, *, stop_ids: Sequence[int] = (0,), min_tokens: int = 0,
                  think_budget: int | None = None, think_end: int = 1,
-                 commit_guard: Callable[[], None] | None = None):
+                 commit_guard: Callable[[], None] | None = None, mask: Any = None):
         self.max_tokens, self.stop_ids, self.min_tokens = max_tokens, frozenset(stop_ids), min_tokens
+        # the mask of every sampled token (None: unconstrained), or a callable of the committed token count giving it
+        self.mask = mask
         self.think_budget, self.think_end = think_budget, think_end
         self.tokens: list[int] = []
         self.forced: list[tuple[int, ...]] = []
@@ -63,8 +65,8 @@ class TokenSession:
             raise AssertionError(f"TokenSession.end({reason}) after the output ended with {self.finish}")
         self.finish = reason
 
-    def next_token_mask(self) -> None:
-        return None
+    def next_token_mask(self) -> Any:
+        return self.mask(len(self.tokens)) if callable(self.mask) else self.mask
 
     def control_suffix(self) -> tuple[int, ...] | None:
         """Once the thinking budget is spent without a think-end token, force one (once)."""

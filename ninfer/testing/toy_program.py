@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from ninfer.contracts import (BatchKind, CheckpointId, CheckpointInfo, EngineFailure, Infeasible, PendingBatch,
                               PendingRow, ProgramLimits, ResourceChoice, ResourceUsage, ResourcePlan, ResourceResult, RowDecision,
-                              RunningTransaction, SequenceHandle, StalePlan, TransitionKind, token_digest)
+                              RowFailure, RunningTransaction, SequenceHandle, StalePlan, TransitionKind, token_digest)
 
 from .toy_stores import PagePool, SlotPool
 
@@ -191,10 +191,19 @@ class ToyProgram:
             if seq.captures and seq.captures[0][0] == len(seq.history):
                 self._capture(seq, seq.captures.pop(0)[1])
 
-    def _draw(self, seq: ToySequence, rolling: int, position: int) -> int:
+    def _draw(self, seq: ToySequence, rolling: int, position: int, mask: Any | None = None) -> int | RowFailure:
+        """The hashed token; under a mask (V truth values) the first allowed id from it on, cyclically, and
+        NOTHING_ALLOWED when the mask allows none (as the real samplers report it)."""
         self.calls += 1
         key = rolling if seq.greedy else _roll(rolling, seq.seed % _MOD + position)
-        return key % self.limits.vocab_size
+        vocab = self.limits.vocab_size
+        token = key % vocab
+        if mask is None:
+            return token
+        allowed = [t for t in range(vocab) if mask[t]]
+        if not allowed:
+            return RowFailure.NOTHING_ALLOWED
+        return next((t for t in allowed if t >= token), allowed[0])
 
     def prompt_remaining(self, handle: SequenceHandle) -> int:
         seq = self._seq(handle)
@@ -206,22 +215,28 @@ class ToyProgram:
         self._consume(seq, seq.prompt[start:start + max_tokens])
         if seq.prompt_pos < len(seq.prompt):
             return None
-        token = self._draw(seq, seq.rolling, len(seq.history))
-        row = PendingRow(handle, (token,), base_frontier=len(seq.history))
+        row = self._row(handle, [self._draw(seq, seq.rolling, len(seq.history), mask)], len(seq.history))
         return PendingBatch(BatchKind.PREFILL, (row,), self._revision)
+
+    @staticmethod
+    def _row(handle: SequenceHandle, drawn: list, base_frontier: int) -> PendingRow:
+        if isinstance(drawn[0], RowFailure):
+            return PendingRow.failed(handle, base_frontier, drawn[0])
+        return PendingRow(handle, tuple(drawn), base_frontier)
 
     def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
         rows = []
-        for handle in handles:
+        for j, handle in enumerate(handles):
             seq = self._seq(handle)
             if seq.pending is None:
                 raise EngineFailure(f"decode of {handle} before its prompt finished")
-            rolling, tokens = _roll(seq.rolling, seq.pending), []
+            rolling = _roll(seq.rolling, seq.pending)
+            tokens = [self._draw(seq, rolling, len(seq.history) + 1, None if masks is None else masks[j])]
             room = seq.max_new - self._outputs(seq)
-            for i in range(max(1, min(self.draft_tokens, room))):
+            for i in range(1, min(self.draft_tokens, room) if not isinstance(tokens[0], RowFailure) else 1):
+                rolling = _roll(rolling, tokens[-1])  # drafts past the first token are unconstrained
                 tokens.append(self._draw(seq, rolling, len(seq.history) + 1 + i))
-                rolling = _roll(rolling, tokens[-1])
-            rows.append(PendingRow(handle, tuple(tokens), base_frontier=len(seq.history) + 1))
+            rows.append(self._row(handle, tokens, len(seq.history) + 1))
         return PendingBatch(BatchKind.DECODE, tuple(rows), self._revision)
 
     def _outputs(self, seq: ToySequence) -> int:

@@ -13,6 +13,7 @@ import torch
 from _fast_env import DEVICE, ON_GPU
 from ninfer.fast.ops.sample.layout import pack_bits
 from ninfer.fast.sampling import DeviceSampler, SampleRow, variant_of
+from ninfer.contracts import RowFailure
 from ninfer.sampling import SamplingError, SamplingParams, draw
 
 EOS = (2, 5)
@@ -155,41 +156,49 @@ def test_penalty_counts_follow_commits(kernels):
         assert torch.equal(sampler.tables.counts[0].cpu(), counts)
 
 
+def _host_outcome(logits, row):
+    """The host's draw of one row, or the RowFailure of its SamplingError."""
+    try:
+        return _host(logits[None], [row])[0]
+    except SamplingError as e:
+        return e.failure
+
+
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_errors_are_the_hosts(kernels):
-    """Undrawable rows raise the host's SamplingError, detected on the device (NaN/+inf after the adjustments,
-    nothing left) or on the host before the draw (ids outside the vocabulary, malformed masks), first row first."""
+def test_errors_are_the_hosts_and_per_row(kernels):
+    """An undrawable row gets the host's RowFailure, detected on the device (NaN/+inf after the adjustments, nothing
+    left) or on the host before the draw (ids outside the vocabulary, malformed masks); the other rows of the same
+    step are drawn exactly as the host draws them."""
     V = 97
     sampler = _sampler(V, kernels)
     P = SamplingParams
+    F = RowFailure
     nothing = torch.zeros(V, dtype=torch.bool)
     only_eos = torch.arange(V) == EOS[0]
     nan_masked = torch.ones(V, dtype=torch.bool)
     nan_masked[10] = False
+    fine = (P(temperature=0.9), 21, History(), None)
     cases = [
-        ([(P(temperature=0.0), 0, History(), None)], {0: (3, float("nan"))}, "NaN or \\+inf"),
-        ([(P(temperature=0.9), 1, History(), None)], {0: (50, float("inf"))}, "NaN or \\+inf"),
-        ([(P(temperature=0.9), 1, History(), nothing)], {}, "every token is masked"),
-        ([(P(temperature=0.0, min_tokens=2), 0, History(), only_eos)], {}, "every token is masked"),
-        ([(P.create(logit_bias={V + 3: 1.0}), 2, History(), None)], {}, "logit_bias"),
-        ([(P(), 3, History(), torch.ones(V + 1, dtype=torch.bool))], {}, "allowed"),
-        ([(P(repetition_penalty=1.2), 4, History((V + 5,)), None)], {}, "prompt_token_ids"),
-        # row 0 is fine (its NaN is masked out), row 1 fails
-        ([(P(temperature=0.0), 0, History(), nan_masked), (P(), 5, History(), nothing)], {0: (10, float("nan"))},
-         "every token is masked"),
+        ((P(temperature=0.0), 0, History(), None), (3, float("nan")), F.NON_FINITE_LOGITS),
+        ((P(temperature=0.9), 1, History(), None), (50, float("inf")), F.NON_FINITE_LOGITS),
+        ((P(temperature=0.9), 1, History(), nothing), None, F.NOTHING_ALLOWED),
+        ((P(temperature=0.0, min_tokens=2), 0, History(), only_eos), None, F.NOTHING_ALLOWED),
+        ((P.create(logit_bias={V + 3: 1.0}), 2, History(), None), None, F.INVALID_SAMPLING_INPUT),
+        ((P(), 3, History(), torch.ones(V + 1, dtype=torch.bool)), None, F.INVALID_SAMPLING_INPUT),
+        ((P(repetition_penalty=1.2), 4, History((V + 5,)), None), None, F.INVALID_SAMPLING_INPUT),
+        ((P(temperature=0.0), 0, History(), nan_masked), (10, float("nan")), None),  # its NaN is masked out
     ]
-    for k, (cases_, poison, match) in enumerate(cases):
-        logits = torch.randn(len(cases_), V)
-        for row, (t, value) in poison.items():
-            logits[row, t] = value
-        rows = _rows(cases_, 0, owners={i: ("err", k, i) for i in range(len(cases_))})
-        with pytest.raises(SamplingError, match=match):
-            _host(logits, rows)
-        with pytest.raises(SamplingError, match=match):
-            sampler.sample(logits.to(DEVICE), rows)
-    # the sampler is usable after an error
-    rows = _rows([(P(temperature=0.0), 0, History(), nan_masked)], 0)
-    assert sampler.sample(torch.randn(1, V).to(DEVICE), rows)[0][0] != 10
+    for k, (case, poison, failure) in enumerate(cases):
+        # the failing row sits between two good ones
+        logits = torch.randn(3, V)
+        if poison is not None:
+            logits[1, poison[0]] = poison[1]
+        rows = _rows([fine, case, fine], 0, owners={i: ("err", k, i) for i in range(3)})
+        want = [_host_outcome(logits[i], r) for i, r in enumerate(rows)]
+        assert (want[1] if failure is not None else None) == failure
+        got = sampler.sample(logits.to(DEVICE), rows)
+        assert [g if isinstance(g, RowFailure) else g[0] for g in got] == \
+               [w if isinstance(w, RowFailure) else w[0] for w in want]
 
 
 def test_variant_is_the_cheapest_that_serves_every_row():

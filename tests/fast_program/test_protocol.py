@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.contracts import (BatchKind, EngineFailure, ResourceChoice, RowDecision, StalePlan, TransitionKind)
+from ninfer.contracts import (BatchKind, EngineFailure, ResourceChoice, RowDecision, RowFailure, StalePlan,
+                              TransitionKind)
 
 
 def run(program, choice):
@@ -118,3 +119,25 @@ def test_masks_gate_prefill_and_decode_draws(make_fast, prompt_of):
     assert both.rows[0].tokens == (42,) and both.rows[1].tokens == plain.rows[0].tokens
     program.commit(both.take(), [RowDecision(1, False), RowDecision(1, False)])
     program.check_invariants()
+
+
+def test_failed_row_is_restored_and_the_others_commit(make_fast, prompt_of):
+    """A decode round of two rows where one row's mask allows nothing: that row comes back failed with no tokens,
+    a cancelled-row decision restores its slot and pages exactly, and the other row commits as usual."""
+    program = make_fast()
+    ok, bad = ready(program, prompt_of(8, seed=2)), ready(program, prompt_of(8, seed=3))
+    before_ok, before_bad = committed(program, ok), committed(program, bad)
+    nothing = torch.zeros(program.limits.vocab_size, dtype=torch.bool)
+    batch = program.decode([ok, bad], [None, nothing])
+    assert batch.rows[1].failure is RowFailure.NOTHING_ALLOWED and batch.rows[1].tokens == ()
+    assert batch.rows[0].failure is None and len(batch.rows[0].tokens) == 1
+    program.commit(batch.take(), [RowDecision(1, False), RowDecision(0, True, cancelled=True)])
+    assert_same(committed(program, bad)[:-1], before_bad[:-1])  # the usage also counts the other row's new page
+    assert committed(program, ok)[4] == before_ok[4] + 1
+    program.check_invariants()
+    # the restored row draws from its committed state: the same token a round without the failure draws for it
+    again = program.decode([bad])
+    fresh = make_fast()
+    ready(fresh, prompt_of(8, seed=2))
+    twin = ready(fresh, prompt_of(8, seed=3))
+    assert again.rows[0].tokens == fresh.decode([twin]).rows[0].tokens

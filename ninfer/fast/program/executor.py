@@ -35,8 +35,8 @@ class FastExecutor:
         return self.model.prefill(self._tokens(seq.prompt[start:end]), seq.handle.slot, seq.row, start)  # [V] fp32
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
-        ((token, lp),) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
-        return token, lp
+        (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
+        return drawn
 
     def decode(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[Drawn]:
         pos = [s.frontier for s in seqs]

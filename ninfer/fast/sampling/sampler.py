@@ -2,9 +2,10 @@
 
 Per step the host fills one pinned parameter row per batch row (and the grammar mask rows), copies them into the
 graph's input buffers, replays (or runs the ops eagerly on the same buffers), and copies back the B (token, status)
-pairs, plus the logprob rows when some row asked for them: one host sync. A status other than OK raises the
-host sampler's ``SamplingError`` with the host's message, as do ids and masks the host refuses before it looks at
-the logits (``rows.host_error``); those rows run as plain greedy rows on the device, and their result is dropped.
+pairs, plus the logprob rows when some row asked for them: one host sync. A status other than OK becomes that row's
+``RowFailure`` (the host sampler's ``SamplingError.failure`` for the same inputs), as do ids and masks the host
+refuses before it looks at the logits (``rows.host_error``); those rows run as plain greedy rows on the device, and
+their result is dropped. A failed row ends its request alone; the other rows of the step are drawn as usual.
 
 The prefill draw (one row, logits from ``FastModel.prefill``) replays a sampling-only graph per variant, captured
 at start on ``logits_in``; decode graphs call ``stages`` after the model (``DecodeGraphRunner``).
@@ -21,15 +22,13 @@ from ninfer.fast.ops.logprobs import LogprobsWorkspace, logprobs, logprobs_naive
 from ninfer.fast.ops.logprobs import layout as LP
 from ninfer.fast.ops.sample import SampleInputs, SampleWorkspace, sample, sample_naive
 from ninfer.fast.ops.sample import layout as L
-from ninfer.sampling import SamplingError
+from ninfer.contracts import RowFailure
 
 from .rows import GREEDY, SORT, VARIANTS, SampleRow, fill_row, host_error, mask_words, row_flags, variant_of
 from .tables import SequenceTables
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
-# the host sampler's messages (ninfer.sampling.sampler._check_drawable on its one-row batch)
-_BAD_LOGITS = "logits row 0 contains NaN or +inf"
-_ALL_MASKED = "row 0: every token is masked (logit_bias, allowed-token mask and min_tokens leave nothing)"
+_STATUS_FAILURE = {L.BAD_LOGITS: RowFailure.NON_FINITE_LOGITS, L.ALL_MASKED: RowFailure.NOTHING_ALLOWED}
 
 Drawn = tuple[int, tuple[float, tuple] | None]
 
@@ -141,9 +140,9 @@ class DeviceSampler:
         self._pending = (B, errors, [r.params.logprobs for r in rows])
         return variant_of(rows)
 
-    def collect(self) -> list[Drawn]:
-        """The prepared rows' (token, (logprob, top) or None), after the graph or ``stages`` ran; raises the host's
-        SamplingError for the first row the host would refuse."""
+    def collect(self) -> list[Drawn | RowFailure]:
+        """Per prepared row, after the graph or ``stages`` ran: (token, (logprob, top) or None), or the RowFailure
+        the host sampler would report for that row."""
         if self._pending is None:
             raise RuntimeError("collect without prepare")
         (B, errors, wants), self._pending = self._pending, None
@@ -156,10 +155,11 @@ class DeviceSampler:
         out = []
         for i, (token, status) in enumerate(host.picked[:B].tolist()):
             if errors[i] is not None:
-                raise errors[i]
-            if status != L.OK:
-                raise SamplingError(_BAD_LOGITS if status == L.BAD_LOGITS else _ALL_MASKED)
-            out.append((token, None if wants[i] is None else self._logprobs(i, wants[i])))
+                out.append(errors[i].failure)
+            elif status != L.OK:
+                out.append(_STATUS_FAILURE[status])
+            else:
+                out.append((token, None if wants[i] is None else self._logprobs(i, wants[i])))
         return out
 
     def _logprobs(self, i: int, n: int) -> tuple[float, tuple]:
@@ -170,7 +170,7 @@ class DeviceSampler:
         top = values[LP.TOP_VALUES:LP.TOP_VALUES + n].tolist()
         return float(values[LP.CHOSEN]), tuple(zip(ids, top))
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Drawn]:
+    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Drawn | RowFailure]:
         """Draw from given logits [B, V] (the prefill draw): the B = 1 graph when captured, else eagerly."""
         variant = self.prepare(rows)
         if len(rows) == 1 and variant in self.graphs:

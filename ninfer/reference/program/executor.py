@@ -15,7 +15,7 @@ import torch
 from ninfer.program_core import ActiveSequence, Drawn
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.state import SequenceState
-from ninfer.sampling import draw
+from ninfer.sampling import SamplingError, draw
 
 from .stores import KVPages, StateSlots
 
@@ -44,9 +44,12 @@ class ReferenceExecutor:
         return logits
 
     def _draw(self, seq: ActiveSequence, logits: torch.Tensor, position: int, mask: Any | None) -> Drawn:
-        """Draw at absolute `position` from fp32 logits [V]."""
-        return draw(logits, seq.params, seq.seed, position, prompt=seq.prompt, outputs=seq.outputs,
-                    eos_token_ids=self.eos_token_ids, mask=mask)
+        """Draw at absolute `position` from fp32 logits [V]; the row's RowFailure when the sampler cannot."""
+        try:
+            return draw(logits, seq.params, seq.seed, position, prompt=seq.prompt, outputs=seq.outputs,
+                        eos_token_ids=self.eos_token_ids, mask=mask)
+        except SamplingError as e:
+            return e.failure
 
     # ---- ModelExecutor -------------------------------------------------------------------------------------
     def prefill(self, seq: ActiveSequence, start: int, end: int) -> torch.Tensor:

@@ -40,7 +40,7 @@ REPETITION_ON = 16  # step 4, each penalty term separately, as the host skips a 
 FREQUENCY_ON = 32
 PRESENCE_ON = 64
 
-# status codes, one per row: the host raises SamplingError for any but OK
+# status codes, one per row: any but OK becomes that row's RowFailure on the host
 OK = 0
 BAD_LOGITS = 1  # NaN or +inf after steps 1-4
 ALL_MASKED = 2  # every token -inf after steps 1-4
