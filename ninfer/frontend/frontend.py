@@ -16,6 +16,7 @@ from ninfer.contracts import RejectReason, RequestRejected
 
 from .detokenizer import TokenTable
 from .grammar.options import StructuredOutputOptions
+from .input_bounds import check_text
 from .instruction import format_instruction, with_instruction
 from .jinja_template import JinjaChatTemplate
 from .messages import normalize_chat, reject
@@ -80,6 +81,7 @@ class Frontend:
         messages, shift = with_instruction(chat.messages, format_instruction(structured))
         kwargs = dict(request.chat_template_kwargs or {})
         text, rendered = self._render(messages, chat.tools, request.add_generation_prompt, kwargs)
+        check_text(text, "the rendered chat prompt (tools or chat_template_kwargs)")
         wanted = self._boundary_chars(rendered, request.cache_boundaries, shift, len(chat.messages))
         encoding = self.tokenizer.tokenizer.encode(text, add_special_tokens=False)
         bounds = char_to_token_boundaries(encoding.offsets, wanted)
@@ -140,6 +142,7 @@ class Frontend:
     def prepare_text(self, text: str, *, max_tokens: int | None = None) -> PreparedPrompt:
         if not isinstance(text, str) or not text:
             raise reject("prompt text must be a non-empty string")
+        check_text(text, "prompt")
         return self.prepare_tokens(self.tokenizer.encode(text), max_tokens=max_tokens)
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> None:

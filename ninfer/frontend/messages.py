@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 
 from ninfer.contracts import RejectReason, RequestRejected
 
+from .input_bounds import check_depth, check_text, loads_bounded
+
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -66,10 +68,8 @@ def _text_of(content: Any, where: str) -> str:
 
 def _arguments(raw: Any, where: str) -> dict:
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError as e:
-            raise reject(f"{where}.arguments is not valid JSON: {e}") from e
+        raw = loads_bounded(raw, f"{where}.arguments") if raw.strip() else {}
+    check_depth(raw, f"{where}.arguments")
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -103,11 +103,13 @@ def _message(i: int, m: Any, previous: dict | None) -> dict:
     if role == "system" and i != 0:
         raise reject(f"{where}: a system message must be the first message")
     out: dict = {"role": role, "content": _text_of(m.get("content"), where)}
+    check_text(out["content"], f"{where}.content")
     if role == "assistant":
         reasoning = m.get("reasoning_content", m.get("reasoning"))
         if reasoning is not None:
             if not isinstance(reasoning, str):
                 raise reject(f"{where}.reasoning_content must be a string")
+            check_text(reasoning, f"{where}.reasoning_content")
             out["reasoning_content"] = reasoning
         if m.get("tool_calls"):
             out["tool_calls"] = _tool_calls(m["tool_calls"], where)
@@ -129,6 +131,7 @@ def _tool(i: int, t: Any) -> tuple[dict, ToolSpec]:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, Mapping):
         raise reject(f"{where}.function.parameters must be a JSON schema object")
+    check_depth(t, where)
     try:
         declared = json.loads(json.dumps(t, ensure_ascii=False))  # a plain, order-preserving JSON copy
     except (TypeError, ValueError) as e:

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from ninfer.contracts import FinishReason, RowDecision
 
+from .input_bounds import check_text
 from .messages import ToolSpec
 from .tokenizer import Qwen35Tokenizer
 from .tool_calls import ToolCall, ToolCallDelta
@@ -34,6 +35,8 @@ class OutputOptions:
             raise ValueError(f"min_tokens must be in 0..max_tokens, got {self.min_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        for i, s in enumerate(self.stop):
+            check_text(s, f"stop[{i}]")
         if self.thinking_budget is not None and self.thinking_budget < 0:
             raise ValueError(f"thinking_budget must be >= 0, got {self.thinking_budget}")
 

@@ -86,7 +86,7 @@ def _convert(raw: str, kind: str) -> tuple[bool, Any]:
         if kind in ("object", "array"):
             value = json.loads(raw)
             return isinstance(value, dict if kind == "object" else list), value
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: generated JSON nested past the parser's limit
         pass
     return False, None
 

@@ -18,8 +18,13 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
+# vLLM's repetition range is (0, 2]. The sampler divides positive logits by it in float32, so a tiny penalty turns
+# them into +inf (1e-300 rounds to 0); at 1e-6 a logit would have to exceed 3e32 to overflow.
+MIN_REPETITION_PENALTY = 1e-6
+MAX_REPETITION_PENALTY = 2.0
 SEED_MIN = -(1 << 63)
 SEED_END = 1 << 64
+INT64_MAX = (1 << 63) - 1  # every count and id travels in int64 tensors
 
 
 class SamplingParamsError(ValueError):
@@ -30,13 +35,12 @@ class SamplingParamsError(ValueError):
         self.field = field
 
 
-def _check_int(field: str, value: Any, low: int, high: int | None = None) -> None:
+def _check_int(field: str, value: Any, low: int, high: int = INT64_MAX) -> None:
     # bool is an int subclass; True as a token count is always a caller bug
     if isinstance(value, bool) or not isinstance(value, int):
         raise SamplingParamsError(field, f"must be an int, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise SamplingParamsError(field, f"must be {bound}, got {value}")
+    if not low <= value <= high:
+        raise SamplingParamsError(field, f"must be in [{low}, {high}], got {value}")
 
 
 def _check_float(field: str, value: Any) -> float:
@@ -122,8 +126,10 @@ class SamplingParams:
             raise SamplingParamsError("min_p", f"must be in [0, 1], got {self.min_p}")
 
     def _check_penalty_fields(self) -> None:
-        if _check_float("repetition_penalty", self.repetition_penalty) <= 0.0:
-            raise SamplingParamsError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= _check_float("repetition_penalty", self.repetition_penalty) \
+                <= MAX_REPETITION_PENALTY:
+            raise SamplingParamsError("repetition_penalty", f"must be in [{MIN_REPETITION_PENALTY:g}, "
+                                      f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
         for field in ("presence_penalty", "frequency_penalty"):
             value = _check_float(field, getattr(self, field))
             if abs(value) > MAX_OPENAI_PENALTY:
@@ -137,6 +143,17 @@ class SamplingParams:
             if self.min_tokens > self.max_tokens:
                 raise SamplingParamsError(
                     "min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """The checks that need the model: every named token id inside the vocabulary, top_k at most its size.
+        The Gateway runs them before admission; a sampler that meets a bad id anyway fails only that row."""
+        if self.top_k > vocab_size:
+            raise SamplingParamsError("top_k", f"must be -1, 0 (off) or in [1, {vocab_size}] (the vocabulary), "
+                                      f"got {self.top_k}")
+        for field, ids in (("logit_bias", [t for t, _ in self.logit_bias]), ("stop_token_ids", self.stop_token_ids)):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise SamplingParamsError(field, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
 
     @classmethod
     def create(cls, *, logit_bias: Mapping[int, float] | None = None,

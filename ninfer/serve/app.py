@@ -11,7 +11,7 @@ import hmac
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -20,6 +20,7 @@ from ninfer.contracts import RequestRejected
 from ninfer.frontend import ChatRequest
 
 from . import errors
+from .body_checks import checked_body
 from .chat import chat_completions
 from .completions import completions
 from .errors import APIError, error_response
@@ -80,7 +81,8 @@ class Guard:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="ninfer", description="OpenAI-compatible API of the ninfer engine", version="1")
+    app = FastAPI(title="ninfer", description="OpenAI-compatible API of the ninfer engine", version="1",
+                  dependencies=[Depends(checked_body)])
     app.state.ninfer = state
     errors.install(app)
     app.add_middleware(Guard, state=state)

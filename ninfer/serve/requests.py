@@ -1,31 +1,30 @@
 """From API bodies to Engine inputs, and from Engine results to API pieces: sampling, logprobs, usage, errors.
 
-Token ids a client names (logit_bias keys, stop_token_ids, token prompts) are checked against the vocabulary here,
-before anything reaches the Engine: the sampler only checks them when it runs, inside the Engine worker.
+Token ids a client names (logit_bias keys, stop_token_ids, token prompts) and top_k are checked against the
+vocabulary here (`SamplingParams.check_vocabulary`), before anything reaches the Engine: the sampler only meets them
+when it runs, inside the Engine worker, where a bad one would end the request after admission.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
-from ninfer.contracts import FinishReason, GenerationResult, RejectReason
+from ninfer.contracts import FinishReason, GenerationResult, RejectReason, RowFailure
 from ninfer.sampling import SamplingParams, SamplingParamsError, resolve_seed
 
 from .errors import APIError
 from .schemas import _Sampling
 
 _REASONS = {r.value: r for r in RejectReason}
+# A logit_bias key is a token id in canonical decimal: int() would also take "05", "+5", " 5" and "1_000".
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 def sampling_params(body: _Sampling, vocab_size: int, *, max_tokens: int | None, logprobs: int | None,
                     choice: int = 0) -> SamplingParams:
     """The SamplingParams of choice `choice` (n > 1 choices get seed + j, as vLLM does)."""
-    bias = {}
-    for key, value in (body.logit_bias or {}).items():
-        token = _token_id(key, vocab_size, "logit_bias")
-        bias[token] = value
-    for t in body.stop_token_ids or ():
-        _check_id(t, vocab_size, "stop_token_ids")
+    bias = {_token_id(key): value for key, value in (body.logit_bias or {}).items()}
     fields: dict[str, Any] = {"temperature": 1.0 if body.temperature is None else body.temperature}
     for name in ("top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty"):
         value = getattr(body, name)
@@ -33,31 +32,30 @@ def sampling_params(body: _Sampling, vocab_size: int, *, max_tokens: int | None,
             fields[name] = value
     seed = None if body.seed is None else resolve_seed(body.seed, choice)
     try:
-        return SamplingParams.create(logit_bias=bias, stop_token_ids=body.stop_token_ids, seed=seed,
-                                     max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
-                                     logprobs=logprobs, **fields)
+        params = SamplingParams.create(logit_bias=bias, stop_token_ids=body.stop_token_ids, seed=seed,
+                                       max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
+                                       logprobs=logprobs, **fields)
+        params.check_vocabulary(vocab_size)
     except SamplingParamsError as e:
         raise APIError.from_sampling(e) from None
+    return params
 
 
-def _token_id(key: str, vocab_size: int, param: str) -> int:
-    try:
-        token = int(key)
-    except ValueError:
-        raise APIError(400, f"{param}: key {key!r} is not a token id", param=param) from None
-    _check_id(token, vocab_size, param)
-    return token
-
-
-def _check_id(token: int, vocab_size: int, param: str) -> None:
-    if not 0 <= token < vocab_size:
-        raise APIError(400, f"{param}: token id {token} is outside the vocabulary (0..{vocab_size - 1})", param=param)
+def _token_id(key: str) -> int:
+    if not _TOKEN_KEY.fullmatch(key):
+        raise APIError(400, f"logit_bias: key {key!r} is not a token id in canonical decimal (such as \"42\")",
+                       param="logit_bias", code="invalid_value")
+    return int(key)
 
 
 def check_result(result: GenerationResult) -> None:
     """A result that carries an error becomes the matching API error (a rejection after submit, or a failure)."""
     if result.error is None:
         return
+    if result.failure is not None:
+        # the request's own constraints left nothing to draw (400); non-finite logits are the model's (500)
+        status = 500 if result.failure is RowFailure.NON_FINITE_LOGITS else 400
+        raise APIError(status, result.error, code=result.failure.value)
     if result.finish_reason is FinishReason.REJECTED:
         reason = _REASONS.get(result.error.split(":", 1)[0])
         status = {RejectReason.QUEUE_TIMEOUT: 503, RejectReason.OVERLOADED: 429}.get(reason, 400)

@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI-compatible API (OpenAI fields plus vLLM's extras), validated by pydantic.
 
 Shapes are checked here; value ranges that SamplingParams owns are checked there, and conversation structure is
-the Frontend's. Unknown fields are ignored, as OpenAI's accepted-and-ignored ones (user, metadata, store, ...) are.
+the Frontend's. Types are strict: nothing is coerced (a string, a boolean or `1e3` is not an int, a string is not
+a number), and NaN or infinite numbers are refused. Unknown fields are ignored, as OpenAI's accepted-and-ignored
+ones (user, metadata, store, ...) are.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ninfer.sampling.params import MAX_LOGPROBS, SEED_END, SEED_MIN
+from ninfer.sampling.params import INT64_MAX, MAX_LOGPROBS, SEED_MIN
 
 MAX_CHOICES = 8  # n: at most the lanes a server can have
 MAX_STOPS = 16
@@ -18,7 +20,7 @@ MAX_BATCH_PROMPTS = 64  # /v1/completions prompt lists (lm-eval batches are smal
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -37,13 +39,13 @@ class _Sampling(_Body):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(None, ge=SEED_MIN, lt=SEED_END)
+    seed: int | None = Field(None, ge=SEED_MIN, le=INT64_MAX)  # int64, as vLLM and OpenAI
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM extras
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = None  # SamplingParams owns the range, and check_vocabulary its upper end
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    repetition_penalty: float | None = None  # SamplingParams owns the range
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None

@@ -204,6 +204,13 @@ def test_thinking_budget_suffix_goes_through_the_matcher(fe, tok):
     assert json.loads(s.result().content) == {"a": True} and s.result().reasoning == "one two three"
 
 
+def _nested_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize("request_fields, needle", [
     (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "string", "not": {}}}}),
      "keyword 'not'"),
@@ -211,6 +218,17 @@ def test_thinking_budget_suffix_goes_through_the_matcher(fe, tok):
     (dict(response_format={"type": "yaml"}), "response_format.type"),
     (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "missing"}}), "'missing'"),
     (dict(tool_choice="required"), "needs at least one tool"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}),
+     "schema.type: 'strin' is not a JSON schema type"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}}}),
+     "properties.a.$ref: 'https://example.com/a.json' is not a reference inside this schema"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": ["string", "bogus"]}}}),
+     "'bogus' is not a JSON schema type"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}]),
+     "tool 'f' parameters.type"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"schema": _nested_schema(70)}}),
+     "nested deeper than 64"),
 ])
 def test_unrepresentable_structure_is_rejected_before_admission(fe, request_fields, needle):
     with pytest.raises(RequestRejected) as e:
@@ -219,8 +237,8 @@ def test_unrepresentable_structure_is_rejected_before_admission(fe, request_fiel
 
 
 def test_schema_the_compiler_refuses_is_rejected(fe):
-    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}
-    with pytest.raises(RequestRejected, match="cannot be compiled.*strin"):
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(("}}}
+    with pytest.raises(RequestRejected, match="cannot be compiled"):
         open_structured(fe, response_format=bad)
 
 

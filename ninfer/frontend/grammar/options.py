@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..input_bounds import MAX_JSON_DEPTH
 from ..messages import ToolSpec, reject
 
 # Keywords XGrammar 0.2.x accepts but does not enforce (measured: a violating document is accepted).
@@ -19,6 +20,8 @@ UNENFORCED_KEYWORDS = frozenset({"not", "if", "then", "else", "dependentSchemas"
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "contains", "unevaluatedProperties")
+# JSON Schema's type names: XGrammar reads any other `type` as no constraint at all.
+JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 
 
 @dataclass(frozen=True)
@@ -119,32 +122,52 @@ def _plain(value: Any, where: str) -> Any:
         raise reject(f"{where} is not JSON data: {e}") from e
 
 
-def check_schema(schema: Any, where: str) -> None:
-    """Refuse schema shapes the grammar cannot enforce, naming the keyword and where it sits."""
+def check_schema(schema: Any, where: str, depth: int = 1) -> None:
+    """Refuse schema shapes the grammar cannot enforce, naming the keyword and where it sits: unenforced keywords,
+    a `$ref` outside the document (XGrammar compiles it to "any JSON"), an unknown `type`, nesting past
+    MAX_JSON_DEPTH."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, Mapping):
         raise reject(f"{where} must be a JSON schema object or boolean, got {type(schema).__name__}")
+    if depth > MAX_JSON_DEPTH:
+        raise reject(f"{where}: schemas nested deeper than {MAX_JSON_DEPTH} levels are not supported")
     bad = UNENFORCED_KEYWORDS.intersection(schema)
     if bad:
         raise reject(f"{where}: JSON schema keyword {sorted(bad)[0]!r} is not supported by structured output")
     if len(schema.get("allOf", ())) > 1:
         raise reject(f"{where}: 'allOf' with more than one subschema is not supported by structured output")
+    _check_ref_and_type(schema, where)
     for key in SCHEMA_MAPS:
         subs = schema.get(key) or {}
         if not isinstance(subs, Mapping):
             raise reject(f"{where}.{key} must be an object of schemas")
         for name, sub in subs.items():
-            check_schema(sub, f"{where}.{key}.{name}")
+            check_schema(sub, f"{where}.{key}.{name}", depth + 1)
     for key in SCHEMA_LISTS:
         subs = schema.get(key) or ()
         if not isinstance(subs, (list, tuple)):
             raise reject(f"{where}.{key} must be a list of schemas")
         for i, sub in enumerate(subs):
-            check_schema(sub, f"{where}.{key}[{i}]")
+            check_schema(sub, f"{where}.{key}[{i}]", depth + 1)
     for key in SCHEMA_VALUES:
         if key in schema:
-            check_schema(schema[key], f"{where}.{key}")
+            check_schema(schema[key], f"{where}.{key}", depth + 1)
+
+
+def _check_ref_and_type(schema: Mapping[str, Any], where: str) -> None:
+    ref = schema.get("$ref")
+    if ref is not None and (not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/"))):
+        raise reject(f"{where}.$ref: {ref!r} is not a reference inside this schema ('#' or '#/...'); external "
+                     "references are not supported by structured output")
+    kind = schema.get("type")
+    if kind is None:
+        return
+    kinds = kind if isinstance(kind, list) else [kind]
+    unknown = [k for k in kinds if not isinstance(k, str) or k not in JSON_TYPES]
+    if unknown or not kinds:
+        raise reject(f"{where}.type: {unknown[0] if unknown else kind!r} is not a JSON schema type (one of "
+                     f"{', '.join(sorted(JSON_TYPES))})")
 
 
 def json_safe(schema: Any) -> Any:
