@@ -18,7 +18,7 @@ from ninfer.contracts import EngineFailure, FinishReason
 
 from .channels import REASONING, ChannelParser, Parsed
 from .detokenizer import Detokenizer, TokenTable
-from .outputs import OutputChunk, OutputOptions, OutputPreview, OutputResult
+from .outputs import EOS_TOKEN_IDS, OutputChunk, OutputOptions, OutputPreview, OutputResult
 from .stops import StopMatcher
 from .tokenizer import Qwen35Tokenizer
 from .tool_calls import ToolCall
@@ -88,6 +88,13 @@ class OutputSession:
             self._mask = grammar.allocate(1)
         grammar.fill_next(self._mask)
         return self._mask[0]
+
+    @property
+    def ending_token_ids(self) -> tuple[int, ...]:
+        """Every token id that would end this output: its stop ids and, under a grammar, the grammar's stop tokens
+        (which end it even with ignore_eos). The sampler must block all of them until min_tokens."""
+        grammar_stops = EOS_TOKEN_IDS if self._state.grammar is not None else ()
+        return tuple(dict.fromkeys(self.options.stop_token_ids + grammar_stops))
 
     @property
     def terminal(self) -> bool:

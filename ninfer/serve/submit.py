@@ -6,6 +6,7 @@ the context leaves after the prompt, as vLLM does.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from ninfer.contracts import RejectReason, RequestRejected
@@ -41,6 +42,10 @@ def submit(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, *, sto
     options = OutputOptions.create(sampling, stop=stop, skip_special_tokens=skip_special_tokens,
                                    thinking_budget=thinking_budget)
     session = rt.frontend.open_session(prompt, options, structured)
+    if sampling.min_tokens and set(session.ending_token_ids) - set(sampling.stop_token_ids):
+        # min_tokens blocks what ends the output, as the session sees it: <|im_end|>, a grammar's stop tokens
+        sampling = replace(sampling, stop_token_ids=tuple(dict.fromkeys(sampling.stop_token_ids
+                                                                         + session.ending_token_ids)))
     seed = rt.request_seed(sampling.seed)
     request = GenerationRequest(tuple(prompt.token_ids), session, max_tokens=budget, sampling=sampling,
                                 seed=None if seed is None else resolve_seed(seed), session_key=session_key,
@@ -49,6 +54,4 @@ def submit(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, *, sto
 
 
 def _with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParams:
-    from dataclasses import replace
-
     return replace(sampling, max_tokens=max_tokens, min_tokens=min(sampling.min_tokens, max_tokens))

@@ -178,3 +178,38 @@ def test_a_bogus_tool_parameter_type_is_400(client):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}
     err = assert_400(client.post(CHAT, json={"messages": HI, "max_tokens": 2, "tools": [tool]}))
     assert "tool 'f' parameters.type" in err["message"]
+
+
+def _json_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+NO_THINK = {"enable_thinking": False}
+
+
+def test_min_tokens_is_honoured_under_a_grammar(client):
+    """Stop and EOS tokens (<|im_end|> included) stay masked until min_tokens while the grammar can go on."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    body = {"messages": HI, "max_tokens": 60, "min_tokens": 25, "response_format": _json_format(schema),
+            "chat_template_kwargs": NO_THINK}
+    resp = client.post(CHAT, json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] >= 25
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("extra", [
+    {"response_format": _json_format({"type": "boolean"}), "min_tokens": 40},  # the grammar can only end
+    {"response_format": _json_format({"enum": ["x"]}), "min_tokens": 8, "stop_token_ids": [248046]},
+])
+def test_a_request_left_with_no_token_ends_alone(client, stream, extra):
+    body = {"messages": HI, "max_tokens": 60, "chat_template_kwargs": NO_THINK, "stream": stream, **extra}
+    resp = client.post(CHAT, json=body)
+    if not stream:
+        assert_400(resp, code="nothing_allowed")
+    else:
+        assert resp.status_code == 200
+        events = [json.loads(line[6:]) for line in resp.text.splitlines()
+                  if line.startswith("data: {")]
+        assert events[-1]["error"]["code"] == "nothing_allowed"
+    assert_serving(client)
