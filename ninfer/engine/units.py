@@ -131,7 +131,7 @@ class UnitRunner:
     def _after_commit(self, rec: "RequestRecord", row: PendingRow, preview: Any, decision: RowDecision) -> None:
         if decision.boundary is not None:
             rec.boundary = row.base_frontier + decision.boundary  # the same absolute position the Program commits
-        if preview is None:  # the Frontend failed this row (a cancelled row decision): nothing to publish
+        if preview is None:  # a failed draw or a failed Frontend preview (a cancelled row decision): nothing to publish
             self.enter_terminal(rec, FinishReason.ERROR)
             return
         out = CommittedOutput.of(row, preview, decision.accepted)
