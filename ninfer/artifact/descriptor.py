@@ -14,6 +14,10 @@ from typing import Any, Callable, Mapping
 from .errors import ArtifactError
 
 VERSION = 3
+# A descriptor nests at most ~6 levels (objects -> planes -> shape); anything far deeper is damage or an attack, and
+# refused before recursive code (parsing included) walks it.
+MAX_DESCRIPTOR_DEPTH = 64
+_TOO_DEEP = object()
 CHECKSUM_ALGORITHM = "crc32"
 
 # Activation permission of a Use: the activation precisions the consumer may run this weight with.
@@ -114,7 +118,23 @@ class Descriptor:
             d = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ArtifactError("descriptor", "invalid JSON", str(e)) from None
+        except RecursionError:  # nested past the JSON parser's own limit
+            d = _TOO_DEEP
+        if d is _TOO_DEEP or _too_deep(d):
+            raise ArtifactError("descriptor", "nested too deeply",
+                                f"arrays and objects more than {MAX_DESCRIPTOR_DEPTH} levels deep") from None
         return parse(d)
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > MAX_DESCRIPTOR_DEPTH:
+                return True
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def _object_dict(o: Object) -> dict:

@@ -89,6 +89,14 @@ def test_descriptor_invalid_json(art, rewrite_descriptor):
         open_artifact(art)
 
 
+@pytest.mark.parametrize("depth", [70, 100_000])  # 70: parses, past the bound; 100k: past the JSON parser itself
+def test_deeply_nested_descriptor_is_an_artifact_error(art, rewrite_descriptor, depth):
+    deep = b"[" * depth + b"]" * depth
+    rewrite_descriptor(art, raw=b'{"format": "ninfer", "version": 3, "metadata": ' + deep + b"}")
+    with pytest.raises(ArtifactError, match="descriptor: nested too deeply"):
+        open_artifact(art)
+
+
 def _obj(d, name):
     return next(o for o in d["objects"] if o["name"] == name)
 

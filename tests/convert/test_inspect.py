@@ -47,3 +47,23 @@ def test_verify_names_broken_object(tmp_path, checkpoints):
         inspect_artifact(out, verify=True)
     with pytest.raises(ArtifactError, match="layers.2.linear_attn.in_proj_qkv.weight"):
         verify_artifact(out)
+
+
+def test_inspect_verify_of_a_100k_deep_descriptor_is_a_clear_error(tmp_path, checkpoints):
+    """Was an uncaught RecursionError; now the CLI's one artifact error line naming the descriptor."""
+    from click.testing import CliRunner
+
+    from ninfer.artifact.header import HEADER_SIZE, Header
+    from ninfer.cli import main
+
+    out = convert_checkpoint(checkpoints["dense"], tmp_path / "m.ninfer", progress=False)
+    data = bytearray(out.read_bytes())
+    h = Header.unpack(bytes(data[:HEADER_SIZE]), len(data))
+    raw = b'{"format": "ninfer", "version": 3, "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    import zlib
+    new = Header(h.data_offset, h.descriptor_offset, len(raw), zlib.crc32(raw), h.descriptor_offset + len(raw))
+    out.write_bytes(new.pack() + bytes(data[HEADER_SIZE:h.descriptor_offset]) + raw)
+    result = CliRunner().invoke(main, ["inspect", str(out), "--verify"])
+    assert result.exit_code != 0
+    assert "descriptor: nested too deeply" in result.output and "Traceback" not in result.output
+    assert not isinstance(result.exception, RecursionError)
