@@ -196,3 +196,36 @@ def test_a_failed_row_ends_its_request_alone(make_fast, make_reference, prompt_o
     assert got[1].token_ids == alone[1].token_ids[:2]
     assert [got[0].token_ids, got[2].token_ids] == [alone[0].token_ids, alone[2].token_ids]
     check_drained(program)
+
+
+def test_nan_logits_end_one_request_alone(make_reference, prompt_of):
+    """The model answers NaN for one row of a decode round of several rows (the fifth decode_step call): that request
+    ends with NON_FINITE_LOGITS, the other rows are unchanged."""
+    from ninfer.contracts import RowFailure
+
+    prompts = [prompt_of(n, seed=110 + n) for n in (6, 9, 7)]
+    cfg = dict(max_concurrency=3, prefill_chunk=16, prefix_caching=False)
+    alone = serve(make_reference(max_concurrency=3), [token_request(p, 6) for p in prompts], **cfg)
+    program = make_reference(max_concurrency=3)
+    model = program.executor.model
+    real, calls, rounds, poisoned_round = model.decode_step, [], [], []
+
+    def poisoned(token, state):
+        calls.append(token)
+        logits = real(token, state)
+        if len(calls) != 5:
+            return logits
+        poisoned_round.append(rounds[-1])
+        return torch.full_like(logits, float("nan"))
+    model.decode_step = poisoned
+    decode = program.decode
+    program.decode = lambda handles, masks=None: rounds.append(len(handles)) or decode(handles, masks)
+    got = serve(program, [token_request(p, 6) for p in prompts], **cfg)
+    assert poisoned_round[0] > 1, "the poisoned row was alone in its round"
+    failed = [r for r in got if r.failure is not None]
+    assert len(failed) == 1 and failed[0].failure is RowFailure.NON_FINITE_LOGITS
+    assert failed[0].finish_reason is FinishReason.ERROR
+    i = got.index(failed[0])
+    assert failed[0].token_ids == alone[i].token_ids[:len(failed[0].token_ids)]
+    assert [r.token_ids for j, r in enumerate(got) if j != i] == [r.token_ids for j, r in enumerate(alone) if j != i]
+    check_drained(program)
