@@ -1,7 +1,8 @@
 """Gated full attention: q/gate from one projection, zero-centred q/k norm, partial NeoX RoPE, GQA, sigmoid gate.
 
 Text-only MRoPE has the same position in all three rows, so it is exactly 1D RoPE on the first ``rotary_dim``
-dims of each head; the remaining dims pass through unrotated.
+dims of each head, whatever ``mrope_section`` says; the remaining dims pass through unrotated. The frequencies
+follow the config's RoPE type (`ninfer.reference.rope`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from ninfer.models.qwen3_5.config import Qwen35Config
 
 from .norms import zc_rms_norm
+from .rope import rope_cos_sin, rope_frequencies
 from .scope import Scope
 from .state import KVCache
 
@@ -19,16 +21,6 @@ from .state import KVCache
 def _angle_dtype(dtype: torch.dtype) -> torch.dtype:
     # HF builds angles in fp32 and casts cos/sin to the activation dtype; the fp64 mode keeps fp64 throughout.
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, rotary_dim] = cat(f(angles), f(angles)) for absolute ``positions`` [T]."""
-    ad = _angle_dtype(dtype)
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=ad) / rotary_dim))  # [rotary_dim/2]
-    angles = positions.to(ad)[:, None] * inv_freq[None, :]  # [T, rotary_dim/2]
-    emb = torch.cat([angles, angles], dim=-1)  # [T, rotary_dim]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +69,7 @@ def gated_attention(x: torch.Tensor, w: Scope, cfg: Qwen35Config, cache: KVCache
     k = zc_rms_norm(F.linear(x, w["k_proj.weight"]).view(T, nkv, d), w["k_norm.weight"], eps).transpose(0, 1)
     v = F.linear(x, w["v_proj.weight"]).view(T, nkv, d).transpose(0, 1)  # [nkv, T, d]
     start = cache.length
-    cos, sin = rope_cos_sin(torch.arange(start, start + T), cfg.rotary_dim, cfg.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(torch.arange(start, start + T), *rope_frequencies(cfg, _angle_dtype(x.dtype)), x.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     cache.append(k, v)
     o = causal_attention(q, cache.k, cache.v, start)  # [nh, T, d]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -257,6 +257,22 @@ def make_hf_checkpoint(dir: str | Path, *, moe: bool = False, tie: bool = False,
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     if tokenizer:
         write_tiny_tokenizer(out, chat_template_in_config=chat_template_in_config)
+    return out
+
+
+def save_hf_checkpoint(dir: str | Path, text_kw: dict[str, Any], *, seed: int = 0,
+                       edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """A tiny dense checkpoint written by transformers itself: ``Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text_kw))``
+    (norms perturbed as in :func:`make_hf_checkpoint`) through ``save_pretrained``, so ``config.json`` holds exactly
+    what transformers writes; ``edit`` then changes that dict in place (to drop or rename fields the way older or
+    hand-written configs do) before it is written back. No tokenizer files: converting gives the built-in ones."""
+    out = Path(dir)
+    _, model = _build_model(text_kw, False, seed, torch.float32)
+    model.save_pretrained(str(out))
+    if edit is not None:
+        config = json.loads((out / "config.json").read_text())
+        edit(config)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
 

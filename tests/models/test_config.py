@@ -20,7 +20,9 @@ def test_text_config_defaults_and_layer_pattern():
     cfg = Qwen35Config.from_hf(QWEN35_08B)
     assert cfg.architecture == "Qwen3_5ForCausalLM" and not cfg.is_moe
     assert cfg.attention_layers == (3, 7, 11, 15, 19, 23)
-    assert cfg.rotary_dim == 64 and cfg.mrope_section == (11, 11, 10) and cfg.rope_theta == 1e7
+    # transformers' defaults: theta 10000 (RotaryEmbeddingConfigMixin), 32768 positions, mrope [11, 11, 10].
+    assert cfg.rotary_dim == 64 and cfg.mrope_section == (11, 11, 10) and cfg.rope_theta == 10000.0
+    assert cfg.max_position_embeddings == 32768
     assert cfg.conv_dim == 2 * 16 * 128 + 16 * 128 == 6144
 
 
@@ -54,9 +56,13 @@ def test_moe_config_and_round_trip_through_descriptor_form():
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
     ({"linear_num_key_heads": 16, "linear_num_value_heads": 24}, "linear_num_value_heads"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"attn_output_gate": False}, "attn_output_gate"),
     ({"intermediate_size": None}, "intermediate_size"),
-    ({"rope_parameters": {"rope_type": "yarn"}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": {"rope_type": "linear"}}, "rope_parameters.factor"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": {"rope_type": "su"}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": {"mrope_section": [8, 8]}}, "rope_parameters.mrope_section"),
+    ({"head_dim": None}, "head_dim"),
+    ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
 ])
 def test_inconsistent_or_unknown_fields_name_the_field(patch, field):
     raw = {**QWEN35_08B, **patch}

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer.reference.attention import apply_rope, causal_attention, rope_cos_sin
+from ninfer.reference.attention import apply_rope, causal_attention
 from ninfer.reference.ffn import moe, route
 from ninfer.reference.norms import gated_rms_norm, zc_rms_norm
+from ninfer.reference.rope import rope_cos_sin
 from ninfer.reference.scope import Scope
 
 G = torch.Generator().manual_seed(7)
@@ -34,7 +35,8 @@ def test_partial_rope_rotates_only_the_first_dims_and_is_relative():
     d, rd = 32, 8
     q, k = _r(1, 1, d), _r(1, 1, d)
     pos = torch.tensor([5, 12, 105, 112])
-    cos, sin = rope_cos_sin(pos, rd, 10000.0, torch.float64)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))  # [rd/2]
+    cos, sin = rope_cos_sin(pos, inv_freq, 1.0, torch.float64)
     qr = apply_rope(q.expand(1, 4, d), cos, sin)[0]  # [4, d]
     kr = apply_rope(k.expand(1, 4, d), cos, sin)[0]
     assert torch.equal(qr[:, rd:], q[0, 0, rd:].expand(4, -1))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer.reference.attention import apply_rope, rope_cos_sin
+from ninfer.reference.attention import apply_rope
 from ninfer.reference.ffn import ffn
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.norms import zc_rms_norm
+from ninfer.reference.rope import rope_cos_sin, rope_frequencies
 from ninfer.reference.scope import Scope
 
 
@@ -21,7 +22,7 @@ def _hand_attention(x: torch.Tensor, W: dict, p: str, model: ReferenceModel) -> 
     q = zc_rms_norm(q, W[p + "q_norm.weight"], eps)
     k = zc_rms_norm((x @ W[p + "k_proj.weight"].T).view(T, nkv, d), W[p + "k_norm.weight"], eps)
     v = (x @ W[p + "v_proj.weight"].T).view(T, nkv, d)
-    cos, sin = rope_cos_sin(torch.arange(T), cfg.rotary_dim, cfg.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(torch.arange(T), *rope_frequencies(cfg, x.dtype), x.dtype)
     q = apply_rope(q.transpose(0, 1), cos, sin)  # [nh, T, d]
     k = apply_rope(k.transpose(0, 1), cos, sin)  # [nkv, T, d]
     o = torch.zeros(T, nh, d, dtype=x.dtype)

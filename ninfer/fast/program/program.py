@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from ninfer.contracts import ProgramLimits
+from ninfer.errors import UnavailableError
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.sampling import DeviceSampler
@@ -61,6 +62,11 @@ class FastProgram(Program):
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
               device: torch.device | str, kernels: str = "triton") -> "FastProgram":
         """Plan the budget, load the weights (`source(logical_name) -> tensor`), allocate the pools once."""
+        if not cfg.plain_rope:
+            # rope_kv_write derives its frequencies from (rotary_dim, theta) alone
+            raise UnavailableError(f"the fast Program's kernels compute unscaled RoPE over an even rotary dimension; "
+                                   f"this model has rope_type {cfg.rope_type!r} over {cfg.rope_dim} dims").locate(
+                "rope_parameters", hint="run it on --program reference")
         config = config.resolved(cfg)
         model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes), device, kernels)
         return cls(model, config)

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 from ninfer.errors import ExitCode, NinferError
 
+from .rope_config import check_rope, rope_fields, rope_pairs
+
 LINEAR = "linear_attention"
 FULL = "full_attention"
 
@@ -71,6 +73,9 @@ class Qwen35Config:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     has_vision: bool = False
+    # Scaled RoPE (ninfer.models.qwen3_5.rope_config): the type and its parameters as sorted (name, value) pairs.
+    rope_type: str = "default"
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         self._validate()
@@ -90,8 +95,19 @@ class Qwen35Config:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
     @property
-    def rotary_dim(self) -> int:
+    def rope_dim(self) -> int:
+        """transformers' ``dim = int(head_dim * partial_rotary_factor)``: the divisor of the frequency exponents."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head rotate (2 x the frequency count; rope_dim rounded up to even)."""
+        return 2 * rope_pairs(self.rope_type, self.head_dim, self.partial_rotary_factor)
+
+    @property
+    def plain_rope(self) -> bool:
+        """Unscaled RoPE over an even rotary dimension: what the fast Program's kernels compute."""
+        return self.rope_type == "default" and self.rope_dim == self.rotary_dim
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -120,11 +136,7 @@ class Qwen35Config:
             raise ConfigError("num_key_value_heads", f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}")
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ConfigError("linear_num_value_heads", f"{self.linear_num_value_heads} is not a multiple of linear_num_key_heads={self.linear_num_key_heads}")
-        rd = self.head_dim * self.partial_rotary_factor
-        if rd != int(rd) or int(rd) % 2 or not 0 < rd <= self.head_dim:
-            raise ConfigError("partial_rotary_factor", f"head_dim*factor={rd} must be an even integer in (0, head_dim]")
-        if self.mrope_section and sum(self.mrope_section) != self.rotary_dim // 2:
-            raise ConfigError("mrope_section", f"{list(self.mrope_section)} must sum to rotary_dim/2={self.rotary_dim // 2}")
+        check_rope(self.rope_type, self.head_dim, self.partial_rotary_factor)
         if self.mtp_num_hidden_layers < 0:
             raise ConfigError("mtp_num_hidden_layers", "must be >= 0")
         if self.is_moe:
@@ -152,6 +164,7 @@ class Qwen35Config:
         if unknown:
             raise ConfigError(unknown[0], "unknown field in ninfer config")
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        kw["rope_scaling"] = tuple(tuple(pair) for pair in kw.get("rope_scaling", ()))
         return cls(**kw)
 
     @classmethod
@@ -168,21 +181,6 @@ def _req(text: Mapping[str, Any], name: str) -> Any:
     if name not in text:
         raise ConfigError(name, "missing")
     return text[name]
-
-
-def _rope_fields(text: Mapping[str, Any], outer: Mapping[str, Any]) -> dict[str, Any]:
-    """Rope fields live in ``rope_parameters`` (new) or ``rope_scaling`` + top level (old)."""
-    rp = dict(text.get("rope_parameters") or {})
-    scaling = text.get("rope_scaling") or {}
-    rope_type = rp.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if rope_type not in ("default", "mrope"):
-        raise ConfigError("rope_parameters.rope_type", f"{rope_type!r} is not supported (only default/mrope)")
-    theta = rp.get("rope_theta", text.get("rope_theta", outer.get("rope_theta", 10000000.0)))
-    factor = rp.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-    section = rp.get("mrope_section", scaling.get("mrope_section", [11, 11, 10]))
-    interleaved = rp.get("mrope_interleaved", scaling.get("mrope_interleaved", True))
-    return dict(rope_theta=float(theta), partial_rotary_factor=float(factor),
-                mrope_section=tuple(int(x) for x in section), mrope_interleaved=bool(interleaved))
 
 
 def _layer_types(text: Mapping[str, Any], n: int) -> tuple[str, ...]:
@@ -211,9 +209,12 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
         raise ConfigError("text_config", f"a {model_type!r} config must carry a text_config object")
     assert text is not None
     n = int(_req(text, "num_hidden_layers"))
-    tie = text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))
-    if nested and "tie_word_embeddings" in raw:
-        tie = raw["tie_word_embeddings"]
+    # A nested config is a ForConditionalGeneration checkpoint: transformers ties by the top-level flag alone.
+    tie = (raw if nested else text).get("tie_word_embeddings", False)
+    if text.get("head_dim", 256) is None:
+        raise ConfigError("head_dim", "is null (transformers fails on it too); give the per-head size or omit it "
+                                      "for the default 256")
+    max_positions = int(text.get("max_position_embeddings", 32768))
     moe = arch == "Qwen3_5MoeForCausalLM"
     kw: dict[str, Any] = dict(
         architecture=arch,
@@ -230,17 +231,17 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
         linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
         linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(text.get("max_position_embeddings", 262144)),
+        max_position_embeddings=max_positions,
         tie_word_embeddings=bool(tie),
         mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
         bos_token_id=text.get("bos_token_id"),
         eos_token_ids=_eos_ids(text.get("eos_token_id", raw.get("eos_token_id"))),
         pad_token_id=text.get("pad_token_id"),
         has_vision=bool(nested and raw.get("vision_config")),
-        **_rope_fields(text, raw),
+        **rope_fields(text, max_positions),
     )
-    if text.get("attn_output_gate", True) is not True:
-        raise ConfigError("attn_output_gate", "only gated attention (true) is supported")
+    # attn_output_gate is not read, as in transformers: Qwen3.5 attention is always gated, and a checkpoint whose
+    # q_proj lacks the gate rows is refused by the converter's shape check.
     if text.get("attention_bias", False):
         raise ConfigError("attention_bias", "attention biases are not supported by Qwen3.5")
     if text.get("hidden_act", "silu") != "silu":
