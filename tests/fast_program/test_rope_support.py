@@ -1,0 +1,28 @@
+"""The fast Program's kernels compute unscaled RoPE over an even rotary dimension: any other RoPE the config layer
+accepts (scaled types, odd dims that transformers rounds up) is refused at start, naming the field and the way out,
+instead of running with the wrong frequencies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ninfer.errors import ExitCode, NinferError
+from ninfer.fast.program import FastProgram, FastProgramConfig
+
+
+@pytest.mark.parametrize("change", [
+    dict(rope_type="yarn", rope_scaling=(("factor", 4.0), ("original_max_position_embeddings", 64))),
+    dict(rope_type="linear", rope_scaling=(("factor", 2.0),)),
+    dict(head_dim=36, partial_rotary_factor=0.25),  # int(36 * 0.25) = 9: transformers rotates 10 dims
+])
+def test_fast_program_refuses_rope_its_kernels_do_not_compute(tiny, change):
+    cfg, weights = tiny
+    odd = dataclasses.replace(cfg, **change)
+    assert not odd.plain_rope and cfg.plain_rope
+    with pytest.raises(NinferError) as e:
+        FastProgram.build(odd, weights.__getitem__, FastProgramConfig(max_concurrency=1, max_context=64),
+                          budget_bytes=1 << 20, device="cpu", kernels="naive")
+    assert e.value.exit_code == ExitCode.UNAVAILABLE and e.value.where == "rope_parameters"
+    assert "--program reference" in e.value.hint
