@@ -14,7 +14,8 @@ import click
 from ninfer.errors import NinferError
 
 from ninfer.serve.cli_command import GroupedOption, NinferGroup
-from ninfer.serve.cli_options import model_argument, pick_model, runtime_options, start_runtime
+from ninfer.serve.cli_options import (model_argument, pick_model, runtime_options, serve_limits, serve_options,
+                                      start_runtime)
 
 
 @click.group(cls=NinferGroup, context_settings={"help_option_names": ["-h", "--help"],
@@ -152,7 +153,8 @@ def _score_options(fn):
 @_frontend_option("--uvicorn-log-level", env="UVICORN_LOG_LEVEL", default="info", show_default=True,
                   type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @_score_options
-def serve(runtime: dict, host: str, port: int, api_key: str | None, uvicorn_log_level: str,
+@serve_options
+def serve(runtime: dict, limits: dict, host: str, port: int, api_key: str | None, uvicorn_log_level: str,
           score_window: int | None, score_stride: int | None) -> None:
     """Serve the OpenAI-compatible API (chat, completions, models, health, metrics, tokenize).
 
@@ -160,8 +162,11 @@ def serve(runtime: dict, host: str, port: int, api_key: str | None, uvicorn_log_
     port is bound."""
     from ninfer.serve.server import serve as run
 
-    rt = start_runtime(runtime, score_window=score_window, score_stride=score_stride)
-    run(rt, host=host, port=port, api_key=api_key, log_level=uvicorn_log_level)
+    gateway = serve_limits(limits)  # a bad limit is a usage error before the model loads
+    rt = start_runtime(runtime, score_window=score_window, score_stride=score_stride,
+                       max_queued_requests=limits["max_queued_requests"], queue_timeout=limits["queue_timeout"],
+                       grammar_compile_timeout=limits["grammar_compile_timeout"])
+    run(rt, host=host, port=port, api_key=api_key, limits=gateway, log_level=uvicorn_log_level)
 
 
 @main.command()

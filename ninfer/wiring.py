@@ -58,6 +58,9 @@ class RuntimeOptions:
     warmup: bool = True
     score_window: int | None = None  # scoring purpose: tokens per window (default: DEFAULT_SCORE_WINDOW)
     score_stride: int | None = None  # scoring purpose: tokens between window starts (default: half a window)
+    max_queued_requests: int = EngineConfig.queue_bound  # waiting choices beyond the lanes before 429
+    queue_timeout: float | None = None  # seconds a choice may wait for a lane; None: unbounded
+    grammar_compile_timeout: float | None = None  # seconds per structured-output grammar; None: unbounded
 
     def check(self) -> None:
         if self.program not in PROGRAMS:
@@ -70,6 +73,12 @@ class RuntimeOptions:
             raise WiringError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise WiringError(f"--max-model-len must be >= 2, got {self.max_model_len}")
+        if self.max_queued_requests < 0:
+            raise WiringError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
+        for flag, value in (("--queue-timeout", self.queue_timeout),
+                            ("--grammar-compile-timeout", self.grammar_compile_timeout)):
+            if value is not None and not value > 0:
+                raise WiringError(f"{flag} must be positive, got {value}")
         if self.dtype not in ("float32", "float64"):
             raise WiringError(f"--dtype must be float32 or float64 for the reference Program, got {self.dtype!r}")
 
@@ -244,12 +253,14 @@ def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, dict]:
     max_context = options.max_model_len or min(DEFAULT_CONTEXT, config.max_position_embeddings)
     if max_context > config.max_position_embeddings:
         raise WiringError(f"--max-model-len {max_context} exceeds the model's {config.max_position_embeddings}")
-    return Frontend(tokenizer, max_context=max_context, chat_template=template), meta
+    return Frontend(tokenizer, max_context=max_context, chat_template=template,
+                    grammar_compile_timeout=options.grammar_compile_timeout), meta
 
 
 def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:
     caching = options.enable_prefix_caching if prefix_caching is None else prefix_caching
-    return EngineConfig(max_concurrency=options.max_num_seqs, prefix_caching=caching)
+    return EngineConfig(max_concurrency=options.max_num_seqs, prefix_caching=caching,
+                        queue_bound=options.max_queued_requests, queue_timeout=options.queue_timeout)
 
 
 def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str):

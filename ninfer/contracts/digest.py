@@ -12,7 +12,8 @@ from typing import Sequence
 
 
 def token_digest(tokens: Sequence[int]) -> str:
-    h = hashlib.blake2b(digest_size=16)
+    # The ids first, their count last: every prefix digest of one prompt then continues one running hash, so a
+    # prompt's boundary digests cost one pass over its ids (frontend.prompt.digest_prefixes), not one per boundary.
+    h = hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16)
     h.update(len(tokens).to_bytes(8, "little"))
-    h.update(array("q", tokens).tobytes())
     return h.hexdigest()

@@ -13,7 +13,7 @@ import queue
 import random
 import threading
 import time
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from ninfer.contracts import GenerationResult, Program, RejectReason, RequestRejected
 
@@ -107,22 +107,30 @@ class Engine:
 
     # ---- submit --------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> GenerationHandle:
-        self._validate(request)
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: Sequence[GenerationRequest]) -> list[GenerationHandle]:
+        """Accept every request or none (an API request's n choices, a prompt batch): a refusal takes no
+        capacity at all, so a rejected batch never holds room that other clients need until the worker runs."""
+        for request in requests:
+            self._validate(request)
         now = self._clock()
         with self._lock:
-            if self._outstanding >= self.config.max_outstanding:
-                raise RequestRejected(RejectReason.OVERLOADED, f"{self._outstanding} requests outstanding "
-                                      f"(limit {self.config.max_outstanding})")
-            seed = request.seed if request.seed is not None else self._seeds.getrandbits(63)
-            rec = RequestRecord(next(self._rids), request, next(self._order), now, seed)
-            # Accepted only if the inbox takes it: a failure or shutdown closes the inbox atomically, and what it
+            if self._outstanding + len(requests) > self.config.max_outstanding:
+                raise RequestRejected(RejectReason.OVERLOADED, f"{self._outstanding} requests outstanding, "
+                                      f"{len(requests)} more asked for (limit {self.config.max_outstanding})")
+            recs = []
+            for request in requests:
+                seed = request.seed if request.seed is not None else self._seeds.getrandbits(63)
+                recs.append(RequestRecord(next(self._rids), request, next(self._order), now, seed))
+            # Accepted only if the inbox takes them: a failure or shutdown closes the inbox atomically, and what it
             # holds then still gets its terminal event from the worker or the failure cleanup.
-            closed = self.core.inbox.put(rec)
+            closed = self.core.inbox.put_all(recs)
             if closed is not None:
                 raise RequestRejected(RejectReason.ENGINE_UNAVAILABLE, closed)
-            self._outstanding += 1
+            self._outstanding += len(recs)
         self._wake()
-        return GenerationHandle(self, rec)
+        return [GenerationHandle(self, rec) for rec in recs]
 
     def _validate(self, request: GenerationRequest) -> None:
         limits = self.core.program.limits

@@ -1,6 +1,6 @@
 """The submission inbox: accepted requests cross from any submitting thread to the Engine worker here.
 
-Closing is atomic with respect to `put`: a submission is either refused (the inbox is closed, the caller gets a
+Closing is atomic with respect to `put_all`: a submission is either refused (the inbox is closed, the caller gets a
 request-level rejection) or it lies in the inbox until the worker, or the failure cleanup, takes it. Whatever the
 interleaving of a submit with a failure or a shutdown, no accepted request is left without its terminal event.
 """
@@ -20,12 +20,12 @@ class Inbox(Generic[T]):
         self._items: deque[T] = deque()
         self._closed: str | None = None
 
-    def put(self, item: T) -> str | None:
-        """Append unless closed; returns None when accepted, else why the inbox is closed."""
+    def put_all(self, items: list[T]) -> str | None:
+        """Append all of them unless closed; returns None when accepted, else why the inbox is closed."""
         with self._lock:
             if self._closed is not None:
                 return self._closed
-            self._items.append(item)
+            self._items.extend(items)
             return None
 
     def take_all(self) -> list[T]:

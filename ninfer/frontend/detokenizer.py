@@ -44,6 +44,13 @@ class TokenTable:
     def build(cls, tokenizer: Qwen35Tokenizer) -> "TokenTable":
         return cls(tokenizer)
 
+    @property
+    def max_piece_bytes(self) -> int:
+        """The most bytes one token spells: a byte-level BPE token has one character per byte; an added token's
+        content is its text."""
+        added = {t.content for t in self._raw.get_added_tokens_decoder().values()}
+        return max(len(t.encode()) if t in added else len(t) for t in self._raw.get_vocab(with_added_tokens=True))
+
     def piece(self, token_id: int, skip_special: bool) -> bytes:
         if skip_special and token_id in self.special:
             return b""

@@ -55,12 +55,14 @@ class PreparedChat:
 
 class Frontend:
     def __init__(self, tokenizer: Qwen35Tokenizer, *, max_context: int, chat_template: str | None = None,
-                 grammar: GrammarCompiler | None = None):
+                 grammar: GrammarCompiler | None = None, grammar_compile_timeout: float | None = None):
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.template = JinjaChatTemplate(chat_template) if chat_template else None
         self.table = TokenTable.build(tokenizer)
+        self.max_token_bytes = self.table.max_piece_bytes  # what bounds a text's token count from below
         self._grammar = grammar
+        self._compile_timeout = grammar_compile_timeout
         self._grammar_lock = threading.Lock()  # Gateway threads may open the first structured sessions at once
         self.think_end_suffix = tuple(tokenizer.encode(FORCED_THINK_END))
 
@@ -70,10 +72,15 @@ class Frontend:
         with self._grammar_lock:
             if self._grammar is None:
                 from .grammar.compiler import GrammarCompiler
-                self._grammar = GrammarCompiler(self.tokenizer)
+                self._grammar = GrammarCompiler(self.tokenizer, compile_timeout=self._compile_timeout)
             return self._grammar
 
     def prepare_chat(self, request: ChatRequest, *, max_tokens: int | None = None) -> PreparedChat:
+        # Every message renders at least its role marker token: more messages than the context holds cannot fit,
+        # and that is known before rendering, tokenizing and hashing them.
+        if len(request.messages) > self.max_context:
+            raise RequestRejected(RejectReason.CONTEXT_TOO_LONG, f"{len(request.messages)} messages cannot fit "
+                                  f"in the context of {self.max_context} tokens")
         chat = normalize_chat(request.messages, request.tools)
         structured = StructuredOutputOptions.create(response_format=request.response_format, tools=chat.specs,
                                                     tool_choice=request.tool_choice,
@@ -83,7 +90,8 @@ class Frontend:
         text, rendered = self._render(messages, chat.tools, request.add_generation_prompt, kwargs)
         check_text(text, "the rendered chat prompt (tools or chat_template_kwargs)")
         wanted = self._boundary_chars(rendered, request.cache_boundaries, shift, len(chat.messages))
-        encoding = self.tokenizer.tokenizer.encode(text, add_special_tokens=False)
+        self.check_text_fits(text, max_tokens)
+        encoding = self.tokenizer.encoding(text)
         bounds = char_to_token_boundaries(encoding.offsets, wanted)
         prompt = prepare_ids(encoding.ids, bounds, reasoning_open=_opens_think(text), text=text)
         self.check_context(len(prompt), max_tokens)
@@ -142,8 +150,17 @@ class Frontend:
     def prepare_text(self, text: str, *, max_tokens: int | None = None) -> PreparedPrompt:
         if not isinstance(text, str) or not text:
             raise reject("prompt text must be a non-empty string")
+        self.check_text_fits(text, max_tokens)
         check_text(text, "prompt")
         return self.prepare_tokens(self.tokenizer.encode(text), max_tokens=max_tokens)
+
+    def check_text_fits(self, text: str, max_tokens: int | None) -> None:
+        """Refuse, before tokenizing it, a text that has more tokens than the context leaves room for: no token
+        spells more than `max_token_bytes` bytes, and each character is at least one byte."""
+        room = self.max_context - (max_tokens if max_tokens is not None else 1)
+        if len(text) > max(room, 0) * self.max_token_bytes:
+            raise RequestRejected(RejectReason.CONTEXT_TOO_LONG, f"a text of {len(text)} characters has more than "
+                                  f"{max(room, 0)} tokens and exceeds the context of {self.max_context} tokens")
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> None:
         need = prompt_tokens + (max_tokens if max_tokens is not None else 1)

@@ -51,18 +51,18 @@ class PreparedPrompt:
 
 
 def digest_prefixes(token_ids: Sequence[int], lengths: Sequence[int]) -> tuple[tuple[PrefixDigest, ...], str]:
-    """token_digest of each prefix in `lengths` and of the whole sequence, serializing the ids once."""
+    """token_digest of each prefix in `lengths` (increasing) and of the whole sequence, in one pass over the ids:
+    one running hash, copied at each boundary to append that prefix's count (linear in ids plus boundaries)."""
     data = memoryview(array.array("q", token_ids).tobytes())
-    out = tuple(PrefixDigest(n, _digest(data, n)) for n in lengths)
-    return out, _digest(data, len(token_ids))
-
-
-def _digest(data: memoryview, n: int) -> str:
-    # Byte for byte what contracts.token_digest(tokens[:n]) hashes; tests hold the two equal.
-    h = hashlib.blake2b(digest_size=16)
-    h.update(n.to_bytes(8, "little"))
-    h.update(data[:n * 8])
-    return h.hexdigest()
+    running, done, out = hashlib.blake2b(digest_size=16), 0, []
+    for n in (*lengths, len(token_ids)):
+        running.update(data[done * 8:n * 8])
+        done = n
+        # Byte for byte what contracts.token_digest(tokens[:n]) hashes; tests hold the two equal.
+        h = running.copy()
+        h.update(n.to_bytes(8, "little"))
+        out.append(PrefixDigest(n, h.hexdigest()))
+    return tuple(out[:-1]), out[-1].digest
 
 
 def prepare_ids(token_ids: Sequence[int], boundary_lengths: Iterable[int] = (), *, reasoning_open: bool = False,

@@ -93,7 +93,13 @@ class Qwen35Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; control-token text such as ``<|im_start|>`` maps to its single id."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.encoding(text).ids
+
+    def encoding(self, text: str):
+        """The ``tokenizers.Encoding`` of ``text`` (ids and character offsets). The batch call releases the GIL
+        while it runs (``encode`` holds it): a long prompt tokenizing on a worker thread leaves the server's event
+        loop and the Engine's worker running."""
+        return self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]

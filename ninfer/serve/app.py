@@ -7,14 +7,11 @@ answers health checks while the model loads.
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import PlainTextResponse
-from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from ninfer.contracts import RequestRejected
 from ninfer.frontend import ChatRequest
@@ -23,62 +20,10 @@ from . import errors
 from .body_checks import checked_body
 from .chat import chat_completions
 from .completions import completions
-from .errors import APIError, error_response
+from .errors import APIError
+from .guard import Guard
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .state import ServerState
-
-OPEN_PATHS = ("/health", "/health/ready", "/metrics", "/docs", "/openapi.json", "/redoc", "/ping", "/version")
-
-
-class Guard:
-    """ASGI middleware: the API key (constant-time compare) and the request body size limit, before parsing."""
-
-    def __init__(self, app: ASGIApp, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        key = self.state.api_key
-        if key and scope["path"] not in OPEN_PATHS:
-            auth = headers.get("authorization", "")
-            given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                return await error_response(401, "invalid or missing API key", code="invalid_api_key")(
-                    scope, receive, send)
-        limit = self.state.max_body_bytes
-        length = headers.get("content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > limit:
-                return await error_response(413, f"request body over {limit} bytes")(scope, receive, send)
-            return await self.app(scope, receive, send)
-        return await self._chunked(scope, receive, send, limit)
-
-    async def _chunked(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        """A body without Content-Length is read here up to the limit, then replayed to the app."""
-        chunks, seen = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before sending its body
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            if seen > limit:
-                return await error_response(413, f"request body over {limit} bytes")(scope, receive, send)
-            if not message.get("more_body"):
-                break
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
-        await self.app(scope, replay, send)
-
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="ninfer", description="OpenAI-compatible API of the ninfer engine", version="1",
@@ -107,8 +52,12 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         return {"object": "list", "data": [card]}
 
     @app.get("/health")
-    async def _health() -> dict:
-        return {"status": "ok"}
+    async def _health() -> Any:
+        """Liveness: 200 while loading, serving or draining; 503 once the Engine failed (restart the process)."""
+        rt = state.runtime
+        if rt is not None and rt.failure is not None:
+            return JSONResponse({"status": "engine_failed", "ready": False}, status_code=503)
+        return {"status": "draining" if state.draining else "ok", "ready": _is_ready(state)}
 
     @app.get("/health/ready")
     async def _ready() -> Any:
@@ -127,9 +76,10 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
 def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize")
-    async def _tokenize(body: TokenizeRequest) -> dict:
+    async def _tokenize(body: TokenizeRequest, request: Request) -> dict:
         state.check_model(body.model)
-        tokens = await run_in_threadpool(_tokens_of, state, body)
+        state.check_schema(body.response_format, body.tools)
+        tokens = await state.preparer.run(lambda: _tokens_of(state, body), disconnected=request.is_disconnected)
         out: dict[str, Any] = {"count": len(tokens), "max_model_len": state.runtime.max_context, "tokens": tokens}
         if body.return_token_strs:
             out["token_strs"] = [state.runtime.frontend.tokenizer.id_to_token(t) for t in tokens]
@@ -153,12 +103,24 @@ def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
                 "chat_template": rt.frontend.template.source if rt.frontend.template is not None else None}
 
 
+def _is_ready(state: ServerState) -> bool:
+    try:
+        state.ready()
+    except APIError:
+        return False
+    return True
+
+
 def _tokens_of(state: ServerState, body: TokenizeRequest) -> list[int]:
     """A prompt's ids, or messages rendered exactly as a chat request with the same fields would be."""
     fe = state.runtime.frontend
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt")
     if body.prompt is not None:
+        try:
+            fe.check_text_fits(body.prompt, 0)
+        except RequestRejected as e:
+            raise APIError.from_rejection(e) from None
         return fe.tokenizer.encode(body.prompt)
     kwargs = {**state.runtime.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
     try:

@@ -11,18 +11,17 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
 from ninfer.contracts import GenerationResult, OutputDelta
 from ninfer.frontend import ChatRequest
 
 from .errors import APIError
-from .events import Choices, choice_events
+from .events import Choices, choice_events, close_all
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import ChatCompletionRequest
 from .sse import DONE, EventStream, error_event, event
 from .state import ServerState
-from .submit import submit
+from .submit import generation_request
 
 
 def _prepare(state: ServerState, body: ChatCompletionRequest):
@@ -34,7 +33,7 @@ def _prepare(state: ServerState, body: ChatCompletionRequest):
     return rt.frontend.prepare_chat(request, max_tokens=body.output_limit())
 
 
-def _submit_all(state: ServerState, body: ChatCompletionRequest) -> list:
+def _submit_all(state: ServerState, body: ChatCompletionRequest, deadline: float | None) -> list:
     rt = state.runtime
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -44,15 +43,20 @@ def _submit_all(state: ServerState, body: ChatCompletionRequest) -> list:
     params = [sampling_params(body, vocab, max_tokens=body.output_limit(), logprobs=logprobs, choice=j)
               for j in range(body.n)]
     stops = body.stops()
-    return state.submit_choices(lambda p: submit(rt, chat.prompt, p, stop=stops, structured=chat.structured,
-                                                 skip_special_tokens=body.skip_special_tokens,
-                                                 thinking_budget=body.thinking_budget), params)
+    return state.submit_choices(
+        lambda p: generation_request(rt, chat.prompt, p, stop=stops, structured=chat.structured,
+                                     skip_special_tokens=body.skip_special_tokens,
+                                     thinking_budget=body.thinking_budget, deadline=deadline), params)
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServerState) -> Any:
     state.check_model(body.model)
     state.require_generation()
-    choices = Choices(await run_in_threadpool(_submit_all, state, body), state.metrics)
+    state.check_schema(body.response_format, body.tools)
+    deadline = state.deadline()
+    handles = await state.preparer.run(lambda: _submit_all(state, body, deadline), deadline=deadline,
+                                       disconnected=request.is_disconnected, discard=close_all)
+    choices = Choices(handles, state.metrics, state.active)
     ident = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name,
              "system_fingerprint": state.fingerprint}
     if body.stream:
@@ -88,7 +92,7 @@ async def _whole(state: ServerState, choices: Choices, ident: dict, request: Req
     if len(results) < len(choices):
         raise APIError(499, "client disconnected")
     for r in results.values():
-        check_result(r)
+        check_result(r, draining=state.draining)
     ordered = [results[i] for i in range(len(choices))]
     timer.finish(ordered)
     choices = [{"index": i, "message": _message(r), "logprobs": {"content": lps[i]} if logprobs else None,
@@ -141,7 +145,7 @@ async def _stream(state: ServerState, choices: Choices, ident: dict, include_usa
                 yield event({**base, "choices": [choice], **extra})
         elif isinstance(ev, GenerationResult):
             try:
-                check_result(ev)
+                check_result(ev, draining=state.draining)
             except APIError as e:
                 yield error_event(e.status, e.message, e.code)
                 break

@@ -12,7 +12,9 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
+from ninfer.engine.config import EngineConfig
 from ninfer.errors import UsageError
+from ninfer.serve import limits as L
 
 from .cli_command import GroupedOption
 
@@ -72,6 +74,77 @@ def runtime_options(fn: Callable) -> Callable:
     for option in reversed(RUNTIME_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+_SECONDS = click.FloatRange(0, min_open=True)
+
+# `ninfer serve` only: the Engine's queue (RuntimeOptions) and the Gateway's limits (ninfer.serve.limits).
+SERVE_OPTIONS = [
+    _opt("--max-queued-requests", env="MAX_QUEUED_REQUESTS", group="SchedulerConfig", type=click.IntRange(0),
+         default=EngineConfig.queue_bound, show_default=True,
+         help="Choices waiting for a lane beyond --max-num-seqs; one more is refused with 429."),
+    _opt("--queue-timeout", env="QUEUE_TIMEOUT", group="SchedulerConfig", type=_SECONDS, default=None,
+         help="Seconds a choice may wait for a lane before it is refused with 503 (default: no limit)."),
+    _opt("--request-timeout", env="REQUEST_TIMEOUT", group="Frontend", type=_SECONDS, default=None,
+         help="Seconds of queue plus run per request: a running one ends with its output so far (finish_reason "
+              "length), a waiting one with 503 queue_timeout (default: no limit)."),
+    _opt("--max-request-body-bytes", env="MAX_REQUEST_BODY_BYTES", group="Frontend", type=click.IntRange(1),
+         default=L.MAX_BODY_BYTES, show_default=True,
+         help="Larger request bodies are refused with 413 before they are parsed."),
+    _opt("--header-read-timeout", env="HEADER_READ_TIMEOUT", group="Frontend", type=_SECONDS,
+         default=L.HEADER_READ_TIMEOUT_S, show_default=True,
+         help="Seconds from a connection's opening or a request's first byte to its last header (else 408)."),
+    _opt("--body-read-timeout", env="BODY_READ_TIMEOUT", group="Frontend", type=_SECONDS,
+         default=L.BODY_READ_TIMEOUT_S, show_default=True,
+         help="Seconds from the headers to the body's last byte (else 408)."),
+    _opt("--limit-concurrency", env="LIMIT_CONCURRENCY", group="Frontend", type=click.IntRange(1),
+         default=L.LIMIT_CONCURRENCY, show_default=True,
+         help="Open connections at most; one more is answered 503 and closed."),
+    _opt("--h11-max-incomplete-event-size", env="H11_MAX_INCOMPLETE_EVENT_SIZE", group="Frontend",
+         type=click.IntRange(1024), default=L.MAX_HEADER_BYTES, show_default=True,
+         help="Bytes of request line plus headers at most (else 400)."),
+    _opt("--max-schema-bytes", env="MAX_SCHEMA_BYTES", group="Frontend", type=click.IntRange(1),
+         default=L.MAX_SCHEMA_BYTES, show_default=True,
+         help="response_format plus tools as compact JSON at most (else 400 schema_too_large)."),
+    _opt("--grammar-compile-timeout", env="GRAMMAR_COMPILE_TIMEOUT", group="Frontend", type=_SECONDS,
+         default=L.COMPILE_TIMEOUT_S, show_default=True,
+         help="Seconds one structured-output grammar may compile (else 400)."),
+    _opt("--shutdown-timeout", env="SHUTDOWN_TIMEOUT", group="Frontend", type=click.FloatRange(0),
+         default=L.SHUTDOWN_TIMEOUT_S, show_default=True,
+         help="On SIGTERM, seconds in-flight requests may finish before they are cancelled."),
+    _opt("--exit-on-engine-failure/--no-exit-on-engine-failure", env="EXIT_ON_ENGINE_FAILURE", group="Frontend",
+         default=True, show_default=True,
+         help="Exit with status 1 when the Engine fails, so that a supervisor restarts the server."),
+]
+
+SERVE_KEYS = ("max_queued_requests", "queue_timeout", "request_timeout", "max_request_body_bytes",
+              "header_read_timeout", "body_read_timeout", "limit_concurrency", "h11_max_incomplete_event_size",
+              "max_schema_bytes", "grammar_compile_timeout", "shutdown_timeout", "exit_on_engine_failure")
+
+
+def serve_options(fn: Callable) -> Callable:
+    """Add `ninfer serve`'s limit flags; the command receives them collected in a `limits` dict argument."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["limits"] = {k: kwargs.pop(k) for k in SERVE_KEYS}
+        return fn(*args, **kwargs)
+
+    for option in reversed(SERVE_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def serve_limits(flags: dict) -> L.ServeLimits:
+    """The Gateway's ServeLimits from the collected serve flags (the Engine's go to RuntimeOptions)."""
+    try:
+        return L.ServeLimits(
+            max_body_bytes=flags["max_request_body_bytes"], header_read_timeout=flags["header_read_timeout"],
+            body_read_timeout=flags["body_read_timeout"], limit_concurrency=flags["limit_concurrency"],
+            max_header_bytes=flags["h11_max_incomplete_event_size"], max_schema_bytes=flags["max_schema_bytes"],
+            request_timeout=flags["request_timeout"], shutdown_timeout=flags["shutdown_timeout"],
+            exit_on_engine_failure=flags["exit_on_engine_failure"])
+    except L.LimitError as e:
+        raise UsageError(str(e)) from None
 
 
 # `ninfer serve MODEL`, as vLLM users type it; --model (or NINFER_MODEL) stays.

@@ -17,12 +17,12 @@ from starlette.concurrency import run_in_threadpool
 from ninfer.contracts import GenerationResult, OutputDelta, RequestRejected
 
 from .errors import APIError
-from .events import Choices, choice_events
+from .events import Choices, choice_events, close_all
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import MAX_BATCH_PROMPTS, CompletionRequest
 from .sse import DONE, EventStream, error_event, event
 from .state import ServerState
-from .submit import submit
+from .submit import generation_request
 
 
 def _prompts(body: CompletionRequest) -> list[str | list[int]]:
@@ -67,10 +67,14 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
                        param="echo", code="wrong_purpose")
     if body.stream and body.max_tokens == 0:
         raise APIError(400, "max_tokens 0 cannot stream", param="max_tokens")
-    prepared = await run_in_threadpool(_prepare, state, body, prompts)
+    deadline = state.deadline()
+    prepared = await state.preparer.run(lambda: _prepare(state, body, prompts), deadline=deadline,
+                                        disconnected=request.is_disconnected)
     if body.max_tokens == 0:
         return _echo_only(state, body, prepared, ident)
-    choices = Choices(await run_in_threadpool(_submit_all, state, body, prepared), state.metrics)
+    handles = await state.preparer.run(lambda: _submit_all(state, body, prepared, deadline), deadline=deadline,
+                                       disconnected=request.is_disconnected, discard=close_all)
+    choices = Choices(handles, state.metrics, state.active)
     if body.stream:
         include = body.stream_options is not None and body.stream_options.include_usage
         return EventStream(_stream(state, body, choices, ident, include, request.is_disconnected),
@@ -100,14 +104,14 @@ def _echo_only(state: ServerState, body: CompletionRequest, prepared: list, iden
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt}}
 
 
-def _submit_all(state: ServerState, body: CompletionRequest, prepared: list) -> list:
+def _submit_all(state: ServerState, body: CompletionRequest, prepared: list, deadline: float | None) -> list:
     rt = state.runtime
     vocab = rt.frontend.tokenizer.vocab_size
     stops = body.stops()
     jobs = [(p, sampling_params(body, vocab, max_tokens=body.max_tokens, logprobs=body.logprobs, choice=j))
             for p in prepared for j in range(body.n)]
-    return state.submit_choices(lambda job: submit(rt, job[0], job[1], stop=stops,
-                                                   skip_special_tokens=body.skip_special_tokens), jobs)
+    return state.submit_choices(lambda job: generation_request(rt, job[0], job[1], stop=stops, deadline=deadline,
+                                                               skip_special_tokens=body.skip_special_tokens), jobs)
 
 
 async def _whole(state: ServerState, body: CompletionRequest, prepared: list, choices: Choices, ident: dict,
@@ -129,7 +133,7 @@ async def _whole(state: ServerState, body: CompletionRequest, prepared: list, ch
         raise APIError(499, "client disconnected")
     ordered = [results[i] for i in range(len(choices))]
     for r in ordered:
-        check_result(r)
+        check_result(r, draining=state.draining)
     timer.finish(ordered)
     choices = []
     for i, r in enumerate(ordered):
@@ -167,7 +171,7 @@ async def _stream(state: ServerState, body: CompletionRequest, choices: Choices,
                                                   "finish_reason": None}], **extra})
         elif isinstance(ev, GenerationResult):
             try:
-                check_result(ev)
+                check_result(ev, draining=state.draining)
             except APIError as e:
                 yield error_event(e.status, e.message, e.code)
                 break
@@ -191,6 +195,11 @@ def _score_all(state: ServerState, body: CompletionRequest, prompts: list, ident
     text = TokenText(rt.frontend)
     choices, n_prompt = [], 0
     for i, p in enumerate(prompts):
+        try:
+            if isinstance(p, str):
+                rt.frontend.check_text_fits(p, 0)
+        except RequestRejected as e:
+            raise APIError.from_rejection(e) from None
         tokens = rt.frontend.tokenizer.encode(p) if isinstance(p, str) else list(p)
         if len(tokens) > rt.max_context:
             raise APIError(400, f"prompt {i} has {len(tokens)} tokens; the context is {rt.max_context}",

@@ -1,11 +1,15 @@
 """Every non-2xx answer in OpenAI's error envelope: {"error": {"message", "type", "param", "code"}}.
 
 Validation is 400 (OpenAI's status for input-schema violations; FastAPI's 422 is overridden), a bad key 401, an
-unknown model or route 404, an overloaded Engine 429 (queue full) or 503 (Engine unavailable, still loading).
+unknown model or route 404, a slow body 408, an overloaded Engine 429 (queue full) or 503 (Engine unavailable,
+still loading, shutting down). A 5xx never carries internal exception text: `internal()` logs the detail under an
+error id and the client gets a generic message with that id.
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,9 +20,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ninfer.contracts import RejectReason, RequestRejected
 from ninfer.sampling import SamplingParamsError
 
+log = logging.getLogger("ninfer.serve")
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
-          503: "service_unavailable_error"}
+          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          500: "server_error", 503: "service_unavailable_error"}
 
 _REJECT_STATUS = {
     RejectReason.OVERLOADED: 429,
@@ -43,6 +49,14 @@ class APIError(Exception):
     @classmethod
     def from_sampling(cls, e: SamplingParamsError) -> "APIError":
         return cls(400, str(e), param=e.field, code="invalid_value")
+
+
+def internal(status: int, detail: str, *, code: str = "internal_error", exc: BaseException | None = None) -> APIError:
+    """A 5xx whose detail stays in the server log: the client sees only the error id to quote."""
+    error_id = uuid.uuid4().hex[:16]
+    log.error("error %s (%d %s): %s", error_id, status, code, detail, exc_info=exc)
+    what = "the engine failed" if code == "engine_error" else "internal server error"
+    return APIError(status, f"{what} (error id {error_id})", code=code)
 
 
 def envelope(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -91,4 +105,5 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception) -> JSONResponse:
-        return error_response(500, f"internal error: {type(e).__name__}: {e}")
+        err = internal(500, f"{request.method} {request.url.path}: {type(e).__name__}", exc=e)
+        return error_response(err.status, err.message, code=err.code)

@@ -27,11 +27,13 @@ class Choices:
     """The handles of one API request with each choice's phase (waiting -> running -> done) kept in the
     Gateway's gauges; a choice closed before its result counts as cancelled."""
 
-    def __init__(self, handles: Sequence[GenerationHandle], metrics=None):
-        self.handles, self.metrics = list(handles), metrics
+    def __init__(self, handles: Sequence[GenerationHandle], metrics=None, registry: set | None = None):
+        self.handles, self.metrics, self.registry = list(handles), metrics, registry
         self.phase = ["waiting"] * len(self.handles)
         if metrics is not None:
             metrics.move(waiting=len(self.handles))
+        if registry is not None:
+            registry.add(self)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -42,7 +44,17 @@ class Choices:
         elif isinstance(ev, GenerationResult):
             self._move(index, "done")
 
+    def cancel(self) -> int:
+        """Ask the Engine to end every unfinished choice; their events keep flowing to the response. Returns
+        how many were still unfinished."""
+        open_ = [h for h, phase in zip(self.handles, self.phase) if phase != "done"]
+        for h in open_:
+            h.cancel()
+        return len(open_)
+
     def close(self) -> None:
+        if self.registry is not None:
+            self.registry.discard(self)
         for i, h in enumerate(self.handles):
             h.close()
             if self.phase[i] != "done" and self.metrics is not None:
@@ -56,6 +68,12 @@ class Choices:
         self.phase[index] = to
         if self.metrics is not None:
             self.metrics.move(waiting=-(was == "waiting"), running=(to == "running") - (was == "running"))
+
+
+def close_all(handles: Sequence[GenerationHandle]) -> None:
+    """Abandon handles nobody will read (their request's client left while they were being submitted)."""
+    for h in handles:
+        h.close()
 
 
 def _pump(handle: GenerationHandle, index: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:

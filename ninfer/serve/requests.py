@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from ninfer.contracts import FinishReason, GenerationResult, RejectReason, RowFailure
 from ninfer.sampling import SamplingParams, SamplingParamsError, resolve_seed
 
-from .errors import APIError
+from .errors import APIError, internal
 from .schemas import _Sampling
 
 _REASONS = {r.value: r for r in RejectReason}
@@ -48,8 +48,9 @@ def _token_id(key: str) -> int:
     return int(key)
 
 
-def check_result(result: GenerationResult) -> None:
-    """A result that carries an error becomes the matching API error (a rejection after submit, or a failure)."""
+def check_result(result: GenerationResult, *, draining: bool = False) -> None:
+    """A result that carries an error becomes the matching API error: a rejection after submit keeps its message
+    (the Engine wrote it for the client); a failure's detail goes to the log, never to the client."""
     if result.error is None:
         return
     if result.failure is not None:
@@ -60,9 +61,13 @@ def check_result(result: GenerationResult) -> None:
         reason = _REASONS.get(result.error.split(":", 1)[0])
         status = {RejectReason.QUEUE_TIMEOUT: 503, RejectReason.OVERLOADED: 429}.get(reason, 400)
         raise APIError(status, result.error, code=reason.value if reason else None)
-    if result.finish_reason is FinishReason.ERROR:
-        raise APIError(503 if result.error.startswith("engine failed") else 500, result.error, code="engine_error")
-    raise APIError(500, result.error)
+    if result.finish_reason is FinishReason.CANCELLED:
+        if draining:
+            raise APIError(503, "the server is shutting down; the request was cancelled", code="shutting_down")
+        raise APIError(499, "the request was cancelled", code="cancelled")
+    if result.finish_reason is FinishReason.ERROR and result.error.startswith("engine failed"):
+        raise internal(503, f"request {result.request_id}: {result.error}", code="engine_error")
+    raise internal(500, f"request {result.request_id}: {result.error}")
 
 
 def finish_reason(result: GenerationResult) -> str:

@@ -2,7 +2,9 @@
 
 The model loads and warms up first; only a model that loaded gets a port, as `vllm serve` does, so a broken model
 is a one-line error and a non-zero exit before anything listens, never a server answering 503. Once the port is
-open, /health is 200 and /health/ready 200 until an Engine failure (then 503 with its reason).
+open, /health and /health/ready are 200 until a drain (ready 503) or an Engine failure (both 503). uvicorn runs
+with the bounded h11 protocol (header read timeout, connection limit) and the Lifecycle (SIGTERM drains; an Engine
+failure exits with status 1 under --exit-on-engine-failure).
 """
 
 from __future__ import annotations
@@ -12,19 +14,29 @@ import click
 from ninfer.wiring import Runtime
 
 from .app import create_app
+from .lifecycle import CANCEL_GRACE_S, Lifecycle, Server
+from .limits import ServeLimits
+from .protocol import bounded_protocol
 from .state import ServerState
 
 
-def serve(rt: Runtime, *, host: str, port: int, api_key: str | None, log_level: str = "info") -> None:
-    """Serve a loaded Runtime until interrupted, then close it."""
+def serve(rt: Runtime, *, host: str, port: int, api_key: str | None, limits: ServeLimits = ServeLimits(),
+          log_level: str = "info") -> None:
+    """Serve a loaded Runtime until drained or interrupted, then close it; SystemExit(1) after an Engine failure."""
     import uvicorn
 
     try:
-        state = ServerState(rt, model_name=rt.name, api_key=api_key)
-        app = create_app(state)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-        server = uvicorn.Server(config)
+        state = ServerState(rt, model_name=rt.name, api_key=api_key, limits=limits)
+        config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
+                                http=bounded_protocol(limits), h11_max_incomplete_event_size=limits.max_header_bytes,
+                                timeout_graceful_shutdown=int(CANCEL_GRACE_S))
+        lifecycle = Lifecycle(state)
         click.echo(f"{rt.summary()} | http://{host}:{port}/v1", err=True)
-        server.run()
+        try:
+            Server(config, lifecycle).run()
+        finally:
+            state.preparer.close()
     finally:
         rt.close()
+    if lifecycle.exit_code:
+        raise SystemExit(lifecycle.exit_code)

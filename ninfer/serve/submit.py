@@ -28,11 +28,16 @@ def output_budget(rt: Runtime, prompt_tokens: int, max_tokens: int | None) -> in
     return max_tokens
 
 
-def submit(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, *, stop: Sequence[str] = (),
-           structured: StructuredOutputOptions | None = None, skip_special_tokens: bool = True,
-           thinking_budget: int | None = None, session_key: str | None = None,
-           deadline: float | None = None) -> GenerationHandle:
+def submit(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, **kw) -> GenerationHandle:
     """Open the request's OutputSession and submit it; raises RequestRejected (Frontend or Engine refusal)."""
+    return rt.engine.submit(generation_request(rt, prompt, sampling, **kw))
+
+
+def generation_request(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, *, stop: Sequence[str] = (),
+                       structured: StructuredOutputOptions | None = None, skip_special_tokens: bool = True,
+                       thinking_budget: int | None = None, session_key: str | None = None,
+                       deadline: float | None = None) -> GenerationRequest:
+    """The Engine request with its OutputSession opened (grammar compiled); RequestRejected if it cannot be."""
     if rt.engine is None:
         raise RequestRejected(RejectReason.UNREPRESENTABLE, "this server runs the scoring purpose; generation is "
                               "off (start it with --purpose generation)")
@@ -47,10 +52,9 @@ def submit(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingParams, *, sto
         sampling = replace(sampling, stop_token_ids=tuple(dict.fromkeys(sampling.stop_token_ids
                                                                          + session.ending_token_ids)))
     seed = rt.request_seed(sampling.seed)
-    request = GenerationRequest(tuple(prompt.token_ids), session, max_tokens=budget, sampling=sampling,
-                                seed=None if seed is None else resolve_seed(seed), session_key=session_key,
-                                deadline=deadline)
-    return rt.engine.submit(request)
+    return GenerationRequest(tuple(prompt.token_ids), session, max_tokens=budget, sampling=sampling,
+                             seed=None if seed is None else resolve_seed(seed), session_key=session_key,
+                             deadline=deadline)
 
 
 def _with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParams:

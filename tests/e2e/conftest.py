@@ -22,6 +22,9 @@ import httpx
 import pytest
 import uvicorn
 
+from ninfer.serve.lifecycle import Lifecycle, Server
+from ninfer.serve.protocol import bounded_protocol
+
 READY_TIMEOUT_S = 240
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda"
 PROGRAM = "fast" if ON_GPU else "reference"
@@ -136,12 +139,19 @@ def scoring_server(_default_model_built, tmp_path_factory):
 
 
 class ThreadServer:
-    """uvicorn serving an app on a thread of this process (a real socket on 127.0.0.1)."""
+    """uvicorn serving an app on a thread of this process (a real socket on 127.0.0.1), configured as `ninfer serve`
+    configures it: the bounded h11 protocol and the drain Lifecycle (`lifecycle.begin_drain` stands in for SIGTERM,
+    which only the main thread can receive)."""
 
     def __init__(self, app):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        state = app.state.ninfer
+        self.lifecycle = Lifecycle(state)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                http=bounded_protocol(state.limits),
+                                h11_max_incomplete_event_size=state.limits.max_header_bytes)
+        self.server = Server(config, self.lifecycle)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "ThreadServer":

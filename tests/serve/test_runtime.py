@@ -39,21 +39,24 @@ def test_bad_runtime_options_name_the_flag():
 
 
 def test_overload_is_429_with_retry_after(make_client, gen_runtime, monkeypatch):
-    def full(request):
+    def full(requests):
         raise RequestRejected(RejectReason.OVERLOADED, "68 requests outstanding (limit 68)")
 
-    monkeypatch.setattr(gen_runtime.engine, "submit", full)
+    monkeypatch.setattr(gen_runtime.engine, "submit_all", full)
     resp = make_client().post("/v1/chat/completions", json=HI)
     assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
     assert resp.json()["error"]["code"] == "overloaded"
 
 
-def test_engine_failure_maps_to_503():
+def test_engine_failure_maps_to_503_on_every_probe_without_its_text():
     broken = SimpleNamespace(available=False, failure="EngineFailure: stale handle", engine=None, scorer=None)
     from fastapi.testclient import TestClient
 
     c = TestClient(create_app(ServerState(broken, "m")), raise_server_exceptions=False)
     resp = c.get("/health/ready")
-    assert resp.status_code == 503 and "stale handle" in resp.json()["error"]["message"]
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "engine_unavailable"
     assert c.post("/v1/chat/completions", json=HI).status_code == 503
-    assert c.get("/health").status_code == 200
+    health = c.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "engine_failed"
+    for r in (resp, health):
+        assert "stale handle" not in r.text and "EngineFailure" not in r.text

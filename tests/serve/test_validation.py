@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ninfer.serve.limits import ServeLimits
+
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 
@@ -84,7 +86,7 @@ def test_api_key(make_client):
 
 
 def test_body_limit(make_client):
-    c = make_client(max_body_bytes=1000)
+    c = make_client(limits=ServeLimits(max_body_bytes=1000))
     big = {"messages": [{"role": "user", "content": "x" * 2000}]}
     assert_error(c.post(CHAT, json=big), 413)
 

@@ -1,0 +1,85 @@
+"""The bounded worker pool that prepares requests off the event loop: rendering, tokenizing, prefix hashing,
+grammar compilation and the Engine submission that follows them.
+
+A preparation waits for a worker in a bounded backlog (beyond it the request gets 429 at once). While it waits or
+runs, the request's task watches its client and its deadline: a client that leaves, or a deadline that passes,
+ends the wait at once; a preparation that had not started never runs, and one already running finishes on its
+thread with its result handed to `discard` (the Engine handles it opened are closed), so it holds no capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Awaitable, Callable, TypeVar
+
+from .errors import APIError
+
+T = TypeVar("T")
+POLL_S = 0.25  # how often a waiting request looks at its client and deadline
+
+
+class Preparer:
+    def __init__(self, workers: int, backlog: int):
+        self.workers, self.backlog = workers, backlog
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ninfer-prepare")
+        self._lock = threading.Lock()
+        self._pending = 0  # queued plus running preparations
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    async def run(self, fn: Callable[[], T], *, disconnected: Callable[[], Awaitable[bool]] | None = None,
+                  deadline: float | None = None, discard: Callable[[T], None] | None = None) -> T:
+        """fn() on a worker; raises APIError 429 (backlog full), 499 (client left) or 503 (deadline passed)."""
+        with self._lock:
+            if self._pending >= self.workers + self.backlog:
+                raise APIError(429, f"{self._pending} requests are being prepared (limit "
+                               f"{self.workers + self.backlog}); retry later", code="overloaded")
+            self._pending += 1
+        future = self._pool.submit(_guarded, fn, deadline)
+        future.add_done_callback(self._done)  # also when cancelled before it ran
+        try:
+            return await self._wait(future, disconnected, deadline)
+        except BaseException:
+            if not future.cancel() and discard is not None:
+                future.add_done_callback(lambda f: _discard(f, discard))
+            raise
+
+    def _done(self, _: Future) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    async def _wait(self, future: Future, disconnected, deadline: float | None):
+        wrapped = asyncio.wrap_future(future)
+        while True:
+            timeout = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+            done, _ = await asyncio.wait({wrapped}, timeout=timeout)
+            if done:
+                return wrapped.result()
+            if disconnected is not None and await disconnected():
+                raise APIError(499, "client disconnected", code="client_closed")
+            if deadline is not None and time.monotonic() > deadline:
+                raise _expired()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _guarded(fn: Callable[[], T], deadline: float | None) -> T:
+    if deadline is not None and time.monotonic() > deadline:
+        raise _expired()  # it waited for a worker past its deadline: do not start it
+    return fn()
+
+
+def _expired() -> APIError:
+    return APIError(503, "the request timed out before it was prepared (--request-timeout)", code="queue_timeout")
+
+
+def _discard(future: Future, discard: Callable) -> None:
+    if not future.cancelled() and future.exception() is None:
+        discard(future.result())
