@@ -68,7 +68,7 @@ def _events(resp) -> list[dict | str]:
 
 
 def test_drain_refuses_new_work_and_ends_every_stream(runtime, thread_server):
-    state = ServerState(runtime, runtime.name, limits=ServeLimits(shutdown_timeout=0.5))
+    state = ServerState(runtime, runtime.name, limits=ServeLimits(shutdown_timeout=3.0))
     with thread_server(create_app(state)) as server:
         got: dict = {}
 
