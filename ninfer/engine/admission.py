@@ -50,6 +50,11 @@ def try_admission(core: "EngineCore") -> bool:
         return False
     choice = _choice(core, rec)
     plan = core.program.plan(choice)
+    if isinstance(plan, Infeasible) and not plan.permanent and choice.source is not None:
+        # The source itself can be what does not fit (its partial page is kept while the request needs one more):
+        # from root, with the source among the victims, it may enter now. Never wait on a cache choice.
+        choice = _choice(core, rec, from_root=True)
+        plan = core.program.plan(choice)
     if isinstance(plan, Infeasible):
         if plan.permanent:
             core.reject(rec, RejectReason.INFEASIBLE, plan.reason)

@@ -155,6 +155,9 @@ class EngineCore:
         assert txn is not None
         if result.txn_id != txn.txn_id:
             raise EngineFailure(f"result for transaction {result.txn_id} while {txn.txn_id} is open")
+        if result.kind is not txn.plan.choice.kind:
+            raise EngineFailure(f"a {result.kind.value} result for the {txn.plan.choice.kind.value} transaction "
+                                f"{txn.txn_id}")
         self.txn, self.txn_owner = None, None
         self.scheduler.note_trigger()
         from .transitions import adopt_result

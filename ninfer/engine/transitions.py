@@ -88,6 +88,8 @@ def _after_materialize(core: "EngineCore", result: ResourceResult, rec: "Request
         rec.error = "cancelled while materializing"
         core.finish(rec, FinishReason.CANCELLED)
         return
+    if result.handle is None:
+        raise EngineFailure(f"materialization of request {rec.rid} succeeded without a sequence")
     rec.handle, rec.reused_tokens = result.handle, result.reused_tokens
     rec.move(RequestState.PREFILL)
     core.scheduler.start_prefill(rec.rid)

@@ -1,36 +1,52 @@
 """The Engine property harness: a Hypothesis state machine over random schedules, for any Program.
 
-Rules submit requests (shared prefixes, session keys, deadlines, sampling, thinking budgets), cancel, abandon,
-move the clock, advance the worker and inject Program faults. After every step it checks every component's
-invariants and the request-level facts: exactly one terminal event per accepted request, events in order, no
-output before GenerationStart, capacity accounting, and schedule invariance (a request with a fixed seed yields
-the tokens of its solo run whatever the concurrency, chunking or cache hits). At teardown the Engine drains and
-every page and slot not held by a published checkpoint is free again.
+Rules submit requests (shared prefixes, session keys, deadlines, queue timeouts, sampling, thinking budgets),
+cancel, abandon, consume results, move the clock, advance the worker and inject Program faults (raised before a
+call, raised after the Program mutated, or a corrupted return value). Every check compares the Engine against
+the harness's own model, never against the Engine's counters:
+
+- each request's events, stamped with the boundary that published them (`_Stamped`): exactly one terminal event,
+  GenerationStart before output, streamed tokens equal to the result; a delta published only after the session
+  committed it, a terminal output and the result only after the Program settled the sequence; a request that did
+  not succeed is never retained;
+- capacity against the release rule (`response_done && consumer_released`, once): the result was published and
+  the harness consumed it or abandoned the handle; a rejection for overload must be explained by that model;
+- the Program calls, boundary by boundary (`watch.ProgramWatch`): worker-boundary order, the cancellation
+  snapshot, abort of a cancelled materialization, exact decode rounds, decode not starved, the FIFO head;
+- SessionIndex: a binding is replaced only by a request submitted later;
+- failure: only an injected fault fails the Engine; a raised fault fails it with InjectedFault, a corrupted value
+  with a typed EngineFailure in the very step it was returned; every PendingBatch is consumed by then;
+- at teardown: drain, schedule invariance against a solo run, and every page and slot not held by a checkpoint
+  free again.
 
 Use `make_engine_machine(program_factory)` and run the returned class with Hypothesis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import queue
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ninfer.contracts import (FinishReason, GenerationResult, GenerationStart, OutputDelta, RequestRejected)
+from ninfer.contracts import FinishReason, GenerationResult, GenerationStart, OutputDelta, RequestRejected
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine, GenerationHandle
 from ninfer.engine.records import GenerationRequest
 from ninfer.sampling import SamplingParams
 
-from .faults import FAULTABLE, FaultyProgram
+from .faults import FAULTABLE, MODES, FaultyProgram
 from .sessions import TokenSession
+from .watch import ProgramWatch
 
 ProgramFactory = Callable[[], Any]
 
 PREFIXES = ((3, 5, 7, 9, 11, 13, 15, 17), (2, 4, 6), (21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33))
+_SUCCESS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
+STEPS = [0]  # Engine boundaries run by every machine in this process (the soak run reports it)
 
 
 class FakeClock:
@@ -41,13 +57,37 @@ class FakeClock:
         return self.now
 
 
-@dataclass
+@dataclass(eq=False)
 class Tracked:
     handle: GenerationHandle
     request: GenerationRequest
-    events: list
+    order: int  # the harness's own submit order
+    submitted_at: float
+    events: list = field(default_factory=list)  # every event, in publication order, as it was published
+    finished_at: int | None = None  # boundary that published the result
     abandoned: bool = False
     cancelled: bool = False
+    consumed: bool = False  # the result was taken through the handle (consumer_released)
+
+    @property
+    def rid(self) -> int:
+        return self.handle.request_id
+
+    @property
+    def result(self) -> GenerationResult | None:
+        return self.events[-1] if self.events and isinstance(self.events[-1], GenerationResult) else None
+
+
+class _Stamped(queue.SimpleQueue):
+    """The request's event queue: checks each event against the Program's view at the moment it is published."""
+
+    def __init__(self, machine: "EngineMachine", t: Tracked):
+        super().__init__()
+        self.machine, self.t = machine, t
+
+    def put(self, item, block=True, timeout=None):
+        self.machine.on_publish(self.t, item)
+        super().put(item, block, timeout)
 
 
 def _solo_tokens(factory: ProgramFactory, request: GenerationRequest, think_budget: int | None) -> tuple[int, ...]:
@@ -68,6 +108,9 @@ class EngineMachine(RuleBasedStateMachine):
     factory: ProgramFactory
     max_concurrency = 3
     faults = True
+    fault_methods: tuple[str, ...] = FAULTABLE
+    fault_modes: tuple[str, ...] = MODES
+    fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4)
 
     @initialize(chunk=st.integers(1, 9), concurrent=st.booleans(),
                 caching=st.sampled_from([True, True, True, False]), queue_bound=st.integers(0, 4),
@@ -75,15 +118,64 @@ class EngineMachine(RuleBasedStateMachine):
     def start(self, chunk, concurrent, caching, queue_bound, fault_run, cache_cap):
         self.fault_run = self.faults and fault_run
         self.clock = FakeClock()
-        self.program = FaultyProgram(type(self).factory())
+        self.watch = ProgramWatch(waiting_before=self._waiting_before, excused=self._excused,
+                                  engine_ok=lambda: self.engine.core.failed is None)
+        self.program = FaultyProgram(type(self).factory(), self.watch)
         self.config = EngineConfig(max_concurrency=self.max_concurrency, queue_bound=queue_bound, prefill_chunk=chunk,
                                    concurrent_prefill=concurrent, prefix_caching=caching, check_invariants=True,
                                    max_cached_checkpoints=cache_cap)
         self.engine = Engine(self.program, self.config, threaded=False, clock=self.clock)
         self.tracked: list[Tracked] = []
+        self.by_rid: dict[int, Tracked] = {}
         self.solo_cache: dict[Any, tuple[int, ...]] = {}
         self.budgets: dict[int, int | None] = {}
+        self.bindings: dict[str, Any] = {}  # session key -> checkpoint id last seen bound
 
+    # ---- the harness's model of each request --------------------------------------------------------------
+    def _waiting_before(self, rid: int) -> list[int]:
+        t = self.by_rid[rid]
+        return [e.rid for e in self.tracked[:t.order]
+                if e.rid not in self.watch.started and e.finished_at is None]
+
+    def _excused(self, rid: int) -> bool:
+        t = self.by_rid.get(rid)
+        return t is None or t.cancelled or t.abandoned or self._expired(t) or \
+            t.request.session.control_suffix() is not None
+
+    def _expired(self, t: Tracked) -> bool:
+        now, req = self.clock.now, t.request
+        if req.deadline is not None and now > req.deadline:
+            return True
+        return (req.queue_timeout is not None and t.rid not in self.watch.started
+                and now - t.submitted_at > req.queue_timeout)
+
+    def model_outstanding(self) -> int:
+        """The release rule, independently: held until the result is published and the consumer released."""
+        return sum(1 for t in self.tracked if not (t.result is not None and (t.consumed or t.abandoned)))
+
+    def on_publish(self, t: Tracked, ev: Any) -> None:
+        """Runs inside the worker as the event is published: breaks are recorded, never raised into the Engine."""
+        session, settled, violate = t.request.session, t.rid in self.watch.settled, self.watch.violations.append
+        if isinstance(ev, OutputDelta) and ev.token_ids:
+            if tuple(session.tokens[-len(ev.token_ids):]) != ev.token_ids:
+                violate(f"request {t.rid}: delta published before commit")
+            if session.finish is not None and not settled:
+                violate(f"request {t.rid}: final delta published before the terminal result")
+        if isinstance(ev, GenerationResult):
+            t.finished_at = self.watch.boundary
+            failed = (ev.error or "").startswith("engine failed")
+            if any(isinstance(e, GenerationStart) for e in t.events) and not failed and not settled:
+                violate(f"request {t.rid}: result published before its sequence was retained or released")
+            if (ev.finish_reason not in _SUCCESS or ev.error is not None) and t.rid in self.watch.retained:
+                violate(f"request {t.rid} ({ev.finish_reason.value}) was retained")
+        t.events.append(ev)
+
+    def _commit_guard(self, t: Tracked, preview: Any) -> None:
+        self.program.check_no_pending_batch()
+        if preview.terminal and t.rid not in self.watch.settled:
+            self.watch.violations.append(f"request {t.rid}: terminal output committed before its resource result")
+
+    # ---- rules ---------------------------------------------------------------------------------------------
     @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(1, 90), max_size=12),
           max_tokens=st.integers(1, 12), session=st.sampled_from([None, "a", "b"]),
           deadline=st.one_of(st.none(), st.floats(0.5, 20)), seed=st.one_of(st.none(), st.integers(0, 5)),
@@ -91,18 +183,18 @@ class EngineMachine(RuleBasedStateMachine):
     def submit(self, prefix, suffix, max_tokens, session, deadline, seed, think, timeout):
         self._submit(prefix + tuple(suffix), max_tokens, session, deadline, seed, think, timeout)
 
-    @precondition(lambda self: any(t.events and isinstance(t.events[-1], GenerationResult) for t in self.tracked))
+    @precondition(lambda self: any(t.result is not None for t in self.tracked))
     @rule(data=st.data(), suffix=st.lists(st.integers(1, 90), min_size=1, max_size=8),
           max_tokens=st.integers(1, 12), seed=st.one_of(st.none(), st.integers(0, 5)))
     def submit_next_turn(self, data, suffix, max_tokens, seed):
         """A conversation's next turn: the previous prompt and output, then new tokens, same session key."""
-        done = [t for t in self.tracked if t.events and isinstance(t.events[-1], GenerationResult)]
-        prev = data.draw(st.sampled_from(done))
-        prompt = prev.request.prompt + prev.events[-1].token_ids + tuple(suffix)
+        prev = data.draw(st.sampled_from([t for t in self.tracked if t.result is not None]))
+        prompt = prev.request.prompt + prev.result.token_ids + tuple(suffix)
         self._submit(prompt, max_tokens, prev.request.session_key, None, seed, None, None)
 
     def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout):
-        out = TokenSession(max_tokens, think_budget=think, commit_guard=self.program.check_no_pending_batch)
+        box: list[Tracked] = []
+        out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p))
         req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else SamplingParams(temperature=0.7),
                                 seed=seed if seed is not None else 0, session_key=session_key,
                                 deadline=None if deadline is None else self.clock.now + deadline,
@@ -110,12 +202,16 @@ class EngineMachine(RuleBasedStateMachine):
         try:
             handle = self.engine.submit(req)
         except RequestRejected:
-            ok = (not self.engine.available or self.engine.outstanding >= self.config.max_outstanding
+            ok = (not self.engine.available or self.model_outstanding() >= self.config.max_outstanding
                   or len(prompt) + max_tokens > self.program.limits.max_context)
             assert ok, "a request was rejected without cause"
             return
-        self.tracked.append(Tracked(handle, req, []))
-        self.budgets[handle.request_id] = think
+        t = Tracked(handle, req, len(self.tracked), self.clock.now)
+        box.append(t)
+        handle._rec.events = _Stamped(self, t)  # the worker has not run since submit: nothing was published yet
+        self.tracked.append(t)
+        self.by_rid[t.rid] = t
+        self.budgets[t.rid] = think
 
     @precondition(lambda self: self.tracked)
     @rule(data=st.data(), abandon=st.booleans())
@@ -128,43 +224,62 @@ class EngineMachine(RuleBasedStateMachine):
             t.cancelled = True
             t.handle.cancel()
 
+    @precondition(lambda self: any(t.result is not None and not (t.consumed or t.abandoned) for t in self.tracked))
+    @rule(data=st.data())
+    def consume(self, data):
+        """The consumer takes its finished result (only then may capacity be released)."""
+        t = data.draw(st.sampled_from([t for t in self.tracked if t.result is not None
+                                       and not (t.consumed or t.abandoned)]))
+        self._consume(t)
+
+    def _consume(self, t: Tracked) -> None:
+        got = list(t.handle.events(timeout=0))
+        assert got == t.events, "the handle yields other events than were published"
+        t.consumed = True
+
     @rule(n=st.integers(1, 6))
     def advance_worker(self, n):
         for _ in range(n):
-            self.engine.step()
+            self._step()
 
     @rule()
     def run_until_idle(self):
         """Let everything submitted so far finish, so later submissions meet published checkpoints."""
         for _ in range(2_000):
-            if not self.engine.step():
+            if not self._step():
                 break
+
+    def _step(self) -> bool:
+        cancelled = frozenset(t.rid for t in self.tracked if (t.cancelled or t.abandoned) and t.result is None)
+        expired = frozenset(t.rid for t in self.tracked if t.result is None and self._expired(t))
+        self.watch.begin_boundary(cancelled, expired)
+        STEPS[0] += 1
+        worked = self.engine.step()
+        if not self.engine.available:
+            self.watch.stop_checking()
+        if self.program.fired == "corrupt":
+            assert not self.engine.available, "the Engine proceeded on a corrupted Program value"
+        assert self.program.pending_batches == 0, "a PendingBatch was left unconsumed at the end of a boundary"
+        self._check_session_index()
+        return worked
 
     @rule(dt=st.floats(0.1, 5.0))
     def advance_clock(self, dt):
         self.clock.now += dt
 
     @precondition(lambda self: self.fault_run and not self.program.fired)
-    @rule(method=st.sampled_from(FAULTABLE), after=st.integers(0, 6))
-    def inject_fault(self, method, after):
-        self.program.arm(method, after)
+    @rule(data=st.data(), after=st.integers(0, 6))
+    def inject_fault(self, data, after):
+        method = data.draw(st.sampled_from(self.fault_methods))
+        mode = data.draw(st.sampled_from(self.fault_modes))
+        if mode == "corrupt" and method not in ("prefill", "decode", "control", "advance", "abort"):
+            mode = "raise_after"
+        self.program.arm(method, after, mode, data.draw(st.sampled_from(self.fault_variants)))
 
-    def _collect(self) -> None:
-        for t in self.tracked:
-            if t.abandoned:
-                continue
-            while not t.events or not isinstance(t.events[-1], GenerationResult):
-                try:
-                    t.events.append(t.handle._rec.events.get_nowait())
-                except Exception:  # noqa: BLE001 - queue.Empty: nothing more yet
-                    break
-
+    # ---- invariants ----------------------------------------------------------------------------------------
     @invariant()
     def events_are_well_formed(self):
-        if not hasattr(self, "tracked"):
-            return
-        self._collect()
-        for t in self.tracked:
+        for t in getattr(self, "tracked", ()):
             kinds = [type(e) for e in t.events]
             assert kinds.count(GenerationResult) <= 1, "more than one terminal event"
             if GenerationResult in kinds:
@@ -176,35 +291,54 @@ class EngineMachine(RuleBasedStateMachine):
                     assert streamed == t.events[-1].token_ids, "streamed tokens differ from the result"
 
     @invariant()
-    def engine_fails_only_from_injected_faults(self):
-        """An invariant violation inside the worker fails the Engine; only an injected fault may do that."""
-        if hasattr(self, "engine") and not self.engine.available:
-            failure = self.engine.failure or ""
-            assert failure.startswith("InjectedFault"), f"engine failed without an injected fault: {failure}"
+    def seed_rules_hold(self):
+        if hasattr(self, "watch"):
+            assert not self.watch.violations, self.watch.violations[0]
 
     @invariant()
-    def capacity_is_accounted(self):
-        if not hasattr(self, "engine"):
-            return
-        live = sum(1 for t in self.tracked if not t.handle._rec.capacity_released)
-        assert self.engine.outstanding == live, f"outstanding {self.engine.outstanding} != {live}"
-        assert self.engine.outstanding <= self.config.max_outstanding
+    def engine_fails_only_from_injected_faults(self):
+        """A raised fault fails the Engine with InjectedFault, a corrupted value with a typed EngineFailure."""
+        if hasattr(self, "engine") and not self.engine.available:
+            failure = self.engine.failure or ""
+            expected = {"raise": "InjectedFault", "corrupt": "EngineFailure"}.get(self.program.fired)
+            assert expected and failure.startswith(expected), f"engine failed without an injected fault: {failure}"
 
+    @invariant()
+    def capacity_follows_the_release_rule(self):
+        if hasattr(self, "engine"):
+            model = self.model_outstanding()
+            assert self.engine.outstanding == model, f"outstanding {self.engine.outstanding} != model {model}"
+
+    def _check_session_index(self) -> None:
+        """After every boundary: a binding whose checkpoint still exists is replaced only by a request submitted
+        later."""
+        resources = self.engine.core.resources
+        for key, binding in list(self.bindings.items()):
+            now = resources.sessions.get(key)
+            if now is None or now.checkpoint == binding or binding not in resources.catalog:
+                continue
+            old_rid, new_rid = self.watch.published_by.get(binding), self.watch.published_by.get(now.checkpoint)
+            if old_rid is not None and new_rid is not None:
+                assert self.by_rid[new_rid].order > self.by_rid[old_rid].order, \
+                    f"session {key!r}: request {new_rid} replaced the binding of later request {old_rid}"
+        self.bindings = {k: b.checkpoint for k, b in resources.sessions.items()}
+
+    # ---- teardown ------------------------------------------------------------------------------------------
     def teardown(self):
         if not hasattr(self, "engine"):
             return
-        self.program._armed = None
+        self.program.disarm()
         for _ in range(10_000):
-            if not self.engine.step() and not self.engine.core.records and not self.engine.core.inbox:
+            if not self._step() and not self.engine.core.records and not len(self.engine.core.inbox):
                 break
-        self._collect()
+        assert not self.watch.violations, self.watch.violations[0]
         for t in self.tracked:
             if not t.abandoned:
-                assert t.events and isinstance(t.events[-1], GenerationResult), "request never finished"
-                t.handle._done = True
-                self.engine._consumer_released(t.handle._rec)
+                assert t.result is not None, "request never finished"
+                if not t.consumed:
+                    self._consume(t)
                 self._check_schedule_invariance(t)
-        assert self.engine.outstanding == 0, "capacity not released after drain"
+        assert self.engine.outstanding == 0 == self.model_outstanding(), "capacity not released after drain"
         event(f"engine failed: {not self.engine.available}")
         if self.engine.available:
             usage = self.program.inner.resource_usage()
@@ -213,7 +347,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.engine.core.check_invariants()
 
     def _check_schedule_invariance(self, t: Tracked):
-        result = t.events[-1]
+        result = t.result
         event(f"finish: {result.finish_reason.value}")
         if result.usage.cached_prompt_tokens:
             event("prefix cache hit")
@@ -221,14 +355,18 @@ class EngineMachine(RuleBasedStateMachine):
             event("multi-token commit")
         if result.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH) or result.error:
             return
-        think = self.budgets.get(t.handle.request_id)
+        think = self.budgets.get(t.rid)
         key = (t.request.prompt, t.request.max_tokens, t.request.seed, t.request.sampling, think)
         if key not in self.solo_cache:
             self.solo_cache[key] = _solo_tokens(type(self).factory, t.request, think)
         assert result.token_ids == self.solo_cache[key], "output depends on the schedule"
 
 
-def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, faults: bool = True):
-    """The Engine state machine over Programs made by `factory` (one fresh Program per example)."""
-    return type("EngineMachine", (EngineMachine,), {"factory": staticmethod(factory),
-                                                     "max_concurrency": max_concurrency, "faults": faults})
+def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, faults: bool = True,
+                        fault_methods: tuple[str, ...] = FAULTABLE, fault_modes: tuple[str, ...] = MODES,
+                        fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4)):
+    """The Engine state machine over Programs made by `factory` (one fresh Program per example); the fault
+    arguments narrow which faults it injects (a targeted hunt)."""
+    return type("EngineMachine", (EngineMachine,), {
+        "factory": staticmethod(factory), "max_concurrency": max_concurrency, "faults": faults,
+        "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants})

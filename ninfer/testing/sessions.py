@@ -26,7 +26,7 @@ class TokenPreview:
 class TokenSession:
     def __init__(self, max_tokens: int, *, stop_ids: Sequence[int] = (0,), min_tokens: int = 0,
                  think_budget: int | None = None, think_end: int = 1,
-                 commit_guard: Callable[[], None] | None = None, mask: Any = None):
+                 commit_guard: Callable[[TokenPreview], None] | None = None, mask: Any = None):
         self.max_tokens, self.stop_ids, self.min_tokens = max_tokens, frozenset(stop_ids), min_tokens
         # the mask of every sampled token (None: unconstrained), or a callable of the committed token count giving it
         self.mask = mask
@@ -50,7 +50,7 @@ class TokenSession:
 
     def commit(self, preview: TokenPreview) -> tuple[int, ...]:
         if self.commit_guard is not None:
-            self.commit_guard()
+            self.commit_guard(preview)
         self.tokens.extend(preview.tokens)
         if preview.forced:
             self.forced.append(preview.tokens)
