@@ -243,3 +243,20 @@ def test_retention_cap_deletes_the_oldest_checkpoints(make_engine):
     assert entry.info.tokens == 9  # the newest prompt-end checkpoint survives
     usage = prog.resource_usage()
     assert usage.free_pages + usage.checkpoint_pages == usage.total_pages
+
+
+def test_a_source_that_does_not_fit_falls_back_to_root(make_engine):
+    # 14 pages of 4. The 34-token prompt-end checkpoint holds 9 pages (its partial page included); a 50-token
+    # prompt continuing it with 6 new tokens needs 14 pages: from the checkpoint 8 are shared but 6 more must be
+    # free (only 5 are), from root with the checkpoint released all 14 are.
+    prog = ToyProgram(max_concurrency=2, total_pages=14, page_size=4, checkpoint_slots=2)
+    eng, _ = make_engine(program=prog, max_concurrency=2)
+    first = tuple(range(1, 35))
+    eng.submit(request(first, 1))
+    eng.run_until_idle()
+    assert [len(c.tokens) for c in prog.ckpts.values()] == [34]
+    h = eng.submit(request(first + tuple(range(40, 56)), 6))
+    eng.run_until_idle()
+    assert eng.available, eng.failure
+    r = h.result(timeout=0)
+    assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) and r.usage.cached_prompt_tokens == 0
