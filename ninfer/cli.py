@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 
-from ninfer.errors import NinferError
+from ninfer.errors import NinferError, NotFoundError
 
 from ninfer.serve.cli_command import GroupedOption, NinferGroup
 from ninfer.serve.cli_options import (model_argument, pick_model, runtime_options, serve_limits, serve_options,
-                                      start_runtime)
+                                      show_progress, start_runtime)
 
 
 @click.group(cls=NinferGroup, context_settings={"help_option_names": ["-h", "--help"],
@@ -29,8 +29,15 @@ def main() -> None:
     """
 
 
+def _existing_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise NotFoundError(f"no such {what} directory").locate(str(path), hint="pass a directory holding "
+                                                                              "config.json and *.safetensors")
+    return path
+
+
 @main.command()
-@click.argument("src_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("src_dir", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--name", default=None, help="Public model name stored as metadata.name (default: the architecture).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
@@ -40,17 +47,21 @@ def convert(src_dir: Path, out: Path, name: str | None, dtype: str | None, no_pr
     """Convert an HF checkpoint directory SRC_DIR into one .ninfer artifact OUT."""
     from ninfer.convert.convert import convert_checkpoint
 
-    path = convert_checkpoint(src_dir, out, name=name, dtype=dtype, progress=not no_progress)
+    path = convert_checkpoint(_existing_dir(src_dir, "checkpoint"), out, name=name, dtype=dtype,
+                              progress=show_progress(no_progress))
     click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
 
 
 @main.command()
-@click.argument("artifact", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--verify", is_flag=True, help="Check every object's checksum; exit 1 naming the first broken one.")
-def inspect(artifact: Path, verify: bool) -> None:
-    """Print what an artifact holds: config, objects, bindings, bytes by kind."""
+@click.argument("model")
+@click.option("--verify", is_flag=True, help="Check every object's checksum; exit 5 naming the first broken one.")
+def inspect(model: str, verify: bool) -> None:
+    """Print what an artifact holds: config, objects, bindings, bytes by kind. MODEL is a .ninfer file or an HF
+    checkpoint directory (its cached conversion is inspected)."""
     from ninfer.convert.inspect import inspect_artifact
+    from ninfer.wiring import resolve_model_path
 
+    artifact = resolve_model_path(model, progress=show_progress(False), report=lambda line: click.echo(line, err=True))
     try:
         click.echo(inspect_artifact(artifact, verify=verify))
     except NinferError as e:
@@ -149,7 +160,8 @@ def _score_options(fn):
 @runtime_options
 @_frontend_option("--host", env="HOST", default="127.0.0.1", show_default=True)
 @_frontend_option("--port", env="PORT", default=8000, show_default=True, type=click.IntRange(0, 65535))
-@_frontend_option("--api-key", env="API_KEY", default=None, help="Require `Authorization: Bearer KEY` on the API routes.")
+@_frontend_option("--api-key", env="API_KEY", default=None,
+                  help="Require `Authorization: Bearer KEY` on the API routes.")
 @_frontend_option("--uvicorn-log-level", env="UVICORN_LOG_LEVEL", default="info", show_default=True,
                   type=click.Choice(["critical", "error", "warning", "info", "debug", "trace"]))
 @_score_options
@@ -244,7 +256,7 @@ def oracle() -> None:
 
 
 @oracle.command("hf")
-@click.option("--checkpoint", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+@click.option("--checkpoint", required=True, type=click.Path(path_type=Path),
               help="A local HF checkpoint directory (converted on the fly).")
 @click.option("--prompts", default=3, show_default=True, type=click.IntRange(1, 64))
 @click.option("--prompt-len", default=80, show_default=True, type=click.IntRange(1, 100000))
@@ -255,13 +267,13 @@ def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int
     """Compare the reference model's logits with transformers' on CHECKPOINT; exit 1 over tolerance."""
     from oracle.hf import main_hf
 
-    sys.exit(main_hf(checkpoint, num_prompts=prompts, prompt_len=prompt_len, decode_steps=decode_steps, seed=seed,
-                     tolerance=tolerance))
+    sys.exit(main_hf(_existing_dir(checkpoint, "checkpoint"), num_prompts=prompts, prompt_len=prompt_len,
+                     decode_steps=decode_steps, seed=seed, tolerance=tolerance))
 
 
 @oracle.command("diff")
-@click.option("--model", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A .ninfer artifact (default: the embedded default model).")
+@click.option("--model", default=None, help="A .ninfer artifact or an HF checkpoint dir (default: the embedded "
+                                             "default model).")
 @click.option("--prompts", default=2, show_default=True, type=click.IntRange(1, 64))
 @click.option("--prompt-len", default=32, show_default=True, type=click.IntRange(1, 100000))
 @click.option("--decode-steps", default=8, show_default=True, type=click.IntRange(0, 100000))
@@ -273,17 +285,18 @@ def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int
 @click.option("--seed", default=0, show_default=True)
 @click.option("--tolerance", default=None, type=float,
               help="Max logits relative RMS [default: 1e-2 bf16 or fp32 Triton on CUDA (TF32), else 1e-4].")
-def oracle_diff(model: Path | None, prompts: int, prompt_len: int, decode_steps: int, dtype: str, device: str,
+def oracle_diff(model: str | None, prompts: int, prompt_len: int, decode_steps: int, dtype: str, device: str,
                 kernels: str, seed: int, tolerance: float | None) -> None:
     """Compare the fast model's logits with the reference model's on MODEL; exit 1 over the thresholds."""
     import torch
 
-    from ninfer.convert.default_model import default_model_path
+    from ninfer.wiring import resolve_model_path
     from oracle.diff import DTYPES, main_diff
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    sys.exit(main_diff(model or default_model_path(progress=True), prompts=prompts, prompt_len=prompt_len,
+    path = resolve_model_path(model, progress=show_progress(False), report=lambda line: click.echo(line, err=True))
+    sys.exit(main_diff(path, prompts=prompts, prompt_len=prompt_len,
                        decode_steps=decode_steps, seed=seed, device=device, dtype=DTYPES[dtype],
                        kernels=None if kernels == "auto" else kernels, tolerance=tolerance))
 

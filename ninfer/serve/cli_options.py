@@ -170,6 +170,11 @@ def _same_path(a: str, b: str) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def show_progress(no_progress: bool) -> bool:
+    """Progress bars go to a terminal only: a log file or a pipe gets the one-line notes, not bar redraws."""
+    return not no_progress and sys.stderr.isatty()
+
+
 def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = True, **extra: Any):
     """Build the Runtime from the collected flags; a bad option or model raises a NinferError (one line)."""
     from ninfer.wiring import RuntimeOptions, build_runtime, parse_json_option
@@ -183,7 +188,7 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
         default_chat_template_kwargs=parse_json_option(flags["default_chat_template_kwargs"],
                                                        "--default-chat-template-kwargs") or {},
         seed=flags["seed"], dtype=flags["dtype"], warmup=warmup, **extra)
-    rt = build_runtime(options, progress=not flags["no_progress"] and sys.stderr.isatty(),
+    rt = build_runtime(options, progress=show_progress(flags["no_progress"]),
                        report=lambda line: click.echo(line, err=True))
     click.echo(rt.summary(), err=True)
     return rt

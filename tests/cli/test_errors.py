@@ -36,6 +36,13 @@ def test_missing_model_file(run, tmp_path):
     assert_one_line(run("generate", missing, "hi", *SMALL), ExitCode.NOT_FOUND, "no such model", f"({missing})")
 
 
+def test_missing_directories(run, tmp_path):
+    missing = str(tmp_path / "no-checkpoint")
+    for args in (["convert", missing, str(tmp_path / "out.ninfer")], ["oracle", "hf", "--checkpoint", missing],
+                 ["inspect", missing]):
+        assert_one_line(run(*args), ExitCode.NOT_FOUND, f"({missing})")
+
+
 def test_corrupted_artifact(run, corrupt_model):
     assert_one_line(run("chat", str(corrupt_model), *SMALL, input="/exit\n"), ExitCode.CORRUPT,
                     "object 'embed_tokens.weight': checksum mismatch", f"({corrupt_model})")

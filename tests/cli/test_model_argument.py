@@ -63,10 +63,33 @@ def test_score_reads_a_lone_word_as_input_unless_it_names_a_model(run, default_m
 
 
 def test_checkpoint_directory_is_converted_once_and_said_so_once(run, qwen_checkpoint):
-    first = run("generate", str(qwen_checkpoint), "hi", "-n", "2", "--no-think", *SMALL)
+    # No --no-progress: off a terminal (the runner's stderr is a buffer) no bar is drawn anyway.
+    first = run("generate", str(qwen_checkpoint), "hi", "-n", "2", "--no-think", "--max-model-len", "256")
     assert first.exit_code == 0, first.output
+    assert "%|" not in first.stderr and "it/s" not in first.stderr
     notes = [line for line in first.stderr.splitlines() if line.startswith("converted ")]
     assert len(notes) == 1 and notes[0].startswith(f"converted {qwen_checkpoint} into the cache, ")
     assert " s (" in notes[0] and "ready: Qwen3_5ForCausalLM" in first.stderr
     again = run("generate", "--model", str(qwen_checkpoint), "hi", "-n", "2", "--no-think", *SMALL)
     assert again.exit_code == 0 and "converted" not in again.stderr and "ready: Qwen3_5ForCausalLM" in again.stderr
+    # inspect names a model the same way: the directory's cached conversion
+    inspected = run("inspect", str(qwen_checkpoint))
+    assert inspected.exit_code == 0 and "Qwen3_5ForCausalLM" in inspected.stdout and "converted" not in inspected.stderr
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    import sys
+
+    from ninfer.serve.cli_options import show_progress
+
+    class Terminal:
+        def __init__(self, tty: bool):
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    monkeypatch.setattr(sys, "stderr", Terminal(True))
+    assert show_progress(False) and not show_progress(True)
+    monkeypatch.setattr(sys, "stderr", Terminal(False))
+    assert not show_progress(False)
