@@ -174,8 +174,9 @@ def test_schemas_xgrammar_cannot_enforce_are_400(client, schema, needle):
     assert needle in err["message"] and ".cc" not in err["message"]
 
 
-def test_a_bogus_tool_parameter_type_is_400(client):
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}
+@pytest.mark.parametrize("kind", ["bogus", "string", ["object", "null"]])
+def test_a_bogus_top_level_tool_parameter_type_is_400(client, kind):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": kind}}}
     err = assert_400(client.post(CHAT, json={"messages": HI, "max_tokens": 2, "tools": [tool]}))
     assert "tool 'f' parameters.type" in err["message"]
 

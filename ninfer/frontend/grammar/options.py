@@ -93,6 +93,9 @@ class StructuredOutputOptions:
         for t in tools:
             if t.parameters is not None:
                 check_schema(t.parameters, f"tool {t.name!r} parameters")
+                if t.parameters.get("type", "object") != "object":
+                    raise reject(f"tool {t.name!r} parameters.type must be 'object' (a call's arguments are a JSON "
+                                 f"object), got {t.parameters['type']!r}")
         return cls(ResponseFormat.parse(response_format), tools, ToolChoice.parse(tool_choice, tools),
                    bool(parallel_tool_calls))
 
