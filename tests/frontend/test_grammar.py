@@ -288,3 +288,27 @@ def test_length_bounded_strings_admit_no_raw_control_characters(fe, tok):
         s.preview(tok.encode("\x00"))
     stream(s, tok.encode('毕ab"}') + [IM_END])
     assert json.loads(s.result().content) == {"s": "毕ab"}
+
+
+def test_a_grammar_dead_end_is_an_empty_mask_not_an_engine_failure():
+    """A mask that allows nothing (a request's own schema can reach one) reaches the sampler as it is, which ends
+    that request alone with NOTHING_ALLOWED (docs/sampling.md section 8)."""
+    from ninfer.contracts import RowFailure
+    from ninfer.frontend.grammar.state import GrammarState
+    from ninfer.sampling import SamplingError, SamplingParams, draw
+
+    class DeadEnd:
+        def is_terminated(self):
+            return False
+
+        def fill_next_token_bitmask(self, out, row):
+            out[row].zero_()
+            return True
+
+    state = GrammarState(DeadEnd(), 97)
+    mask = state.allocate(1)
+    state.fill_next(mask)
+    assert not mask[0].any()
+    with pytest.raises(SamplingError) as e:
+        draw(torch.randn(97), SamplingParams(), 1, 0, prompt=(), outputs=(), eos_token_ids=(), mask=mask[0])
+    assert e.value.failure is RowFailure.NOTHING_ALLOWED
