@@ -51,6 +51,9 @@ class RuntimeOptions:
     max_num_seqs: int = 4
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    cache_device_share: float = 1.0  # share of the KV pool inactive checkpoints may hold
+    kv_offloading_size: float = 4.0  # GiB of host memory for checkpoint replicas
+    concurrent_prefill: bool = False
     speculative_config: Mapping[str, Any] | None = None
     default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     seed: int | None = None
@@ -71,6 +74,10 @@ class RuntimeOptions:
             raise WiringError(f"--max-num-seqs must be in 1..8, got {self.max_num_seqs}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise WiringError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0.0 < self.cache_device_share <= 1.0:
+            raise WiringError(f"--cache-device-share must be in (0, 1], got {self.cache_device_share}")
+        if self.kv_offloading_size < 0:
+            raise WiringError(f"--kv-offloading-size must be >= 0 GiB, got {self.kv_offloading_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise WiringError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if self.max_queued_requests < 0:
@@ -260,22 +267,25 @@ def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, dict]:
 def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:
     caching = options.enable_prefix_caching if prefix_caching is None else prefix_caching
     return EngineConfig(max_concurrency=options.max_num_seqs, prefix_caching=caching,
-                        queue_bound=options.max_queued_requests, queue_timeout=options.queue_timeout)
+                        queue_bound=options.max_queued_requests, queue_timeout=options.queue_timeout,
+                        concurrent_prefill=options.concurrent_prefill, cache_device_share=options.cache_device_share)
 
 
 def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str):
+    host_bytes = int(options.kv_offloading_size * (1 << 30))
     if kind == "fast":
         from ninfer.fast.program import FastProgram
 
         return FastProgram.from_artifact(path, max_concurrency=options.max_num_seqs, max_context=max_context,
                                          gpu_memory_utilization=options.gpu_memory_utilization,
-                                         speculative_config=options.speculative_config)
+                                         speculative_config=options.speculative_config, host_bytes=host_bytes)
     import torch
 
     from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
     dtype = torch.float64 if options.dtype == "float64" else torch.float32
-    config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype)
+    config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype,
+                                    host_bytes=host_bytes)
     return ReferenceProgram.from_artifact(path, config)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ninfer.contracts import ResourceUsage
+
 
 class Miss(enum.Enum):
     """Why an admitted request reused no prompt token."""
@@ -32,3 +34,11 @@ class CacheStats:
 
     def miss(self, cause: Miss) -> None:
         self.misses[cause.value] += 1
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """What /metrics shows of the cache: the ResourceManager's counters and the Program's occupancy."""
+
+    stats: CacheStats
+    usage: ResourceUsage

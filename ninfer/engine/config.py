@@ -14,6 +14,9 @@ class EngineConfig:
     prefix_caching: bool = True
     queue_timeout: float | None = None  # default seconds a request may wait before admission
     max_cached_checkpoints: int | None = None  # inactive checkpoints kept at most (None: only pressure evicts)
+    # Share of the Program's KV pages inactive checkpoints may hold; past it the lowest-valued are deleted
+    # (1.0: only admissions displace them).
+    cache_device_share: float = 1.0
     check_invariants: bool = False  # run every check_invariants() after each boundary (tests, debugging)
 
     def __post_init__(self) -> None:
@@ -25,6 +28,8 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.max_cached_checkpoints is not None and self.max_cached_checkpoints < 0:
             raise ValueError(f"max_cached_checkpoints must be >= 0, got {self.max_cached_checkpoints}")
+        if not 0.0 < self.cache_device_share <= 1.0:
+            raise ValueError(f"cache_device_share must be in (0, 1], got {self.cache_device_share}")
         if self.queue_timeout is not None and self.queue_timeout <= 0:
             raise ValueError(f"queue_timeout must be positive, got {self.queue_timeout}")
 

@@ -42,6 +42,8 @@ class EngineCore:
         self.failed: str | None = None
         self.units = UnitRunner(self)
         self._revision = program.resource_revision
+        # The Program's occupancy after the last adopted transition: a frozen value other threads may read.
+        self.cache_usage = program.resource_usage()
         self.on_finish: Callable[[RequestRecord], None] = lambda rec: None
 
     # ---- the boundary ------------------------------------------------------------------------------------
@@ -163,6 +165,7 @@ class EngineCore:
         from .transitions import adopt_result
 
         adopt_result(self, result, owner, aborted=aborted)
+        self.cache_usage = self.program.resource_usage()
 
     def _start_settlement(self) -> bool:
         """Start one pending capture or terminal settlement (terminal first: it frees lanes)."""

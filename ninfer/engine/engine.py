@@ -13,10 +13,12 @@ import queue
 import random
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 from ninfer.contracts import GenerationResult, Program, RejectReason, RequestRejected
 
+from .cache_stats import CacheReport
 from .config import EngineConfig
 from .core import EngineCore
 from .records import GenerationRequest, RequestRecord
@@ -104,6 +106,11 @@ class Engine:
     def outstanding(self) -> int:
         with self._lock:
             return self._outstanding
+
+    def cache_report(self) -> CacheReport:
+        """The context cache's counters and the Program's checkpoint occupancy per tier (any thread may ask)."""
+        stats = self.core.resources.stats
+        return CacheReport(replace(stats, misses=dict(stats.misses)), self.core.cache_usage)
 
     # ---- submit --------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> GenerationHandle:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, LaneState, ResourceChoice,
-                              ResourceResult, SequenceHandle, TransitionKind, check_lane_transition, token_digest)
+                              ResourceResult, ResourceUsage, SequenceHandle, TransitionKind, check_lane_transition,
+                              token_digest)
 
 from .cache_stats import CacheStats, Miss
 from .catalog_index import PrefixIndex
@@ -175,11 +176,13 @@ class ResourceManager:
             return None
         return ResourceChoice(TransitionKind.CAPTURE, handle=handle, capture_at=frontier)
 
-    def eviction_choice(self, cap: int | None) -> ResourceChoice | None:
-        """Past `cap` inactive checkpoints, delete the lowest-valued ones."""
-        if cap is None or len(self.catalog) <= cap:
-            return None
-        victims = self.victims()[:len(self.catalog) - cap]
+    def eviction_choice(self, cap: int | None, usage: ResourceUsage, share: float) -> ResourceChoice | None:
+        """Past `cap` inactive checkpoints, delete the lowest-valued ones; past `share` of the KV pages held by
+        inactive checkpoints only (the Program's summary), delete the lowest-valued one."""
+        excess = len(self.catalog) - cap if cap is not None else 0
+        if usage.checkpoint_pages > share * usage.total_pages:
+            excess = max(excess, 1)
+        victims = self.victims()[:max(excess, 0)]
         return ResourceChoice(TransitionKind.DELETE, victims=victims) if victims else None
 
     def placement_choice(self) -> ResourceChoice | None:

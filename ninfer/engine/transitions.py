@@ -30,7 +30,8 @@ def next_settlement(core: "EngineCore") -> bool:
     for rec in core.records.values():
         if rec.capture_pending and rec.handle is not None and _start_capture(core, rec):
             return True
-    eviction = core.resources.eviction_choice(core.config.max_cached_checkpoints)
+    eviction = core.resources.eviction_choice(core.config.max_cached_checkpoints, core.cache_usage,
+                                              core.config.cache_device_share)
     if eviction is not None:
         return core.begin_transition(eviction, None) is True
     placement = core.resources.placement_choice()

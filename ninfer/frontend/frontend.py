@@ -17,6 +17,7 @@ from ninfer.contracts import RejectReason, RequestRejected
 from .detokenizer import TokenTable
 from .grammar.options import StructuredOutputOptions
 from .input_bounds import check_text
+from .history import ASSISTANT_HEADER, history_check
 from .instruction import format_instruction, with_instruction
 from .jinja_template import JinjaChatTemplate
 from .messages import normalize_chat, reject
@@ -91,9 +92,14 @@ class Frontend:
         check_text(text, "the rendered chat prompt (tools or chat_template_kwargs)")
         wanted = self._boundary_chars(rendered, request.cache_boundaries, shift, len(chat.messages))
         self.check_text_fits(text, max_tokens)
+        before = _before_reasoning(text)
+        if request.cache_boundaries is None and request.add_generation_prompt and 0 < before < len(text):
+            wanted.append(before)
         encoding = self.tokenizer.encoding(text)
         bounds = char_to_token_boundaries(encoding.offsets, wanted)
-        prompt = prepare_ids(encoding.ids, bounds, reasoning_open=_opens_think(text), text=text)
+        exact = rendered is not None and rendered.text == text and rendered.builtin
+        prompt = prepare_ids(encoding.ids, bounds, reasoning_open=_opens_think(text), text=text,
+                             renders_history=exact and request.add_generation_prompt)
         self.check_context(len(prompt), max_tokens)
         return PreparedChat(prompt, structured)
 
@@ -121,7 +127,7 @@ class Frontend:
             except RequestRejected:
                 head = ""
             ends.append(len(head) if head and text.startswith(head) else -1)
-        return RenderedChat(text, 0, tuple(ends), _opens_think(text))
+        return RenderedChat(text, 0, tuple(ends), _opens_think(text), builtin=False)
 
     @staticmethod
     def _boundary_chars(rendered: RenderedChat | None, wanted: Sequence[int] | None, shift: int,
@@ -186,8 +192,18 @@ class Frontend:
                 options = replace(options, tools=structured.callable_tools)
             if structured.constrained:
                 grammar = self.grammar.new_state(structured, reasoning=prompt.reasoning_open)
+        history = None
+        if prompt.renders_history:
+            history = history_check(prompt.token_ids, Qwen35Tokenizer.IM_START, self.tokenizer.encode)
         return OutputSession(options, self.table, reasoning_open=prompt.reasoning_open, grammar=grammar,
-                             control_suffix=self.think_end_suffix)
+                             control_suffix=self.think_end_suffix, history=history)
+
+
+def _before_reasoning(text: str) -> int:
+    """Just after the generation prompt's `<|im_start|>assistant\n`: the deepest point the next turn's rendering
+    shares with this prompt when it drops this turn's reasoning (or its empty think block)."""
+    at = text.rfind(ASSISTANT_HEADER)
+    return at + len(ASSISTANT_HEADER) if at >= 0 else 0
 
 
 def _opens_think(text: str) -> bool:

@@ -28,6 +28,9 @@ class PreparedPrompt:
     digest: str  # of all token_ids
     boundaries: tuple[PrefixDigest, ...]  # strictly increasing lengths in 1..len(token_ids)
     reasoning_open: bool = False  # the prompt ends inside an open <think> block
+    # The built-in chat renderer reproduces this prompt byte for byte, so it can tell whether an output is what the
+    # next turn's history renders (the output's prefix-execution boundary, frontend/history.py).
+    renders_history: bool = False
     text: str = field(default="", repr=False)  # the rendered text, for logs and /tokenize; "" for token prompts
 
     def __post_init__(self) -> None:
@@ -66,11 +69,11 @@ def digest_prefixes(token_ids: Sequence[int], lengths: Sequence[int]) -> tuple[t
 
 
 def prepare_ids(token_ids: Sequence[int], boundary_lengths: Iterable[int] = (), *, reasoning_open: bool = False,
-                text: str = "") -> PreparedPrompt:
+                text: str = "", renders_history: bool = False) -> PreparedPrompt:
     ids = tuple(int(t) for t in token_ids)
     lengths = sorted({n for n in boundary_lengths if 0 < n <= len(ids)})
     boundaries, digest = digest_prefixes(ids, lengths)
-    return PreparedPrompt(ids, digest, boundaries, reasoning_open, text)
+    return PreparedPrompt(ids, digest, boundaries, reasoning_open, renders_history, text)
 
 
 def char_to_token_boundaries(offsets: Sequence[tuple[int, int]], chars: Iterable[int]) -> list[int]:

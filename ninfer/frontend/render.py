@@ -35,6 +35,7 @@ class RenderedChat:
     header_end: int
     message_ends: tuple[int, ...]
     reasoning_open: bool  # the generation prompt leaves a <think> block open
+    builtin: bool = True  # rendered by this module (False: message ends found in a foreign template's text)
 
 
 def tojson(value: Any) -> str:

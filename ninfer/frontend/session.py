@@ -18,6 +18,7 @@ from ninfer.contracts import EngineFailure, FinishReason
 
 from .channels import REASONING, ChannelParser, Parsed
 from .detokenizer import Detokenizer, TokenTable
+from .history import HistoryCheck
 from .outputs import EOS_TOKEN_IDS, OutputChunk, OutputOptions, OutputPreview, OutputResult
 from .stops import StopMatcher
 from .tokenizer import Qwen35Tokenizer
@@ -53,8 +54,10 @@ class _Delta:
 
 class OutputSession:
     def __init__(self, options: OutputOptions, table: TokenTable, *, reasoning_open: bool,
-                 grammar: GrammarState | None = None, control_suffix: Sequence[int] = ()):
+                 grammar: GrammarState | None = None, control_suffix: Sequence[int] = (),
+                 history: HistoryCheck | None = None):
         self.options = options
+        self._history = history  # whether history rendering reproduces the output: its prefix-execution boundary
         self._suffix = tuple(control_suffix)
         prefix = secrets.token_hex(6)
         parser = ChannelParser(reasoning_open, options.tools, lambda i: f"call_{prefix}{i:02d}")
@@ -116,13 +119,21 @@ class OutputSession:
             self._finalize(st, delta, released_tail=not isinstance(reason, str))
             if finish is FinishReason.STOP and (self._calls or delta.calls):
                 finish = FinishReason.TOOL_CALLS
-        boundary = len(delta.tokens) if reason == Qwen35Tokenizer.IM_END else None
+        boundary = len(delta.tokens) if reason == Qwen35Tokenizer.IM_END and self._reproduced(delta) else None
         base = len(self._calls)
         chunk = OutputChunk(tuple(delta.tokens), delta.parsed.content, delta.parsed.reasoning,
                             tuple(d for j, c in enumerate(delta.calls) for d in c.deltas(base + j)))
         needs_control = finish is None and self._control_for(st) is not None
         return OutputPreview(len(delta.tokens), finish is not None, finish, boundary, chunk, forced, self._version,
                              (st, delta, finish, reason), needs_control)
+
+    def _reproduced(self, delta: _Delta) -> bool:
+        """The whole output, ending with <|im_end|> in `delta`, is what the next turn's history renders."""
+        if self._history is None:
+            return False
+        content = "".join(self._content) + delta.parsed.content
+        reasoning = "".join(self._reasoning) + delta.parsed.reasoning
+        return self._history.reproduces(self._tokens + delta.tokens, content, reasoning, self._calls + delta.calls)
 
     def _run(self, st: _State, tokens: Sequence[int], forced: bool, delta: _Delta):
         opts = self.options

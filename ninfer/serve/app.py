@@ -69,7 +69,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     async def _metrics() -> str:
         rt = state.runtime
         core = rt.engine or rt.scorer
-        return state.metrics.render(core.outstanding if core else 0, rt.available)
+        cache = rt.engine.cache_report() if rt.engine is not None else None
+        return state.metrics.render(core.outstanding if core else 0, rt.available, cache)
 
     _tokenizer_routes(app, state)
 

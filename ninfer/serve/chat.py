@@ -46,7 +46,8 @@ def _submit_all(state: ServerState, body: ChatCompletionRequest, deadline: float
     return state.submit_choices(
         lambda p: generation_request(rt, chat.prompt, p, stop=stops, structured=chat.structured,
                                      skip_special_tokens=body.skip_special_tokens,
-                                     thinking_budget=body.thinking_budget, deadline=deadline), params)
+                                     thinking_budget=body.thinking_budget, deadline=deadline,
+                                     session_key=body.session_key()), params)
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: ServerState) -> Any:

@@ -41,8 +41,18 @@ RUNTIME_OPTIONS = [
          help="Share of GPU memory the fast Program may plan with."),
     _opt("--enable-prefix-caching/--no-enable-prefix-caching", env="ENABLE_PREFIX_CACHING", group="CacheConfig",
          default=True, show_default=True, help="Reuse exact checkpoints of shared prompt prefixes."),
+    _opt("--cache-device-share", env="CACHE_DEVICE_SHARE", group="CacheConfig",
+         type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+         help="Share of the KV page pool inactive prefix-cache checkpoints may hold; past it the lowest-valued "
+              "are deleted (1: only admissions displace them)."),
+    _opt("--kv-offloading-size", env="KV_OFFLOADING_SIZE", group="CacheConfig", type=click.FloatRange(0),
+         default=4.0, show_default=True,
+         help="GiB of host memory for checkpoint replicas demoted from the device (0: no host tier)."),
     _opt("--max-num-seqs", env="MAX_NUM_SEQS", group="SchedulerConfig", type=click.IntRange(1, 8), default=4,
          show_default=True, help="Concurrent active requests (lanes), fixed at start."),
+    _opt("--concurrent-prefill/--no-concurrent-prefill", env="CONCURRENT_PREFILL", group="SchedulerConfig",
+         default=False, show_default=True,
+         help="Admit a request while another is still prefilling (several staged prefills at once)."),
     _opt("--speculative-config", env="SPECULATIVE_CONFIG", group="SpeculativeConfig", default=None,
          help='JSON, e.g. \'{"method":"mtp","num_speculative_tokens":1}\' (fast Program only).'),
     _opt("--default-chat-template-kwargs", env="DEFAULT_CHAT_TEMPLATE_KWARGS", group="Frontend", default=None,
@@ -58,7 +68,8 @@ RUNTIME_OPTIONS = [
 ]
 
 RUNTIME_KEYS = ("model", "program", "purpose", "served_model_name", "max_model_len", "max_num_seqs",
-                "gpu_memory_utilization", "enable_prefix_caching", "speculative_config",
+                "gpu_memory_utilization", "enable_prefix_caching", "cache_device_share", "kv_offloading_size",
+                "concurrent_prefill", "speculative_config",
                 "default_chat_template_kwargs", "seed", "dtype", "no_progress")
 
 
@@ -183,7 +194,8 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
         model=flags["model"], program=flags["program"], purpose=purpose or flags["purpose"],
         served_model_name=flags["served_model_name"], max_model_len=flags["max_model_len"],
         max_num_seqs=flags["max_num_seqs"], gpu_memory_utilization=flags["gpu_memory_utilization"],
-        enable_prefix_caching=flags["enable_prefix_caching"],
+        enable_prefix_caching=flags["enable_prefix_caching"], cache_device_share=flags["cache_device_share"],
+        kv_offloading_size=flags["kv_offloading_size"], concurrent_prefill=flags["concurrent_prefill"],
         speculative_config=parse_json_option(flags["speculative_config"], "--speculative-config"),
         default_chat_template_kwargs=parse_json_option(flags["default_chat_template_kwargs"],
                                                        "--default-chat-template-kwargs") or {},

@@ -111,7 +111,8 @@ def _submit_all(state: ServerState, body: CompletionRequest, prepared: list, dea
     jobs = [(p, sampling_params(body, vocab, max_tokens=body.max_tokens, logprobs=body.logprobs, choice=j))
             for p in prepared for j in range(body.n)]
     return state.submit_choices(lambda job: generation_request(rt, job[0], job[1], stop=stops, deadline=deadline,
-                                                               skip_special_tokens=body.skip_special_tokens), jobs)
+                                                               skip_special_tokens=body.skip_special_tokens,
+                                                               session_key=body.session_key()), jobs)
 
 
 async def _whole(state: ServerState, body: CompletionRequest, prepared: list, choices: Choices, ident: dict,

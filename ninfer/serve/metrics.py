@@ -1,8 +1,9 @@
 """GET /metrics in the Prometheus text format (0.0.4), names in vLLM's style under the `ninfer:` prefix.
 
-Everything is counted at the Gateway from the events the Engine publishes: a choice is waiting from submit until
-its GenerationStart (admission) and running until its result, so queue depth and active lanes need no look into
-the Engine's internals.
+Request figures are counted at the Gateway from the events the Engine publishes: a choice is waiting from submit
+until its GenerationStart (admission) and running until its result, so queue depth and active lanes need no look
+into the Engine's internals. The context cache's figures are the Engine's `cache_report()`: the ResourceManager's
+counters and the Program's occupancy per tier, published by the worker after every adopted transition.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from ninfer.contracts import GenerationResult
 
@@ -96,7 +97,8 @@ class Metrics:
         with self.lock:
             self.rejected[code] = self.rejected.get(code, 0) + 1
 
-    def render(self, outstanding: int, available: bool) -> str:
+    def render(self, outstanding: int, available: bool, cache: Any = None) -> str:
+        """`cache`: the Engine's CacheReport (None for the scoring purpose, which has no cache)."""
         with self.lock:
             gauges = [("num_requests_waiting", "Choices submitted and not yet admitted.", self.waiting),
                       ("num_requests_running", "Choices holding an active lane.", self.running),
@@ -117,9 +119,39 @@ class Metrics:
             lines += self._labelled("request_rejected_total", "Refused requests by code.", "code", self.rejected)
             for h in (self.ttft, self.tpot, self.e2e):
                 lines += h.render()
+        if cache is not None:
+            lines += cache_lines(cache)
         return "\n".join(lines) + "\n"
 
     @staticmethod
     def _labelled(name: str, text: str, label: str, values: dict[str, int]) -> list[str]:
         lines = [f"# HELP ninfer:{name} {text}", f"# TYPE ninfer:{name} counter"]
         return lines + [f'ninfer:{name}{{{label}="{k}"}} {v}' for k, v in sorted(values.items())]
+
+
+CACHE_COUNTERS = (("lookups", "Admissions that looked up the prefix cache."),
+                  ("hits", "Admissions that resumed from a checkpoint."),
+                  ("hit_tokens", "Prompt tokens resumed from a checkpoint instead of prefilled."),
+                  ("captures", "Checkpoints published from prompt frontiers."),
+                  ("retained", "Checkpoints published from the end of a finished output."),
+                  ("demotions", "Checkpoint states moved from the device to a host replica."),
+                  ("promotions", "Host replicas brought back to a device slot."),
+                  ("deletions", "Checkpoints deleted to make room or past the cap."))
+
+
+def cache_lines(cache: Any) -> list[str]:
+    """The context cache: the ResourceManager's counters, misses by cause, checkpoints and bytes per tier."""
+    stats, usage = cache.stats, cache.usage
+    lines: list[str] = []
+    for field, text in CACHE_COUNTERS:
+        name = f"ninfer:prefix_cache_{field}_total"
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {getattr(stats, field)}"]
+    lines += Metrics._labelled("prefix_cache_misses_total", "Admissions that reused no prompt token, by cause.",
+                               "cause", stats.misses)
+    tiers = {"device": (usage.checkpoints - usage.host_checkpoints, usage.checkpoint_device_bytes),
+             "host": (usage.host_checkpoints, usage.checkpoint_host_bytes)}
+    for name, text, i in (("prefix_cache_checkpoints", "Inactive checkpoints by the tier of their state.", 0),
+                          ("prefix_cache_bytes", "Bytes held by inactive checkpoints, per tier.", 1)):
+        lines += [f"# HELP ninfer:{name} {text}", f"# TYPE ninfer:{name} gauge"]
+        lines += [f'ninfer:{name}{{tier="{t}"}} {v[i]}' for t, v in tiers.items()]
+    return lines

@@ -3,7 +3,7 @@
 Shapes are checked here; value ranges that SamplingParams owns are checked there, and conversation structure is
 the Frontend's. Types are strict: nothing is coerced (a string, a boolean or `1e3` is not an int, a string is not
 a number), and NaN or infinite numbers are refused. Unknown fields are ignored, as OpenAI's accepted-and-ignored
-ones (user, metadata, store, ...) are.
+ones (metadata, store, ...) are.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ninfer.sampling.params import INT64_MAX, MAX_LOGPROBS, SEED_MIN
 MAX_CHOICES = 8  # n: at most the lanes a server can have
 MAX_STOPS = 16
 MAX_BATCH_PROMPTS = 64  # /v1/completions prompt lists (lm-eval batches are smaller)
+MAX_CACHE_KEY = 256  # characters of a prompt_cache_key or user
 
 
 class _Body(BaseModel):
@@ -42,6 +43,9 @@ class _Sampling(_Body):
     seed: int | None = Field(None, ge=SEED_MIN, le=INT64_MAX)  # int64, as vLLM and OpenAI
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # OpenAI's prefix-cache routing hint (and `user`, its older stand-in): a lookup hint, never an owner of state
+    prompt_cache_key: str | None = Field(None, max_length=MAX_CACHE_KEY)
+    user: str | None = Field(None, max_length=MAX_CACHE_KEY)
     # vLLM extras
     top_k: int | None = None  # SamplingParams owns the range, and check_vocabulary its upper end
     min_p: float | None = Field(None, ge=0.0, le=1.0)
@@ -50,6 +54,10 @@ class _Sampling(_Body):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+
+    def session_key(self) -> str | None:
+        """The SessionIndex key: prompt_cache_key, else user."""
+        return self.prompt_cache_key if self.prompt_cache_key is not None else self.user
 
     def stops(self) -> tuple[str, ...]:
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

@@ -17,7 +17,8 @@ def test_help_lists_commands_and_env_vars(run):
     for flag in ("--host", "--port", "--served-model-name", "--max-model-len", "--context-length", "--max-num-seqs",
                  "--gpu-memory-utilization", "--api-key", "--no-enable-prefix-caching", "--speculative-config",
                  "--default-chat-template-kwargs", "--seed", "--purpose", "--program", "--model-id",
-                 "NINFER_PORT", "NINFER_MAX_NUM_SEQS"):
+                 "--concurrent-prefill", "--cache-device-share", "--kv-offloading-size", "NINFER_CONCURRENT_PREFILL",
+                 "NINFER_CACHE_DEVICE_SHARE", "NINFER_KV_OFFLOADING_SIZE", "NINFER_PORT", "NINFER_MAX_NUM_SEQS"):
         assert flag in serve_help, flag
 
 

@@ -47,7 +47,8 @@ def test_boundaries_are_system_turn_and_message_ends(fe):
     assert text[:ends[1]].endswith("Paris and Rome<|im_end|>\n")
     assert text[:ends[3]].endswith("sunny\n</tool_response>")  # first of two merged tool results
     assert text[:ends[4]].endswith("rainy\n</tool_response><|im_end|>\n")
-    assert len(p.boundaries) == 1 + len(conv["messages"])
+    assert text[:ends[-1]].endswith("<|im_end|>\n<|im_start|>assistant\n")  # before the opened <think>
+    assert len(p.boundaries) == 2 + len(conv["messages"])
 
 
 def test_a_follow_up_turn_reuses_the_deepest_prefix(fe):
@@ -56,7 +57,7 @@ def test_a_follow_up_turn_reuses_the_deepest_prefix(fe):
     b = fe.prepare_chat(ChatRequest(first + [{"role": "assistant", "content": "Hello"},
                                              {"role": "user", "content": "More"}])).prompt
     shared = b.deepest(d.digest for d in a.boundaries)
-    assert shared is not None and shared.length == a.boundaries[-1].length
+    assert shared is not None and shared.length == a.boundaries[-2].length  # a's last message end
     assert b.token_ids[:shared.length] == a.token_ids[:shared.length]
 
 

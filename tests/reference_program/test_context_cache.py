@@ -62,3 +62,29 @@ def test_demoted_checkpoints_resume_from_the_host_replica(make_program, prompt_o
     assert result.usage.cached_prompt_tokens == len(first[-1][0]) - DROPPED
     assert result.token_ids == cold(make_program, prompt, 3)
     assert_drained(program)
+
+
+def test_an_output_the_frontend_marks_is_retained_and_continued(make_program, prompt_of):
+    """An output that ends at a Frontend boundary (TokenSession: its stop token) is retained without any session
+    key, so the conversation's next request prefills only what is new; one that ends without it is released."""
+    from ninfer.engine.records import GenerationRequest
+    from ninfer.testing.sessions import TokenSession
+
+    program = make_program()
+    engine = Engine(program, EngineConfig(max_concurrency=2, prefill_chunk=8, check_invariants=True), threaded=False)
+    prompt = prompt_of(14, seed=31)
+    out = cold(make_program, prompt, 6)
+    stop = out[3]  # the output ends at its fourth token, a stop token with a boundary after it
+    first = engine.submit(GenerationRequest(prompt, TokenSession(6, stop_ids=(stop,)), 6))
+    engine.run_until_idle()
+    done = first.result(timeout=0).token_ids
+    assert done == out[:out.index(stop) + 1]
+    nxt = prompt + done + prompt_of(5, seed=32)
+    second = engine.submit(token_request(nxt, 3))
+    engine.run_until_idle()
+    result = second.result(timeout=0)
+    assert result.usage.cached_prompt_tokens == len(prompt) + len(done) - 1  # all but the unconsumed stop token
+    assert result.token_ids == cold(make_program, nxt, 3)
+    stats = engine.core.resources.stats
+    assert stats.retained == 1  # the second one ended at its length, with no boundary: released
+    assert_drained(program)
