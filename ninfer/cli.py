@@ -13,7 +13,7 @@ import click
 
 from ninfer.errors import NinferError, NotFoundError
 
-from ninfer.serve.cli_command import GroupedOption, NinferGroup
+from ninfer.serve.cli_command import GroupedOption, NinferGroup, needs_extra
 from ninfer.serve.cli_options import (model_argument, pick_model, runtime_options, serve_limits, serve_options,
                                       show_progress, start_runtime)
 
@@ -172,8 +172,10 @@ def serve(runtime: dict, limits: dict, host: str, port: int, api_key: str | None
 
     The model loads first: one that does not load ends the command with one line and a non-zero exit before the
     port is bound."""
-    from ninfer.serve.server import serve as run
+    with needs_extra("serve"):
+        import uvicorn  # noqa: F401 - checked before the model loads
 
+        from ninfer.serve.server import serve as run
     gateway = serve_limits(limits)  # a bad limit is a usage error before the model loads
     rt = start_runtime(runtime, score_window=score_window, score_stride=score_stride,
                        max_queued_requests=limits["max_queued_requests"], queue_timeout=limits["queue_timeout"],
@@ -265,6 +267,9 @@ def oracle() -> None:
 @click.option("--tolerance", default=1e-5, show_default=True)
 def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int, seed: int, tolerance: float) -> None:
     """Compare the reference model's logits with transformers' on CHECKPOINT; exit 1 over tolerance."""
+    with needs_extra("test"):
+        import transformers  # noqa: F401 - the oracle's other side
+
     from oracle.hf import main_hf
 
     sys.exit(main_hf(_existing_dir(checkpoint, "checkpoint"), num_prompts=prompts, prompt_len=prompt_len,

@@ -62,6 +62,16 @@ class UnavailableError(NinferError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+class NotSupportedError(UnavailableError, NotImplementedError):
+    """A feature this build does not run (speculative decoding on the fast Program, quantized kernels)."""
+
+
+class DoesNotFitError(UnavailableError, MemoryError):
+    """The model and its context do not fit the memory budget."""
+
+    hint = "lower --max-model-len or --max-num-seqs, or raise --gpu-memory-utilization"
+
+
 def one_line(text: str) -> str:
     """A message folded onto one line (multi-line details joined with '; ')."""
     parts = (part.strip() for part in text.splitlines())

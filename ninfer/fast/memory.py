@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.errors import DoesNotFitError
 from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers,
                                             kv_pages_for_tokens, weight_bytes)
 from ninfer.models.qwen3_5.config import Qwen35Config
@@ -111,9 +112,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     fit = max(left, 0) // page_bytes
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
     if num_pages < pages_per_seq:
-        raise MemoryError(f"budget {budget_bytes / 2**30:.2f} GiB leaves {fit} KV pages after weights "
-                          f"{w / 2**30:.2f} GiB, state {state / 2**30:.2f} GiB and workspace {work / 2**30:.2f} GiB; "
-                          f"one {max_context}-token sequence needs {pages_per_seq}")
+        raise DoesNotFitError(f"budget {budget_bytes / 2**30:.2f} GiB leaves {fit} KV pages after weights "
+                              f"{w / 2**30:.2f} GiB, state {state / 2**30:.2f} GiB and workspace {work / 2**30:.2f} "
+                              f"GiB; one {max_context}-token sequence needs {pages_per_seq}")
     return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,

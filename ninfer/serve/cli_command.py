@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import click
 
-from ninfer.errors import ExitCode, NinferError, one_line, render
+from ninfer.errors import ExitCode, NinferError, UnavailableError, one_line, render
 
 # vLLM's help groups, in its order; the ninfer-only flags last.
 HELP_GROUPS = ("ModelConfig", "CacheConfig", "SchedulerConfig", "SpeculativeConfig", "Frontend", "Sampling",
@@ -93,6 +94,16 @@ class NinferGroup(click.Group):
             _fail([f"error: internal error: {type(e).__name__}: {e}",
                    f"hint: this is a bug in ninfer; rerun with --debug (or {DEBUG_ENV}=1) for the traceback"],
                   ExitCode.INTERNAL)
+
+
+@contextmanager
+def needs_extra(extra: str) -> Iterator[None]:
+    """Imports of an optional extra's packages: a missing one is an expected failure naming the install line."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        raise UnavailableError(f"this command needs the {e.name!r} package").locate(
+            f"the [{extra}] extra", hint=f"pip install -e '.[{extra}]'") from None
 
 
 def _fail(lines: list[str], code: int) -> None:

@@ -113,3 +113,15 @@ def test_serve_refuses_a_model_that_does_not_load_before_binding(corrupt_model):
     assert "Uvicorn running" not in proc.stderr and "ready:" not in proc.stderr
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_a_missing_optional_package_names_its_extra(run, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` now fails as on a machine without it
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    result = run("serve", "--no-progress")
+    assert_one_line(result, ExitCode.UNAVAILABLE, "needs the 'uvicorn' package", "(the [serve] extra)")
+    assert "hint: pip install -e '.[serve]'" in result.stderr and "ready:" not in result.stderr  # before loading
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    assert_one_line(run("oracle", "hf", "--checkpoint", str(ck)), ExitCode.UNAVAILABLE, "'transformers'",
+                    "(the [test] extra)")

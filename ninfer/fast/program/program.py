@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from ninfer.contracts import ProgramLimits
-from ninfer.errors import UnavailableError
+from ninfer.errors import DoesNotFitError, NotSupportedError, UnavailableError
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.sampling import DeviceSampler
@@ -83,8 +83,8 @@ class FastProgram(Program):
         from ninfer.models.qwen3_5.params import TEXT
 
         if speculative_config:
-            raise NotImplementedError(f"speculative decoding is not implemented in the fast Program yet (asked for "
-                                      f"{dict(speculative_config)}); start without --speculative-config")
+            raise NotSupportedError(f"speculative decoding is not implemented in the fast Program yet (asked for "
+                                    f"{dict(speculative_config)}); start without --speculative-config")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if budget_bytes is None:
             budget_bytes = _device_budget(gpu_memory_utilization, device)
@@ -113,9 +113,9 @@ def _require_dense(art) -> None:
                         if o.format != "dense"})
     if quantized:
         formats = ", ".join(sorted({f for _, f in quantized}))
-        raise NotImplementedError(f"the fast Program has no kernels for {formats} weights ({len(quantized)} "
-                                  f"objects, e.g. {quantized[0][0]!r}); convert the checkpoint with dense weights "
-                                  "(ninfer convert --dtype bfloat16) or run it on --program reference")
+        raise NotSupportedError(f"the fast Program has no kernels for {formats} weights ({len(quantized)} "
+                                f"objects, e.g. {quantized[0][0]!r}); convert the checkpoint with dense weights "
+                                "(ninfer convert --dtype bfloat16) or run it on --program reference")
 
 
 def _device_budget(utilization: float, device: torch.device) -> int:
@@ -128,6 +128,6 @@ def _device_budget(utilization: float, device: torch.device) -> int:
     free, total = torch.cuda.mem_get_info(device)
     budget = int(total * utilization) - (total - free)
     if budget <= 0:
-        raise MemoryError(f"gpu_memory_utilization {utilization} of {total / 2**30:.1f} GiB leaves nothing: "
+        raise DoesNotFitError(f"gpu_memory_utilization {utilization} of {total / 2**30:.1f} GiB leaves nothing: "
                           f"{(total - free) / 2**30:.1f} GiB are already in use")
     return budget
