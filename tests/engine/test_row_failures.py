@@ -2,6 +2,8 @@
 Engine serving on and its pools drained (the reference and fast Programs: tests/fast_program/test_row_failures.py)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ninfer.contracts import (BatchKind, EngineFailure, FinishReason, PendingBatch, PendingRow, RowDecision,
                               RowFailure, SequenceHandle)
@@ -59,3 +61,36 @@ def test_a_failed_row_needs_a_cancelled_row_decision():
     with pytest.raises(EngineFailure, match="failed row"):
         PendingBatch(BatchKind.DECODE, (PendingRow(SequenceHandle(0, 1), (3,), 5, failure=RowFailure.NOTHING_ALLOWED),),
                      0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(3, 14), st.one_of(st.none(), st.integers(0, 7))), min_size=1, max_size=6),
+       st.integers(1, 6), st.integers(1, 4))
+def test_failed_rows_never_touch_the_other_requests(shape, prefill_chunk, concurrency):
+    """Any mix of requests, each failing at some token or never, at any concurrency and chunk size: a failing
+    request ends with NOTHING_ALLOWED and the tokens it had; every other one produces exactly what it produces
+    when no request fails; the pools drain."""
+    prompts = [range(1 + i, 1 + i + n) for i, (n, _) in enumerate(shape)]
+
+    def run(fail: bool):
+        program = ToyProgram(max_concurrency=concurrency, vocab=VOCAB)
+        engine = Engine(program, EngineConfig(check_invariants=True, max_concurrency=concurrency,
+                                              prefill_chunk=prefill_chunk), threaded=False)
+        reqs = []
+        for p, (_, at) in zip(prompts, shape):
+            mask = (lambda n, at=at: NOTHING if n >= at else None) if fail and at is not None else None
+            reqs.append(_request(p, 8, mask))
+        handles = [engine.submit(r) for r in reqs]
+        engine.run_until_idle()
+        results = [h.result(timeout=0) for h in handles]
+        assert engine.available and engine.outstanding == 0, engine.failure
+        assert_drained(program)
+        return results
+
+    clean, got = run(False), run(True)
+    for (_, at), want, r in zip(shape, clean, got):
+        if at is None or at >= len(want.token_ids):
+            assert r.failure is None and r.token_ids == want.token_ids
+        else:
+            assert r.failure is RowFailure.NOTHING_ALLOWED and r.finish_reason is FinishReason.ERROR
+            assert r.token_ids == want.token_ids[:at]
