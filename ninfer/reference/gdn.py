@@ -8,11 +8,14 @@ Per value head j with key head ``j // (HV / HK)``, decay ``alpha = exp(g)`` and 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
 from ninfer.models.qwen3_5.config import Qwen35Config
 
+from .activations import activation
 from .norms import gated_rms_norm
 from .scope import Scope
 from .state import GDNState
@@ -25,8 +28,10 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def causal_conv(m: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv + SiLU over time, continuing from ``window``.
+def causal_conv(m: torch.Tensor, window: torch.Tensor, weight: torch.Tensor,
+                act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + activation (the config's hidden_act, SiLU in every released model) over time,
+    continuing from ``window``.
 
     m [T, C] pre-conv inputs; window [C, K-1] the previous K-1 inputs (zeros at sequence start); weight [C, 1, K]
     with ``weight[:, 0, K-1]`` on the current token. Returns (out [T, C], full [C, K-1+T]); the window before
@@ -36,7 +41,7 @@ def causal_conv(m: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     full = torch.cat([window.to(m.dtype), m.transpose(0, 1)], dim=1)  # [C, K-1+T]
     taps = full.unfold(1, K, 1)  # [C, T, K]: taps[c, t, i] = input at t-K+1+i
     out = (taps * weight[:, 0, None, :].to(m.dtype)).sum(-1)  # [C, T]
-    return F.silu(out).transpose(0, 1), full
+    return act(out).transpose(0, 1), full
 
 
 def gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +135,7 @@ def gdn_mixer(x: torch.Tensor, w: Scope, cfg: Qwen35Config, state: GDNState, chu
     """
     T = x.shape[0]
     HV, dv, K = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    mc, full = causal_conv(F.linear(x, w["in_proj_qkv.weight"]), state.conv, w["conv1d.weight"])
+    mc, full = causal_conv(F.linear(x, w["in_proj_qkv.weight"]), state.conv, w["conv1d.weight"], activation(cfg))
     q, k, v = _split_heads(mc, cfg)
     g, beta = gates(F.linear(x, w["in_proj_a.weight"]), F.linear(x, w["in_proj_b.weight"]), w["A_log"], w["dt_bias"])
     S0 = state.recurrent.to(q.dtype)

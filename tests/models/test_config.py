@@ -55,7 +55,7 @@ def test_moe_config_and_round_trip_through_descriptor_form():
     ({"layer_types": ["mamba"] * 24}, "layer_types"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
     ({"linear_num_key_heads": 16, "linear_num_value_heads": 24}, "linear_num_value_heads"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"hidden_act": "mish"}, "hidden_act"),
     ({"intermediate_size": None}, "intermediate_size"),
     ({"rope_parameters": {"rope_type": "linear"}}, "rope_parameters.factor"),
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_parameters.rope_type"),

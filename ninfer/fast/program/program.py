@@ -67,6 +67,9 @@ class FastProgram(Program):
             raise UnavailableError(f"the fast Program's kernels compute unscaled RoPE over an even rotary dimension; "
                                    f"this model has rope_type {cfg.rope_type!r} over {cfg.rope_dim} dims").locate(
                 "rope_parameters", hint="run it on --program reference")
+        if not cfg.silu:
+            raise UnavailableError(f"the fast Program's kernels compute SiLU; this model's hidden_act is "
+                                   f"{cfg.hidden_act!r}").locate("hidden_act", hint="run it on --program reference")
         config = config.resolved(cfg)
         model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes), device, kernels)
         return cls(model, config)

@@ -26,6 +26,8 @@ _MODEL_TYPES = {
     "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", False),
 }
 ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+# The activations of transformers' ACT2FN that ninfer.reference.activations computes.
+HIDDEN_ACTS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
 class ConfigError(NinferError, ValueError):
@@ -76,6 +78,8 @@ class Qwen35Config:
     # Scaled RoPE (ninfer.models.qwen3_5.rope_config): the type and its parameters as sorted (name, value) pairs.
     rope_type: str = "default"
     rope_scaling: tuple[tuple[str, Any], ...] = ()
+    # The FFN and GDN-conv activation (transformers' ACT2FN name); silu in every released model.
+    hidden_act: str = "silu"
 
     def __post_init__(self) -> None:
         self._validate()
@@ -110,6 +114,11 @@ class Qwen35Config:
         return self.rope_type == "default" and self.rope_dim == self.rotary_dim
 
     @property
+    def silu(self) -> bool:
+        """SiLU activations: what the fast Program's SwiGLU and conv kernels compute."""
+        return self.hidden_act in ("silu", "swish")
+
+    @property
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
 
@@ -137,6 +146,8 @@ class Qwen35Config:
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ConfigError("linear_num_value_heads", f"{self.linear_num_value_heads} is not a multiple of linear_num_key_heads={self.linear_num_key_heads}")
         check_rope(self.rope_type, self.head_dim, self.partial_rotary_factor)
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ConfigError("hidden_act", f"{self.hidden_act!r} is not supported; ninfer runs {HIDDEN_ACTS}")
         if self.mtp_num_hidden_layers < 0:
             raise ConfigError("mtp_num_hidden_layers", "must be >= 0")
         if self.is_moe:
@@ -238,14 +249,13 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
         eos_token_ids=_eos_ids(text.get("eos_token_id", raw.get("eos_token_id"))),
         pad_token_id=text.get("pad_token_id"),
         has_vision=bool(nested and raw.get("vision_config")),
+        hidden_act=str(text.get("hidden_act", "silu")),
         **rope_fields(text, max_positions),
     )
     # attn_output_gate is not read, as in transformers: Qwen3.5 attention is always gated, and a checkpoint whose
     # q_proj lacks the gate rows is refused by the converter's shape check.
     if text.get("attention_bias", False):
         raise ConfigError("attention_bias", "attention biases are not supported by Qwen3.5")
-    if text.get("hidden_act", "silu") != "silu":
-        raise ConfigError("hidden_act", f"{text.get('hidden_act')!r} is not supported (only silu)")
     if moe:
         kw.update(num_experts=int(_req(text, "num_experts")), num_experts_per_tok=int(_req(text, "num_experts_per_tok")),
                   moe_intermediate_size=int(_req(text, "moe_intermediate_size")),
