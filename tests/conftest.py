@@ -81,3 +81,12 @@ def _seed_default_model() -> None:
     elif not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.symlink_to(os.path.abspath(seed))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many Engine boundaries the property harness ran (the soak run records it in docs/performance.md)."""
+    import sys
+
+    harness = sys.modules.get("ninfer.testing.harness")
+    if harness is not None and harness.STEPS[0]:
+        terminalreporter.write_line(f"Engine boundaries run by the property harness: {harness.STEPS[0]:,}")
