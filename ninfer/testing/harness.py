@@ -5,7 +5,7 @@ cancel, abandon, consume results, move the clock, advance the worker and inject 
 call, raised after the Program mutated, or a corrupted return value). Every check compares the Engine against
 the harness's own model, never against the Engine's counters:
 
-- each request's events, stamped with the boundary that published them (`_Stamped`): exactly one terminal event,
+- each request's events, stamped with the boundary that published them (`tracking.Stamped`): exactly one terminal event,
   GenerationStart before output, streamed tokens equal to the result; a delta published only after the session
   committed it, a terminal output and the result only after the Program settled the sequence; a request that did
   not succeed is never retained;
@@ -24,9 +24,7 @@ Use `make_engine_machine(program_factory)` and run the returned class with Hypot
 
 from __future__ import annotations
 
-import queue
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import event
 from hypothesis import strategies as st
@@ -34,72 +32,20 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from ninfer.contracts import FinishReason, GenerationResult, GenerationStart, OutputDelta, RequestRejected
 from ninfer.engine.config import EngineConfig
-from ninfer.engine.engine import Engine, GenerationHandle
+from ninfer.engine.engine import Engine
 from ninfer.engine.records import GenerationRequest
 from ninfer.sampling import SamplingParams
 
 from .faults import FAULTABLE, MODES, FaultyProgram
 from .sessions import TokenSession
+from .tracking import FakeClock, ProgramFactory, Stamped, Tracked, solo_tokens
 from .watch import ProgramWatch
 
-ProgramFactory = Callable[[], Any]
+__all__ = ["EngineMachine", "FakeClock", "make_engine_machine"]
 
 PREFIXES = ((3, 5, 7, 9, 11, 13, 15, 17), (2, 4, 6), (21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33))
 _SUCCESS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
 STEPS = [0]  # Engine boundaries run by every machine in this process (the soak run reports it)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass(eq=False)
-class Tracked:
-    handle: GenerationHandle
-    request: GenerationRequest
-    order: int  # the harness's own submit order
-    submitted_at: float
-    events: list = field(default_factory=list)  # every event, in publication order, as it was published
-    finished_at: int | None = None  # boundary that published the result
-    abandoned: bool = False
-    cancelled: bool = False
-    consumed: bool = False  # the result was taken through the handle (consumer_released)
-
-    @property
-    def rid(self) -> int:
-        return self.handle.request_id
-
-    @property
-    def result(self) -> GenerationResult | None:
-        return self.events[-1] if self.events and isinstance(self.events[-1], GenerationResult) else None
-
-
-class _Stamped(queue.SimpleQueue):
-    """The request's event queue: checks each event against the Program's view at the moment it is published."""
-
-    def __init__(self, machine: "EngineMachine", t: Tracked):
-        super().__init__()
-        self.machine, self.t = machine, t
-
-    def put(self, item, block=True, timeout=None):
-        self.machine.on_publish(self.t, item)
-        super().put(item, block, timeout)
-
-
-def _solo_tokens(factory: ProgramFactory, request: GenerationRequest, think_budget: int | None) -> tuple[int, ...]:
-    """The oracle for schedule invariance: the same request alone, no prefix caching, one lane."""
-    engine = Engine(factory(), EngineConfig(max_concurrency=1, prefix_caching=False), threaded=False)
-    session = TokenSession(request.max_tokens, think_budget=think_budget)
-    solo = GenerationRequest(request.prompt, session, request.max_tokens, request.sampling, request.seed)
-    handle = engine.submit(solo)
-    engine.run_until_idle()
-    result = handle.result(timeout=0)
-    assert result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), result
-    return result.token_ids
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -208,7 +154,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         t = Tracked(handle, req, len(self.tracked), self.clock.now)
         box.append(t)
-        handle._rec.events = _Stamped(self, t)  # the worker has not run since submit: nothing was published yet
+        handle._rec.events = Stamped(self, t)  # the worker has not run since submit: nothing was published yet
         self.tracked.append(t)
         self.by_rid[t.rid] = t
         self.budgets[t.rid] = think
@@ -223,6 +169,24 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             t.cancelled = True
             t.handle.cancel()
+
+    @precondition(lambda self: any(not t.cancelled for t in self.tracked if t.rid in self.watch.materializing()))
+    @rule(data=st.data())
+    def cancel_while_materializing(self, data):
+        """Cancel at the seed's hardest moment: the request's resource transition is open."""
+        rids = [r for r in self.watch.materializing() if not self.by_rid[r].cancelled]
+        t = self.by_rid[data.draw(st.sampled_from(rids))]
+        t.cancelled = True
+        t.handle.cancel()
+
+    @precondition(lambda self: any(t.request.deadline is not None and t.result is None
+                                   and t.rid in self.watch.started for t in self.tracked))
+    @rule(data=st.data())
+    def pass_a_deadline(self, data):
+        """Let the deadline of an admitted request pass."""
+        t = data.draw(st.sampled_from([t for t in self.tracked if t.request.deadline is not None
+                                       and t.result is None and t.rid in self.watch.started]))
+        self.clock.now = max(self.clock.now, t.request.deadline + 0.01)
 
     @precondition(lambda self: any(t.result is not None and not (t.consumed or t.abandoned) for t in self.tracked))
     @rule(data=st.data())
@@ -358,7 +322,7 @@ class EngineMachine(RuleBasedStateMachine):
         think = self.budgets.get(t.rid)
         key = (t.request.prompt, t.request.max_tokens, t.request.seed, t.request.sampling, think)
         if key not in self.solo_cache:
-            self.solo_cache[key] = _solo_tokens(type(self).factory, t.request, think)
+            self.solo_cache[key] = solo_tokens(type(self).factory, t.request, think)
         assert result.token_ids == self.solo_cache[key], "output depends on the schedule"
 
 

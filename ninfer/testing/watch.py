@@ -182,5 +182,9 @@ class ProgramWatch:
             else:
                 self._ready.add(row.handle)
 
+    def materializing(self) -> list[int]:
+        """Requests whose materialization is open now (the harness cancels them at this moment on purpose)."""
+        return [t.rid for t in self._open.values() if t.kind is TransitionKind.MATERIALIZE and t.rid is not None]
+
     def rid_of(self, handle: Any) -> int | None:
         return self._rid_of.get(handle)

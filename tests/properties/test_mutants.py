@@ -201,8 +201,9 @@ def adopt_any_txn(self, result, *, aborted):
 _terminal_choice = ResourceManager.terminal_choice
 
 
-def retain_even_unsuccessful(self, handle, frontier, session_key, succeeded):
-    return _terminal_choice(self, handle, frontier, session_key or "a", True)
+def retain_even_unsuccessful(self, handle, facts):
+    return _terminal_choice(self, handle, dataclasses.replace(facts, session_key=facts.session_key or "a",
+                                                              succeeded=True))
 
 
 def rebind_by_any_order(self, key, cid, order):
@@ -253,7 +254,7 @@ def machine(factory=None, **kw):
 TOY = machine()
 SPEC = machine(_toy(total_pages=40, page_size=3, draft_tokens=3))
 TIGHT = machine(_toy(total_pages=14))  # the head is often blocked with a lane free: backfill is tried
-SLOW_SOURCE = machine(_toy(source_stages=6))  # a materialization from a checkpoint stays open for 5 boundaries
+SLOW_SOURCE = machine(_toy(source_stages=10))  # a materialization from a checkpoint stays open for 9 boundaries
 CORRUPT_BATCH = machine(fault_methods=("prefill", "decode"), fault_modes=("corrupt",))
 STALE_TXN = machine(fault_methods=("advance",), fault_modes=("corrupt",), fault_variants=(0,))
 SHORTFALL = machine(fault_methods=("advance",), fault_modes=("corrupt",), fault_variants=(4,))
@@ -299,12 +300,12 @@ MUTANTS = {
         ("expire", "advance", "admit", "settle", "snapshot", "unit")))], TOY, ("phase settle after admit",)),
     "unit_before_transition_advance": ([(EngineCore, "_boundary", _boundary_in(
         ("expire", "unit", "advance", "settle", "snapshot", "admit")))], TOY,
-        ("after run", "after it was cancelled or expired")),
+        ("phase", "after it was cancelled or expired")),
     "admission_while_a_transition_is_open": ([(EngineCore, "_boundary", _boundary_in(
         ("expire", "advance", "settle", "snapshot", "admit_open", "unit")))], TOY,
         ("while one is open", "engine failed without")),
     "two_units_per_boundary": ([(EngineCore, "_boundary", _boundary_in(SEED_ORDER + ("unit",)))], TOY,
-                               ("two model units", "two batches")),
+                               ("two model units", "two batches", "phase run after commit")),
     "retain_unsuccessful_request": ([(ResourceManager, "terminal_choice", retain_even_unsuccessful)], TOY,
                                     ("was retained",)),
     "rebind_session_by_older_publication": ([(ResourceManager, "_bind_session", rebind_by_any_order)], TOY,
