@@ -15,16 +15,31 @@ from typing import Callable, TextIO
 
 from ninfer.contracts import RequestRejected
 from ninfer.errors import NinferError, NotFoundError, UsageError
+from ninfer.frontend.input_bounds import MAX_JSON_DEPTH, too_deep
 from ninfer.wiring import Runtime
 
 from .requests import TokenText
 
 
-def score_line(rt: Runtime, line: str) -> dict:
+def _parse(line: str) -> object:
+    """One input line's JSON, refused with the reason when nested too deeply or holding text UTF-8 cannot encode."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:  # past the parser's own limit
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if too_deep(record):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode: a lone surrogate U+{ord(e.object[e.start]):04X}") from None
+    return record
+
+
+def score_line(rt: Runtime, line: str) -> dict:
+    record = _parse(line)
     if not isinstance(record, dict) or ("text" in record) == ("tokens" in record):
         raise ValueError('each line must be a JSON object with exactly one of "text" and "tokens"')
     tok = rt.frontend.tokenizer

@@ -79,3 +79,20 @@ def test_score_jsonl(run, tmp_path):
     assert rows[0]["scored_tokens"] == len(rows[0]["tokens"]) - 1 == 2
     assert rows[1]["scored_tokens"] == 0 and rows[1]["total_logprob"] == 0
     assert rows[2] == {"line": 4, "error": rows[2]["error"]}
+
+
+def test_score_names_deep_and_badly_encoded_lines(run, tmp_path):
+    """Lines nested past the JSON bound (even past the parser's own limit) or holding a lone surrogate fail alone,
+    with their reason; the good line is still scored."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "hello"}\n' + '{"text": "x", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+                   + '{"text": "x", "meta": ' + "[" * 70 + "]" * 70 + "}\n"
+                   + '{"text": "bad \\ud800"}\n' + '{"text": "x", "\\udfff": 1}\n')
+    result = run("score", str(src), "--no-progress", "--score-window", "8")
+    assert result.exit_code == 1 and "4 line(s) could not be scored" in result.stderr
+    for n in (2, 3):
+        assert f"line {n}: nested deeper than 64 levels" in result.stderr
+    for n in (4, 5):
+        assert f"line {n}: " in result.stderr and "lone surrogate" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["scored_tokens"] >= 0
