@@ -64,14 +64,18 @@ def gated_attention(x: torch.Tensor, w: Scope, cfg: Qwen35Config, cache: KVCache
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     eps = cfg.rms_norm_eps
     # q_proj rows are per head [query(d), gate(d)], so a [T, nh, 2d] view splits them per head.
-    q, gate = F.linear(x, w["q_proj.weight"]).view(T, nh, 2 * d).chunk(2, dim=-1)  # [T, nh, d] each
+    q, gate = _proj(x, w, "q_proj", cfg).view(T, nh, 2 * d).chunk(2, dim=-1)  # [T, nh, d] each
     q = zc_rms_norm(q, w["q_norm.weight"], eps).transpose(0, 1)  # [nh, T, d]
-    k = zc_rms_norm(F.linear(x, w["k_proj.weight"]).view(T, nkv, d), w["k_norm.weight"], eps).transpose(0, 1)
-    v = F.linear(x, w["v_proj.weight"]).view(T, nkv, d).transpose(0, 1)  # [nkv, T, d]
+    k = zc_rms_norm(_proj(x, w, "k_proj", cfg).view(T, nkv, d), w["k_norm.weight"], eps).transpose(0, 1)
+    v = _proj(x, w, "v_proj", cfg).view(T, nkv, d).transpose(0, 1)  # [nkv, T, d]
     start = cache.length
     cos, sin = rope_cos_sin(torch.arange(start, start + T), *rope_frequencies(cfg, _angle_dtype(x.dtype)), x.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     cache.append(k, v)
     o = causal_attention(q, cache.k, cache.v, start)  # [nh, T, d]
     o = o.transpose(0, 1).reshape(T, nh * d) * torch.sigmoid(gate.reshape(T, nh * d))
-    return F.linear(o, w["o_proj.weight"])
+    return _proj(o, w, "o_proj", cfg)
+
+
+def _proj(x: torch.Tensor, w: Scope, name: str, cfg: Qwen35Config) -> torch.Tensor:
+    return F.linear(x, w[f"{name}.weight"], w[f"{name}.bias"] if cfg.attention_bias else None)

@@ -110,7 +110,7 @@ def _build_model(text_kw: dict[str, Any], moe: bool, seed: int, dtype: torch.dty
     # Zero-centred norms are initialised to 0 by HF, which would hide a wrong (1 + w) in a parity test.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", ".bias")):  # HF zero-initialises biases too
                 p.normal_(0.0, 0.1)
     return hf_cfg, model.to(dtype).eval()
 

@@ -90,7 +90,7 @@ def test_missing_files(tmp_path, fresh_checkpoint):
 def test_bad_config(tmp_path, fresh_checkpoint):
     src = fresh_checkpoint()
     cfg = json.loads((src / "config.json").read_text())
-    cfg["hidden_act"] = "gelu"
+    cfg["hidden_act"] = "mish"  # an ACT2FN name ninfer does not compute
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConversionError, match="config.json: config field 'hidden_act'"):
         convert_checkpoint(src, tmp_path / "m.ninfer", progress=False)

@@ -18,11 +18,12 @@ from ninfer.fast.program import FastProgram, FastProgramConfig
     (dict(rope_type="linear", rope_scaling=(("factor", 2.0),)), "rope_parameters"),
     (dict(head_dim=36, partial_rotary_factor=0.25), "rope_parameters"),  # int(36 * 0.25) = 9: 10 dims rotate
     (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(attention_bias=True), "attention_bias"),
 ])
 def test_fast_program_refuses_what_its_kernels_do_not_compute(tiny, change, field):
     cfg, weights = tiny
     odd = dataclasses.replace(cfg, **change)
-    assert (odd.plain_rope, odd.silu) != (True, True) and cfg.plain_rope and cfg.silu
+    assert (odd.plain_rope, odd.silu, odd.attention_bias) != (True, True, False)
     with pytest.raises(NinferError) as e:
         FastProgram.build(odd, weights.__getitem__, FastProgramConfig(max_concurrency=1, max_context=64),
                           budget_bytes=1 << 20, device="cpu", kernels="naive")

@@ -104,6 +104,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], Callable[[dict], None] | None]] = {
     "attn_output_gate-false": (_text_kw(32), _gate_flag_off),
     "max_position_embeddings-absent": (_text_kw(32), _drop("max_position_embeddings")),
     "hidden_act-gelu": (_text_kw(32, hidden_act="gelu"), None),
+    "attention_bias": (_text_kw(32, attention_bias=True), None),
     "hidden_act-gelu_pytorch_tanh": (_text_kw(32, hidden_act="gelu_pytorch_tanh"), None),
     "hidden_act-gelu_new": (_text_kw(32, hidden_act="gelu_new"), None),
 }

@@ -70,6 +70,9 @@ class FastProgram(Program):
         if not cfg.silu:
             raise UnavailableError(f"the fast Program's kernels compute SiLU; this model's hidden_act is "
                                    f"{cfg.hidden_act!r}").locate("hidden_act", hint="run it on --program reference")
+        if cfg.attention_bias:
+            raise UnavailableError("the fast Program's attention has no projection biases").locate(
+                "attention_bias", hint="run it on --program reference")
         config = config.resolved(cfg)
         model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes), device, kernels)
         return cls(model, config)

@@ -80,6 +80,7 @@ class Qwen35Config:
     rope_scaling: tuple[tuple[str, Any], ...] = ()
     # The FFN and GDN-conv activation (transformers' ACT2FN name); silu in every released model.
     hidden_act: str = "silu"
+    attention_bias: bool = False  # q/k/v/o projection biases (none in the released models)
 
     def __post_init__(self) -> None:
         self._validate()
@@ -250,12 +251,11 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
         pad_token_id=text.get("pad_token_id"),
         has_vision=bool(nested and raw.get("vision_config")),
         hidden_act=str(text.get("hidden_act", "silu")),
+        attention_bias=bool(text.get("attention_bias", False)),
         **rope_fields(text, max_positions),
     )
     # attn_output_gate is not read, as in transformers: Qwen3.5 attention is always gated, and a checkpoint whose
     # q_proj lacks the gate rows is refused by the converter's shape check.
-    if text.get("attention_bias", False):
-        raise ConfigError("attention_bias", "attention biases are not supported by Qwen3.5")
     if moe:
         kw.update(num_experts=int(_req(text, "num_experts")), num_experts_per_tok=int(_req(text, "num_experts_per_tok")),
                   moe_intermediate_size=int(_req(text, "moe_intermediate_size")),

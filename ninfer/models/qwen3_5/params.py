@@ -47,7 +47,12 @@ def _attention(cfg: Qwen35Config, prefix: str, feature: str) -> list[ParamSpec]:
         ParamSpec(f"{p}.o_proj.weight", (H, nh * d), feature, "linear"),
         ParamSpec(f"{p}.q_norm.weight", (d,), feature, "norm"),
         ParamSpec(f"{p}.k_norm.weight", (d,), feature, "norm"),
-    ]
+    ] + ([  # attention_bias: transformers' q/k/v/o Linear layers then carry biases
+        ParamSpec(f"{p}.q_proj.bias", (2 * nh * d,), feature, "linear"),
+        ParamSpec(f"{p}.k_proj.bias", (nkv * d,), feature, "linear"),
+        ParamSpec(f"{p}.v_proj.bias", (nkv * d,), feature, "linear"),
+        ParamSpec(f"{p}.o_proj.bias", (H,), feature, "linear"),
+    ] if cfg.attention_bias else [])
 
 
 def _linear_attention(cfg: Qwen35Config, prefix: str) -> list[ParamSpec]:
