@@ -252,6 +252,46 @@ def bench_serve(base_url, host, port, endpoint, model, num_prompts, max_concurre
         raise click.ClickException("no request completed")
 
 
+@bench.command("agent")
+@click.option("--base-url", default=None, help="e.g. http://127.0.0.1:8000 (default: http://HOST:PORT).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--model", default=None, help="Model id (default: the first of GET /v1/models).")
+@click.option("--turns", default=10, show_default=True, type=click.IntRange(1))
+@click.option("--concurrency", default="1,4", show_default=True,
+              help="Comma-separated numbers of conversations run at once; one run each.")
+@click.option("--tool-result-len", default=1600, show_default=True, type=click.IntRange(1),
+              help="Words per tool result (the context grows by about that many tokens a turn).")
+@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--api-key", envvar="NINFER_API_KEY", default=None)
+@click.option("--save-result", type=click.Path(dir_okay=False), default=None, help="Write the per-turn table as JSON.")
+def bench_agent(base_url, host, port, model, turns, concurrency, tool_result_len, max_tokens, seed, api_key,
+                save_result) -> None:
+    """Multi-turn tool-calling conversations with thinking: per-turn prompt, new, cached and prefilled tokens and
+    TTFT, at each concurrency."""
+    import asyncio
+    import json
+
+    from ninfer.serve.bench_agent import AgentConfig, format_turns, run_agent_bench, summarize_turns
+
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+    except ValueError:
+        raise click.BadParameter("comma-separated integers, e.g. 1,4", param_hint="--concurrency") from None
+    results = {}
+    for level in levels:
+        cfg = AgentConfig(base_url or f"http://{host}:{port}", model, turns, level, tool_result_len, max_tokens, seed,
+                          api_key)
+        summary = summarize_turns(asyncio.run(run_agent_bench(cfg)))
+        click.echo(format_turns(summary, level))
+        results[str(level)] = summary
+    if save_result:
+        Path(save_result).write_text(json.dumps(results, indent=2))
+    if any(not s["turns"] for s in results.values()):
+        raise click.ClickException("a run completed no turn")
+
+
 @main.group()
 def oracle() -> None:
     """Differential checks: HF transformers vs the reference Program."""

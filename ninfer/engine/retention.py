@@ -90,6 +90,8 @@ def capture_candidates(prompt_len: int, reused: int, hints: tuple[int, ...]) -> 
         if reused < h < prompt_len:
             out[h] = Retention.TURN
     if reused < prompt_len:
+        # Below the turn boundaries: the Frontend's point before an opened <think> serves the next turn whether it
+        # drops this turn's reasoning (a user turn) or keeps it (an agent loop), at 2 tokens more than the end.
         out[prompt_len] = Retention.PREFIX
     return out
 

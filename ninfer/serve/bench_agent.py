@@ -1,0 +1,145 @@
+"""`ninfer bench agent`: a scripted multi-turn tool-calling conversation with thinking against any OpenAI-compatible
+chat endpoint, per turn: prompt tokens, tokens new since the previous turn, cached and prefilled tokens, and TTFT.
+
+Each conversation asks one question, then for `turns` turns streams one completion (`max_tokens` of output, the
+model's own output is not kept) and appends a scripted assistant turn (reasoning plus one tool call) and the tool's
+result of `tool_result_len` words, so the context grows by the same amount every turn. Because every assistant turn
+follows the last user query, the history keeps its reasoning, and an exact prefix cache reuses the whole previous
+prompt: after turn 1 a turn should prefill only its new tokens. `concurrency` conversations run at once, each with
+its own words and its own `prompt_cache_key`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+
+WORDS = ("river", "stone", "cloud", "ember", "field", "glass", "harbor", "lantern", "meadow", "orbit", "pepper",
+         "quartz", "signal", "timber", "velvet", "willow")
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a topic up.",
+                                         "parameters": {"type": "object", "properties": {"topic": {"type": "string"}},
+                                                        "required": ["topic"]}}}
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    base_url: str
+    model: str | None = None
+    turns: int = 10
+    concurrency: int = 1
+    tool_result_len: int = 1600  # words per tool result: ~16k tokens of context after 10 turns
+    max_tokens: int = 16
+    seed: int = 0
+    api_key: str | None = None
+    timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class Turn:
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    new_tokens: int  # prompt tokens added since the previous turn's prompt (all of them on turn 1)
+    cached_tokens: int
+    ttft_s: float
+    error: str = ""
+
+    @property
+    def prefilled(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+async def _turn(client: httpx.AsyncClient, body: dict) -> tuple[float, dict | None, str]:
+    """(TTFT, usage, error) of one streamed chat completion."""
+    start = time.perf_counter()
+    try:
+        return await _read(client, body, start)
+    except httpx.HTTPError as e:
+        return 0.0, None, f"{type(e).__name__}: {e}"
+
+
+async def _read(client: httpx.AsyncClient, body: dict, start: float) -> tuple[float, dict | None, str]:
+    ttft, usage = 0.0, None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        if resp.status_code != 200:
+            return 0.0, None, f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return 0.0, None, str(chunk["error"].get("message"))
+            if not ttft and any(c.get("delta", {}).get(k) for c in chunk.get("choices") or ()
+                                for k in ("content", "reasoning_content", "tool_calls")):
+                ttft = time.perf_counter() - start
+            usage = chunk.get("usage") or usage
+    return ttft, usage, "" if usage else "no usage chunk in the stream"
+
+
+async def _conversation(client: httpx.AsyncClient, cfg: AgentConfig, index: int) -> list[Turn]:
+    rng = random.Random(cfg.seed * 1000 + index)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731 - one line of scripted text
+    messages: list[dict] = [{"role": "user", "content": f"Conversation {index}: research {words(12)}."}]
+    out, previous = [], 0
+    for t in range(1, cfg.turns + 1):
+        body = {"model": cfg.model, "messages": messages, "tools": [TOOL], "max_tokens": cfg.max_tokens,
+                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+                "prompt_cache_key": f"agent-{cfg.seed}-{index}"}
+        ttft, usage, error = await _turn(client, body)
+        if usage is None:
+            out.append(Turn(index, t, 0, 0, 0, 0.0, error))
+            break
+        prompt = usage["prompt_tokens"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        out.append(Turn(index, t, prompt, prompt - previous, cached, ttft))
+        previous = prompt
+        topic = words(2)
+        messages.append({"role": "assistant", "content": "", "reasoning_content": f"I should look up {topic}.",
+                         "tool_calls": [{"id": f"call_{t}", "type": "function",
+                                         "function": {"name": "lookup", "arguments": json.dumps({"topic": topic})}}]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{t}", "content": words(cfg.tool_result_len)})
+    return out
+
+
+async def run_agent_bench(cfg: AgentConfig, transport: httpx.AsyncBaseTransport | None = None) -> list[Turn]:
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers, timeout=cfg.timeout, transport=transport,
+                                 limits=httpx.Limits(max_connections=None)) as client:
+        if cfg.model is None:
+            models = (await client.get("/v1/models")).json()["data"]
+            cfg = AgentConfig(**{**asdict(cfg), "model": models[0]["id"]})
+        runs = await asyncio.gather(*(_conversation(client, cfg, i) for i in range(cfg.concurrency)))
+    return [turn for run in runs for turn in run]
+
+
+def summarize_turns(turns: list[Turn]) -> dict:
+    """Per turn index, over the conversations: mean prompt, new, cached and prefilled tokens and TTFT; and the
+    worst excess of prefilled over new tokens after turn 1 (the target: at most 64)."""
+    ok = [t for t in turns if not t.error]
+    by_turn: dict[int, list[Turn]] = {}
+    for t in ok:
+        by_turn.setdefault(t.turn, []).append(t)
+    rows = []
+    for n, ts in sorted(by_turn.items()):
+        mean = lambda f: sum(f(t) for t in ts) / len(ts)  # noqa: E731
+        rows.append({"turn": n, "prompt_tokens": mean(lambda t: t.prompt_tokens),
+                     "new_tokens": mean(lambda t: t.new_tokens), "cached_tokens": mean(lambda t: t.cached_tokens),
+                     "prefilled_tokens": mean(lambda t: t.prefilled), "ttft_ms": 1000 * mean(lambda t: t.ttft_s)})
+    later = [t for t in ok if t.turn > 1]
+    return {"turns": rows, "failed": len(turns) - len(ok), "errors": sorted({t.error for t in turns if t.error})[:5],
+            "max_excess_prefill": max((t.prefilled - t.new_tokens for t in later), default=0)}
+
+
+def format_turns(s: dict, concurrency: int) -> str:
+    head = f"{'turn':>4} {'prompt':>8} {'new':>7} {'cached':>8} {'prefilled':>9} {'TTFT ms':>9}"
+    lines = [f"============ Agent Benchmark ({concurrency} conversation(s)) ============", head]
+    lines += [f"{r['turn']:>4} {r['prompt_tokens']:>8.0f} {r['new_tokens']:>7.0f} {r['cached_tokens']:>8.0f} "
+              f"{r['prefilled_tokens']:>9.0f} {r['ttft_ms']:>9.1f}" for r in s["turns"]]
+    lines.append(f"max prefilled - new after turn 1: {s['max_excess_prefill']} tokens")
+    lines += [f"error: {e}" for e in s["errors"]]
+    return "\n".join(lines)
