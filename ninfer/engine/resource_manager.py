@@ -39,6 +39,7 @@ class SessionBinding:
 class TerminalFacts:
     """What the Engine knows of a finished request when it asks for its terminal choice."""
 
+    request_id: int
     frontier: int  # tokens the sequence has consumed
     boundary: int | None  # the last committed Frontend boundary, absolute (None: none)
     session_key: str | None
@@ -200,6 +201,8 @@ class ResourceManager:
         reproduced = facts.boundary is not None and facts.boundary >= facts.frontier
         if self.prefix_caching and facts.succeeded and facts.frontier > 0 and (
                 reproduced or facts.session_key is not None):
+            retention = Retention.OUTPUT if reproduced else Retention.SESSION
+            self._planned[facts.request_id] = {facts.frontier: retention}
             return ResourceChoice(TransitionKind.RETAIN, handle=handle, capture_at=facts.frontier)
         return ResourceChoice(TransitionKind.RELEASE, handle=handle)
 
@@ -221,8 +224,8 @@ class ResourceManager:
             self._count_lookup(rid, result.reused_tokens)
         planned = self._planned.get(rid, {}) if rid is not None else {}
         for info in result.published:
-            retention = Retention.OUTPUT if result.kind is TransitionKind.RETAIN else planned.get(info.tokens,
-                                                                                                   Retention.PREFIX)
+            retention = planned.get(info.tokens, Retention.SESSION if result.kind is TransitionKind.RETAIN
+                                    else Retention.PREFIX)
             self._publish(info, retention, session_key, publication_order)
         if result.published and rid in self._sources and self._sources[rid] in self.catalog:
             self.catalog[self._sources[rid]].superseded = True
@@ -279,7 +282,7 @@ class ResourceManager:
             raise EngineFailure(f"checkpoint {info.id.value} published twice")
         self.catalog[info.id] = CatalogEntry(info, retention, self._clock)
         self.index.add(info)
-        if retention is Retention.OUTPUT:
+        if retention in (Retention.OUTPUT, Retention.SESSION):
             self.stats.retained += 1
             if session_key is not None:
                 self._bind_session(session_key, info.id, order)

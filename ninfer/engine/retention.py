@@ -31,10 +31,12 @@ class Retention(enum.Enum):
     PREFIX = "prefix"  # a prompt's end: reused by a request with the same prompt and more
     CHUNK = "chunk"  # a GDN chunk boundary inside a prompt: reused by a prompt that diverges after it
     TURN = "turn"  # a Frontend turn boundary inside a prompt (a message end, the point before dropped reasoning)
-    OUTPUT = "output"  # the end of a retained output: the next request of the conversation continues it
+    OUTPUT = "output"  # the end of an output history reproduces: the next request of the conversation continues it
+    SESSION = "session"  # the end of an output retained only for its session key (history may not reproduce it)
 
 
-CLASS_WEIGHT = {Retention.PREFIX: 1.0, Retention.CHUNK: 1.0, Retention.TURN: 2.0, Retention.OUTPUT: 3.0}
+CLASS_WEIGHT = {Retention.PREFIX: 1.0, Retention.CHUNK: 1.0, Retention.TURN: 2.0, Retention.OUTPUT: 3.0,
+                Retention.SESSION: 0.5}
 BOUND_WEIGHT = 2.0  # a conversation's latest checkpoint (its SessionIndex binding)
 # A checkpoint a request resumed from and then published a deeper one of: the conversation's later turns resume
 # from the deeper one, so this one is worth only what another branch from it would be.
@@ -42,7 +44,7 @@ SUPERSEDED_WEIGHT = 0.25
 # The hits a capture not yet made is expected to earn: a turn boundary or a retained output is what the next request
 # of its conversation resumes from, so a new conversation may displace an idle one's checkpoint of equal worth,
 # while one-off prompts (no prior) never displace a conversation's.
-PRIOR_HITS = {Retention.PREFIX: 0, Retention.CHUNK: 0, Retention.TURN: 1, Retention.OUTPUT: 1}
+PRIOR_HITS = {Retention.PREFIX: 0, Retention.CHUNK: 0, Retention.TURN: 1, Retention.OUTPUT: 1, Retention.SESSION: 0}
 
 
 def recompute(tokens: int) -> float:

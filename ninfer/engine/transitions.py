@@ -50,7 +50,7 @@ def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:
 
 def _start_terminal(core: "EngineCore", rec: "RequestRecord") -> None:
     succeeded = rec.finish_reason in _SUCCESS and rec.error is None
-    facts = TerminalFacts(rec.frontier, rec.boundary, rec.request.session_key, succeeded)
+    facts = TerminalFacts(rec.rid, rec.frontier, rec.boundary, rec.request.session_key, succeeded)
     choice = core.resources.terminal_choice(rec.handle, facts)
     outcome = core.begin_transition(choice, rec)
     if isinstance(outcome, Infeasible):

@@ -82,14 +82,15 @@ async def _read(client: httpx.AsyncClient, body: dict, start: float) -> tuple[fl
 
 
 async def _conversation(client: httpx.AsyncClient, cfg: AgentConfig, index: int) -> list[Turn]:
-    rng = random.Random(cfg.seed * 1000 + index)
+    # words of its own per (seed, concurrency level, conversation): a run never reuses an earlier run's context
+    rng = random.Random(f"{cfg.seed}-{cfg.concurrency}-{index}")
     words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731 - one line of scripted text
     messages: list[dict] = [{"role": "user", "content": f"Conversation {index}: research {words(12)}."}]
     out, previous = [], 0
     for t in range(1, cfg.turns + 1):
         body = {"model": cfg.model, "messages": messages, "tools": [TOOL], "max_tokens": cfg.max_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
-                "prompt_cache_key": f"agent-{cfg.seed}-{index}"}
+                "prompt_cache_key": f"agent-{cfg.seed}-{cfg.concurrency}-{index}"}
         ttft, usage, error = await _turn(client, body)
         if usage is None:
             out.append(Turn(index, t, 0, 0, 0, 0.0, error))

@@ -67,12 +67,12 @@ def test_victims_lowest_value_first_and_demotion_of_the_used():
 def test_terminal_retains_a_reproduced_output_or_a_session():
     rm = ResourceManager(1)
     h = SequenceHandle(0, 1)
-    kinds = [rm.terminal_choice(h, TerminalFacts(40, boundary, key, ok)).kind
+    kinds = [rm.terminal_choice(h, TerminalFacts(1, 40, boundary, key, ok)).kind
              for boundary, key, ok in ((41, None, True), (40, None, True), (30, None, True), (None, "k", True),
                                        (41, None, False))]
     assert kinds == [TransitionKind.RETAIN, TransitionKind.RETAIN, TransitionKind.RELEASE, TransitionKind.RETAIN,
                      TransitionKind.RELEASE]
-    assert ResourceManager(1, prefix_caching=False).terminal_choice(h, TerminalFacts(40, 41, "k", True)).kind \
+    assert ResourceManager(1, prefix_caching=False).terminal_choice(h, TerminalFacts(1, 40, 41, "k", True)).kind \
         is TransitionKind.RELEASE
 
 
