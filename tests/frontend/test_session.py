@@ -206,3 +206,17 @@ def test_openai_shapes_of_results_and_deltas(fe):
     assert deltas[0]["function"] == {"name": "search", "arguments": ""} and "id" not in deltas[1]
     # Reassembling the fragments, as the OpenAI client does, gives the final arguments.
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"query": "q"}'
+
+
+def test_end_flushes_what_was_held_back_and_keeps_the_reason(fe):
+    s = open_chat(fe, thinking=False, options=OutputOptions(max_tokens=50, stop=("xyz!",)))
+    ids = fe.tokenizer.encode("hello xyz")  # "xyz" may still become the stop string: held back
+    preview = s.preview(ids)
+    assert not preview.terminal
+    published = s.commit(preview).text
+    tail = s.end(FinishReason.DEADLINE)
+    assert tail is not None and published + tail.text == "hello xyz"
+    r = s.result()
+    assert r.content == "hello xyz" and r.finish_reason is FinishReason.DEADLINE and r.completion_tokens == len(ids)
+    with pytest.raises(EngineFailure):
+        s.end(FinishReason.CANCELLED)
