@@ -25,6 +25,17 @@ from .guard import Guard
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .state import ServerState
 
+# OpenAPI links: what one response feeds into the next request (clients and stateful fuzzers follow them).
+MODEL_LINKS = {"ChatWithTheModel": {"operationId": "create_chat_completion", "requestBody": {
+    "model": "$response.body#/data/0/id", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}}
+TOKENIZE_LINKS = {"DetokenizeTheTokens": {"operationId": "detokenize",
+                                          "requestBody": {"tokens": "$response.body#/tokens"}}}
+
+
+def _links(links: dict) -> dict:
+    return {"responses": {"200": {"description": "Successful Response", "links": links}}}
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="ninfer", description="OpenAI-compatible API of the ninfer engine", version="1",
                   dependencies=[Depends(checked_body)])
@@ -36,22 +47,22 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 def _routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", operation_id="create_chat_completion")
     async def _chat(body: ChatCompletionRequest, request: Request) -> Any:
         return await chat_completions(body, request, state)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", operation_id="create_completion")
     async def _completions(body: CompletionRequest, request: Request) -> Any:
         return await completions(body, request, state)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", operation_id="list_models", openapi_extra=_links(MODEL_LINKS))
     async def _models() -> dict:
         rt = state.runtime
         card = {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "ninfer",
                 "root": str(rt.model_path), "max_model_len": rt.max_context, "random_weights": rt.random_weights}
         return {"object": "list", "data": [card]}
 
-    @app.get("/health")
+    @app.get("/health", operation_id="health")
     async def _health() -> Any:
         """Liveness: 200 while loading, serving or draining; 503 once the Engine failed (restart the process)."""
         rt = state.runtime
@@ -59,13 +70,13 @@ def _routes(app: FastAPI, state: ServerState) -> None:
             return JSONResponse({"status": "engine_failed", "ready": False}, status_code=503)
         return {"status": "draining" if state.draining else "ok", "ready": _is_ready(state)}
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", operation_id="ready")
     async def _ready() -> Any:
         state.ready()
         rt = state.runtime
         return {"status": "ready", "purpose": rt.purpose, "model": state.model_name}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
     async def _metrics() -> str:
         rt = state.runtime
         core = rt.engine or rt.scorer
@@ -76,7 +87,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/tokenize")
+    @app.post("/tokenize", operation_id="tokenize", openapi_extra=_links(TOKENIZE_LINKS))
     async def _tokenize(body: TokenizeRequest, request: Request) -> dict:
         state.check_model(body.model)
         state.check_schema(body.response_format, body.tools)
@@ -86,7 +97,7 @@ def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
             out["token_strs"] = [state.runtime.frontend.tokenizer.id_to_token(t) for t in tokens]
         return out
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", operation_id="detokenize")
     async def _detokenize(body: DetokenizeRequest) -> dict:
         state.check_model(body.model)
         vocab = state.runtime.frontend.tokenizer.vocab_size
@@ -95,7 +106,7 @@ def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens")
         return {"prompt": state.runtime.frontend.tokenizer.decode(body.tokens)}
 
-    @app.get("/tokenizer_info")
+    @app.get("/tokenizer_info", operation_id="tokenizer_info")
     async def _tokenizer_info() -> dict:
         rt = state.ready()
         tok = rt.frontend.tokenizer

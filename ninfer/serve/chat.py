@@ -16,7 +16,7 @@ from ninfer.contracts import GenerationResult, OutputDelta
 from ninfer.frontend import ChatRequest
 
 from .errors import APIError
-from .events import Choices, choice_events, close_all
+from .events import Choices, choice_events
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import ChatCompletionRequest
 from .sse import DONE, EventStream, error_event, event
@@ -56,7 +56,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     state.check_schema(body.response_format, body.tools)
     deadline = state.deadline()
     handles = await state.preparer.run(lambda: _submit_all(state, body, deadline), deadline=deadline,
-                                       disconnected=request.is_disconnected, discard=close_all)
+                                       disconnected=request.is_disconnected, discard=state.abandon)
     choices = Choices(handles, state.metrics, state.active)
     ident = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name,
              "system_fingerprint": state.fingerprint}

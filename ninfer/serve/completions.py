@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from ninfer.contracts import GenerationResult, OutputDelta, RequestRejected
 
 from .errors import APIError
-from .events import Choices, choice_events, close_all
+from .events import Choices, choice_events
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import MAX_BATCH_PROMPTS, CompletionRequest
 from .sse import DONE, EventStream, error_event, event
@@ -73,7 +73,7 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     if body.max_tokens == 0:
         return _echo_only(state, body, prepared, ident)
     handles = await state.preparer.run(lambda: _submit_all(state, body, prepared, deadline), deadline=deadline,
-                                       disconnected=request.is_disconnected, discard=close_all)
+                                       disconnected=request.is_disconnected, discard=state.abandon)
     choices = Choices(handles, state.metrics, state.active)
     if body.stream:
         include = body.stream_options is not None and body.stream_options.include_usage

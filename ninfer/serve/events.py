@@ -70,12 +70,6 @@ class Choices:
             self.metrics.move(waiting=-(was == "waiting"), running=(to == "running") - (was == "running"))
 
 
-def close_all(handles: Sequence[GenerationHandle]) -> None:
-    """Abandon handles nobody will read (their request's client left while they were being submitted)."""
-    for h in handles:
-        h.close()
-
-
 def _pump(handle: GenerationHandle, index: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
     try:
         for ev in handle.events():

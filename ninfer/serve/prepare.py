@@ -41,13 +41,14 @@ class Preparer:
                 raise APIError(429, f"{self._pending} requests are being prepared (limit "
                                f"{self.workers + self.backlog}); retry later", code="overloaded")
             self._pending += 1
-        future = self._pool.submit(_guarded, fn, deadline)
+        job = _Job(fn, deadline)
+        future = self._pool.submit(job.run)
         future.add_done_callback(self._done)  # also when cancelled before it ran
         try:
             return await self._wait(future, disconnected, deadline)
         except BaseException:
             if not future.cancel() and discard is not None:
-                future.add_done_callback(lambda f: _discard(f, discard))
+                job.abandon(discard)
             raise
 
     def _done(self, _: Future) -> None:
@@ -70,16 +71,31 @@ class Preparer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _guarded(fn: Callable[[], T], deadline: float | None) -> T:
-    if deadline is not None and time.monotonic() > deadline:
-        raise _expired()  # it waited for a worker past its deadline: do not start it
-    return fn()
+class _Job:
+    """One preparation, and its hand-off to whoever must discard its result once the request has gone."""
+
+    def __init__(self, fn: Callable[[], T], deadline: float | None):
+        self.fn, self.deadline = fn, deadline
+        self.lock = threading.Lock()
+        self.finished, self.result, self.discard = False, None, None
+
+    def run(self):
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _expired()  # it waited for a worker past its deadline: do not start it
+        result = self.fn()
+        with self.lock:
+            self.finished, self.result, discard = True, result, self.discard
+        if discard is not None:
+            discard(result)  # before the pool counts it done: nothing it opened outlives the count
+        return result
+
+    def abandon(self, discard: Callable) -> None:
+        """The request went away while this ran: its result is discarded, now or when it arrives."""
+        with self.lock:
+            ready, self.discard = self.finished, discard
+        if ready:
+            discard(self.result)
 
 
 def _expired() -> APIError:
     return APIError(503, "the request timed out before it was prepared (--request-timeout)", code="queue_timeout")
-
-
-def _discard(future: Future, discard: Callable) -> None:
-    if not future.cancelled() and future.exception() is None:
-        discard(future.result())

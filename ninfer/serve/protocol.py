@@ -3,7 +3,8 @@
 uvicorn times out only idle keep-alive connections; a client that sends its request line and headers a byte at a
 time holds a connection forever. Here a request's headers must be complete within `--header-read-timeout` of its
 first byte (else 408 and the connection closes). uvicorn's own `limit_concurrency` answers 503 in plain text; here
-a connection beyond `--limit-concurrency` gets 503 in OpenAI's error envelope and is closed at once.
+a connection beyond `--limit-concurrency` gets 503 in OpenAI's error envelope and is closed at once, and a request
+h11 cannot parse gets its 400 in the envelope too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def bounded_protocol(limits: ServeLimits) -> type[H11Protocol]:
 
     class BoundedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _head_seen = 0  # bytes of the current request's line and headers so far
+        _head_tail = b""  # the last bytes seen, in case the blank line ending the headers spans two reads
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -43,6 +46,9 @@ def bounded_protocol(limits: ServeLimits) -> type[H11Protocol]:
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+                self.send_400_response("Request headers too large.")
+                return
             super().data_received(data)
             # h11 stays IDLE until a request's headers are complete: arm on the first byte, disarm once they are.
             if self.conn.their_state is h11.IDLE:
@@ -53,6 +59,23 @@ def bounded_protocol(limits: ServeLimits) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def _head_too_large(self, data: bytes) -> bool:
+            """h11 bounds only a head that arrives in pieces; one that arrives whole is measured here."""
+            window = self._head_tail + data
+            end = window.find(b"\r\n\r\n")
+            seen = self._head_seen + (len(data) if end < 0 else end - len(self._head_tail))
+            self._head_seen, self._head_tail = (seen, window[-3:]) if end < 0 else (0, b"")
+            return seen > limits.max_header_bytes
+
+        def send_400_response(self, msg: str) -> None:
+            """A request h11 cannot parse (malformed, or headers over --h11-max-incomplete-event-size): the
+            envelope instead of uvicorn's plain text."""
+            if not self.transport.is_closing():
+                self.transport.write(raw_response(400, "Bad Request", f"{msg} (malformed request line or headers, "
+                                                  f"or more than {limits.max_header_bytes} bytes of them)",
+                                                  "invalid_http"))
+                self.transport.close()
 
         def _arm(self) -> None:
             if self._header_timer is None:

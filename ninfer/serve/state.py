@@ -14,6 +14,7 @@ from ninfer.contracts import RequestRejected
 from ninfer.wiring import Runtime
 
 from .errors import APIError
+from .events import Choices
 from .limits import ServeLimits, schema_bytes
 from .metrics import Metrics
 from .prepare import Preparer
@@ -50,6 +51,11 @@ class ServerState:
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def abandon(self, handles: Sequence) -> None:
+        """Close handles nobody will read (their client left while they were being submitted), counted as
+        cancelled like any other dropped choice."""
+        Choices(handles, self.metrics).close()
 
     def cancel_all(self) -> int:
         """Cancel every choice in flight (the shutdown timeout passed); each still ends with its terminal event."""

@@ -1,6 +1,7 @@
-"""Many clients drop mid-request (streaming after a chunk, streaming before any, non-streaming while waiting):
-every dropped request is cancelled, Engine capacity and the Program's pages and slots return to their baseline,
-and the server still answers. Loopback only, bounded count and time."""
+"""Many clients drop mid-request (streaming after a chunk, streaming before any, non-streaming while waiting, and
+while their request is still being prepared: a grammar compiling): every dropped request is cancelled, Engine
+capacity, the preparation pool and the Program's pages and slots return to their baseline, and the server still
+answers. Loopback only, bounded count and time."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
 from ninfer.wiring import RuntimeOptions, build_runtime
 
+from .robustness import assert_baseline
+
 # Finishing naturally would take clients x 200 tokens over 4 lanes (minutes here); cancellation settles in seconds.
-SETTLE_S = 20
 # The fast Program on a GPU could finish 200 tokens inside the 1 s a waiting client holds on: every request there
 # asks for SCALE times more (and the context grows to match), so that dropping is still the only way out.
 SCALE = 16 if os.environ.get("NINFER_TEST_DEVICE") == "cuda" else 1
@@ -66,10 +68,22 @@ async def _drop_while_waiting(client: httpx.AsyncClient, i: int) -> str:
     return "finished"
 
 
+async def _drop_while_preparing(client: httpx.AsyncClient, i: int) -> str:
+    # A short schema of its own (the compiler caches) that takes a second or more to compile.
+    schema = {"type": "string", "pattern": f"[a-z]{{{1500 + i}}}"}
+    body = {"messages": [{"role": "user", "content": f"prep {i}"}], "max_tokens": 150 * SCALE,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}
+    try:
+        await asyncio.wait_for(client.post("/v1/chat/completions", json=body), 0.2)
+    except asyncio.TimeoutError:
+        return "dropped while preparing"
+    return "finished"
+
+
 async def _storm(url: str, clients: int) -> list[str]:
-    kinds = (_drop_after_first_chunk, _drop_before_output, _drop_while_waiting)
+    kinds = (_drop_after_first_chunk, _drop_before_output, _drop_while_waiting, _drop_while_preparing)
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        return await asyncio.gather(*(kinds[i % 3](client, i) for i in range(clients)))
+        return await asyncio.gather(*(kinds[i % len(kinds)](client, i) for i in range(clients)))
 
 
 @pytest.mark.parametrize("clients", [16, pytest.param(60, marks=pytest.mark.slow)])
@@ -81,12 +95,7 @@ def test_disconnect_storm_returns_to_baseline(storm_runtime, thread_server, clie
     with thread_server(create_app(state)) as server:
         outcomes = asyncio.run(_storm(server.url, clients))
         assert outcomes.count("finished") == 0, outcomes
-        deadline = time.monotonic() + SETTLE_S
-        while (rt.engine.outstanding or state.metrics.running or state.metrics.waiting) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert rt.engine.outstanding == 0
-        assert (state.metrics.waiting, state.metrics.running) == (0, 0)
+        assert_baseline(server.url, state)
         after = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
                            json={"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 2})
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 2
@@ -94,4 +103,8 @@ def test_disconnect_storm_returns_to_baseline(storm_runtime, thread_server, clie
     assert program.resource_usage() == baseline
     cancelled = next(line for line in metrics.splitlines() if line.startswith('ninfer:request_finished_total'
                                                                                '{reason="cancelled"}'))
-    assert int(cancelled.split()[-1]) == clients  # every drop reached the Engine as a cancellation
+    # Every drop that reached the Engine was cancelled there: through its response, or (one that left while its
+    # request was being prepared) when its handles arrived with nobody left to read them; a preparation still
+    # queued when its client left never ran, so it has no choice to count.
+    preparing = outcomes.count("dropped while preparing")
+    assert clients - preparing <= int(cancelled.split()[-1]) <= clients
