@@ -175,8 +175,9 @@ def serve(runtime: dict, limits: dict, host: str, port: int, api_key: str | None
     with needs_extra("serve"):
         import uvicorn  # noqa: F401 - checked before the model loads
 
-        from ninfer.serve.server import serve as run
+        from ninfer.serve.server import check_port, serve as run
     gateway = serve_limits(limits)  # a bad limit is a usage error before the model loads
+    check_port(host, port)  # a taken port fails now, not after minutes of loading
     rt = start_runtime(runtime, score_window=score_window, score_stride=score_stride,
                        max_queued_requests=limits["max_queued_requests"], queue_timeout=limits["queue_timeout"],
                        grammar_compile_timeout=limits["grammar_compile_timeout"])

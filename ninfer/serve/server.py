@@ -9,8 +9,11 @@ failure exits with status 1 under --exit-on-engine-failure).
 
 from __future__ import annotations
 
+import socket
+
 import click
 
+from ninfer.errors import UnavailableError
 from ninfer.wiring import Runtime
 
 from .app import create_app
@@ -18,6 +21,16 @@ from .lifecycle import CANCEL_GRACE_S, Lifecycle, Server
 from .limits import ServeLimits
 from .protocol import bounded_protocol
 from .state import ServerState
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail before loading when ``host:port`` cannot be bound (another server holds it, or no such address)."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise UnavailableError(f"cannot listen on {host}:{port}: {e.strerror or e}").locate(
+            "--host, --port", hint="stop the other server or pick another --port") from None
 
 
 def serve(rt: Runtime, *, host: str, port: int, api_key: str | None, limits: ServeLimits = ServeLimits(),

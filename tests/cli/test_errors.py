@@ -125,3 +125,11 @@ def test_a_missing_optional_package_names_its_extra(run, monkeypatch, tmp_path):
     ck.mkdir()
     assert_one_line(run("oracle", "hf", "--checkpoint", str(ck)), ExitCode.UNAVAILABLE, "'transformers'",
                     "(the [test] extra)")
+
+
+def test_serve_on_a_taken_port_fails_before_loading(run):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run("serve", "--port", str(port), "--no-progress")
+    assert_one_line(result, ExitCode.UNAVAILABLE, f"cannot listen on 127.0.0.1:{port}", "(--host, --port)")
+    assert "ready:" not in result.stderr
