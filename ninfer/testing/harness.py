@@ -127,22 +127,28 @@ class EngineMachine(RuleBasedStateMachine):
           deadline=st.one_of(st.none(), st.floats(0.5, 20)), seed=st.one_of(st.none(), st.integers(0, 5)),
           think=st.one_of(st.none(), st.integers(1, 4)), timeout=st.one_of(st.none(), st.floats(0.5, 10)))
     def submit(self, prefix, suffix, max_tokens, session, deadline, seed, think, timeout):
-        self._submit(prefix + tuple(suffix), max_tokens, session, deadline, seed, think, timeout)
+        self._submit(prefix + tuple(suffix), max_tokens, session, deadline, seed, think, timeout,
+                     hints=(len(prefix),))
 
     @precondition(lambda self: any(t.result is not None for t in self.tracked))
     @rule(data=st.data(), suffix=st.lists(st.integers(1, 90), min_size=1, max_size=8),
-          max_tokens=st.integers(1, 12), seed=st.one_of(st.none(), st.integers(0, 5)))
-    def submit_next_turn(self, data, suffix, max_tokens, seed):
-        """A conversation's next turn: the previous prompt and output, then new tokens, same session key."""
+          max_tokens=st.integers(1, 12), seed=st.one_of(st.none(), st.integers(0, 5)),
+          dropped=st.sampled_from([None, 2]))
+    def submit_next_turn(self, data, suffix, max_tokens, seed, dropped):
+        """A conversation's next turn, same session key: the previous prompt and output then new tokens (an agent
+        loop), or with `dropped` the previous prompt less its last tokens and without the output (a chat turn whose
+        rendering drops the reasoning); the previous request marked that point as a turn boundary."""
         prev = data.draw(st.sampled_from([t for t in self.tracked if t.result is not None]))
-        prompt = prev.request.prompt + prev.result.token_ids + tuple(suffix)
-        self._submit(prompt, max_tokens, prev.request.session_key, None, seed, None, None)
+        head = prev.request.prompt + prev.result.token_ids if dropped is None else prev.request.prompt[:-dropped]
+        self._submit(head + tuple(suffix), max_tokens, prev.request.session_key, None, seed, None, None)
 
-    def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout):
+    def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout, hints=()):
         box: list[Tracked] = []
         out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p))
+        turn = (len(prompt) - 2,)  # where a next turn that drops this one's reasoning diverges
         req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else SamplingParams(temperature=0.7),
                                 seed=seed if seed is not None else 0, session_key=session_key,
+                                capture_hints=tuple(h for h in hints + turn if 0 < h < len(prompt)),
                                 deadline=None if deadline is None else self.clock.now + deadline,
                                 queue_timeout=timeout)
         try:

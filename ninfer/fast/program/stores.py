@@ -25,8 +25,9 @@ class DeviceState:
         self.pools.reset_slot(slot)
 
     def load_slot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A host copy of one slot (conv [n_gdn, conv_dim, K-1], S [n_gdn, HV, dk, dv]) for the host tier."""
-        return self.pools.conv[:, slot].to("cpu", copy=True), self.pools.ssm[:, slot].to("cpu", copy=True)
+        """A host replica of one slot (conv [n_gdn, conv_dim, K-1], S [n_gdn, HV, dk, dv]) for the host tier, in
+        pinned memory on CUDA so that promoting it back is a direct DMA."""
+        return _host_copy(self.pools.conv[:, slot]), _host_copy(self.pools.ssm[:, slot])
 
     def store_slot(self, slot: int, state: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.pools.conv[:, slot].copy_(state[0])
@@ -46,3 +47,11 @@ class DeviceState:
     def read_row(self, row: int, n: int) -> list[int]:
         return self.pools.block_tables[row, :n].tolist()
 
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_cuda:
+        return t.to("cpu", copy=True)
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t)
+    return out
