@@ -136,6 +136,16 @@ def _nested(depth: int):
     return value
 
 
+@pytest.mark.parametrize("body", ["5", '"text"', "null", "[]"])
+def test_a_body_that_is_not_an_object_is_400(client, body):
+    assert_400(raw(client, CHAT, body))
+
+
+def test_a_body_without_content_type_is_checked_too(client):
+    resp = client.post(CHAT, content=f'{{"messages": [{{"role": "user", "content": "{LONE}"}}]}}'.encode())
+    assert_400(resp, "messages[0].content", "invalid_encoding")
+
+
 def test_body_nesting_is_bounded(client):
     deep = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                        "default": _nested(70)}}}
