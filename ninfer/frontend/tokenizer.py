@@ -104,6 +104,10 @@ class Qwen35Tokenizer:
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
+    def decode_batch(self, batch: Iterable[Iterable[int]], skip_special_tokens: bool = False) -> list[str]:
+        """`decode` of each id list, with the GIL released while it runs (for long lists on worker threads)."""
+        return self.tokenizer.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``. With ``skip_special_tokens``, control tokens are dropped but reasoning and
         tool markers (``<think>``, ``<tool_call>``, ...) are kept: they are not special."""

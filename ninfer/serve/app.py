@@ -98,13 +98,16 @@ def _tokenizer_routes(app: FastAPI, state: ServerState) -> None:
         return out
 
     @app.post("/detokenize", operation_id="detokenize")
-    async def _detokenize(body: DetokenizeRequest) -> dict:
+    async def _detokenize(body: DetokenizeRequest, request: Request) -> dict:
         state.check_model(body.model)
-        vocab = state.runtime.frontend.tokenizer.vocab_size
+        tokenizer = state.runtime.frontend.tokenizer
+        vocab = tokenizer.vocab_size
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="tokens")
-        return {"prompt": state.runtime.frontend.tokenizer.decode(body.tokens)}
+        text = await state.preparer.run(lambda: tokenizer.decode_batch([body.tokens])[0],
+                                        disconnected=request.is_disconnected)
+        return {"prompt": text}
 
     @app.get("/tokenizer_info", operation_id="tokenizer_info")
     async def _tokenizer_info() -> dict:

@@ -51,11 +51,12 @@ class APIError(Exception):
         return cls(400, str(e), param=e.field, code="invalid_value")
 
 
-def internal(status: int, detail: str, *, code: str = "internal_error", exc: BaseException | None = None) -> APIError:
-    """A 5xx whose detail stays in the server log: the client sees only the error id to quote."""
+def internal(status: int, detail: str, *, code: str = "internal_error", what: str | None = None,
+             exc: BaseException | None = None) -> APIError:
+    """A 5xx whose detail stays in the server log: the client sees `what` happened and the error id to quote."""
     error_id = uuid.uuid4().hex[:16]
     log.error("error %s (%d %s): %s", error_id, status, code, detail, exc_info=exc)
-    what = "the engine failed" if code == "engine_error" else "internal server error"
+    what = what or ("the engine failed" if code == "engine_error" else "internal server error")
     return APIError(status, f"{what} (error id {error_id})", code=code)
 
 

@@ -55,8 +55,10 @@ def check_result(result: GenerationResult, *, draining: bool = False) -> None:
         return
     if result.failure is not None:
         # the request's own constraints left nothing to draw (400); non-finite logits are the model's (500)
-        status = 500 if result.failure is RowFailure.NON_FINITE_LOGITS else 400
-        raise APIError(status, result.error, code=result.failure.value)
+        if result.failure is RowFailure.NON_FINITE_LOGITS:
+            raise internal(500, f"request {result.request_id}: {result.error}", code=result.failure.value,
+                           what="the model produced non-finite logits for this request")
+        raise APIError(400, result.error, code=result.failure.value)
     if result.finish_reason is FinishReason.REJECTED:
         reason = _REASONS.get(result.error.split(":", 1)[0])
         status = {RejectReason.QUEUE_TIMEOUT: 503, RejectReason.OVERLOADED: 429}.get(reason, 400)
