@@ -172,8 +172,9 @@ def test_pressure_drains_back_to_baseline(make_fast, prompt_of):
     assert_drained(program)
 
 
+@pytest.mark.parametrize("fail_after, caching", [(2, False), (0, True)])  # 0: the prefill draw fails
 @pytest.mark.parametrize("which", ["reference", "fast"])
-def test_a_failed_row_ends_its_request_alone(make_fast, make_reference, prompt_of, which):
+def test_a_failed_row_ends_its_request_alone(make_fast, make_reference, prompt_of, which, fail_after, caching):
     """Three requests in one decode round; from its third token on one request's mask allows nothing (a grammar,
     bias and min_tokens that exclude every token). That request ends alone with a typed failure; the other two
     produce what they produce without it, the Engine serves on, and every page and slot comes back."""
@@ -187,13 +188,13 @@ def test_a_failed_row_ends_its_request_alone(make_fast, make_reference, prompt_o
     prompts = [prompt_of(n, seed=90 + n) for n in (6, 9, 7)]
 
     def reqs(fail: bool):
-        mask = (lambda n: nothing if n >= 2 else None) if fail else None
+        mask = (lambda n: nothing if n >= fail_after else None) if fail else None
         return [GenerationRequest(p, TokenSession(6, mask=mask if i == 1 else None), 6) for i, p in enumerate(prompts)]
-    cfg = dict(max_concurrency=3, prefill_chunk=4, prefix_caching=False)
+    cfg = dict(max_concurrency=3, prefill_chunk=4, prefix_caching=caching)
     alone = serve(make(max_concurrency=3), reqs(False), **cfg)
     got = serve(program, reqs(True), **cfg)
     assert got[1].finish_reason is FinishReason.ERROR and got[1].failure is RowFailure.NOTHING_ALLOWED
-    assert got[1].token_ids == alone[1].token_ids[:2]
+    assert got[1].token_ids == alone[1].token_ids[:fail_after]
     assert [got[0].token_ids, got[2].token_ids] == [alone[0].token_ids, alone[2].token_ids]
     check_drained(program)
 
