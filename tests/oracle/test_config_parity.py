@@ -145,3 +145,24 @@ def test_tie_placement_of_a_multimodal_config_follows_transformers(top, inner):
         hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config.from_dict(raw))
     tied = hf.lm_head.weight is hf.model.language_model.embed_tokens.weight
     assert Qwen35Config.from_hf(raw).tie_word_embeddings == tied
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_a_config_naming_nothing_takes_transformers_defaults(moe):
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+
+    theirs = (Qwen3_5MoeTextConfig if moe else Qwen3_5TextConfig)()
+    ours = Qwen35Config.from_hf({"model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
+                                 "norm_topk_prob": False})  # not read: transformers' router always renormalises
+    names = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+             "linear_value_head_dim", "linear_conv_kernel_dim", "rms_norm_eps", "max_position_embeddings",
+             "tie_word_embeddings", "hidden_act", "attention_bias"]
+    names += (["num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"]
+              if moe else ["intermediate_size"])
+    for name in names:
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert list(ours.layer_types) == theirs.layer_types and ours.norm_topk_prob
+    rope = theirs.rope_parameters
+    assert (ours.rope_theta, ours.partial_rotary_factor, ours.rope_type) == (
+        rope["rope_theta"], rope["partial_rotary_factor"], rope["rope_type"])

@@ -189,10 +189,25 @@ class Qwen35Config:
         return from_hf(raw)
 
 
-def _req(text: Mapping[str, Any], name: str) -> Any:
-    if name not in text:
-        raise ConfigError(name, "missing")
-    return text[name]
+# transformers' defaults for the geometry fields a config may leave out (Qwen3_5TextConfig, Qwen3_5MoeTextConfig).
+_DEFAULTS = {
+    False: dict(vocab_size=248320, hidden_size=4096, num_hidden_layers=32, num_attention_heads=16,
+                num_key_value_heads=4, intermediate_size=12288),
+    True: dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+               num_key_value_heads=2, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+               shared_expert_intermediate_size=512),
+}
+
+
+def _geometry(text: Mapping[str, Any], moe: bool) -> dict[str, int]:
+    """The geometry fields, absent ones at transformers' defaults; a null one is refused (transformers too)."""
+    out = {}
+    for name, default in _DEFAULTS[moe].items():
+        value = text.get(name, default)
+        if value is None:
+            raise ConfigError(name, "is null (transformers fails on it too)")
+        out[name] = int(value)
+    return out
 
 
 def _layer_types(text: Mapping[str, Any], n: int) -> tuple[str, ...]:
@@ -220,22 +235,19 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
     if nested and not isinstance(text, Mapping):
         raise ConfigError("text_config", f"a {model_type!r} config must carry a text_config object")
     assert text is not None
-    n = int(_req(text, "num_hidden_layers"))
+    moe = arch == "Qwen3_5MoeForCausalLM"
+    geometry = _geometry(text, moe)
+    n = geometry["num_hidden_layers"]
     # A nested config is a ForConditionalGeneration checkpoint: transformers ties by the top-level flag alone.
     tie = (raw if nested else text).get("tie_word_embeddings", False)
     if text.get("head_dim", 256) is None:
         raise ConfigError("head_dim", "is null (transformers fails on it too); give the per-head size or omit it "
                                       "for the default 256")
     max_positions = int(text.get("max_position_embeddings", 32768))
-    moe = arch == "Qwen3_5MoeForCausalLM"
     kw: dict[str, Any] = dict(
         architecture=arch,
-        vocab_size=int(_req(text, "vocab_size")),
-        hidden_size=int(_req(text, "hidden_size")),
-        num_hidden_layers=n,
+        **geometry,
         layer_types=_layer_types(text, n),
-        num_attention_heads=int(_req(text, "num_attention_heads")),
-        num_key_value_heads=int(_req(text, "num_key_value_heads")),
         head_dim=int(text.get("head_dim", 256)),
         linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),
         linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
@@ -256,11 +268,5 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
     )
     # attn_output_gate is not read, as in transformers: Qwen3.5 attention is always gated, and a checkpoint whose
     # q_proj lacks the gate rows is refused by the converter's shape check.
-    if moe:
-        kw.update(num_experts=int(_req(text, "num_experts")), num_experts_per_tok=int(_req(text, "num_experts_per_tok")),
-                  moe_intermediate_size=int(_req(text, "moe_intermediate_size")),
-                  shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0)),
-                  norm_topk_prob=bool(text.get("norm_topk_prob", True)))
-    else:
-        kw.update(intermediate_size=int(_req(text, "intermediate_size")))
+    # norm_topk_prob is not read, as in transformers: its Qwen3.5 MoE router always renormalises the top-k weights.
     return Qwen35Config(**kw)
