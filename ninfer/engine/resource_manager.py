@@ -99,9 +99,10 @@ class ResourceManager:
         return sum(i.device_bytes + i.host_bytes for i in entries) / sum(i.tokens for i in entries)
 
     def victims(self, exclude: CheckpointId | None = None) -> tuple[CheckpointId, ...]:
-        """Inactive, unpinned checkpoints, lowest value first: what a transition may displace."""
+        """Inactive, unpinned checkpoints, unprotected first, then lowest value first: what a transition may
+        displace."""
         bound = self._bound()
-        free = [(self.worth(e, bound).value, e.info.id.value, e.info.id) for e in self.catalog.values()
+        free = [(self.worth(e, bound).rank, e.info.id.value, e.info.id) for e in self.catalog.values()
                 if e.pins == 0 and e.info.id != exclude]
         return tuple(cid for _, _, cid in sorted(free))
 
@@ -149,20 +150,20 @@ class ResourceManager:
     def _captures(self, rid: int, prompt: tuple[int, ...], reused: int, hints: tuple[int, ...],
                   victims: tuple[CheckpointId, ...]) -> tuple[tuple[int, ...], int]:
         """The frontiers worth capturing, most valuable first, and how many of the victims a capture may displace
-        (those worth less than the most valuable capture)."""
+        (those ranked below the most valuable capture)."""
         if not self.prefix_caching:
             self._planned[rid] = {}
             return (), 0
         per_token = self._bytes_per_token()
         wanted = {f: r for f, r in capture_candidates(len(prompt), reused, hints).items()
                   if not self.index.holds(prompt, f)}
-        ranked = sorted(wanted, key=lambda f: -fresh_worth(wanted[f], f, per_token).value)[:MAX_CAPTURES]
+        ranked = sorted(wanted, key=lambda f: fresh_worth(wanted[f], f, per_token).rank, reverse=True)[:MAX_CAPTURES]
         self._planned[rid] = {f: wanted[f] for f in ranked}
         if not ranked:
             return (), 0
-        best = fresh_worth(wanted[ranked[0]], ranked[0], per_token).value
+        best = fresh_worth(wanted[ranked[0]], ranked[0], per_token).rank
         bound = self._bound()
-        displace = sum(1 for c in victims if self.worth(self.catalog[c], bound).value < best)
+        displace = sum(1 for c in victims if self.worth(self.catalog[c], bound).rank < best)
         return tuple(ranked), displace
 
     def begin_materialize(self, rid: int, lane: int, choice: ResourceChoice) -> None:

@@ -76,9 +76,21 @@ class Worth:
         return weight * (1 + self.hits) * recompute(self.tokens) / max(self.bytes, 1) / (1 + self.age / HALF_LIFE)
 
     @property
+    def protected(self) -> bool:
+        """Proven or meant for reuse (a hit, a session binding, a turn boundary or a reproduced output) and not
+        superseded: it gives way only to checkpoints of its own rank, so one-off prompts never flush a
+        conversation however long it stays idle; it keeps a host replica when it must leave the device."""
+        return not self.superseded and (self.hits > 0 or self.bound or
+                                         self.retention in (Retention.TURN, Retention.OUTPUT))
+
+    @property
     def demote(self) -> bool:
-        """Worth a host replica when it must leave the device: it was reused, or a conversation continues it."""
-        return self.hits > 0 or self.bound or self.retention in (Retention.TURN, Retention.OUTPUT)
+        return self.protected
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        """Victims go lowest rank first: unprotected before protected, then by value."""
+        return self.protected, self.value
 
 
 def capture_candidates(prompt_len: int, reused: int, hints: tuple[int, ...]) -> dict[int, Retention]:

@@ -104,3 +104,34 @@ def test_the_device_share_bounds_what_checkpoints_hold():
         else:
             assert 0 < usage.checkpoint_pages <= bound * usage.total_pages
             assert engine.core.resources.stats.deletions > 0
+
+
+def test_a_conversation_keeps_its_reuse_after_a_thousand_unrelated_requests():
+    """One-off prompts (no turn boundary) never displace a conversation's checkpoints, however long it is idle:
+    after 1,000 of them through a small catalog the conversation's next turn still reuses its whole context."""
+    import random
+
+    from ninfer.engine.config import EngineConfig
+    from ninfer.engine.engine import Engine
+    from ninfer.engine.records import GenerationRequest
+    from ninfer.testing.sessions import TokenSession, token_request
+    from ninfer.testing.toy_program import ToyProgram
+
+    program = ToyProgram(max_concurrency=2, total_pages=96, page_size=4, checkpoint_slots=4, max_context=128)
+    engine = Engine(program, EngineConfig(max_concurrency=2), threaded=False)
+    rng = random.Random(5)
+    turn1 = tuple(rng.randrange(1, 97) for _ in range(40))
+    first = engine.submit(token_request(turn1, 2, capture_hints=(len(turn1) - 2,)))
+    engine.run_until_idle()
+    assert first.result(timeout=0).usage.cached_prompt_tokens == 0
+    for n in range(1000):  # completions without a stop: no Frontend boundary, nothing retained
+        one_off = tuple(rng.randrange(1, 97) for _ in range(8 + n % 20))
+        handle = engine.submit(GenerationRequest(one_off, TokenSession(2, stop_ids=()), 2))
+        engine.run_until_idle()
+        handle.result(timeout=0)
+    turn2 = turn1[:-2] + tuple(rng.randrange(1, 97) for _ in range(6))
+    second = engine.submit(token_request(turn2, 2))
+    engine.run_until_idle()
+    cached = second.result(timeout=0).usage.cached_prompt_tokens
+    assert cached == len(turn1) - 2 and cached >= 0.9 * len(turn1)
+    assert engine.core.resources.stats.deletions > 100  # the one-off prompts' checkpoints churned through
