@@ -23,6 +23,7 @@ from ninfer.engine.scoring import CausalScoreCore
 from ninfer.errors import NinferError, NotFoundError, UnavailableError, UsageError
 from ninfer.frontend import Frontend, OutputOptions
 from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
+from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
 
 PROGRAMS = ("auto", "reference", "fast")
 PURPOSES = ("generation", "scoring")
@@ -117,6 +118,7 @@ class Runtime:
     engine: Engine | None = None
     scorer: CausalScoreCore | None = None
     load_seconds: float = 0.0
+    speculative: str | None = None  # the speculative backend that runs ("mtp (k=3)"), None: plain decoding
     _seeds: random.Random = field(default_factory=random.Random)
 
     @property
@@ -143,8 +145,9 @@ class Runtime:
         weights = "RANDOM weights, output is noise" if self.random_weights else "trained weights"
         lanes = f"{self.options.max_num_seqs} lanes" if self.engine is not None else "serial scoring"
         cache = "prefix cache on" if self.options.enable_prefix_caching and self.engine is not None else "no cache"
+        spec = f" | speculative {self.speculative}" if self.speculative else ""
         return (f"ready: {self.name} ({weights}) | {self.purpose} on the {self.program_kind} Program | "
-                f"context {self.max_context} | {lanes} | {cache} | loaded in {self.load_seconds:.1f} s")
+                f"context {self.max_context} | {lanes} | {cache}{spec} | loaded in {self.load_seconds:.1f} s")
 
     def close(self) -> None:
         if self.engine is not None:
@@ -202,17 +205,16 @@ def build_runtime(options: RuntimeOptions, *, progress: bool = True,
     bad options and for a model that does not load. ``report`` receives one-off notes such as a conversion."""
     options.check()
     kind = _program_kind(options.program, options.purpose)
-    if options.speculative_config and kind == "reference":
-        raise WiringError("--speculative-config: the reference Program runs no speculative backend "
-                          f"(asked for {dict(options.speculative_config)}); drop the option on CPU")
+    speculative = _speculative(options)
     path = resolve_model_path(options.model, progress=progress, report=report)
     try:
-        return _load(path, options, kind, progress)
+        return _load(path, options, kind, progress, speculative)
     except NinferError as e:
         raise e.locate(options.model or str(path))
 
 
-def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool) -> Runtime:
+def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
+          speculative: SpeculativeConfig | None) -> Runtime:
     from tqdm import tqdm
 
     start = time.monotonic()
@@ -222,7 +224,8 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool) -> Run
     name = options.served_model_name or meta.get("name") or path.stem
     rt = Runtime(options, name, path, bool(meta.get("random_weights")), kind, frontend, frontend.max_context,
                  _seeds=random.Random(options.seed))
-    program = _load_program(path, options, frontend.max_context, kind)
+    program = _load_program(path, options, frontend.max_context, kind, speculative)
+    rt.speculative = program.limits.speculative
     bar.update(1)
     if options.purpose == "scoring":
         if kind != "reference":
@@ -271,7 +274,20 @@ def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = Non
                         concurrent_prefill=options.concurrent_prefill, cache_device_share=options.cache_device_share)
 
 
-def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str):
+def _speculative(options: RuntimeOptions) -> SpeculativeConfig | None:
+    """--speculative-config parsed once; generation only (the scoring windows never decode)."""
+    try:
+        spec = SpeculativeConfig.parse(options.speculative_config)
+    except SpeculativeConfigError as e:
+        raise WiringError(str(e)) from None
+    if spec is not None and options.purpose == "scoring":
+        raise WiringError("--speculative-config: scoring runs no decode rounds; drop the option with --purpose "
+                          "scoring")
+    return spec
+
+
+def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str,
+                  speculative: SpeculativeConfig | None):
     host_bytes = int(options.kv_offloading_size * (1 << 30))
     if kind == "fast":
         from ninfer.fast.program import FastProgram
@@ -285,8 +301,11 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
 
     dtype = torch.float64 if options.dtype == "float64" else torch.float32
     config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype,
-                                    host_bytes=host_bytes)
-    return ReferenceProgram.from_artifact(path, config)
+                                    host_bytes=host_bytes, speculative=speculative)
+    try:
+        return ReferenceProgram.from_artifact(path, config)
+    except MissingBackendWeights as e:
+        raise WiringError(str(e)) from None
 
 
 WARMUP_PROMPT = "Warm up."

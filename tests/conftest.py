@@ -90,3 +90,13 @@ def pytest_terminal_summary(terminalreporter):
     harness = sys.modules.get("ninfer.testing.harness")
     if harness is not None and harness.STEPS[0]:
         terminalreporter.write_line(f"Engine boundaries run by the property harness: {harness.STEPS[0]:,}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow run only when asked for with `-m slow`, as pyproject's marker says."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow variant: opt in with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -61,6 +61,9 @@ class PendingRow:
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     # Set when no token could be drawn: then `tokens` is empty and the row must get a cancelled-row decision.
     failure: RowFailure | None = None
+    # Speculative rows: drafts the backend proposed; tokens[:produced - 1] are the ones verification accepted and
+    # tokens[-1] is the bonus (or residual) token. 0 for an ordinary row.
+    drafted: int = 0
 
     @property
     def produced(self) -> int:

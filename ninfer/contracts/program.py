@@ -8,7 +8,7 @@ EngineFailure, never a silent access to another request's state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from .batch import PendingBatch, RowDecision, SequenceHandle
 from .resources import Infeasible, ResourceChoice, ResourcePlan, ResourceResult, RunningTransaction
@@ -22,6 +22,10 @@ class ProgramLimits:
     max_context: int  # prompt + output tokens of one sequence
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
+    # The speculative backend that runs ("mtp (k=3)"), None without one; with one, each decode row may carry up
+    # to 1 + draft_tokens tokens and its mask entry is a DraftMasks (or None), not one bitmask row.
+    speculative: str | None = None
+    draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,18 @@ class ResourceUsage:
     host_checkpoints: int = 0  # checkpoints whose state lives only as a host replica (they hold no slot)
     checkpoint_device_bytes: int = 0  # bytes of inactive checkpoints per tier (shared pages counted once)
     checkpoint_host_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class DraftMasks:
+    """What a speculative round needs of one row's Frontend session (a decode mask entry under speculation):
+    `fill(drafts)` gives the grammar's int32 [len(drafts) + 1, ceil(V/32)] rows, row i constraining the token after
+    drafts[:i] (rows past an illegal or output-ending draft allow everything: they are never reached); `max_block`
+    bounds the row's block when the session must see its tokens before more are drawn (a thinking budget's forced
+    `</think>` comes after them). None: unconstrained."""
+
+    fill: Callable[[Sequence[int]], Any] | None = None
+    max_block: int | None = None
 
 
 @runtime_checkable

@@ -31,6 +31,10 @@ class OutputSession(Protocol):
         """The allowed-token bitmask for the next sampled token (int32 [ceil(V/32)]), None when unconstrained.
         The Engine hands it to the Program with the row; the Program applies it before penalties and sampling."""
 
+    def draft_masks(self) -> Any | None:
+        """With a speculative backend, instead of `next_token_mask`: the row's `DraftMasks` (the committed
+        grammar's rows for a block of drafts, the block bound before a forced control), None when unconstrained."""
+
     def end(self, reason: FinishReason) -> Any | None:
         """End the output before the model did (the request's deadline passed, or it was cancelled while active):
         release what was held back, close the channels, record `reason`. Returns the last delta to publish, or

@@ -86,7 +86,10 @@ class UnitRunner:
                 self._commit(batch, recs, forced=False)
                 rec.capture_pending = self.core.config.prefix_caching
         else:
-            masks = [r.request.session.next_token_mask() for r in recs]
+            if program.limits.draft_tokens:  # a speculative backend: each row's grammar over its draft prefixes
+                masks = [r.request.session.draft_masks() for r in recs]
+            else:
+                masks = [r.request.session.next_token_mask() for r in recs]
             batch = program.decode([r.handle for r in recs], masks if any(m is not None for m in masks) else None)
             self._commit(batch, recs, forced=False)
 

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
-from ninfer.contracts import EngineFailure, FinishReason
+from ninfer.contracts import DraftMasks, EngineFailure, FinishReason
 
 from .channels import REASONING, ChannelParser, Parsed
 from .detokenizer import Detokenizer, TokenTable
@@ -91,6 +91,24 @@ class OutputSession:
             self._mask = grammar.allocate(1)
         grammar.fill_next(self._mask)
         return self._mask[0]
+
+    def draft_masks(self) -> DraftMasks | None:
+        """With a speculative backend: the committed grammar's rows for a block of drafts
+        (`GrammarState.fill_bitmask`), and while a thinking budget runs, the block bound that ends at it (the forced
+        `</think>` then comes where a plain run forces it). None when nothing constrains the output."""
+        grammar, st, budget = self._state.grammar, self._state, self.options.thinking_budget
+        if self.terminal:
+            return None
+        bound = None
+        if budget is not None and not st.forced_suffix and st.parser.phase == REASONING and self._suffix:
+            bound = max(1, budget - st.reasoning_tokens)
+        fill = None
+        if grammar is not None:
+            def fill(drafts):
+                out = grammar.allocate(len(drafts) + 1)
+                grammar.fill_bitmask(drafts, out)
+                return out
+        return None if fill is None and bound is None else DraftMasks(fill, bound)
 
     @property
     def ending_token_ids(self) -> tuple[int, ...]:

@@ -17,6 +17,8 @@ from ninfer.models.qwen3_5.capacity import kv_pages_for_tokens
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.program_limits import check_program_limits
 
+from .speculative import SpeculativeConfig
+
 
 @dataclass(frozen=True)
 class ProgramConfig:
@@ -27,6 +29,12 @@ class ProgramConfig:
     checkpoint_slots: int = 8  # GDN state slots beyond 2 per lane: published and chunk-boundary checkpoints
     host_bytes: int = 64 << 20  # host-tier budget for inactive checkpoints' GDN state
     eos_token_ids: tuple[int, ...] | None = None  # None: the model config's
+    speculative: SpeculativeConfig | None = None  # the speculative backend, None: plain decoding
+
+    @property
+    def draft_tokens(self) -> int:
+        """Drafts per row and round (0 without a backend)."""
+        return 0 if self.speculative is None else self.speculative.num_speculative_tokens
 
     def checked_eos(self, cfg: Qwen35Config) -> tuple[int, ...]:
         """The shared range checks (ValueError naming the field); the resolved eos ids."""

@@ -85,7 +85,8 @@ def capture_due(prog: "ProgramCore", seq: ActiveSequence) -> None:
 # ---- commit --------------------------------------------------------------------------------------------------
 def validate_commit(prog: "ProgramCore", batch: PendingBatch, decisions: Sequence[RowDecision]) -> list[ActiveSequence]:
     """Every row's sequence, after checking them all before anything is touched: a live handle, an unchanged
-    frontier, and full acceptance (no speculative backend)."""
+    frontier, and full acceptance of decode rows unless a speculative backend runs (then the Engine's terminal
+    rule may cut a block anywhere)."""
     batch.check_decisions(decisions)
     prefill_batch = batch.kind is BatchKind.PREFILL
     if not prefill_batch and (batch.payload is None or len(batch.payload) != len(batch.rows)):
@@ -96,7 +97,7 @@ def validate_commit(prog: "ProgramCore", batch: PendingBatch, decisions: Sequenc
         expected = seq.frontier if prefill_batch else seq.frontier + 1
         if row.base_frontier != expected or (prefill_batch and seq.pending is not None):
             raise EngineFailure(f"batch row {row.handle} at {row.base_frontier}, sequence expects {expected}")
-        if d.accepted and not prefill_batch and d.accepted != row.produced:
+        if d.accepted and not prefill_batch and d.accepted != row.produced and not prog.config.draft_tokens:
             raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
         seqs.append(seq)
     return seqs

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Protocol, Sequence
 
 from ninfer.contracts import RowFailure
+from ninfer.sampling import RowContext
 
 from .records import ActiveSequence
 
@@ -36,3 +37,14 @@ class ModelExecutor(Protocol):
 
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         """(row, handle, tokens) just committed as outputs: the penalties' history follows them."""
+
+    # ---- with a speculative backend (config.speculative) ---------------------------------------------------
+    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
+              ) -> list[tuple[tuple[int, ...], list[Any]]]:
+        """ks[i] draft tokens for row i from its committed state (nothing is changed), each drawn with
+        `ninfer.sampling.draw_draft` at positions frontier + 1 ..; with each its q (None for a greedy row)."""
+
+    def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> list[Any]:
+        """For every row: save the committed state into `backup_slot(row)`, then consume fed = [pending, drafts]
+        at the frontier in place, in one target pass; fp32 logits [len(fed), V] per row (row i: the distribution
+        at frontier + 1 + i)."""

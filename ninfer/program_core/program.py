@@ -2,11 +2,13 @@
 
 The resource side is `ProgramCore`'s; this adds the model transactions. Prompt tokens are not provisional: a
 prefill chunk writes KV and GDN state at once (cut at each capture frontier the ResourceManager chose and a slot was
-reserved for, whose state is captured there), and the final chunk's batch holds only the sampled first token. Decode and
-control step the live state in place: the committed GDN state is first saved into the backup slot bound to the
-sequence's block-table row, and the pages the step takes are provisional. Commit keeps the stepped state; a rejected
-row (cancelled, or the whole batch dropped by abort_pending) gets its slot back from the backup and returns the
-pages. The reference and fast Programs subclass this and supply only their store and executor.
+reserved for, whose state is captured there), and the final chunk's batch holds only the sampled first token. Decode
+(a speculative round when a backend runs: `speculation.py`) and control step the live state in place: the committed
+GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step takes
+are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
+abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short replays the
+kept tokens from the backup. The reference and fast Programs subclass this and supply only their store and
+executor.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow
 from .core import ProgramCore
 from .execution import Provisional, capture_cuts, capture_due, grow, prefill_end, restore, validate_commit
 from .executor import ModelExecutor
+from .speculation import rollback, speculative_round
 
 
 class Program(ProgramCore):
@@ -45,6 +48,8 @@ class Program(ProgramCore):
         seqs = [self.sequence(h) for h in handles]
         if any(s.pending is None for s in seqs):
             raise EngineFailure("decode of a sequence before its prompt finished")
+        if self.config.draft_tokens:
+            return speculative_round(self, seqs, masks or [None] * len(seqs))
         provisional = tuple(Provisional((s.pending,), grow(self, s, s.frontier + 1)) for s in seqs)
         # a failed row keeps its Provisional: the Engine drops it, and commit restores its slot and pages
         drawn = self.executor.decode(seqs, masks or [None] * len(seqs))
@@ -75,7 +80,10 @@ class Program(ProgramCore):
                 continue
             counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
             if not prefill_batch:
-                seq.tokens.extend(batch.payload[i].fed)
+                fed = batch.payload[i].fed  # the pending token, then the drafts or forced tokens but the last
+                if d.accepted < len(fed):
+                    rollback(self, seq, batch.payload[i], d.accepted)
+                seq.tokens.extend(fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]
             if d.boundary is not None:
                 seq.boundary = row.base_frontier + d.boundary

@@ -26,8 +26,11 @@ PHILOX_W0 = 0x9E3779B9
 PHILOX_W1 = 0xBB67AE85
 PHILOX_ROUNDS = 10
 
-# Counter word 3 separates independent draws made at the same (seed, position).
-STREAM_TOKEN = 0
+# Counter word 3 separates independent draws made at the same (seed, position): the purpose of the draw.
+STREAM_TOKEN = 0  # the ordinary draw (and a speculative round's bonus token)
+STREAM_DRAFT = 1  # a speculative backend's draft token
+STREAM_ACCEPT = 2  # the uniform that accepts or rejects a draft
+STREAM_RESIDUAL = 3  # the draw from the residual (p - q)+ after a rejection
 
 
 def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int],

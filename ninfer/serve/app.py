@@ -59,7 +59,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     async def _models() -> dict:
         rt = state.runtime
         card = {"id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "ninfer",
-                "root": str(rt.model_path), "max_model_len": rt.max_context, "random_weights": rt.random_weights}
+                "root": str(rt.model_path), "max_model_len": rt.max_context, "random_weights": rt.random_weights,
+                "speculative": rt.speculative}
         return {"object": "list", "data": [card]}
 
     @app.get("/health", operation_id="health")

@@ -81,12 +81,14 @@ def random_logical_tensors(cfg: Qwen35Config, dtype: torch.dtype = torch.bfloat1
             for n, s in logical_parameters(cfg, features).items()}
 
 
-def peaked_text_tensors(cfg: Qwen35Config, seed: int = 0) -> dict[str, torch.Tensor]:
-    """fp32 text weights with peaked logits, so that greedy tokens of two implementations are not near-ties: decay
-    rates exp(A_log) in [1, 16], gated-norm weights near 1, other norms near 0, projections of std 2/sqrt(fan_in)."""
+def peaked_text_tensors(cfg: Qwen35Config, seed: int = 0, features: tuple[str, ...] = ("text",)
+                        ) -> dict[str, torch.Tensor]:
+    """fp32 text weights (and the MTP head's with `features=("text", "mtp")`) with peaked logits, so that greedy
+    tokens of two implementations are not near-ties: decay rates exp(A_log) in [1, 16], gated-norm weights near 1,
+    other norms near 0, projections of std 2/sqrt(fan_in)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, spec in logical_parameters(cfg, ("text",)).items():
+    for name, spec in logical_parameters(cfg, features).items():
         if name.endswith("A_log"):
             t = torch.empty(spec.shape).uniform_(1.0, 16.0, generator=g).log()
         elif name.endswith("dt_bias"):

@@ -52,6 +52,7 @@ class EngineMachine(RuleBasedStateMachine):
     """Subclassed by make_engine_machine with the Program factory, the lane count and whether faults run."""
 
     factory: ProgramFactory
+    oracle: ProgramFactory | None = None  # greedy requests' solo runs, when not `factory` (a Program without MTP)
     max_concurrency = 3
     faults = True
     fault_methods: tuple[str, ...] = FAULTABLE
@@ -328,15 +329,19 @@ class EngineMachine(RuleBasedStateMachine):
         think = self.budgets.get(t.rid)
         key = (t.request.prompt, t.request.max_tokens, t.request.seed, t.request.sampling, think)
         if key not in self.solo_cache:
-            self.solo_cache[key] = solo_tokens(type(self).factory, t.request, think)
+            cls = type(self)
+            solo = cls.oracle if cls.oracle is not None and t.request.sampling is None else cls.factory
+            self.solo_cache[key] = solo_tokens(solo, t.request, think)
         assert result.token_ids == self.solo_cache[key], "output depends on the schedule"
 
 
 def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, faults: bool = True,
                         fault_methods: tuple[str, ...] = FAULTABLE, fault_modes: tuple[str, ...] = MODES,
-                        fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4)):
+                        fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4), oracle: ProgramFactory | None = None):
     """The Engine state machine over Programs made by `factory` (one fresh Program per example); the fault
-    arguments narrow which faults it injects (a targeted hunt)."""
+    arguments narrow which faults it injects (a targeted hunt); with `oracle`, greedy requests must also equal their
+    solo run on the oracle's Program (speculation on vs off)."""
     return type("EngineMachine", (EngineMachine,), {
         "factory": staticmethod(factory), "max_concurrency": max_concurrency, "faults": faults,
-        "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants})
+        "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants,
+        "oracle": None if oracle is None else staticmethod(oracle)})

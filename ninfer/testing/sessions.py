@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ninfer.contracts import FinishReason
+from ninfer.contracts import DraftMasks, FinishReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,13 @@ class TokenSession:
 
     def next_token_mask(self) -> Any:
         return self.mask(len(self.tokens)) if callable(self.mask) else self.mask
+
+    def draft_masks(self) -> DraftMasks | None:
+        """No grammar; while a thinking budget is running, a speculative block stops at it (the forced think-end
+        comes right after the budget's last token, as in a plain run)."""
+        if self.think_budget is None or self.forced or self.think_end in self.tokens:
+            return None
+        return DraftMasks(max_block=max(1, self.think_budget - len(self.tokens)))
 
     def control_suffix(self) -> tuple[int, ...] | None:
         """Once the thinking budget is spent without a think-end token, force one (once)."""

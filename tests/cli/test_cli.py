@@ -55,7 +55,20 @@ def test_bad_options_fail_cleanly(run):
     spec = run("generate", "x", "--speculative-config", "{nope", *SMALL)
     assert spec.exit_code == 2 and "error: --speculative-config is not valid JSON" in spec.stderr
     mtp = run("generate", "x", "--speculative-config", '{"method": "mtp"}', *SMALL)
-    assert mtp.exit_code == 2 and "no speculative backend" in mtp.stderr
+    assert mtp.exit_code == 2 and "num_speculative_tokens: required" in mtp.stderr
+    far = run("generate", "x", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 9}', *SMALL)
+    assert far.exit_code == 2 and "num_speculative_tokens: must be an int in 1..7" in far.stderr
+    eagle = run("generate", "x", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}', *SMALL)
+    assert eagle.exit_code == 2 and "method: unknown method 'eagle'" in eagle.stderr
+
+
+def test_generate_with_mtp_says_so_and_equals_the_plain_run(run):
+    plain = run("generate", "Hello", "-n", "6", "--no-think", "--temperature", "0", *SMALL)
+    spec = run("generate", "Hello", "-n", "6", "--no-think", "--temperature", "0", "--speculative-config",
+               '{"method": "mtp", "num_speculative_tokens": 3}', *SMALL)
+    assert spec.exit_code == 0, spec.output
+    assert "speculative mtp (k=3)" in spec.stderr and "speculative" not in plain.stderr
+    assert spec.stdout == plain.stdout
 
 
 def test_env_vars_mirror_flags(run):

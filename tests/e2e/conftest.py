@@ -180,14 +180,3 @@ def program_options():
     if PROGRAM == "fast":
         return {"program": "fast", "gpu_memory_utilization": gpu_memory_utilization()}
     return {"program": "reference"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Heavier variants (marked slow) run only when asked for with `-m slow`, as pyproject's marker says."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow variant: opt in with -m slow")
-    here = Path(__file__).parent
-    for item in items:
-        if "slow" in item.keywords and here in Path(str(item.fspath)).parents:
-            item.add_marker(skip)

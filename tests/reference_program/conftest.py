@@ -17,13 +17,13 @@ from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 VOCAB = 97
 
 
-def tiny_config(layers: tuple[str, ...] = (LINEAR, FULL, LINEAR)) -> Qwen35Config:
+def tiny_config(layers: tuple[str, ...] = (LINEAR, FULL, LINEAR), mtp: int = 0) -> Qwen35Config:
     return Qwen35Config.from_hf(dict(
         model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=len(layers),
         layer_types=list(layers), num_attention_heads=2, num_key_value_heads=1, head_dim=16,
         linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
         linear_conv_kernel_dim=4, intermediate_size=32, rms_norm_eps=1e-6, max_position_embeddings=4096,
-        tie_word_embeddings=False, mtp_num_hidden_layers=0, eos_token_id=0,
+        tie_word_embeddings=False, mtp_num_hidden_layers=mtp, eos_token_id=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}))
 
@@ -59,4 +59,25 @@ def prompt_of():
     def make(n: int, seed: int = 0) -> tuple[int, ...]:
         g = torch.Generator().manual_seed(seed)
         return tuple(int(t) for t in torch.randint(1, VOCAB, (n,), generator=g))
+    return make
+
+
+@pytest.fixture(scope="session")
+def mtp_model() -> ReferenceModel:
+    """The tiny model with one MTP layer (peaked MTP weights too), fp32."""
+    cfg = tiny_config(mtp=1)
+    return ReferenceModel(cfg, tiny_weights(cfg, features=("text", "mtp")), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def make_spec(mtp_model, make_program):
+    """make_spec(k, forced=False, **config): the reference Program over `mtp_model` with the MTP backend drafting
+    k tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of the drafter."""
+    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.testing.speculation import ForcedDrafts
+
+    def make(k: int, forced: bool = False, **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig("mtp", k) if k else None
+        program = make_program(mtp_model, speculative=spec, **kw)
+        return ForcedDrafts(mtp_model).install(program) if forced else program
     return make

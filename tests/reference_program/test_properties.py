@@ -1,5 +1,10 @@
 """The Engine property harness against the reference Program on a tiny fp64 model (fp64 so that a different
-chunking or a cache hit cannot flip a near-tie token: the harness compares outputs exactly)."""
+chunking or a cache hit cannot flip a near-tie token: the harness compares outputs exactly), without and with the
+MTP backend.
+
+With the backend (k = 3) ForcedDrafts forces random acceptance lengths: random schedules, chunking, cancellation,
+faults, thinking budgets and prefix hits, with every greedy request equal to its solo run on the same model without
+the backend (docs/speculative.md)."""
 
 import functools
 import importlib.util
@@ -8,27 +13,35 @@ import pathlib
 import torch
 from hypothesis import settings
 
+from ninfer.program_core.speculative import SpeculativeConfig
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.speculation import ForcedDrafts
 
 
 @functools.cache
-def _model() -> ReferenceModel:
+def _model(mtp: int = 0) -> ReferenceModel:
     # importlib mode: the sibling conftest is loaded by path, not imported by name
     spec = importlib.util.spec_from_file_location("_reference_program_conftest",
                                                   pathlib.Path(__file__).with_name("conftest.py"))
     conf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conf)
-    cfg = conf.tiny_config()
-    return ReferenceModel(cfg, conf.tiny_weights(cfg), dtype=torch.float64)
+    cfg = conf.tiny_config(mtp=mtp)
+    features = ("text", "mtp") if mtp else ("text",)
+    return ReferenceModel(cfg, conf.tiny_weights(cfg, features=features), dtype=torch.float64)
 
 
-def _program() -> ReferenceProgram:
+def _program(model: ReferenceModel | None = None, speculative: SpeculativeConfig | None = None) -> ReferenceProgram:
     # Tight pools: 2 lanes of at most 16 pages each and 2 checkpoint slots, so pressure and victims are common.
     config = ReferenceProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
-                                    host_bytes=1 << 16, dtype=torch.float64, eos_token_ids=(0,))
-    return ReferenceProgram(_model(), config)
+                                    host_bytes=1 << 16, dtype=torch.float64, eos_token_ids=(0,),
+                                    speculative=speculative)
+    return ReferenceProgram(model or _model(), config)
+
+
+def _speculative() -> ReferenceProgram:
+    return ForcedDrafts(_model(1)).install(_program(_model(1), SpeculativeConfig("mtp", 3)))
 
 
 Machine = make_engine_machine(_program, max_concurrency=2)
@@ -36,3 +49,9 @@ Machine = make_engine_machine(_program, max_concurrency=2)
 Machine.TestCase.settings = settings(settings.default, max_examples=max(60, settings.default.max_examples // 20),
                                     stateful_step_count=30)
 TestReferenceEngine = Machine.TestCase
+
+Speculative = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(_model(1)))
+# 30 examples in CI (each speculative round also runs ForcedDrafts' teacher model); 125 in the soak profile.
+Speculative.TestCase.settings = settings(settings.default, max_examples=max(30, settings.default.max_examples // 40),
+                                         stateful_step_count=30)
+TestSpeculativeReferenceEngine = Speculative.TestCase

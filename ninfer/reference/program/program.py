@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ninfer.contracts import ProgramLimits
 from ninfer.program_core import HostTier, IdPool, Program
+from ninfer.program_core.speculative import MissingBackendWeights
 from ninfer.reference.model import ReferenceModel
 
 from .config import ReferenceProgramConfig
@@ -25,9 +26,14 @@ class ReferenceProgram(Program):
         if model.dtype != c.dtype:
             raise ValueError(f"model dtype {model.dtype} differs from the Program's {c.dtype}")
         self.model = model
-        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids)
         self.pages = KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
-        self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype)  # allocatable, then backups
+        if c.speculative is not None and not model.has_mtp:
+            raise MissingBackendWeights(c.speculative.method, "the MTP head's weights (mtp.*)")
+        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
+                                    speculative=None if c.speculative is None else c.speculative.name,
+                                    draft_tokens=c.draft_tokens)
+        self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype,  # allocatable, then backups
+                                 mtp=c.speculative is not None)
         super().__init__(c, self.pages.alloc, IdPool(c.usable_slots, "GDN state slot"),
                          HostTier(c.host_bytes, c.state_bytes(cfg)), TensorStore(self.pages, self.states),
                          c.page_bytes(cfg), rows=IdPool(c.max_concurrency, "block-table row"))
@@ -35,11 +41,18 @@ class ReferenceProgram(Program):
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: ReferenceProgramConfig = ReferenceProgramConfig()):
-        """The Program over a .ninfer artifact's text weights (MTP is not used by the reference Program)."""
-        from ninfer.models.qwen3_5.params import TEXT
+        """The Program over a .ninfer artifact's text weights, and its MTP head when the config speculates."""
+        from ninfer.artifact import open_artifact
+        from ninfer.models.qwen3_5.params import MTP, TEXT
         from ninfer.reference.weights import load_model
 
-        return cls(load_model(path, features=(TEXT,), dtype=config.dtype), config)
+        features = (TEXT,)
+        if config.speculative is not None:
+            with open_artifact(path) as art:
+                if MTP not in art.available_features:
+                    raise MissingBackendWeights(config.speculative.method, "the MTP head's weights (mtp.*)")
+            features = (TEXT, MTP)
+        return cls(load_model(path, features=features, dtype=config.dtype), config)
 
     def scoring(self) -> CausalScoring:
         """The CausalScoring core over this Program's model: temporary states only, no store is touched."""

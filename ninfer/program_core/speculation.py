@@ -1,0 +1,87 @@
+"""A speculative decode round: draft, verify in one target pass, accept a prefix per row, one PendingBatch.
+
+Per row, the backend drafts k' = min(k, output budget left - 1) tokens from the committed state (so the block never
+writes past the full-growth reservation), the target consumes [pending, d1..dk'] at frontier.. in one pass on the
+live state (backed up first, pages taken provisionally), and `ninfer.sampling.accept` keeps a prefix of the drafts
+plus one bonus (or residual) token: the row's produced tokens. The Engine may cut that further (stops, max_tokens,
+EOS inside the block); `Program.commit` keeps exactly the accepted tokens and replays them from the backup when
+fewer than the whole block were consumed (`rollback`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ninfer.contracts import BatchKind, DraftMasks, PendingBatch, PendingRow
+from ninfer.sampling import RowContext, SamplingError, accept
+
+from .execution import Provisional, grow
+from .records import ActiveSequence
+
+if TYPE_CHECKING:
+    from .program import Program
+
+
+def row_context(prog: "Program", seq: ActiveSequence) -> RowContext:
+    return RowContext(seq.params, seq.seed, seq.prompt, seq.outputs, prog.limits.eos_token_ids)
+
+
+def draft_room(prog: "Program", seq: ActiveSequence, mask: Any | None) -> int:
+    """Drafts this row may take: none past its output budget or the block bound its session gave, and none when
+    its grammar came as one plain bitmask row (only the first token could be constrained)."""
+    room = min(prog.config.draft_tokens, seq.max_new - seq.num_outputs - 1)
+    if isinstance(mask, DraftMasks):
+        if mask.max_block is not None:
+            room = min(room, mask.max_block - 1)
+    elif mask is not None:
+        room = 0
+    return max(0, room)
+
+
+def _mask_rows(mask: Any | None, drafts: tuple[int, ...]) -> list[Any | None]:
+    """One grammar row per verified position (None: unconstrained)."""
+    if isinstance(mask, DraftMasks):
+        if mask.fill is None:
+            return [None] * (len(drafts) + 1)
+        rows = mask.fill(drafts)  # int32 [len(drafts) + 1, W]
+        return [rows[i] for i in range(len(drafts) + 1)]
+    if mask is None:
+        return [None] * (len(drafts) + 1)
+    return [mask]  # a plain bitmask row: no drafts were taken
+
+
+def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> PendingBatch:
+    ctxs = [row_context(prog, s) for s in seqs]
+    drafts = prog.executor.draft(seqs, ctxs, [draft_room(prog, s, m) for s, m in zip(seqs, masks)])
+    feds = [(s.pending,) + d for s, (d, _) in zip(seqs, drafts)]
+    provisional = tuple(Provisional(fed, grow(prog, s, s.frontier + len(fed))) for s, fed in zip(seqs, feds))
+    targets = prog.executor.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
+    rows = [_accepted_row(s, ctx, d, q, target, mask) for s, ctx, (d, q), target, mask in
+            zip(seqs, ctxs, drafts, targets, masks)]
+    return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
+
+
+def _accepted_row(seq: ActiveSequence, ctx: RowContext, drafts: tuple[int, ...], q: list[Any], target: Any,
+                  mask: Any | None) -> PendingRow:
+    """The row of one verified block; a failed row (its request ends alone) when p cannot be drawn from."""
+    try:
+        got = accept(target, drafts, q, ctx, seq.frontier + 1, _mask_rows(mask, drafts))
+    except SamplingError as e:
+        return PendingRow.failed(seq.handle, seq.frontier + 1, e.failure)
+    lps, tops = (None, None) if got.logprobs is None else \
+        (tuple(lp for lp, _ in got.logprobs), tuple(top for _, top in got.logprobs))
+    return PendingRow(seq.handle, got.tokens, seq.frontier + 1, lps, tops, drafted=len(drafts))
+
+
+def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int) -> None:
+    """Keep only fed[:keep] of a stepped block (0 < keep < len(fed)): the committed state back from the backup
+    slot, the pages past frontier + keep returned, and the kept tokens replayed on the live state (GDN recurrent and
+    conv state, KV, the backend's state: DESIGN.md section 7, docs/speculative.md)."""
+    prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
+    extra = len(seq.table) - prog.config.pages_for(seq.frontier + keep)
+    for p in reversed(prov.grown[len(prov.grown) - extra:] if extra > 0 else ()):
+        assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
+        prog.alloc.unref(p)
+        seq.reserve_left += 1
+    prog.executor.feed(seq, prov.fed[:keep])
+

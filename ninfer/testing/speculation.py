@@ -1,0 +1,65 @@
+"""ForcedDrafts: a fault-injecting wrapper around a Program's speculative drafter, for any Program.
+
+Random weights make the MTP head's drafts almost never right, so a test of speculation would only ever see blocks
+of one token. This wrapper replaces each row's drafts by the target's own greedy continuation (computed from scratch
+by a reference model over the row's committed tokens) cut at an acceptance length L drawn per (seed, frontier), with
+a wrong token at L: verification must then accept exactly L drafts for a greedy row, whatever L is, and any
+acceptance length 0..k is exercised. Each draft's q is a point mass on it (a valid draft distribution: sampled rows
+stay lossless). Drafts depend only on the committed state, so outputs stay schedule-invariant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import torch
+
+from ninfer.program_core import ActiveSequence
+from ninfer.reference.model import ReferenceModel
+from ninfer.sampling import RowContext, processed_logits
+
+
+def _length(seed: int, frontier: int, k: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{frontier}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % (k + 1)
+
+
+class ForcedDrafts:
+    def __init__(self, model: ReferenceModel):
+        self.model = model
+        self.forced: list[tuple[int, int]] = []  # (acceptance length, drafts) of every row, for coverage checks
+
+    def install(self, program: Any) -> Any:
+        """Replace `program.executor.draft` by this wrapper; returns the program."""
+        program.executor.draft = self
+        return program
+
+    def _continuation(self, seq: ActiveSequence, ctx: RowContext, n: int) -> list[int]:
+        """The target's greedy tokens after the pending one (penalties and bias included, no grammar)."""
+        state = self.model.new_state()
+        logits = self.model.prefill(torch.tensor(list(seq.tokens) + [seq.pending]), state, chunked=False)[-1]
+        out: list[int] = []
+        for j in range(n):
+            z = processed_logits(logits.float(), ctx.at(seq.frontier + 1 + j, out, None))
+            out.append(int(torch.argmax(z)))
+            if j + 1 < n:
+                logits = self.model.decode_step(out[-1], state)
+        return out
+
+    def __call__(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
+                 ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
+        vocab = self.model.cfg.vocab_size
+        out = []
+        for seq, ctx, k in zip(seqs, ctxs, ks):
+            if not k:
+                out.append(((), []))
+                continue
+            length = _length(seq.seed, seq.frontier, k)
+            self.forced.append((length, k))
+            drafts = self._continuation(seq, ctx, k)
+            if length < k:
+                drafts[length] = (drafts[length] + 1) % vocab  # the first wrong draft
+            q = [torch.nn.functional.one_hot(torch.tensor(d), vocab).double() for d in drafts]
+            out.append((tuple(drafts), q))
+        return out
