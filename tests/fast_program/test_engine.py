@@ -211,13 +211,13 @@ def test_nan_logits_end_one_request_alone(make_reference, prompt_of):
     model = program.executor.model
     real, calls, rounds, poisoned_round = model.decode_step, [], [], []
 
-    def poisoned(token, state):
+    def poisoned(token, state, return_hidden=False):
         calls.append(token)
-        logits = real(token, state)
-        if len(calls) != 5:
-            return logits
-        poisoned_round.append(rounds[-1])
-        return torch.full_like(logits, float("nan"))
+        logits, hidden = real(token, state, return_hidden=True)
+        if len(calls) == 5:
+            poisoned_round.append(rounds[-1])
+            logits = torch.full_like(logits, float("nan"))
+        return (logits, hidden) if return_hidden else logits
     model.decode_step = poisoned
     decode = program.decode
     program.decode = lambda handles, masks=None: rounds.append(len(handles)) or decode(handles, masks)

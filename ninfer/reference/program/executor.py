@@ -36,19 +36,30 @@ class ReferenceExecutor:
         self.eos_token_ids, self.backup_slot = eos_token_ids, backup_slot
 
     # ---- state between the stores and the model ----------------------------------------------------------
-    def _run(self, seq: ActiveSequence, start: int, tokens: Sequence[int], chunked: bool) -> torch.Tensor:
-        """Consume `tokens` at positions start.. on the live state in place; logits [T, V]. The step recurrence
-        (`chunked=False`) is what a decode round runs, so a verified or replayed block equals the same tokens
-        decoded one by one."""
+    def _state(self, seq: ActiveSequence, start: int) -> SequenceState:
+        """A private SequenceState at position `start`: the slot's GDN state and the table's KV before `start`."""
+        return SequenceState(gdn=self.slots.load(seq.handle.slot), kv=self.pages.gather(seq.table, start),
+                             next_position=start)
+
+    def _write(self, seq: ActiveSequence, state: SequenceState, start: int, tokens: Sequence[int],
+               hidden: torch.Tensor) -> None:
+        """The positions consumed from `start`, the advanced GDN state and (with the backend) the MTP state back
+        into the stores; hidden [T, H] is the target's final-normed output over `tokens`."""
         slot = seq.handle.slot
-        state = SequenceState(gdn=self.slots.load(slot), kv=self.pages.gather(seq.table, start), next_position=start)
-        logits, hidden = self.model.prefill(torch.tensor(tokens), state, chunked=chunked, return_hidden=True)
         self.pages.write(seq.table, state.kv, start, state.next_position)
         self.slots.store(slot, state.gdn)
         mtp = self.slots.load_mtp(slot)
         if mtp is not None:
             self._advance_mtp(mtp, hidden, tokens, start)
             self.slots.store_mtp(slot, mtp)
+
+    def _run(self, seq: ActiveSequence, start: int, tokens: Sequence[int], chunked: bool) -> torch.Tensor:
+        """Consume `tokens` at positions start.. on the live state in place; logits [T, V]. The step recurrence
+        (`chunked=False`) is what a decode round runs, so a verified or replayed block equals the same tokens
+        decoded one by one."""
+        state = self._state(seq, start)
+        logits, hidden = self.model.prefill(torch.tensor(tokens), state, chunked=chunked, return_hidden=True)
+        self._write(seq, state, start, tokens, hidden)
         return logits
 
     def _advance_mtp(self, mtp: MTPState, hidden: torch.Tensor, tokens: Sequence[int], start: int) -> None:
@@ -82,7 +93,9 @@ class ReferenceExecutor:
         drawn = []
         for seq, mask in zip(seqs, masks):
             self.slots.copy(seq.handle.slot, self.backup_slot(seq.row))
-            logits = self._run(seq, seq.frontier, (seq.pending,), chunked=False)[0]  # [V], at frontier + 1
+            state = self._state(seq, seq.frontier)
+            logits, hidden = self.model.decode_step(seq.pending, state, return_hidden=True)  # [V] at frontier + 1
+            self._write(seq, state, seq.frontier, (seq.pending,), hidden[None])
             drawn.append(self._draw(seq, logits, seq.frontier + 1, mask))
         return drawn
 
