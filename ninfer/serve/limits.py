@@ -8,6 +8,7 @@ Engine: bytes, seconds, connections and schema size. docs/serving.md's runbook l
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,11 @@ LIMIT_CONCURRENCY = 1024  # open connections; one more is answered 503 and close
 MAX_HEADER_BYTES = 16 << 10  # h11's incomplete-event bound (uvicorn's default): request line plus headers
 MAX_SCHEMA_BYTES = 64 << 10  # response_format plus tools, as compact JSON
 COMPILE_TIMEOUT_S = 10.0  # one structured-output grammar's compilation (the Frontend's, via RuntimeOptions)
+# XGrammar's compile time grows faster than linearly in a string's length bounds and a pattern's repeat counts
+# (maxLength 1000: ~1.6 s, 2000: ~8 s, 5000: ~65 s on one core), and a compile cannot be interrupted: counts above
+# this are refused before compiling, so that a 40-byte schema cannot hold a core for minutes.
+MAX_SCHEMA_REPEAT = 1000
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 SHUTDOWN_TIMEOUT_S = 30.0  # SIGTERM: in-flight requests may finish this long before they are cancelled
 PREPARE_WORKERS = 2  # threads that tokenize, hash and compile grammars off the event loop
 PREPARE_BACKLOG = 64  # preparations waiting for a worker before new ones are refused (429)
@@ -64,3 +70,22 @@ def schema_bytes(*parts: Any) -> int:
                    for p in parts if p is not None)
     except RecursionError:
         return 1 << 62
+
+
+def schema_repeat(*parts: Any) -> tuple[str, int] | None:
+    """The first `minLength`/`maxLength` or `pattern` repeat count over MAX_SCHEMA_REPEAT, as (keyword, count)."""
+    stack = [p for p in parts if p is not None]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            for key, item in v.items():
+                if key in ("minLength", "maxLength") and isinstance(item, int) and item > MAX_SCHEMA_REPEAT:
+                    return key, item
+                if key == "pattern" and isinstance(item, str):
+                    counts = [int(n) for m in _REPEAT.finditer(item) for n in m.groups() if n]
+                    if counts and max(counts) > MAX_SCHEMA_REPEAT:
+                        return "pattern", max(counts)
+                stack.append(item)
+    return None

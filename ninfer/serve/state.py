@@ -15,7 +15,7 @@ from ninfer.wiring import Runtime
 
 from .errors import APIError
 from .events import Choices
-from .limits import ServeLimits, schema_bytes
+from .limits import MAX_SCHEMA_REPEAT, ServeLimits, schema_bytes, schema_repeat
 from .metrics import Metrics
 from .prepare import Preparer
 
@@ -95,6 +95,11 @@ class ServerState:
             param = "response_format" if schema_bytes(response_format) > limit or not tools else "tools"
             raise APIError(400, f"{param}: the schema is over {limit} bytes as JSON (--max-schema-bytes)",
                            param=param, code="schema_too_large")
+        repeat = schema_repeat(response_format, tools)
+        if repeat is not None:
+            param = "response_format" if schema_repeat(response_format) else "tools"
+            raise APIError(400, f"{param}: {repeat[0]} {repeat[1]} is over {MAX_SCHEMA_REPEAT}, the most a grammar "
+                           "is compiled for here", param=param, code="schema_too_complex")
 
     def require_generation(self) -> None:
         if self.ready().engine is None:

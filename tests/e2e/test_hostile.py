@@ -112,6 +112,10 @@ ROWS = [
         "name": "t", "schema": {"type": "object", "properties": {"a": {"$ref": "http://x.test/s.json"}}}}}), 400),
     ("tool_parameters_bogus_type", CHAT, chat(tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "bogus"}}}]), 400),
+    ("schema_maxLength_5000", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "t", "schema": {"type": "string", "maxLength": 5000}}}), 400),
+    ("schema_pattern_repeat_20000", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "t", "schema": {"type": "string", "pattern": "(ab|cd){20000}"}}}), 400),
     ("schema_bad_pattern", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "t", "schema": {"type": "string", "pattern": "(("}}}), 400),
     ("tool_choice_unknown", CHAT, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}),

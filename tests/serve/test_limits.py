@@ -123,6 +123,16 @@ def test_schema_size_is_refused_before_compiling(make_client):
     assert err["param"] == "tools" and "--max-schema-bytes" in err["message"]
 
 
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 5000}, {"type": "string", "minLength": 1001},
+                                    {"type": "string", "pattern": "(ab|cd){2000}"},
+                                    {"type": "object", "properties": {"a": {"type": "string", "pattern": "x{3,9999}"}}}])
+def test_schemas_that_compile_for_minutes_are_refused_first(client, schema):
+    """Each of these is a few dozen bytes and would hold a core for seconds to minutes inside XGrammar."""
+    rf = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    err = envelope(client.post("/v1/chat/completions", json={**HI, "response_format": rf}), 400)
+    assert err["code"] == "schema_too_complex" and err["param"] == "response_format"
+
+
 def test_compile_timeout_refuses_with_its_flag(tok_compiler_inputs):
     tokenizer, options = tok_compiler_inputs
     compiler = GrammarCompiler(tokenizer, compile_timeout=1e-4)
