@@ -110,3 +110,22 @@ def test_errors_map_to_client_exceptions(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="ninfer-test", messages=[{"role": "user", "content": "w " * 600}])
     assert e.value.code == "context_too_long"
+
+
+def test_agent_turn_resumes_at_the_deepest_exact_boundary(client, tok):
+    """An agent loop through the real client: the next request (the tool result appended) resumes after the whole
+    tool-call turn when history re-renders the model's tokens exactly, else at the end of the first prompt (its
+    empty think block is rendered back too); never anywhere else. (The random model forced by logit_bias may pick a non-canonical
+    tokenization of the call, which the renderer does not reproduce.)"""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["unit"]}}}]
+    call = "<tool_call>\n<function=get_weather>\n<parameter=unit>\nf\n</parameter>\n</function>\n</tool_call>"
+    kw = dict(model="ninfer-test", tools=tools, temperature=0, extra_body=NO_THINK, prompt_cache_key="agent-e2e")
+    first = client.chat.completions.create(messages=HI, tool_choice="required", max_tokens=60,
+                                           logit_bias=_bias(tok, call), **kw)
+    assert first.choices[0].finish_reason == "tool_calls"
+    turn = first.choices[0].message.model_dump(exclude_none=True)
+    messages = HI + [turn, {"role": "tool", "tool_call_id": turn["tool_calls"][0]["id"], "content": "18 C"}]
+    second = client.chat.completions.create(messages=messages, max_tokens=2, **kw)
+    done = first.usage.prompt_tokens + first.usage.completion_tokens - 1  # all but the unconsumed <|im_end|>
+    assert second.usage.prompt_tokens_details.cached_tokens in (done, first.usage.prompt_tokens)
