@@ -18,7 +18,6 @@ import pytest
 
 from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, build_runtime
 
 from .conftest import ThreadServer
 from .robustness import assert_baseline, check_answer
@@ -139,16 +138,11 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def served(_default_model_built):
-    # No prefix caching: a finished request leaves nothing behind, so the Program's baseline is exact.
-    rt = build_runtime(RuntimeOptions(max_model_len=256, max_num_seqs=2, max_queued_requests=4,
-                                      enable_prefix_caching=False), progress=False)
+def served(small_runtime):
+    rt = small_runtime
     state = ServerState(rt, rt.name)
-    try:
-        with ThreadServer(create_app(state)) as server:
-            yield server, state, rt.engine.core.program.resource_usage()
-    finally:
-        rt.close()
+    with ThreadServer(create_app(state)) as server:
+        yield server, state, rt.engine.core.program.resource_usage()
 
 
 def _encode(body) -> bytes:

@@ -18,7 +18,6 @@ from ninfer.serve.app import create_app
 from ninfer.serve.lifecycle import Lifecycle
 from ninfer.serve.limits import ServeLimits
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, build_runtime
 
 from .conftest import LiveServer, free_port
 
@@ -26,12 +25,9 @@ CHAT = "/v1/chat/completions"
 LONG = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 200, "stream": True}
 
 
-@pytest.fixture(scope="module")
-def runtime(_default_model_built):
-    rt = build_runtime(RuntimeOptions(max_model_len=256, max_num_seqs=2, enable_prefix_caching=False),
-                       progress=False)
-    yield rt
-    rt.close()
+@pytest.fixture
+def runtime(small_runtime):
+    return small_runtime
 
 
 def _raw(sock: socket.socket) -> tuple[int, dict]:
