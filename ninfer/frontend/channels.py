@@ -4,8 +4,10 @@ Phases: REASONING (the prompt opened <think>) until the first `</think>`, or unt
 are offered (an implicit end, as peers do); CONTENT after that (everything, when thinking is off); CALL from
 `<tool_call>` to `</tool_call>`. Text that could still turn out to be a marker, and newlines the chat
 template would trim around markers, are held back until decided, so no partial tag ever leaks as content.
-A tool call is emitted once complete and valid; a malformed or unterminated one falls back to content,
-verbatim, and is reported.
+A tool call is emitted once complete and valid; a malformed one falls back to content, verbatim, and is
+reported. An unterminated one (the output was cut) falls back to content as well, except under a grammar
+(`drop_unterminated`): there the text is a call by construction, so it is dropped rather than leaked as raw XML,
+and the output counts as cut off.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Parsed:
     content: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)
+    cut_call: bool = False  # the output ended inside a tool call that was dropped (drop_unterminated)
 
 
 def _partial_marker(buf: str, markers: Sequence[str]) -> int:
@@ -52,6 +55,7 @@ class ChannelParser:
     buf: str = ""
     strip_newlines: bool = False  # right after </think> or a tool call: the template drops these newlines
     calls: int = 0
+    drop_unterminated: bool = False  # a grammar wrote the output: an unterminated call is dropped, not content
 
     def __post_init__(self) -> None:
         if not self.phase:
@@ -122,7 +126,12 @@ class ChannelParser:
     def finish(self) -> Parsed:
         """End of output: held text goes to its channel; an unterminated call falls back to content."""
         out = Parsed()
-        if self.phase == CALL:
+        held_call = self.phase == CONTENT and self.tools and self.buf.strip() and CALL_OPEN.startswith(
+            self.buf.strip())
+        if self.drop_unterminated and (self.phase == CALL or held_call):
+            out.cut_call = True
+            out.issues.append("unterminated tool call dropped: the output ended inside it")
+        elif self.phase == CALL:
             out.content = CALL_OPEN + self.buf
             out.issues.append("unterminated tool call kept as content")
         elif self.phase == REASONING:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ninfer.contracts import RejectReason, RequestRejected
 
+from .budget import thinking_budget
 from .detokenizer import TokenTable
 from .grammar.options import StructuredOutputOptions
 from .input_bounds import check_text
@@ -44,6 +45,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     chat_template_kwargs: Mapping[str, Any] | None = None
     add_generation_prompt: bool = True
+    json_whitespace: str = "compact"  # the final JSON's layout: compact or pretty (grammar/compose.py)
     # Caller message indices after which a cache boundary goes; None: the system turn and every message.
     cache_boundaries: Sequence[int] | None = None
 
@@ -85,7 +87,8 @@ class Frontend:
         chat = normalize_chat(request.messages, request.tools)
         structured = StructuredOutputOptions.create(response_format=request.response_format, tools=chat.specs,
                                                     tool_choice=request.tool_choice,
-                                                    parallel_tool_calls=request.parallel_tool_calls)
+                                                    parallel_tool_calls=request.parallel_tool_calls,
+                                                    json_whitespace=request.json_whitespace)
         messages, shift = with_instruction(chat.messages, format_instruction(structured))
         kwargs = dict(request.chat_template_kwargs or {})
         text, rendered = self._render(messages, chat.tools, request.add_generation_prompt, kwargs)
@@ -181,11 +184,16 @@ class Frontend:
 
         max_tokens resolves to what the context leaves after the prompt (or less, if the request asked for
         less); the Engine's output budget for the request must be this same `session.options.max_tokens`.
+        With thinking on and a forced tool call, the thinking budget is capped so that the call fits (budget.py).
         """
         room = self.max_context - len(prompt)
         if options.max_tokens is None or options.max_tokens > room:
             self.check_context(len(prompt), options.max_tokens)
             options = replace(options, max_tokens=room, min_tokens=min(options.min_tokens, room))
+        budget = thinking_budget(options.thinking_budget, structured, reasoning_open=prompt.reasoning_open,
+                                 max_tokens=options.max_tokens, suffix_tokens=len(self.think_end_suffix),
+                                 tokenizer=self.tokenizer)
+        options = replace(options, thinking_budget=budget)
         grammar = None
         if structured is not None:
             if not options.tools and structured.callable_tools:

@@ -60,7 +60,8 @@ class OutputSession:
         self._history = history  # whether history rendering reproduces the output: its prefix-execution boundary
         self._suffix = tuple(control_suffix)
         prefix = secrets.token_hex(6)
-        parser = ChannelParser(reasoning_open, options.tools, lambda i: f"call_{prefix}{i:02d}")
+        parser = ChannelParser(reasoning_open, options.tools, lambda i: f"call_{prefix}{i:02d}",
+                               drop_unterminated=grammar is not None)
         self._state = _State(Detokenizer(table, options.skip_special_tokens), StopMatcher(options.stop), parser,
                              grammar)
         self._version = 0
@@ -135,7 +136,9 @@ class OutputSession:
         finish, reason = self._run(st, tokens, forced, delta)
         if finish is not None:
             self._finalize(st, delta, released_tail=not isinstance(reason, str))
-            if finish is FinishReason.STOP and (self._calls or delta.calls):
+            if delta.parsed.cut_call:
+                finish = FinishReason.LENGTH  # a constrained call cut short (max_tokens or a stop string)
+            elif finish is FinishReason.STOP and (self._calls or delta.calls):
                 finish = FinishReason.TOOL_CALLS
         boundary = len(delta.tokens) if reason == Qwen35Tokenizer.IM_END and self._reproduced(delta) else None
         base = len(self._calls)
@@ -188,6 +191,7 @@ class OutputSession:
         delta.parsed.reasoning += p.reasoning
         delta.parsed.content += p.content
         delta.parsed.issues.extend(p.issues)
+        delta.parsed.cut_call = delta.parsed.cut_call or p.cut_call
         delta.calls.extend(p.calls)
 
     def _finalize(self, st: _State, delta: _Delta, released_tail: bool) -> None:

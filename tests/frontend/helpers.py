@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ninfer.frontend.render import assistant_text
+
+
+def allowed(mask_row) -> np.ndarray:
+    """The token ids a bitmask row allows."""
+    return np.flatnonzero(np.unpackbits(mask_row.numpy().view(np.uint8), bitorder="little"))
 
 
 def stream(session, ids, sizes=None):

@@ -13,16 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corpus import TOOLS
-from helpers import stream
+from helpers import allowed, stream
 from ninfer.contracts import EngineFailure, FinishReason, RejectReason, RequestRejected
 from ninfer.frontend import ChatRequest, OutputOptions
 
 IM_END, IM_START, IMAGE_PAD, TOOL_RESPONSE = 248046, 248045, 248056, 248066
 VOCAB = 248320
-
-
-def allowed(mask_row: torch.Tensor) -> np.ndarray:
-    return np.flatnonzero(np.unpackbits(mask_row.numpy().view(np.uint8), bitorder="little"))
 
 
 def open_structured(fe, thinking=False, tools=None, options=None, **request):

@@ -7,9 +7,9 @@ import json
 import random
 
 import jsonschema
-import numpy as np
 import pytest
 
+from helpers import allowed
 from ninfer.contracts import FinishReason
 from ninfer.frontend import ChatRequest, OutputOptions
 
@@ -28,10 +28,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 JUMPS = ["\n</parameter>\n", '"}', "}"]
 USER = {"role": "user", "content": "q"}
 KWARGS = {"enable_thinking": False}
-
-
-def allowed(mask_row) -> np.ndarray:
-    return np.flatnonzero(np.unpackbits(mask_row.numpy().view(np.uint8), bitorder="little"))
 
 
 def walk(session, tok, rng: random.Random, limit=300):

@@ -8,6 +8,10 @@
       tools required            : at least one tool call, from the answer's first token
       tool named                : calls of that tool only (one, unless parallel calls are allowed)
 
+The final JSON never has free whitespace (a model that prefers spaces would otherwise fill the answer with them):
+`compact` is json.dumps' layout, `pretty` allows any layout with at most PRETTY_MAX_WHITESPACE whitespace
+characters in a row. Tool arguments always take the template's own spelling (tool_grammar.py).
+
 Forced calls (required, named, auto + json format) end the turn: after the last permitted call only another
 call (parallel calls) or a stop token may follow. Tool calls are spelled as the template renders them
 (tool_grammar.py).
@@ -25,16 +29,25 @@ from xgrammar.structural_tag import (AnyTextFormat, ConstStringFormat, JSONSchem
                                      StructuralTag, TagFormat, TriggeredTagsFormat)
 
 from .options import StructuredOutputOptions, json_safe
-from .tool_grammar import CALL_TRIGGER, call_tag, calls_format
+from .tool_grammar import CALL_TRIGGER, call_tag, calls_format, compact_json
 
 THINK_END = "</think>"
 THINK_SUFFIX = "\n\n"
 REASONING_EXCLUDES = ["<think>", "</think>"]
+# A newline and an indentation five levels deep at four spaces (or ten at two) still fit.
+PRETTY_MAX_WHITESPACE = 20
+
+
+def final_json(schema: Any, whitespace: str) -> Any:
+    """The final JSON answer: `compact` in json.dumps' layout, `pretty` with bounded runs of whitespace."""
+    if whitespace == "pretty":
+        return JSONSchemaFormat(json_schema=json_safe(schema), max_whitespace_cnt=PRETTY_MAX_WHITESPACE)
+    return compact_json(schema)
 
 
 def _answer(options: StructuredOutputOptions) -> Any:
     fmt = options.response_format
-    final = JSONSchemaFormat(json_schema=json_safe(fmt.final_schema())) if fmt.is_json else None
+    final = final_json(fmt.final_schema(), options.json_whitespace) if fmt.is_json else None
     tools = options.callable_tools
     if not tools:
         return final if final is not None else AnyTextFormat(excludes=REASONING_EXCLUDES)

@@ -22,6 +22,9 @@ SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "contains", "unevaluatedProperties")
 # JSON Schema's type names: XGrammar reads any other `type` as no constraint at all.
 JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+# The layouts of a final JSON answer: compact is json.dumps' one line (", " and ": ", no other whitespace); pretty
+# lets the model lay it out, at most PRETTY_MAX_WHITESPACE whitespace characters in a row (grammar/compose.py).
+JSON_WHITESPACE = ("compact", "pretty")
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,11 @@ class StructuredOutputOptions:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = ToolChoice("none")
     parallel_tool_calls: bool = True
+    json_whitespace: str = "compact"  # the final JSON's layout, one of JSON_WHITESPACE
 
     @classmethod
     def create(cls, *, response_format: Any = None, tools: Sequence[ToolSpec] = (), tool_choice: Any = None,
-               parallel_tool_calls: bool = True) -> "StructuredOutputOptions":
+               parallel_tool_calls: bool = True, json_whitespace: str = "compact") -> "StructuredOutputOptions":
         """Validate OpenAI-shaped fields against the (already normalized) tool specs."""
         tools = tuple(tools)
         for t in tools:
@@ -96,8 +100,10 @@ class StructuredOutputOptions:
                 if t.parameters.get("type", "object") != "object":
                     raise reject(f"tool {t.name!r} parameters.type must be 'object' (a call's arguments are a JSON "
                                  f"object), got {t.parameters['type']!r}")
+        if json_whitespace not in JSON_WHITESPACE:
+            raise reject(f"json_whitespace must be one of {', '.join(JSON_WHITESPACE)}, got {json_whitespace!r}")
         return cls(ResponseFormat.parse(response_format), tools, ToolChoice.parse(tool_choice, tools),
-                   bool(parallel_tool_calls))
+                   bool(parallel_tool_calls), json_whitespace)
 
     @property
     def tools_active(self) -> bool:
@@ -110,6 +116,11 @@ class StructuredOutputOptions:
         if self.tool_choice.mode == "named":
             return tuple(t for t in self.tools if t.name == self.tool_choice.name)
         return self.tools
+
+    @property
+    def calls_forced(self) -> bool:
+        """tool_choice `required` or a named tool: the answer is tool calls and nothing else."""
+        return self.tools_active and self.tool_choice.mode in ("required", "named")
 
     @property
     def constrained(self) -> bool:

@@ -41,9 +41,9 @@ CANONICAL_NUMBER = rf"-?[1-9][0-9]{{0,7}}({_FRACTION})?|-?0({_SMALL_FRACTION})|0
 NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
-def _json_value(schema: Mapping[str, Any]) -> GrammarFormat:
-    """A JSON value of `schema` in tojson's spelling (", " and ": ", no other whitespace)."""
-    grammar = xgr.Grammar.from_json_schema(json.dumps(json_safe(dict(schema))), any_whitespace=False,
+def compact_json(schema: Any) -> GrammarFormat:
+    """A JSON value of `schema` in tojson's (and json.dumps') spelling: ", " and ": ", no other whitespace."""
+    grammar = xgr.Grammar.from_json_schema(json.dumps(json_safe(schema)), any_whitespace=False,
                                            separators=(", ", ": "))
     return GrammarFormat(grammar=str(grammar))
 
@@ -103,7 +103,7 @@ def value_formats(schema: Any) -> list[Any] | None:
         elif kind == "number" and not set(NUMBER_BOUNDS) & schema.keys():
             out.append(RegexFormat(pattern=CANONICAL_NUMBER))
         elif kind in JSON_KINDS:
-            out.append(_json_value({**schema, "type": kind}))
+            out.append(compact_json({**schema, "type": kind}))
         else:
             raise ValueError(f"unknown JSON schema type {kind!r} in tool parameters")
     return out
