@@ -68,27 +68,39 @@ def inspect(model: str, verify: bool) -> None:
         raise e.locate(str(artifact))
 
 
-def _sampling(max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None):
+def _sampling_flags(max_tokens: int | None, temperature: float | None, top_p: float | None, top_k: int | None,
+                    seed: int | None) -> dict:
+    """The sampling flags given (None: not given), checked before the model loads."""
     from ninfer.sampling import SamplingParams, SamplingParamsError
 
+    flags = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
     try:
-        return SamplingParams.create(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                     seed=seed)
+        SamplingParams.create(**{k: v for k, v in flags.items() if v is not None})
     except SamplingParamsError as e:
         raise click.BadParameter(str(e), param_hint=f"--{e.field.replace('_', '-')}") from None
+    return flags
 
 
-def _sampling_option(*decls: str, **kw):
-    return click.option(*decls, cls=GroupedOption, help_group="Sampling", **kw)
+def _sampling_option(*decls: str, env: str, **kw):
+    return click.option(*decls, cls=GroupedOption, help_group="Sampling", default=None, envvar=f"NINFER_{env}",
+                        show_envvar=True, **kw)
+
+
+def _ninfer_option(*decls: str, env: str, **kw):
+    return click.option(*decls, cls=GroupedOption, help_group="ninfer", envvar=f"NINFER_{env}", show_envvar=True,
+                        **kw)
 
 
 def _sampling_options(fn):
     for option in reversed([
-        _sampling_option("--max-tokens", "-n", default=256, show_default=True, type=click.IntRange(1)),
-        _sampling_option("--temperature", default=0.0, show_default=True, type=float, help="0 is greedy."),
-        _sampling_option("--top-p", default=1.0, show_default=True, type=float),
-        _sampling_option("--top-k", default=0, show_default=True, type=int, help="0 or -1: off."),
-        _sampling_option("--request-seed", default=None, type=int, help="The sampling seed of this request."),
+        _sampling_option("--max-tokens", "-n", env="MAX_TOKENS", type=click.IntRange(1),
+                         help="Output tokens [default: 256, or what the context leaves]."),
+        _sampling_option("--temperature", env="TEMPERATURE", type=float,
+                         help="0 is greedy [default: the model's generation_config, else 0]."),
+        _sampling_option("--top-p", env="TOP_P", type=float, help="[default: the model's generation_config, else 1]"),
+        _sampling_option("--top-k", env="TOP_K", type=int,
+                         help="0 or -1: off [default: the model's generation_config, else 0]."),
+        _sampling_option("--request-seed", env="REQUEST_SEED", type=int, help="The sampling seed of this request."),
     ]):
         fn = option(fn)
     return fn
@@ -98,23 +110,25 @@ def _sampling_options(fn):
 @click.argument("words", metavar="[MODEL] PROMPT", nargs=-1, required=True)
 @runtime_options
 @_sampling_options
-@click.option("--raw", is_flag=True, help="Feed PROMPT as is instead of rendering it as a chat user turn.")
-@click.option("--think/--no-think", default=True, show_default=True, help="Render the prompt with thinking on/off.")
+@_ninfer_option("--raw", env="RAW", is_flag=True,
+                help="Feed PROMPT as is instead of rendering it as a chat user turn.")
+@_ninfer_option("--think/--no-think", env="THINK", default=True, show_default=True,
+                help="Render the prompt with thinking on/off.")
 def generate(words: tuple[str, ...], runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k: int,
              request_seed: int | None, raw: bool, think: bool) -> None:
     """Generate from PROMPT through the Engine and stream the text (reasoning dimmed, on stderr)."""
     from ninfer.contracts import RequestRejected
-    from ninfer.serve.terminal import Printer, run_turn
+    from ninfer.serve.terminal import Printer, cli_sampling, run_turn
 
     if len(words) > 2:
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(words)} words: quote the prompt")
     pick_model(runtime, words[0] if len(words) == 2 else None)
     prompt = words[-1]
-    sampling = _sampling(max_tokens, temperature, top_p, top_k, request_seed)
+    flags = _sampling_flags(max_tokens, temperature, top_p, top_k, request_seed)
     rt = start_runtime(runtime, purpose="generation")
     try:
-        run_turn(rt, [{"role": "user", "content": prompt}], sampling, {"enable_thinking": think}, Printer(),
-                 raw=prompt if raw else None)
+        run_turn(rt, [{"role": "user", "content": prompt}], cli_sampling(rt, flags), {"enable_thinking": think},
+                 Printer(), raw=prompt if raw else None)
     except RequestRejected as e:
         raise click.ClickException(f"refused: {e.message}") from None
     finally:
@@ -125,16 +139,19 @@ def generate(words: tuple[str, ...], runtime: dict, max_tokens: int, temperature
 @model_argument
 @runtime_options
 @_sampling_options
-@click.option("--think/--no-think", default=True, show_default=True, help="Start with thinking on/off.")
+@_ninfer_option("--think/--no-think", env="THINK", default=True, show_default=True,
+                help="Start with thinking on/off.")
 def chat(runtime: dict, max_tokens: int, temperature: float, top_p: float, top_k: int, request_seed: int | None,
          think: bool) -> None:
-    """Interactive chat with history; /think and /no_think switch thinking, /reset, /exit."""
-    from ninfer.serve.terminal import chat_loop
+    """Interactive chat with history; /think and /no_think switch thinking, /reset, /exit, /help; Ctrl-C stops a
+    reply."""
+    from ninfer.serve.chat_repl import chat_loop
+    from ninfer.serve.terminal import cli_sampling
 
-    sampling = _sampling(max_tokens, temperature, top_p, top_k, request_seed)
+    flags = _sampling_flags(max_tokens, temperature, top_p, top_k, request_seed)
     rt = start_runtime(runtime, purpose="generation")
     try:
-        chat_loop(rt, sampling, think)
+        chat_loop(rt, cli_sampling(rt, flags), think)
     finally:
         rt.close()
 
@@ -146,10 +163,10 @@ def _frontend_option(*decls: str, env: str, **kw):
 
 def _score_options(fn):
     for option in reversed([
-        click.option("--score-window", cls=GroupedOption, help_group="ninfer", type=click.IntRange(2), default=None,
-                     help="Scoring purpose: tokens per window (default 512)."),
-        click.option("--score-stride", cls=GroupedOption, help_group="ninfer", type=click.IntRange(1),
-                     default=None, help="Scoring purpose: tokens between window starts (default: half a window)."),
+        _ninfer_option("--score-window", env="SCORE_WINDOW", type=click.IntRange(2), default=None,
+                       help="Scoring purpose: tokens per window (default 512)."),
+        _ninfer_option("--score-stride", env="SCORE_STRIDE", type=click.IntRange(1), default=None,
+                       help="Scoring purpose: tokens between window starts (default: half a window)."),
     ]):
         fn = option(fn)
     return fn
@@ -180,13 +197,14 @@ def serve(runtime: dict, limits: dict, host: str, port: int, api_key: str | None
     check_port(host, port)  # a taken port fails now, not after minutes of loading
     rt = start_runtime(runtime, score_window=score_window, score_stride=score_stride,
                        max_queued_requests=limits["max_queued_requests"], queue_timeout=limits["queue_timeout"],
-                       grammar_compile_timeout=limits["grammar_compile_timeout"])
+                       grammar_compile_timeout=limits["grammar_compile_timeout"], announce=False)
     run(rt, host=host, port=port, api_key=api_key, limits=gateway, log_level=uvicorn_log_level)
 
 
 @main.command()
 @click.argument("words", metavar="[MODEL] [INPUT]", nargs=-1)
-@click.option("--output", "-o", type=click.File("w"), default="-", help="JSONL out (default stdout).")
+@_ninfer_option("--output", "-o", env="SCORE_OUTPUT", type=click.File("w"), default="-",
+                help="JSONL out (default stdout).")
 @runtime_options
 @_score_options
 def score(words: tuple[str, ...], output, runtime: dict, score_window: int | None, score_stride: int | None) -> None:

@@ -22,8 +22,11 @@ from ninfer.engine.records import GenerationRequest
 from ninfer.engine.scoring import CausalScoreCore
 from ninfer.errors import NinferError, NotFoundError, UnavailableError, UsageError
 from ninfer.frontend import Frontend, OutputOptions
+from ninfer.frontend.grammar.options import JSON_WHITESPACE
 from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
 from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
+from ninfer.model_facts import ArtifactFacts
+from ninfer.sampling.defaults import SamplingDefaults
 
 PROGRAMS = ("auto", "reference", "fast")
 PURPOSES = ("generation", "scoring")
@@ -65,6 +68,9 @@ class RuntimeOptions:
     max_queued_requests: int = EngineConfig.queue_bound  # waiting choices beyond the lanes before 429
     queue_timeout: float | None = None  # seconds a choice may wait for a lane; None: unbounded
     grammar_compile_timeout: float | None = None  # seconds per structured-output grammar; None: unbounded
+    generation_config: str = "auto"  # sampling defaults: auto (the artifact's), none / vllm, or a path
+    json_whitespace: str = "compact"  # the final JSON's layout where a request names none
+    thinking_token_budget: int | None = None  # reasoning tokens before a forced </think>, where a request sets none
 
     def check(self) -> None:
         if self.program not in PROGRAMS:
@@ -89,6 +95,11 @@ class RuntimeOptions:
                 raise WiringError(f"{flag} must be positive, got {value}")
         if self.dtype not in ("float32", "float64"):
             raise WiringError(f"--dtype must be float32 or float64 for the reference Program, got {self.dtype!r}")
+        if self.json_whitespace not in JSON_WHITESPACE:
+            raise WiringError(f"--json-whitespace must be one of {', '.join(JSON_WHITESPACE)}, "
+                              f"got {self.json_whitespace!r}")
+        if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
+            raise WiringError(f"--thinking-token-budget must be >= 0, got {self.thinking_token_budget}")
 
 
 def parse_json_option(text: str | None, name: str) -> dict | None:
@@ -115,6 +126,8 @@ class Runtime:
     program_kind: str
     frontend: Frontend
     max_context: int
+    weights: str = ""  # where the weights came from, for the ready line (weights_origin)
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
     engine: Engine | None = None
     scorer: CausalScoreCore | None = None
     load_seconds: float = 0.0
@@ -142,12 +155,13 @@ class Runtime:
         return self._seeds.getrandbits(63)
 
     def summary(self) -> str:
-        weights = "RANDOM weights, output is noise" if self.random_weights else "trained weights"
         lanes = f"{self.options.max_num_seqs} lanes" if self.engine is not None else "serial scoring"
         cache = "prefix cache on" if self.options.enable_prefix_caching and self.engine is not None else "no cache"
         spec = f" | speculative {self.speculative}" if self.speculative else ""
-        return (f"ready: {self.name} ({weights}) | {self.purpose} on the {self.program_kind} Program | "
-                f"context {self.max_context} | {lanes} | {cache}{spec} | loaded in {self.load_seconds:.1f} s")
+        sampling = f" | {self.sampling_defaults.describe()}" if self.engine is not None else ""
+        return (f"ready: {self.name} ({self.weights}) | {self.purpose} on the {self.program_kind} Program | "
+                f"context {self.max_context} | {lanes} | {cache}{spec}{sampling} | loaded in "
+                f"{self.load_seconds:.1f} s")
 
     def close(self) -> None:
         if self.engine is not None:
@@ -219,11 +233,11 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
 
     start = time.monotonic()
     bar = tqdm(total=3, desc="Loading", unit="step", disable=not progress, leave=False)
-    frontend, meta = _frontend(path, options)
+    frontend, facts = _frontend(path, options)
     bar.update(1)
-    name = options.served_model_name or meta.get("name") or path.stem
-    rt = Runtime(options, name, path, bool(meta.get("random_weights")), kind, frontend, frontend.max_context,
-                 _seeds=random.Random(options.seed))
+    name = options.served_model_name or facts.name or path.stem
+    rt = Runtime(options, name, path, facts.random_weights, kind, frontend, frontend.max_context, facts.weights,
+                 facts.sampling_defaults, _seeds=random.Random(options.seed))
     program = _load_program(path, options, frontend.max_context, kind, speculative)
     rt.speculative = program.limits.speculative
     bar.update(1)
@@ -243,12 +257,13 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
     return rt
 
 
-def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, dict]:
+def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, ArtifactFacts]:
     """The Frontend from the artifact's own tokenizer and chat template, with the context contract."""
     from ninfer.artifact import open_artifact
 
     with open_artifact(path) as art:
-        meta, config = art.metadata, art.config
+        facts = ArtifactFacts.read(art, options.generation_config)
+        config = art.config
         tokenizer = Qwen35Tokenizer.load(art.resource("tokenizer.json").decode("utf-8"))
         if tokenizer.vocab_size > config.vocab_size:
             # Qwen3.5 pads the embedding past the tokenizer (248,320 rows for 248,077 ids); fewer rows than ids
@@ -264,7 +279,7 @@ def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, dict]:
     if max_context > config.max_position_embeddings:
         raise WiringError(f"--max-model-len {max_context} exceeds the model's {config.max_position_embeddings}")
     return Frontend(tokenizer, max_context=max_context, chat_template=template,
-                    grammar_compile_timeout=options.grammar_compile_timeout), meta
+                    grammar_compile_timeout=options.grammar_compile_timeout), facts
 
 
 def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ninfer.errors import NinferError
+
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -102,6 +104,39 @@ async def _one(client: httpx.AsyncClient, cfg: BenchConfig, body: dict) -> Reque
     return rec
 
 
+class BenchError(NinferError):
+    """The endpoint cannot be benchmarked: nothing listens, it refuses the key, or it serves no model."""
+
+
+async def served_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+    """The first model id of GET /v1/models; a BenchError (one line) when the server cannot be asked."""
+    where = f"{cfg.base_url}/v1/models"
+    try:
+        resp = await client.get("/v1/models")
+    except httpx.ConnectError as e:
+        raise BenchError(f"nothing answers at {cfg.base_url}: {e}").locate(
+            where, hint="start `ninfer serve`, or pass --base-url / --host / --port of a running server") from None
+    except httpx.HTTPError as e:
+        raise BenchError(f"GET /v1/models failed: {type(e).__name__}: {e}").locate(where) from None
+    if resp.status_code in (401, 403):
+        hint = "pass the server's key with --api-key (or NINFER_API_KEY)" if not cfg.api_key else "check --api-key"
+        raise BenchError(f"the server refused the request ({resp.status_code}): {_error_text(resp)}").locate(
+            where, hint=hint)
+    try:
+        models = resp.json()["data"] if resp.status_code == 200 else None
+        return str(models[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise BenchError(f"GET /v1/models answered {resp.status_code} without a model: {_error_text(resp)}").locate(
+            where, hint="name the model with --model") from None
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:200]
+
+
 async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
     rng = random.Random(cfg.seed)
     bodies = [_payload(cfg, rng) for _ in range(cfg.num_prompts)]
@@ -109,10 +144,9 @@ async def run_bench(cfg: BenchConfig) -> tuple[list[RequestRecord], float]:
     limit = asyncio.Semaphore(cfg.max_concurrency or cfg.num_prompts)
     async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers, timeout=cfg.timeout,
                                  limits=httpx.Limits(max_connections=None)) as client:
-        if cfg.model is None:
-            models = (await client.get("/v1/models")).json()["data"]
-            cfg = BenchConfig(**{**cfg.__dict__, "model": models[0]["id"]})
-            bodies = [{**b, "model": cfg.model} for b in bodies]
+        model = cfg.model or await served_model(client, cfg)
+        cfg = BenchConfig(**{**cfg.__dict__, "model": model})
+        bodies = [{**b, "model": model} for b in bodies]
 
         async def limited(body: dict) -> RequestRecord:
             async with limit:

@@ -29,7 +29,8 @@ def _prepare(state: ServerState, body: ChatCompletionRequest):
     kwargs = {**rt.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
     request = ChatRequest(body.messages, tools=body.tools, tool_choice=body.tool_choice,
                           response_format=body.response_format, parallel_tool_calls=body.parallel_tool_calls,
-                          chat_template_kwargs=kwargs, add_generation_prompt=body.add_generation_prompt)
+                          chat_template_kwargs=kwargs, add_generation_prompt=body.add_generation_prompt,
+                          json_whitespace=body.json_whitespace or rt.options.json_whitespace)
     return rt.frontend.prepare_chat(request, max_tokens=body.output_limit())
 
 
@@ -40,13 +41,16 @@ def _submit_all(state: ServerState, body: ChatCompletionRequest, deadline: float
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     chat = _prepare(state, body)
     vocab = rt.frontend.tokenizer.vocab_size
-    params = [sampling_params(body, vocab, max_tokens=body.output_limit(), logprobs=logprobs, choice=j)
+    params = [sampling_params(body, vocab, max_tokens=body.output_limit(), logprobs=logprobs, choice=j,
+                              defaults=rt.sampling_defaults)
               for j in range(body.n)]
     stops = body.stops()
+    budget = body.requested_thinking_budget()
+    budget = rt.options.thinking_token_budget if budget is None else budget
     return state.submit_choices(
         lambda p: generation_request(rt, chat.prompt, p, stop=stops, structured=chat.structured,
                                      skip_special_tokens=body.skip_special_tokens,
-                                     thinking_budget=body.thinking_budget, deadline=deadline,
+                                     thinking_budget=budget, deadline=deadline,
                                      session_key=body.session_key()), params)
 
 

@@ -32,6 +32,9 @@ RUNTIME_OPTIONS = [
     _opt("--max-model-len", "--context-length", "max_model_len", env="MAX_MODEL_LEN", group="ModelConfig",
          type=click.IntRange(2), default=None, help="Prompt + output tokens per request (default: min(4096, the "
                                                     "model's))."),
+    _opt("--generation-config", env="GENERATION_CONFIG", group="ModelConfig", default="auto", show_default=True,
+         help="Sampling defaults where a request sets none: auto (the model's generation_config.json), none (plain "
+              "defaults; vLLM's 'vllm' too), or a directory or file holding a generation_config.json."),
     _opt("--dtype", env="DTYPE", group="ModelConfig", type=click.Choice(["float32", "float64"]), default="float32",
          show_default=True, help="Reference Program precision."),
     _opt("--seed", env="SEED", group="ModelConfig", type=int, default=None,
@@ -57,6 +60,13 @@ RUNTIME_OPTIONS = [
          help='JSON, e.g. \'{"method":"mtp","num_speculative_tokens":3}\' (k in 1..7; reference Program today).'),
     _opt("--default-chat-template-kwargs", env="DEFAULT_CHAT_TEMPLATE_KWARGS", group="Frontend", default=None,
          help='JSON defaults for every chat request, e.g. \'{"enable_thinking": false}\'.'),
+    _opt("--json-whitespace", env="JSON_WHITESPACE", group="Frontend", type=click.Choice(["compact", "pretty"]),
+         default="compact", show_default=True,
+         help="The layout of JSON answers (json_object, json_schema) where a request names none: compact (one "
+              "line) or pretty (indented, at most 20 whitespace characters in a row)."),
+    _opt("--thinking-token-budget", env="THINKING_TOKEN_BUDGET", group="Frontend", type=click.IntRange(0),
+         default=None, help="Reasoning tokens before a forced </think>, where a request sets none (default: no "
+                            "limit)."),
     _opt("--program", env="PROGRAM", group="ninfer", type=click.Choice(["auto", "reference", "fast"]),
          default="auto", show_default=True, help="Which Program runs the model (auto: fast on a GPU, else "
                                                  "reference)."),
@@ -70,7 +80,8 @@ RUNTIME_OPTIONS = [
 RUNTIME_KEYS = ("model", "program", "purpose", "served_model_name", "max_model_len", "max_num_seqs",
                 "gpu_memory_utilization", "enable_prefix_caching", "cache_device_share", "kv_offloading_size",
                 "concurrent_prefill", "speculative_config",
-                "default_chat_template_kwargs", "seed", "dtype", "no_progress")
+                "default_chat_template_kwargs", "seed", "dtype", "no_progress", "generation_config", "json_whitespace",
+                "thinking_token_budget")
 
 
 def runtime_options(fn: Callable) -> Callable:
@@ -186,9 +197,19 @@ def show_progress(no_progress: bool) -> bool:
     return not no_progress and sys.stderr.isatty()
 
 
-def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = True, **extra: Any):
-    """Build the Runtime from the collected flags; a bad option or model raises a NinferError (one line)."""
+def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = True, announce: bool = True,
+                  **extra: Any):
+    """Build the Runtime from the collected flags; a bad option or model raises a NinferError (one line).
+
+    `purpose` is the command's own (generate and chat generate, score scores): a --purpose that says otherwise is
+    refused rather than ignored. `announce` prints the ready line (serve prints its own, with the address)."""
     from ninfer.wiring import RuntimeOptions, build_runtime, parse_json_option
+
+    if purpose is not None and flags["purpose"] != purpose and _given("purpose"):
+        command = click.get_current_context().info_name
+        raise UsageError(f"`ninfer {command}` runs the {purpose} purpose, not {flags['purpose']}").locate(
+            "--purpose", hint="drop --purpose (or NINFER_PURPOSE): only `ninfer serve` picks its purpose; "
+                              "`ninfer score` scores texts")
 
     options = RuntimeOptions(
         model=flags["model"], program=flags["program"], purpose=purpose or flags["purpose"],
@@ -199,8 +220,17 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
         speculative_config=parse_json_option(flags["speculative_config"], "--speculative-config"),
         default_chat_template_kwargs=parse_json_option(flags["default_chat_template_kwargs"],
                                                        "--default-chat-template-kwargs") or {},
-        seed=flags["seed"], dtype=flags["dtype"], warmup=warmup, **extra)
+        seed=flags["seed"], dtype=flags["dtype"], generation_config=flags["generation_config"],
+        json_whitespace=flags["json_whitespace"], thinking_token_budget=flags["thinking_token_budget"],
+        warmup=warmup, **extra)
     rt = build_runtime(options, progress=show_progress(flags["no_progress"]),
                        report=lambda line: click.echo(line, err=True))
-    click.echo(rt.summary(), err=True)
+    if announce:
+        click.echo(rt.summary(), err=True)
     return rt
+
+
+def _given(name: str) -> bool:
+    """Whether the user set option `name` (on the command line or through its NINFER_* variable)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)

@@ -108,7 +108,8 @@ def _submit_all(state: ServerState, body: CompletionRequest, prepared: list, dea
     rt = state.runtime
     vocab = rt.frontend.tokenizer.vocab_size
     stops = body.stops()
-    jobs = [(p, sampling_params(body, vocab, max_tokens=body.max_tokens, logprobs=body.logprobs, choice=j))
+    jobs = [(p, sampling_params(body, vocab, max_tokens=body.max_tokens, logprobs=body.logprobs, choice=j,
+                                        defaults=rt.sampling_defaults))
             for p in prepared for j in range(body.n)]
     return state.submit_choices(lambda job: generation_request(rt, job[0], job[1], stop=stops, deadline=deadline,
                                                                skip_special_tokens=body.skip_special_tokens,

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from ninfer.contracts import FinishReason, GenerationResult, RejectReason, RowFailure
 from ninfer.sampling import SamplingParams, SamplingParamsError, resolve_seed
+from ninfer.sampling.defaults import SamplingDefaults
 
 from .errors import APIError, internal
 from .schemas import _Sampling
@@ -22,14 +23,12 @@ _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,18}")
 
 
 def sampling_params(body: _Sampling, vocab_size: int, *, max_tokens: int | None, logprobs: int | None,
-                    choice: int = 0) -> SamplingParams:
-    """The SamplingParams of choice `choice` (n > 1 choices get seed + j, as vLLM does)."""
+                    choice: int = 0, defaults: SamplingDefaults = SamplingDefaults()) -> SamplingParams:
+    """The SamplingParams of choice `choice` (n > 1 choices get seed + j, as vLLM does); fields the body leaves
+    unset come from the model's generation_config defaults, then OpenAI's (temperature 1)."""
     bias = {_token_id(key): value for key, value in (body.logit_bias or {}).items()}
-    fields: dict[str, Any] = {"temperature": 1.0 if body.temperature is None else body.temperature}
-    for name in ("top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty"):
-        value = getattr(body, name)
-        if value is not None:
-            fields[name] = value
+    names = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty")
+    fields: dict[str, Any] = {"temperature": 1.0, **defaults.fill({n: getattr(body, n) for n in names})}
     seed = None if body.seed is None else resolve_seed(body.seed, choice)
     try:
         params = SamplingParams.create(logit_bias=bias, stop_token_ids=body.stop_token_ids, seed=seed,

@@ -82,10 +82,16 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # vLLM's name; `thinking_budget` is the older alias
+    thinking_token_budget: int | None = Field(None, ge=0)
     thinking_budget: int | None = Field(None, ge=0)
+    json_whitespace: str | None = None  # the final JSON's layout: compact or pretty (ninfer extra)
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def requested_thinking_budget(self) -> int | None:
+        return self.thinking_token_budget if self.thinking_token_budget is not None else self.thinking_budget
 
 
 PromptIds = list[int]

@@ -1,23 +1,36 @@
-"""The terminal front ends: `ninfer generate` (one prompt) and `ninfer chat` (interactive, with history).
+"""The terminal front end of one turn: `ninfer generate`, and each turn of `ninfer chat` (chat_repl.py).
 
-Both stream through the public Engine path exactly as the HTTP server does. Reasoning goes to the terminal dimmed
-and set apart from the answer, so a reader (or a pipe: only the answer reaches stdout) can tell them apart.
+Both stream through the public Engine path exactly as the HTTP server does. Reasoning goes to stderr dimmed and set
+apart from the answer, so a reader (or a pipe: only the answer reaches stdout) can tell them apart; click drops the
+dimming where a stream is not a terminal, and the stats line always starts on a line of its own.
+
+Sampling: a flag the user gave, else the model's generation_config defaults (`--generation-config`), else greedy.
+Without `--max-tokens` a turn writes up to CLI_MAX_TOKENS tokens, fewer when the context leaves less room.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, TextIO
 
 import click
 
-from ninfer.contracts import GenerationResult, OutputDelta, RequestRejected
+from ninfer.contracts import GenerationResult, OutputDelta
 from ninfer.frontend import ChatRequest
 from ninfer.sampling import SamplingParams
 from ninfer.serve.submit import submit
 from ninfer.wiring import Runtime
+
+CLI_MAX_TOKENS = 256
+CLI_PLAIN = {"temperature": 0.0}  # what `--generation-config none` leaves: greedy decoding
+CANCEL_WAIT_S = 60.0
+
+
+def cli_sampling(rt: Runtime, flags: Mapping[str, Any]) -> SamplingParams:
+    """The flags given (None: not given) over the model's sampling defaults over greedy."""
+    return SamplingParams.create(**{**CLI_PLAIN, **rt.sampling_defaults.fill(flags)})
 
 
 @dataclass
@@ -27,44 +40,78 @@ class Printer:
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
     channel: str | None = None
+    _open: dict = field(default_factory=dict)  # stream -> whether its last text left a line unfinished
+
+    def write(self, text: str, err: bool = False, **style: Any) -> None:
+        if not text:
+            return
+        stream = self.err if err else self.out
+        click.echo(click.style(text, **style) if style else text, nl=False, file=stream)
+        self._open[id(stream)] = not text.endswith("\n")
+        if self._shared_terminal():
+            self._open[id(self.out if err else self.err)] = self._open[id(stream)]
+
+    def _shared_terminal(self) -> bool:
+        # Both on one terminal: the cursor is wherever the last write to either left it.
+        return all(getattr(s, "isatty", lambda: False)() for s in (self.out, self.err))
+
+    def end_line(self, err: bool = False) -> None:
+        """Finish the stream's current line, if a write left one open."""
+        if self._open.get(id(self.err if err else self.out)):
+            self.write("\n", err=err)
 
     def reasoning(self, text: str) -> None:
         if not text:
             return
         if self.channel != "reasoning":
-            click.echo(click.style("[thinking] ", dim=True), nl=False, file=self.err)
+            self.write("[thinking] ", err=True, dim=True)
             self.channel = "reasoning"
-        click.echo(click.style(text, dim=True), nl=False, file=self.err)
+        self.write(text, err=True, dim=True)
 
     def content(self, text: str) -> None:
         if not text:
             return
         if self.channel == "reasoning":
-            click.echo(click.style("\n[answer] ", dim=True), file=self.err, nl=False)
+            self.end_line(err=True)
+            self.write("[answer] ", err=True, dim=True)
         self.channel = "content"
-        click.echo(text, nl=False, file=self.out)
+        self.write(text)
 
     def tool_calls(self, calls: Any) -> None:
         for call in calls:
-            click.echo(f"\n[tool call {call.name}] {call.arguments}", file=self.out)
+            self.end_line()
+            self.write(f"[tool call {call.name}] {call.arguments}\n")
+
+    def note(self, text: str) -> None:
+        """A line of its own on stderr (the stats, an interruption)."""
+        self.end_line(err=True)
+        self.write(text + "\n", err=True, dim=True)
 
 
-def stream(rt: Runtime, handle, printer: Printer) -> tuple[GenerationResult, float]:
-    """Print each committed chunk as it arrives; returns the final result and the seconds to first token."""
+def stream(handle, printer: Printer) -> tuple[GenerationResult, float, bool]:
+    """Print each committed chunk as it arrives; (final result, seconds to first token, interrupted).
+
+    Ctrl-C cancels the request at the Engine's next boundary; the result then holds the output so far."""
     start, first = time.monotonic(), None
-    result = None
-    for ev in handle.events(timeout=600):
-        if isinstance(ev, OutputDelta):
-            first = first or time.monotonic() - start
-            printer.reasoning(ev.delta.reasoning_text)
-            printer.content(ev.delta.text)
-        elif isinstance(ev, GenerationResult):
-            result = ev
-    assert result is not None
+    result, interrupted = None, False
+    events = handle.events(timeout=600)
+    while result is None:
+        try:
+            for ev in events:
+                if isinstance(ev, OutputDelta):
+                    first = first or time.monotonic() - start
+                    printer.reasoning(ev.delta.reasoning_text)
+                    printer.content(ev.delta.text)
+                elif isinstance(ev, GenerationResult):
+                    result = ev
+        except KeyboardInterrupt:
+            interrupted = True
+            handle.cancel()
+            events = handle.events(timeout=CANCEL_WAIT_S)
     if result.output is not None:
         printer.tool_calls(result.output.tool_calls)
-    click.echo(file=printer.out)
-    return result, first or 0.0
+    printer.end_line()
+    return result, first or 0.0, interrupted
 
 
 def stats_line(result: GenerationResult, ttft: float, seconds: float) -> str:
@@ -76,8 +123,8 @@ def stats_line(result: GenerationResult, ttft: float, seconds: float) -> str:
 
 
 def run_turn(rt: Runtime, messages: list[dict], sampling: SamplingParams, template_kwargs: dict,
-             printer: Printer, raw: str | None = None) -> GenerationResult:
-    """One generation: a chat turn over `messages`, or `raw` text fed as is."""
+             printer: Printer, raw: str | None = None) -> tuple[GenerationResult, bool]:
+    """One generation, a chat turn over `messages` or `raw` text fed as is; (result, interrupted by Ctrl-C)."""
     fe = rt.frontend
     start = time.monotonic()
     if raw is not None:
@@ -86,46 +133,15 @@ def run_turn(rt: Runtime, messages: list[dict], sampling: SamplingParams, templa
         kwargs = {**rt.options.default_chat_template_kwargs, **template_kwargs}
         chat = fe.prepare_chat(ChatRequest(messages, chat_template_kwargs=kwargs), max_tokens=sampling.max_tokens)
         prompt, structured = chat.prompt, chat.structured
-    result, ttft = stream(rt, submit(rt, prompt, sampling, structured=structured), printer)
-    if result.error:
+    if sampling.max_tokens is None:
+        # The default output budget shrinks to the room the context leaves (at least one token: checked above).
+        room = min(CLI_MAX_TOKENS, rt.max_context - len(prompt))
+        sampling = replace(sampling, max_tokens=room, min_tokens=min(sampling.min_tokens, room))
+    handle = submit(rt, prompt, sampling, structured=structured, thinking_budget=rt.options.thinking_token_budget)
+    result, ttft, interrupted = stream(handle, printer)
+    if result.error and not interrupted:
         raise click.ClickException(f"generation failed: {result.error}")
-    click.echo(click.style(stats_line(result, ttft, time.monotonic() - start), dim=True), err=True)
-    return result
-
-
-def chat_loop(rt: Runtime, sampling: SamplingParams, think: bool, read: Callable[[str], str] = input,
-              printer: Printer | None = None) -> None:
-    """Read user turns until EOF or /exit; /think and /no_think switch thinking, /reset clears the history."""
-    printer = printer or Printer()
-    history: list[dict] = []
-    click.echo("Commands: /think, /no_think, /reset, /exit. " + ("Thinking on." if think else "Thinking off."),
-               err=True)
-    while True:
-        try:
-            line = read(">>> ").strip()
-        except EOFError:
-            return
-        if not line:
-            continue
-        if line in ("/exit", "/quit", "/bye"):
-            return
-        if line in ("/think", "/no_think"):
-            think = line == "/think"
-            click.echo(f"thinking {'on' if think else 'off'}", err=True)
-            continue
-        if line == "/reset":
-            history.clear()
-            continue
-        history.append({"role": "user", "content": line})
-        printer.channel = None
-        try:
-            result = run_turn(rt, history, sampling, {"enable_thinking": think}, printer)
-        except RequestRejected as e:
-            history.pop()
-            click.echo(f"refused: {e.message}", err=True)
-            continue
-        out = result.output
-        turn = {"role": "assistant", "content": out.content, "reasoning_content": out.reasoning}
-        if out.tool_calls:
-            turn["tool_calls"] = [c.as_openai() for c in out.tool_calls]
-        history.append(turn)
+    if interrupted:
+        printer.note("[interrupted]")
+    printer.note(stats_line(result, ttft, time.monotonic() - start))
+    return result, interrupted

@@ -35,3 +35,45 @@ def test_bench_reports_failures(live_server):
                                        "--num-prompts", "2"])
     assert result.exit_code == 1
     assert "HTTP 404" in result.output and "no request completed" in result.output
+
+
+@pytest.fixture
+def keyed_server(thread_server):
+    """A real ninfer app that wants an API key (the scoring purpose: no warmup, quick to start)."""
+    from ninfer.serve.app import create_app
+    from ninfer.serve.state import ServerState
+    from ninfer.wiring import RuntimeOptions, build_runtime
+
+    rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=128), progress=False)
+    try:
+        with thread_server(create_app(ServerState(rt, rt.name, api_key="s3cret"))) as server:
+            yield server
+    finally:
+        rt.close()
+
+
+def _bench(*args: str):
+    return CliRunner().invoke(main, ["bench", "serve", "--num-prompts", "1", *args], prog_name="ninfer")
+
+
+def test_bench_against_a_server_that_wants_a_key_is_one_line(keyed_server):
+    result = _bench("--base-url", keyed_server.url)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == [
+        f"error: the server refused the request (401): invalid or missing API key ({keyed_server.url}/v1/models)",
+        "hint: pass the server's key with --api-key (or NINFER_API_KEY)"]
+    with_key = _bench("--base-url", keyed_server.url, "--api-key", "s3cret")
+    assert "refused" not in with_key.output and "HTTP 400" in with_key.output  # past the key: a scoring server
+
+
+def test_bench_with_nothing_listening_is_one_line():
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago, with nothing listening on it now
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    result = _bench("--base-url", url)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"error: nothing answers at {url}: ")
+    assert lines[0].endswith(f"({url}/v1/models)") and lines[1].startswith("hint: start `ninfer serve`")
