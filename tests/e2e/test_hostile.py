@@ -169,7 +169,7 @@ def test_protocol_level_abuse_gets_the_envelope(served):
     server, state, _ = served
     for raw in (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 << 10) + b"\r\n\r\n",
                 b"\x16\x03\x01 not http\r\n\r\n"):
-        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(raw)
             data = b""
             while chunk := sock.recv(65536):

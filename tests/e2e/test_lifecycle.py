@@ -31,6 +31,7 @@ def runtime(small_runtime):
 
 
 def _raw(sock: socket.socket) -> tuple[int, dict]:
+    sock.settimeout(30)  # a missing bound fails the test instead of hanging it
     data = b""
     while chunk := sock.recv(65536):
         data += chunk
