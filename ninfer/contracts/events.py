@@ -16,6 +16,11 @@ class Usage:
     completion_tokens: int
     cached_prompt_tokens: int = 0
     reasoning_tokens: int = 0
+    # Speculative decoding: drafts proposed for this request, drafts verification accepted, and its rounds by the
+    # tokens each emitted (acceptance_lengths[i]: rounds that emitted i + 1 tokens). Zero / empty without a backend.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    acceptance_lengths: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

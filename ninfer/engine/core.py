@@ -198,7 +198,8 @@ class EngineCore:
             rec.move(RequestState.FINISHED)
         rec.finish_reason = rec.finish_reason or reason
         usage = Usage(prompt_tokens=len(rec.prompt), completion_tokens=len(rec.output_tokens),
-                      cached_prompt_tokens=rec.reused_tokens)
+                      cached_prompt_tokens=rec.reused_tokens, draft_tokens=rec.drafted,
+                      accepted_draft_tokens=rec.accepted_drafts, acceptance_lengths=tuple(rec.blocks))
         output = None
         if rec.output_ended:
             try:

@@ -45,6 +45,9 @@ class RequestRecord:
     handle: SequenceHandle | None = None
     reused_tokens: int = 0
     output_tokens: list[int] = field(default_factory=list)
+    drafted: int = 0  # speculative drafts proposed for this request (Usage.draft_tokens)
+    accepted_drafts: int = 0  # of which verification accepted (Usage.accepted_draft_tokens)
+    blocks: list[int] = field(default_factory=list)  # rounds by emitted tokens - 1 (Usage.acceptance_lengths)
     finish_reason: FinishReason | None = None
     error: str | None = None
     failure: RowFailure | None = None  # the typed reason when the Program could not draw this request's token

@@ -132,6 +132,8 @@ class UnitRunner:
         return previews, decisions
 
     def _after_commit(self, rec: "RequestRecord", row: PendingRow, preview: Any, decision: RowDecision) -> None:
+        if row.drafted and row.produced:
+            _count_block(rec, row)
         if decision.boundary is not None:
             rec.boundary = row.base_frontier + decision.boundary  # the same absolute position the Program commits
         if preview is None:  # a failed draw or a failed Frontend preview (a cancelled row decision): nothing to publish
@@ -174,3 +176,12 @@ class UnitRunner:
         delta = rec.request.session.commit(out.preview)  # the OutputSession commits after the Program
         rec.output_ended = rec.output_ended or out.preview.terminal
         rec.events.put(OutputDelta(rec.rid, out.tokens, delta, out.logprobs, out.top_logprobs))
+
+
+def _count_block(rec: "RequestRecord", row: PendingRow) -> None:
+    """A speculative row's drafts and what verification accepted of them (the Engine may still cut the block)."""
+    rec.drafted += row.drafted
+    rec.accepted_drafts += row.produced - 1
+    while len(rec.blocks) < row.produced:
+        rec.blocks.append(0)
+    rec.blocks[row.produced - 1] += 1

@@ -65,6 +65,7 @@ class RequestTimer:
                 self.metrics.prompt_tokens += r.usage.prompt_tokens
                 self.metrics.generation_tokens += n
                 self.metrics.cache_hit_tokens += r.usage.cached_prompt_tokens
+                self.metrics.count_speculation(r.usage)
                 self.metrics.finished[r.finish_reason.value] = self.metrics.finished.get(r.finish_reason.value, 0) + 1
 
 
@@ -76,6 +77,9 @@ class Metrics:
         self.tpot = Histogram("ninfer:time_per_output_token_seconds", "Time per output token after the first.",
                               TPOT_BUCKETS)
         self.e2e = Histogram("ninfer:e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS)
+        self.acceptance = Histogram("ninfer:spec_decode_acceptance_length", "Tokens a speculative round emitted "
+                                    "per row (accepted drafts + 1).", tuple(range(1, 9)))
+        self.draft_tokens = self.accepted_draft_tokens = 0
         self.waiting = self.running = 0
         self.prompt_tokens = self.generation_tokens = self.cache_hit_tokens = self.scored_tokens = 0
         self.finished: dict[str, int] = {}
@@ -93,6 +97,14 @@ class Metrics:
         with self.lock:
             self.finished[reason] = self.finished.get(reason, 0) + 1
 
+    def count_speculation(self, usage: Any) -> None:
+        """A finished choice's drafts, accepted drafts and rounds by length (the caller holds the lock)."""
+        self.draft_tokens += usage.draft_tokens
+        self.accepted_draft_tokens += usage.accepted_draft_tokens
+        for i, rounds in enumerate(usage.acceptance_lengths):
+            for _ in range(rounds):
+                self.acceptance.observe(i + 1)
+
     def reject(self, code: str) -> None:
         with self.lock:
             self.rejected[code] = self.rejected.get(code, 0) + 1
@@ -108,7 +120,11 @@ class Metrics:
                         ("generation_tokens_total", "Generated tokens.", self.generation_tokens),
                         ("prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache.",
                          self.cache_hit_tokens),
-                        ("scored_tokens_total", "Tokens scored by the CausalScoring purpose.", self.scored_tokens)]
+                        ("scored_tokens_total", "Tokens scored by the CausalScoring purpose.", self.scored_tokens),
+                        ("spec_decode_num_draft_tokens_total", "Draft tokens a speculative backend proposed.",
+                         self.draft_tokens),
+                        ("spec_decode_num_accepted_tokens_total", "Draft tokens verification accepted.",
+                         self.accepted_draft_tokens)]
             lines: list[str] = []
             for name, text, value in gauges:
                 lines += [f"# HELP ninfer:{name} {text}", f"# TYPE ninfer:{name} gauge", f"ninfer:{name} {value}"]
@@ -117,7 +133,7 @@ class Metrics:
             lines += self._labelled("request_finished_total", "Finished choices by finish reason.", "reason",
                                     self.finished)
             lines += self._labelled("request_rejected_total", "Refused requests by code.", "code", self.rejected)
-            for h in (self.ttft, self.tpot, self.e2e):
+            for h in (self.ttft, self.tpot, self.e2e, self.acceptance):
                 lines += h.render()
         if cache is not None:
             lines += cache_lines(cache)

@@ -83,9 +83,14 @@ def usage(results: Sequence[GenerationResult], prompt_tokens: int | None = None)
     reasoning = sum(r.output.reasoning_tokens for r in results if r.output is not None)
     prompt = results[0].usage.prompt_tokens if prompt_tokens is None else prompt_tokens
     cached = max((r.usage.cached_prompt_tokens for r in results), default=0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached},
+           "completion_tokens_details": {"reasoning_tokens": reasoning}}
+    drafted = sum(r.usage.draft_tokens for r in results)
+    if drafted:  # the usage extension of a speculative backend (absent without one: the OpenAI shape)
+        out["speculative_decoding"] = {"draft_tokens": drafted,
+                                       "accepted_draft_tokens": sum(r.usage.accepted_draft_tokens for r in results)}
+    return out
 
 
 class TokenText:

@@ -20,6 +20,9 @@ from ninfer.reference.model import ReferenceModel
 from ninfer.sampling import RowContext, processed_logits
 
 
+LOOKAHEAD = 8  # teacher tokens computed per miss
+
+
 def _length(seed: int, frontier: int, k: int) -> int:
     digest = hashlib.blake2b(f"{seed}:{frontier}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") % (k + 1)
@@ -29,6 +32,7 @@ class ForcedDrafts:
     def __init__(self, model: ReferenceModel):
         self.model = model
         self.forced: list[tuple[int, int]] = []  # (acceptance length, drafts) of every row, for coverage checks
+        self._memo: dict[tuple, list[int]] = {}  # (params, *consumed tokens, pending, *continuation[:i]) -> the rest
 
     def install(self, program: Any) -> Any:
         """Replace `program.executor.draft` by this wrapper; returns the program."""
@@ -36,7 +40,18 @@ class ForcedDrafts:
         return program
 
     def _continuation(self, seq: ActiveSequence, ctx: RowContext, n: int) -> list[int]:
-        """The target's greedy tokens after the pending one (penalties and bias included, no grammar)."""
+        """The target's greedy tokens after the pending one (penalties and bias included, no grammar), from a memo
+        while the committed tokens keep following an earlier continuation (each miss runs the model from scratch
+        over the whole history, LOOKAHEAD tokens ahead)."""
+        history = (ctx.params, *seq.tokens, seq.pending)
+        ahead = self._memo.get(history)
+        if ahead is None or len(ahead) < n:
+            ahead = self._greedy(seq, ctx, max(n, LOOKAHEAD))
+            for i in range(len(ahead)):
+                self._memo[history + tuple(ahead[:i])] = ahead[i:]
+        return list(ahead[:n])
+
+    def _greedy(self, seq: ActiveSequence, ctx: RowContext, n: int) -> list[int]:
         state = self.model.new_state()
         logits = self.model.prefill(torch.tensor(list(seq.tokens) + [seq.pending]), state, chunked=False)[-1]
         out: list[int] = []

@@ -29,6 +29,21 @@ def gen_runtime():
 
 
 @pytest.fixture(scope="session")
+def spec_runtime():
+    """The generation Runtime with the MTP backend (k = 3) behind ForcedDrafts: drafts are the target's own greedy
+    continuation cut at random lengths, so blocks of several tokens (and grammar-rejected drafts) really occur."""
+    from ninfer.testing.speculation import ForcedDrafts
+
+    rt = build_runtime(RuntimeOptions(max_model_len=512, max_num_seqs=2, seed=7,
+                                      speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+                       progress=False)
+    program = rt.engine.core.program
+    ForcedDrafts(program.model).install(program)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="session")
 def score_runtime():
     rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=256, score_window=64, score_stride=32),
                        progress=False)
@@ -51,6 +66,11 @@ def make_client(gen_runtime):
     def make(rt=gen_runtime, **kw) -> TestClient:
         return _client(rt, **kw)
     return make
+
+
+@pytest.fixture
+def spec_client(spec_runtime) -> TestClient:
+    return _client(spec_runtime)
 
 
 @pytest.fixture

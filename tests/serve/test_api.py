@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 NO_THINK = {"enable_thinking": False}
@@ -151,3 +153,59 @@ def test_models_health_metrics(client, gen_runtime):
     for name in ("ninfer:num_requests_waiting 0", "ninfer:num_requests_running 0",
                  "ninfer:time_to_first_token_seconds_count 1", "ninfer:generation_tokens_total 2"):
         assert name in text, name
+
+
+WEATHER_CALL = "<tool_call>\n<function=get_weather>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["unit"]}}}]
+
+
+def _spec_and_plain(spec_client, client, req):
+    """The same greedy request with the MTP backend (forced multi-token blocks) and without."""
+    spec, plain = spec_client.post(CHAT, json=req).json(), client.post(CHAT, json=req).json()
+    assert spec["usage"]["speculative_decoding"]["accepted_draft_tokens"] > 0  # blocks of several tokens ran
+    assert "speculative_decoding" not in plain["usage"]
+    return spec["choices"][0], plain["choices"][0]
+
+
+def test_speculative_json_schema_validates_and_equals_the_plain_run(spec_client, client, spec_runtime):
+    """MTP k = 3: the grammar rows of every draft prefix constrain p, so the output is the plain run's, whole or
+    streamed; the backend is named in /v1/models."""
+    assert spec_client.get("/v1/models").json()["data"][0]["speculative"] == "mtp (k=3)"
+    assert client.get("/v1/models").json()["data"][0]["speculative"] is None
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+              "additionalProperties": False}
+    req = {"messages": HI, "max_tokens": 40, "logit_bias": _bias_toward(spec_runtime, '{"a": true}'),
+           "chat_template_kwargs": NO_THINK, "temperature": 0,
+           "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    spec, plain = _spec_and_plain(spec_client, client, req)
+    assert spec["message"] == plain["message"] and json.loads(spec["message"]["content"]) == {"a": True}
+    events = sse_events(spec_client.post(CHAT, json={**req, "stream": True}))
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == \
+        spec["message"]["content"]
+
+
+@pytest.mark.slow
+def test_speculative_tool_call_parses_and_equals_the_plain_run(spec_client, client, spec_runtime):
+    """About 40 s on CPU (60 tokens of a 248k-vocabulary model, ForcedDrafts re-running it on every miss): opt-in."""
+    req = {"messages": HI, "tools": WEATHER_TOOLS, "tool_choice": "required", "max_tokens": 60,
+           "logit_bias": _bias_toward(spec_runtime, WEATHER_CALL), "temperature": 0, "chat_template_kwargs": NO_THINK}
+    spec, plain = _spec_and_plain(spec_client, client, req)
+    assert spec["finish_reason"] == plain["finish_reason"] == "tool_calls"
+    (call,), (want,) = spec["message"]["tool_calls"], plain["message"]["tool_calls"]
+    assert call["function"] == want["function"] and json.loads(call["function"]["arguments"]) == {"unit": "c"}
+
+
+def test_speculative_metrics(spec_client):
+    body = spec_client.post(CHAT, json={"messages": HI, "max_tokens": 12, "temperature": 0}).json()
+    ext = body["usage"]["speculative_decoding"]
+    assert 0 < ext["accepted_draft_tokens"] <= ext["draft_tokens"]
+    lines = spec_client.get("/metrics").text.splitlines()
+
+    def value(name: str) -> float:
+        return float(next(line for line in lines if line.startswith(name + " ")).split()[-1])
+    assert value("ninfer:spec_decode_num_draft_tokens_total") >= ext["draft_tokens"]
+    assert value("ninfer:spec_decode_num_accepted_tokens_total") >= ext["accepted_draft_tokens"]
+    assert value("ninfer:spec_decode_acceptance_length_count") >= 1
+    assert value('ninfer:spec_decode_acceptance_length_bucket{le="8"}') == \
+        value("ninfer:spec_decode_acceptance_length_count")
