@@ -2,7 +2,7 @@
 
 Random weights make the MTP head's drafts almost never right, so a test of speculation would only ever see blocks
 of one token. This wrapper replaces each row's drafts by the target's own greedy continuation (computed from scratch
-by a reference model over the row's committed tokens) cut at an acceptance length L drawn per (seed, frontier), with
+by a reference model over the row's committed tokens) cut at an acceptance length L drawn from the committed history, with
 a wrong token at L: verification must then accept exactly L drafts for a greedy row, whatever L is, and any
 acceptance length 0..k is exercised. Each draft's q is a point mass on it (a valid draft distribution: sampled rows
 stay lossless). Drafts depend only on the committed state, so outputs stay schedule-invariant.
@@ -23,9 +23,11 @@ from ninfer.sampling import RowContext, processed_logits
 LOOKAHEAD = 8  # teacher tokens computed per miss
 
 
-def _length(seed: int, frontier: int, k: int) -> int:
-    digest = hashlib.blake2b(f"{seed}:{frontier}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") % (k + 1)
+def _length(seq: ActiveSequence, k: int) -> int:
+    """The forced acceptance length, a function of the committed history alone (not of the seed, which the Engine
+    may draw at random for a greedy request), so runs replay."""
+    key = f"{seq.frontier}:{seq.pending}:{seq.tokens[-8:]}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") % (k + 1)
 
 
 class ForcedDrafts:
@@ -70,7 +72,7 @@ class ForcedDrafts:
             if not k:
                 out.append(((), []))
                 continue
-            length = _length(seq.seed, seq.frontier, k)
+            length = _length(seq, k)
             self.forced.append((length, k))
             drafts = self._continuation(seq, ctx, k)
             if length < k:

@@ -57,7 +57,7 @@ def test_greedy_with_mtp_equals_greedy_without(make_spec, prompt_of, k, forced):
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     if forced:
         forced = program.executor.draft.forced
-        assert any(n == 0 for n, _ in forced) and any(n == m for n, m in forced)  # none and all accepted
+        assert any(n == 0 for n, _ in forced) and any(n == m for n, m in forced), forced  # none and all accepted
         assert any(n >= 2 for n, _ in forced)
         assert any(r.usage.completion_tokens > 1 for r in spec)
     assert_drained(program)
