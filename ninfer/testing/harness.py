@@ -58,6 +58,7 @@ class EngineMachine(RuleBasedStateMachine):
     fault_methods: tuple[str, ...] = FAULTABLE
     fault_modes: tuple[str, ...] = MODES
     fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4)
+    session_keys: tuple[str | None, ...] = (None, "a", "b")
 
     @initialize(chunk=st.integers(1, 9), concurrent=st.booleans(),
                 caching=st.sampled_from([True, True, True, False]), queue_bound=st.integers(0, 4),
@@ -123,11 +124,12 @@ class EngineMachine(RuleBasedStateMachine):
             self.watch.violations.append(f"request {t.rid}: terminal output committed before its resource result")
 
     # ---- rules ---------------------------------------------------------------------------------------------
-    @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(1, 90), max_size=12),
-          max_tokens=st.integers(1, 12), session=st.sampled_from([None, "a", "b"]),
-          deadline=st.one_of(st.none(), st.floats(0.5, 20)), seed=st.one_of(st.none(), st.integers(0, 5)),
-          think=st.one_of(st.none(), st.integers(1, 4)), timeout=st.one_of(st.none(), st.floats(0.5, 10)))
-    def submit(self, prefix, suffix, max_tokens, session, deadline, seed, think, timeout):
+    @rule(data=st.data(), prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(1, 90), max_size=12),
+          max_tokens=st.integers(1, 12), deadline=st.one_of(st.none(), st.floats(0.5, 20)),
+          seed=st.one_of(st.none(), st.integers(0, 5)), think=st.one_of(st.none(), st.integers(1, 4)),
+          timeout=st.one_of(st.none(), st.floats(0.5, 10)))
+    def submit(self, data, prefix, suffix, max_tokens, deadline, seed, think, timeout):
+        session = data.draw(st.sampled_from(self.session_keys))
         self._submit(prefix + tuple(suffix), max_tokens, session, deadline, seed, think, timeout,
                      hints=(len(prefix),))
 
@@ -169,7 +171,9 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.tracked)
     @rule(data=st.data(), abandon=st.booleans())
     def cancel(self, data, abandon):
-        t = data.draw(st.sampled_from(self.tracked))
+        live = [t for t in self.tracked if t.result is None]
+        # Mostly a request still in flight; sometimes any (a cancel after the end must change nothing).
+        t = data.draw(st.sampled_from(live if live and data.draw(st.booleans()) else self.tracked))
         if abandon:
             t.abandoned = True
             t.handle.close()
@@ -337,11 +341,12 @@ class EngineMachine(RuleBasedStateMachine):
 
 def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, faults: bool = True,
                         fault_methods: tuple[str, ...] = FAULTABLE, fault_modes: tuple[str, ...] = MODES,
-                        fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4), oracle: ProgramFactory | None = None):
-    """The Engine state machine over Programs made by `factory` (one fresh Program per example); the fault
-    arguments narrow which faults it injects (a targeted hunt); with `oracle`, greedy requests must also equal their
-    solo run on the oracle's Program (speculation on vs off)."""
+                        fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4),
+                        session_keys: tuple[str | None, ...] = (None, "a", "b"), oracle: ProgramFactory | None = None):
+    """The Engine state machine over Programs made by `factory` (one fresh Program per example); the fault and
+    session-key arguments narrow what it draws (a targeted hunt); with `oracle`, greedy requests must also equal
+    their solo run on the oracle's Program (speculation on vs off)."""
     return type("EngineMachine", (EngineMachine,), {
         "factory": staticmethod(factory), "max_concurrency": max_concurrency, "faults": faults,
         "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants,
-        "oracle": None if oracle is None else staticmethod(oracle)})
+        "session_keys": session_keys, "oracle": None if oracle is None else staticmethod(oracle)})

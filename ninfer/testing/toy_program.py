@@ -60,9 +60,11 @@ class ToyCheckpoint:
 class ToyProgram:
     def __init__(self, *, max_concurrency: int = 4, max_context: int = 256, vocab: int = 97, page_size: int = 4,
                  total_pages: int = 128, checkpoint_slots: int = 8, draft_tokens: int = 1, source_stages: int = 2,
+                 root_stages: int = 1,
                  eos: tuple[int, ...] = (0,)):
         self.limits = ProgramLimits(max_concurrency, max_context, vocab, eos)
         self.page_size, self.draft_tokens, self.source_stages = page_size, draft_tokens, source_stages
+        self.root_stages = root_stages
         self.checkpoint_slots = checkpoint_slots
         self.pages = PagePool(total_pages)
         self.slots = SlotPool(2 * max_concurrency + checkpoint_slots)
@@ -140,10 +142,11 @@ class ToyProgram:
         if progress is None:
             raise EngineFailure(f"advance of unknown transaction {txn.txn_id}")
         choice = txn.plan.choice
-        # A materialization from a checkpoint takes `source_stages` stages (state copy, then activation) to
-        # exercise transitions that stay open across worker boundaries (3 keeps one open through a whole boundary).
-        if choice.kind is TransitionKind.MATERIALIZE and choice.source is not None \
-                and progress["stage"] < self.source_stages - 1:
+        # A materialization from a checkpoint takes `source_stages` stages (state copy, then activation), one from
+        # root `root_stages`, to exercise transitions that stay open across worker boundaries (3 keeps one open
+        # through a whole boundary).
+        stages = self.source_stages if choice.source is not None else self.root_stages
+        if choice.kind is TransitionKind.MATERIALIZE and progress["stage"] < stages - 1:
             progress["stage"] += 1
             return None
         del self._open[txn.txn_id]

@@ -247,14 +247,15 @@ def _toy(**kw):
                                  "source_stages": 3, **kw})
 
 
-def machine(factory=None, **kw):
-    return make_engine_machine(factory or _toy(), faults=bool(kw), **kw)
+def machine(factory=None, session_keys=(None, "a", "b"), **kw):
+    return make_engine_machine(factory or _toy(), faults=bool(kw), session_keys=session_keys, **kw)
 
 
 TOY = machine()
 SPEC = machine(_toy(total_pages=40, page_size=3, draft_tokens=3))
 TIGHT = machine(_toy(total_pages=14))  # the head is often blocked with a lane free: backfill is tried
-SLOW_SOURCE = machine(_toy(source_stages=10))  # a materialization from a checkpoint stays open for 9 boundaries
+ONE_SESSION = machine(session_keys=("a",))  # every request continues one conversation: retains race
+SLOW_SOURCE = machine(_toy(source_stages=10, root_stages=4))  # materializations stay open for 3 to 9 boundaries
 CORRUPT_BATCH = machine(fault_methods=("prefill", "decode"), fault_modes=("corrupt",))
 STALE_TXN = machine(fault_methods=("advance",), fault_modes=("corrupt",), fault_variants=(0,))
 SHORTFALL = machine(fault_methods=("advance",), fault_modes=("corrupt",), fault_variants=(4,))
@@ -308,7 +309,7 @@ MUTANTS = {
                                ("two model units", "two batches", "phase run after commit")),
     "retain_unsuccessful_request": ([(ResourceManager, "terminal_choice", retain_even_unsuccessful)], TOY,
                                     ("was retained",)),
-    "rebind_session_by_older_publication": ([(ResourceManager, "_bind_session", rebind_by_any_order)], TOY,
+    "rebind_session_by_older_publication": ([(ResourceManager, "_bind_session", rebind_by_any_order)], ONE_SESSION,
                                             ("replaced the binding",)),
     "prefix_match_without_digest": ([(ResourceManager, "find_source", find_source_without_digest)], TOY,
                                     ("output depends on the schedule",)),
@@ -341,7 +342,7 @@ def test_harness_catches_mutant(name, monkeypatch):
                                                          f"{type(caught.value).__name__}: {str(caught.value)[:400]}"
 
 
-HUNTED = {"toy": TOY, "spec": SPEC, "tight": TIGHT, "slow_source": SLOW_SOURCE, "corrupt_batch": CORRUPT_BATCH,
+HUNTED = {"toy": TOY, "one_session": ONE_SESSION, "spec": SPEC, "tight": TIGHT, "slow_source": SLOW_SOURCE, "corrupt_batch": CORRUPT_BATCH,
           "stale_txn": STALE_TXN, "shortfall": SHORTFALL, "raise": RAISE}
 
 
