@@ -45,17 +45,19 @@ def _corrupt_batch(batch: PendingBatch, variant: int) -> PendingBatch:
     return PendingBatch(batch.kind, rows, batch.resource_revision, batch.payload)
 
 
-def _corrupt_result(result: ResourceResult, variant: int) -> ResourceResult:
+def _corrupt_result(result: ResourceResult, variant: int) -> ResourceResult | None:
+    """The corrupted result, or None when this variant does not apply to this result (the next one is tried)."""
+    materialized = result.kind is TransitionKind.MATERIALIZE and result.succeeded
     if variant == 0:
         return dataclasses.replace(result, txn_id=result.txn_id + 7919)  # a stale transaction id
     if variant == 1:
         return dataclasses.replace(result, released=result.released + (CheckpointId(10**9 + 7),))  # unknown
-    if variant == 2 and result.published:
-        return dataclasses.replace(result, published=result.published + result.published[:1])  # published twice
-    if variant == 3 and result.kind is TransitionKind.MATERIALIZE and result.succeeded:
-        return dataclasses.replace(result, handle=None)  # a sequence that does not exist
-    if variant == 4 and result.kind is TransitionKind.MATERIALIZE and result.succeeded:
-        return dataclasses.replace(result, succeeded=False, handle=None)  # a shortfall after the plan was sealed
+    if variant == 2:  # published twice
+        return dataclasses.replace(result, published=result.published * 2) if result.published else None
+    if variant == 3:  # a sequence that does not exist
+        return dataclasses.replace(result, handle=None) if materialized else None
+    if variant == 4:  # a shortfall after the plan was sealed and started
+        return dataclasses.replace(result, succeeded=False, handle=None) if materialized else None
     other = TransitionKind.DELETE if result.kind is not TransitionKind.DELETE else TransitionKind.CAPTURE
     return dataclasses.replace(result, kind=other)  # the result of another transition
 
@@ -131,13 +133,14 @@ class FaultyProgram:
             corrupt = _corrupt_batch
         elif name in ("advance", "abort") and isinstance(out, ResourceResult):
             corrupt = _corrupt_result
-        if corrupt is None:
+        bad = None if corrupt is None else corrupt(out, variant)
+        if bad is None:
             self._armed = (name, n + 1, mode, variant)  # nothing to corrupt in this value: try the next call
             return out
         self.fired = "corrupt"
         if self.watch is not None:
             self.watch.stop_checking()
-        return corrupt(out, variant)
+        return bad
 
     def check_no_pending_batch(self) -> None:
         """The commit-order guard: an OutputSession commits only after the Program consumed its batch."""
