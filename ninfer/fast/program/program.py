@@ -90,7 +90,8 @@ class FastProgram(Program):
 
         if speculative_config:
             raise NotSupportedError(f"speculative decoding is not implemented in the fast Program yet (asked for "
-                                    f"{dict(speculative_config)}); start without --speculative-config")
+                                    f"{dict(speculative_config)}); start without --speculative-config, or run "
+                                    "it on --program reference (docs/speculative.md)")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if budget_bytes is None:
             budget_bytes = _device_budget(gpu_memory_utilization, device)
