@@ -30,6 +30,8 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
     prompt_tokens: int = 0
+    draft_tokens: int = 0  # the usage extension of a speculative backend (0 without one)
+    accepted_draft_tokens: int = 0
     error: str = ""
 
     @property
@@ -95,6 +97,9 @@ async def _one(client: httpx.AsyncClient, cfg: BenchConfig, body: dict) -> Reque
                 if chunk.get("usage"):
                     rec.output_tokens = chunk["usage"]["completion_tokens"]
                     rec.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    spec = chunk["usage"].get("speculative_decoding") or {}
+                    rec.draft_tokens = spec.get("draft_tokens", 0)
+                    rec.accepted_draft_tokens = spec.get("accepted_draft_tokens", 0)
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"
         return rec
@@ -177,6 +182,10 @@ def summarize(records: list[RequestRecord], duration: float, percentiles: tuple[
            "request_throughput": len(ok) / duration if duration else 0.0,
            "output_throughput": sum(r.output_tokens for r in ok) / duration if duration else 0.0,
            "errors": sorted({r.error for r in records if not r.ok})[:5]}
+    drafted = sum(r.draft_tokens for r in ok)
+    if drafted:
+        accepted = sum(r.accepted_draft_tokens for r in ok)
+        out.update(draft_tokens=drafted, accepted_draft_tokens=accepted, draft_acceptance_rate=accepted / drafted)
     samples = {"ttft": [r.ttft for r in ok], "e2el": [r.e2el for r in ok],
                "tpot": [r.tpot for r in ok if r.tpot is not None], "itl": [g for r in ok for g in r.itl]}
     for name in METRICS:
@@ -205,6 +214,10 @@ def format_summary(s: dict) -> str:
             lines.append(f"{'-' * 15}{title}{'-' * 15}")
             lines += [f"{k.replace(f'_{name}_ms', '').capitalize() + f' {name.upper()} (ms):':<40}{s[k]:.2f}"
                       for k in keys]
+    if "draft_tokens" in s:
+        lines += [f"{'-' * 15}Speculative Decoding{'-' * 15}", f"{'Draft tokens:':<40}{s['draft_tokens']}",
+                  f"{'Accepted draft tokens:':<40}{s['accepted_draft_tokens']}",
+                  f"{'Draft acceptance rate (%):':<40}{100 * s['draft_acceptance_rate']:.2f}"]
     for e in s["errors"]:
         lines.append(f"error: {e}")
     return "\n".join(lines + ["=" * 50])
