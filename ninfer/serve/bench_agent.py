@@ -89,7 +89,7 @@ async def _conversation(client: httpx.AsyncClient, cfg: AgentConfig, index: int)
     out, previous = [], 0
     for t in range(1, cfg.turns + 1):
         body = {"model": cfg.model, "messages": messages, "tools": [TOOL], "max_tokens": cfg.max_tokens,
-                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+                "temperature": 0.0, "seed": cfg.seed, "stream": True, "stream_options": {"include_usage": True},
                 "prompt_cache_key": f"agent-{cfg.seed}-{cfg.concurrency}-{index}"}
         ttft, usage, error = await _turn(client, body)
         if usage is None:
