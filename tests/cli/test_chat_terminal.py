@@ -23,7 +23,9 @@ def test_chat_commands_and_ctrl_c_in_a_terminal(kind, default_model):
         screen = term.wait_for(r"unknown command /nope; Commands: /think")
         assert "prompt tokens" not in screen  # not sent to the model
         term.type("hello")
-        term.wait_for(r"\[thinking\] [^\n]*\S")  # the reply is streaming
+        # the reply is streaming: reasoning under its label, or content at once when the sampled reply closes
+        # its reasoning at the first token
+        term.wait_for(r">>> hello\n[\s\S]*\S")
         term.ctrl_c()
         screen = term.wait_for(r"\[interrupted\]\n\[\d+ prompt tokens, \d+ generated, finish=cancelled[^\n]*\n>>> ")
         generated = int(screen.split("[interrupted]")[1].split(" generated")[0].split(", ")[-1])
