@@ -1,5 +1,5 @@
 """Driving a Program through an unthreaded Engine in tests: serve requests, serve them in turns, a cold run, and
-the drained-pools check that every Program's Engine tests end with."""
+the drained-pools check that every Program's Engine tests end with; and one resource transition driven by hand."""
 
 from __future__ import annotations
 
@@ -43,3 +43,14 @@ def assert_drained(program, *, published: bool = False) -> None:
     assert u.free_slots + u.checkpoints - u.host_checkpoints == u.total_slots, u
     if published:
         assert u.checkpoints > 0, "prefix caching published nothing"
+
+
+def run_transition(program, choice):
+    """Plan, start and advance one resource transition to its end, as the Engine would; it must succeed, and the
+    Program's invariants hold after it."""
+    txn = program.start(program.plan(choice))
+    while (result := program.advance(txn)) is None:
+        pass
+    assert result.succeeded, result
+    program.check_invariants()
+    return result

@@ -8,17 +8,9 @@ import pytest
 
 from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
 from ninfer.sampling import SamplingParams
+from ninfer.testing.serving import run_transition as run
 
 LOGPROBS = SamplingParams(temperature=0.0, logprobs=2)
-
-
-def run(program, choice):
-    txn = program.start(program.plan(choice))
-    while (result := program.advance(txn)) is None:
-        pass
-    assert result.succeeded, result
-    program.check_invariants()
-    return result
 
 
 def generate(program, prompt, n, source=None, captures=()):

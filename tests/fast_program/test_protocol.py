@@ -8,14 +8,7 @@ import torch
 
 from ninfer.contracts import (BatchKind, EngineFailure, ResourceChoice, RowDecision, RowFailure, StalePlan,
                               TransitionKind)
-
-
-def run(program, choice):
-    txn = program.start(program.plan(choice))
-    while (result := program.advance(txn)) is None:
-        pass
-    assert result.succeeded, result
-    return result
+from ninfer.testing.serving import run_transition as run
 
 
 def ready(program, prompt, max_new=6):
