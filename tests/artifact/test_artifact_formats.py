@@ -19,6 +19,9 @@ CASES = [
     ("fp8_e4m3", "float8_e4m3fn", {"block": [4, 32]}, 0.04),
     ("int_group", "int4", {"group_size": 32}, 0.15),
     ("int_group", "int5", {"group_size": 16}, 0.07),
+    ("int_group", "int8", {"group_size": 32}, 0.006),
+    ("int_group", "int4", {"group_size": 32, "zero_point": True}, 0.15),
+    ("int_group", "int4", {"group_size": 16, "scale_dtype": "bfloat16"}, 0.15),
     ("nvfp4", "nvfp4", {}, 0.15),
 ]
 
@@ -103,3 +106,36 @@ def test_fp8_block_scale_rows_per_entry():
     assert specs[1].shape == (2, 2) and specs[1].rows_per_entry == 128
     offsets, total = layout(specs)
     assert offsets == [0, 256 * 256] and total == 256 * 256 + 16
+
+
+@pytest.mark.parametrize("shape", [(6, 64), (3, 5, 64)], ids=["2d", "3d"])
+def test_int_group_act_order_unpacks_through_the_permutation(shape):
+    """Stored column j is logical column perm[j]: unpack equals the identity-order unpack with columns scattered."""
+    rng = np.random.default_rng(3)
+    f = get_format("int_group")
+    plain = {"group_size": 16, "zero_point": True}
+    planes = f.pack(rng.standard_normal(shape).astype(np.float32), "int4", plain)
+    stored = f.unpack(planes, shape, "int4", plain)
+    perm = np.stack([rng.permutation(shape[-1]) for _ in range(int(np.prod(shape[:-2])))]).astype(np.int32)
+    perm = perm.reshape(*shape[:-2], shape[-1])
+    y = f.unpack({**planes, "perm": perm}, shape, "int4", {**plain, "act_order": True})
+    for idx in np.ndindex(*shape[:-2]):
+        np.testing.assert_array_equal(y[idx][:, perm[idx]], stored[idx])
+    spec = f.planes(shape, "int4", {**plain, "act_order": True})[-1]
+    assert spec.name == "perm" and spec.rows_per_entry == (0 if len(shape) == 2 else 1)
+
+
+def test_nvfp4_global_rows_scale_each_row_group():
+    f = get_format("nvfp4")
+    x = np.random.default_rng(4).standard_normal((2, 8, 32)).astype(np.float32)
+    planes = f.pack(x, "nvfp4", {})
+    base = f.unpack(planes, x.shape, "nvfp4", {})
+    g = planes["global_scale"][0]
+    per = np.array([[g, 2 * g], [4 * g, g / 2]], dtype=np.float32)  # [E, R/r] with r = 4
+    params = {"global_rows": 4, "input_scale": True}
+    assert [p.name for p in f.planes(x.shape, "nvfp4", params)][-2:] == ["global_scale", "input_scale"]
+    y = f.unpack({**planes, "global_scale": per, "input_scale": np.ones((2, 2), np.float32)}, x.shape, "nvfp4", params)
+    np.testing.assert_array_equal(y[0, 4:], base[0, 4:] * 2)
+    np.testing.assert_array_equal(y[1, :4], base[1, :4] * 4)
+    with pytest.raises(ValueError, match="global_rows"):
+        f.planes((8, 32), "nvfp4", {"global_rows": 3})

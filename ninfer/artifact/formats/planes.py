@@ -10,14 +10,16 @@ import torch
 # Byte offsets of planes inside an object are rounded up to this, so each plane can be uploaded or viewed alone.
 PLANE_ALIGN = 256
 
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1, "uint16": 2, "int8": 1, "float8_e4m3fn": 1}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1, "uint16": 2, "int8": 1, "int32": 4,
+            "float8_e4m3fn": 1}
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                "uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "float8_e4m3fn": torch.float8_e4m3fn}
+                "uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int32": torch.int32,
+                "float8_e4m3fn": torch.float8_e4m3fn}
 
 # numpy has no bf16 / fp8: those planes are handled as raw unsigned bits on the numpy side.
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "uint8": np.uint8,
-                "uint16": np.uint16, "int8": np.int8, "float8_e4m3fn": np.uint8}
+                "uint16": np.uint16, "int8": np.int8, "int32": np.int32, "float8_e4m3fn": np.uint8}
 
 
 @dataclass(frozen=True)
