@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ninfer.models.qwen3_5.config import ConfigError, Qwen35Config
-from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+from ninfer.models.qwen3_5.params import MTP, TEXT, VISION, logical_parameters
 
 from .descriptor import Binding
 from .errors import ArtifactError
@@ -21,11 +21,15 @@ def parse_config(raw: Mapping) -> Qwen35Config:
 
 
 def check_bindings(cfg: Qwen35Config, bindings: Mapping[str, Binding], features: tuple[str, ...]) -> None:
-    """Text must be complete; every selected model feature (MTP) must be complete; shapes must be the logical ones."""
-    for feature in (f for f in features if f in (TEXT, MTP)):
+    """Text must be complete; every selected model feature (MTP, Vision) must be complete; shapes must be the logical
+    ones."""
+    for feature in (f for f in features if f in (TEXT, MTP, VISION)):
         specs = logical_parameters(cfg, (feature,))
         if feature == MTP and not specs:
             raise ArtifactError("feature 'mtp'", "not available", "config has mtp_num_hidden_layers=0")
+        if feature == VISION and not specs:
+            raise ArtifactError("feature 'vision'", "not available",
+                                "the config carries no vision geometry (reconvert the checkpoint with this ninfer)")
         missing = sorted(n for n in specs if n not in bindings)
         if missing:
             raise ArtifactError(f"feature {feature!r}", "missing bindings",

@@ -38,10 +38,6 @@ def use_sites(binding: str, feature: str, mtp_bound: bool) -> list[tuple[str, st
     return [(binding.removesuffix(".weight"), feature)]
 
 
-def vision_spec(name: str, tensor: torch.Tensor) -> ParamSpec:
-    return ParamSpec(name, tuple(tensor.shape), VISION, "vision")
-
-
 def default_provenance(**extra: Any) -> dict[str, Any]:
     return {"converter": "ninfer", "converter_version": ninfer.__version__,
             "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
@@ -63,7 +59,7 @@ def write_artifact(path: str | Path, cfg: Qwen35Config, tensors: Iterable[tuple[
 
     - ``tensors``: ``(logical_name, tensor)`` pairs, consumed one at a time (a generator keeps memory flat). Names are
       those of ``logical_parameters(cfg)`` (``embed_tokens.weight``, ``layers.3.self_attn.q_proj.weight``,
-      ``mtp.fc.weight``...) or ``visual.*`` for vision weights. bf16/fp16/fp32 tensors are stored as they are,
+      ``mtp.fc.weight``...) and, when ``cfg.vision`` holds the tower's geometry, its ``visual.*`` parameters. bf16/fp16/fp32 tensors are stored as they are,
       except that ``fp32``-kind parameters (A_log, dt_bias) are stored in fp32.
     - ``tied`` (default ``cfg.tie_word_embeddings``): bind ``lm_head.weight`` to the embedding's object; an
       ``lm_head.weight`` tensor in ``tensors`` is then ignored.
@@ -71,17 +67,17 @@ def write_artifact(path: str | Path, cfg: Qwen35Config, tensors: Iterable[tuple[
       "generation_config.json": ...}``.
     - ``metadata``: ``name`` defaults to the architecture; put ``"random_weights": True`` for synthetic models.
 
-    Every text parameter must be given (MTP ones all or none), with the logical shape; otherwise ArtifactError lists
+    Every text parameter must be given (MTP and vision ones all or none), with the logical shape; otherwise ArtifactError lists
     all missing, unexpected and mis-shaped names at once and no file is left behind.
     """
     tied = cfg.tie_word_embeddings if tied is None else tied
-    specs = logical_parameters(cfg)
+    specs = logical_parameters(cfg, (TEXT, MTP, VISION))
     with ArtifactWriter(path, progress=progress) as w:
         problems = []
         for name, tensor in tensors:
             if tied and name == "lm_head.weight":
                 continue
-            spec = vision_spec(name, tensor) if name.startswith("visual.") else specs.get(name)
+            spec = specs.get(name)
             if spec is None:
                 problems.append(f"unexpected tensor {name!r}")
                 continue
@@ -105,10 +101,10 @@ def write_artifact(path: str | Path, cfg: Qwen35Config, tensors: Iterable[tuple[
 
 
 def missing_parameters(specs: Mapping[str, ParamSpec], bound: Mapping[str, Any]) -> list[str]:
-    """Text parameters not bound; MTP ones only when some MTP parameter is bound (an absent MTP head is fine)."""
-    has_mtp = any(n.startswith("mtp.") for n in bound)
-    return [f"missing tensor {n!r}" for n, s in specs.items()
-            if n not in bound and (s.feature == TEXT or has_mtp)]
+    """Text parameters not bound; MTP (vision) ones only when some MTP (vision) parameter is bound: an absent MTP
+    head or vision tower is fine."""
+    present = {TEXT} | {s.feature for n, s in specs.items() if n in bound}
+    return [f"missing tensor {n!r}" for n, s in specs.items() if n not in bound and s.feature in present]
 
 
 def add_packed(w: ArtifactWriter, name: str, values: torch.Tensor, *, format: str, dtype: str,

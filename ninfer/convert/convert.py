@@ -17,7 +17,7 @@ import torch
 from ninfer.artifact.binder import check_bindings
 from ninfer.artifact.build import add_uses, default_provenance, media_type
 from ninfer.artifact.writer import ArtifactWriter
-from ninfer.models.qwen3_5.params import MTP, TEXT
+from ninfer.models.qwen3_5.params import TEXT, VISION
 
 from .errors import ConversionError
 from .hf_source import HFSource
@@ -44,7 +44,7 @@ def _file_record(path: Path) -> dict[str, Any]:
 
 def source_provenance(src: HFSource) -> dict[str, Any]:
     names = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-             "chat_template.jinja", "model.safetensors.index.json"]
+             "chat_template.jinja", "preprocessor_config.json", "model.safetensors.index.json"]
     files = [src.dir / n for n in names if (src.dir / n).is_file()] + list(src.files)
     return {"dir": str(src.dir.resolve()), "files": [_file_record(f) for f in files]}
 
@@ -63,7 +63,7 @@ def _write(src: HFSource, plan: Plan, out: Path, metadata: dict, provenance: dic
             w.bind(item.name, item.name, feature=item.feature, kind=item.kind)
         if plan.tied:
             w.bind("lm_head.weight", "embed_tokens.weight", feature=TEXT, kind="embedding")
-        features = (TEXT, MTP) if any(b.feature == MTP for b in w.bindings.values()) else (TEXT,)
+        features = tuple(sorted({TEXT, *(b.feature for b in w.bindings.values())}))
         check_bindings(plan.config, w.bindings, features)
         add_uses(w)
         for name, data in resources.items():
@@ -90,7 +90,7 @@ def convert_checkpoint(src_dir: str | Path, out_path: str | Path, *, name: str |
         plan = plan_conversion(src, dtype)
         if plan.problems:
             raise ConversionError(str(src.dir), list(plan.problems))
-        resources, origins = collect_resources(src.dir)
+        resources, origins = collect_resources(src.dir, vision=any(i.feature == VISION for i in plan.items))
         metadata = {"name": name or plan.config.architecture}
         provenance = default_provenance(
             source=source_provenance(src), recipe={"name": RECIPE, "dtype": dtype or "source"},

@@ -30,6 +30,11 @@ def _config_lines(a: Artifact) -> list[str]:
     else:
         lines.append(f"ffn               intermediate {c.intermediate_size}")
     lines.append(f"tied embeddings   {c.tie_word_embeddings}")
+    if c.vision is not None:
+        v = c.vision
+        lines.append(f"vision            {v.geometry_line()}")
+        lines.append(f"vision tokens     image {v.image_token_id}, video {v.video_token_id}, "
+                     f"start {v.vision_start_token_id}, end {v.vision_end_token_id}")
     return lines
 
 

@@ -134,8 +134,11 @@ def plan_conversion(src: HFSource, dtype: str | None = None) -> Plan:
         # A tied checkpoint may still carry a copy of the embedding as lm_head; the artifact stores it once.
         m.names.pop("lm_head.weight", None)
     has_mtp = any(n.startswith("mtp.") for n in m.names) or any(b.startswith("mtp.") for b in m.experts)
+    # Vision is optional like MTP: a checkpoint without any visual.* tensor converts to a text-only artifact.
+    has_vision = cfg.vision is not None and any(n.startswith("visual.") for n in m.names)
+    features = (TEXT,) + ((MTP,) if has_mtp else ()) + ((VISION,) if has_vision else ())
     items: list[Item] = []
-    for spec in logical_parameters(cfg, (TEXT, MTP) if has_mtp else (TEXT,)).values():
+    for spec in logical_parameters(cfg, features).values():
         if spec.name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if spec.name in m.names:
@@ -147,9 +150,5 @@ def plan_conversion(src: HFSource, dtype: str | None = None) -> Plan:
             item = None
         if item is not None:
             items.append(item)
-    for name in [n for n in m.names if n.startswith("visual.")]:
-        key = m.names.pop(name)
-        t = src.tensors[key]
-        items.append(Item(name, VISION, "vision", t.shape, _target_dtype("vision", t.dtype, dtype), (key,)))
     m.leftovers()
     return Plan(cfg, tuple(items), cfg.tie_word_embeddings, tie_reason, tuple(m.problems))

@@ -1,4 +1,4 @@
-"""Frontend resources of a checkpoint: tokenizer, chat template, generation config.
+"""Frontend resources of a checkpoint: tokenizer, chat template, generation config, image processor config.
 
 Files the checkpoint carries are copied byte for byte. A checkpoint without ``tokenizer.json`` or a chat template
 gets ninfer's built-in Qwen3.5 ones (``ninfer.convert.tokenizer`` / ``ninfer.convert.chat_template``, imported only
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from ninfer.models.qwen3_5.vision_config import DEFAULT_PREPROCESSOR
 
 from .errors import ConversionError
 
@@ -47,15 +49,22 @@ def chat_template(src: Path) -> tuple[str | None, str]:
     return None, ""
 
 
-def collect_resources(src: str | Path) -> tuple[dict[str, bytes], dict[str, str]]:
+def collect_resources(src: str | Path, vision: bool = False) -> tuple[dict[str, bytes], dict[str, str]]:
     """(resource name -> bytes, resource name -> source) for ``tokenizer.json``, ``tokenizer_config.json``,
-    ``chat_template.jinja`` and ``generation_config.json``."""
+    ``chat_template.jinja`` and ``generation_config.json``; with ``vision`` also ``preprocessor_config.json`` (the
+    image processor's constants: the checkpoint's, else the released Qwen3.5 ones)."""
     src = Path(src)
     out: dict[str, bytes] = {}
     origin: dict[str, str] = {}
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (src / name).is_file():
             out[name], origin[name] = (src / name).read_bytes(), f"{CHECKPOINT}:{name}"
+    if vision:
+        name = "preprocessor_config.json"
+        if (src / name).is_file():
+            out[name], origin[name] = (src / name).read_bytes(), f"{CHECKPOINT}:{name}"
+        else:
+            out[name], origin[name] = json.dumps(DEFAULT_PREPROCESSOR, indent=2).encode("utf-8"), BUILTIN
     if "tokenizer.json" not in out:
         from ninfer.convert.tokenizer import build_qwen35_tokenizer_json
 

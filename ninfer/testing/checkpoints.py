@@ -20,11 +20,15 @@ import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.params import logical_parameters, mtp_parameters
+from ninfer.models.qwen3_5.vision_config import DEFAULT_PREPROCESSOR
 
 # A byte-level tokenizer: ids 0..255 are the byte-level alphabet, the specials follow.
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                  "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 EOS_TOKEN_ID = 258  # <|im_end|>
 PAD_TOKEN_ID = 256  # <|endoftext|>
+# The multimodal token ids of the tiny checkpoints (the specials above).
+VISION_TOKEN_IDS = dict(vision_start_token_id=261, vision_end_token_id=262, image_token_id=263, video_token_id=264)
 
 TINY_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -54,6 +58,19 @@ def tiny_text_config(*, moe: bool = False, tie: bool = False, mtp: bool = True, 
     return kw
 
 
+def tiny_vision_config(*, depth: int = 2, out_hidden_size: int = 64) -> dict[str, Any]:
+    """HF ``Qwen3_5VisionConfig`` kwargs of a tiny tower at the real patch geometry (patch 16, temporal 2, merge
+    2): hidden 32, 2 heads of 16, a 6x6 learned position grid (so most images resample it)."""
+    return dict(depth=depth, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=out_hidden_size,
+                num_position_embeddings=36, hidden_act="gelu_pytorch_tanh", patch_size=16, temporal_patch_size=2,
+                spatial_merge_size=2, in_channels=3)
+
+
+# The tiny checkpoints' image processor: the released constants with small pixel bounds (64x64 .. 48 merged
+# tokens), so test images stay a few dozen patches.
+TINY_PREPROCESSOR = dict(DEFAULT_PREPROCESSOR, size={"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 48})
+
+
 # Checkpoint layouts worth covering, as make_hf_checkpoint kwargs (the converter tests run each one).
 VARIANTS: dict[str, dict[str, Any]] = {
     "dense": dict(),
@@ -66,10 +83,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def tiny_config(*, moe: bool = False, tie: bool = False, hv_per_hk: int = 2, vocab: int = 512, num_layers: int = 4,
-                mtp: bool = True) -> Qwen35Config:
+                mtp: bool = True, multimodal: bool = False) -> Qwen35Config:
     """The Qwen35Config of :func:`make_hf_checkpoint` with the same arguments, without building anything."""
     raw = dict(tiny_text_config(moe=moe, tie=tie, hv_per_hk=hv_per_hk, vocab=vocab, num_layers=num_layers),
                model_type="qwen3_5_moe_text" if moe else "qwen3_5_text", mtp_num_hidden_layers=1 if mtp else 0)
+    if multimodal:
+        raw = _multimodal_config(raw, moe, tie)
     return Qwen35Config.from_hf(raw)
 
 
@@ -156,23 +175,35 @@ def _mtp_tensors(cfg: Qwen35Config, seed: int, dtype: torch.dtype, per_expert: b
 
 
 def _vision_tensors(seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A stand-in vision tower: the converter only has to carry ``model.visual.*`` through, not understand it."""
-    g = torch.Generator().manual_seed(seed + 2)
-    shapes = {"model.visual.patch_embed.proj.weight": (32, 3, 2, 4, 4),
-              "model.visual.blocks.0.norm1.weight": (32,),
-              "model.visual.merger.linear_fc2.weight": (64, 128)}
-    return {k: (torch.randn(s, generator=g) * 0.02).to(dtype) for k, s in shapes.items()}
+    """The state dict of a transformers ``Qwen3_5VisionModel`` of :func:`tiny_vision_config` built with ``seed + 2``
+    (LayerNorm weights and every bias perturbed: HF initialises them to 1 and 0), under ``model.visual.*``."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+
+    torch.manual_seed(seed + 2)
+    tower = Qwen3_5VisionModel(Qwen3_5VisionConfig(**tiny_vision_config()))
+    with torch.no_grad():
+        for name, p in tower.named_parameters():
+            if name.endswith(".bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            elif name == "pos_embed.weight":
+                p.normal_(0.0, 0.5)  # visible against the patch embedding, so a wrong resampling shows
+    return {f"model.visual.{k}": v.detach().to(dtype).contiguous() for k, v in tower.state_dict().items()}
 
 
 def _multimodal_config(text_cfg: dict[str, Any], moe: bool, tie: bool) -> dict[str, Any]:
     text_cfg = dict(text_cfg, model_type="qwen3_5_moe_text" if moe else "qwen3_5_text")
     text_cfg.pop("architectures", None)
+    vision = dict(tiny_vision_config(out_hidden_size=text_cfg["hidden_size"]),
+                  model_type="qwen3_5_moe_vision" if moe else "qwen3_5_vision",
+                  rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
     return {
         "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5_moe" if moe else "qwen3_5",
         "text_config": text_cfg,
-        "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64},
+        "vision_config": vision,
         "tie_word_embeddings": tie,
+        **VISION_TOKEN_IDS,
     }
 
 
@@ -224,8 +255,9 @@ def make_hf_checkpoint(dir: str | Path, *, moe: bool = False, tie: bool = False,
 
     - ``moe``: Qwen3_5MoeForCausalLM (4 experts, top-2, shared expert) instead of the dense model.
     - ``tie``: ``tie_word_embeddings``; ``lm_head.weight`` is then absent from the files.
-    - ``multimodal``: keys under ``model.language_model.*`` plus a stand-in ``model.visual.*`` tower, and a nested
-      ``qwen3_5``/``qwen3_5_moe`` config with ``text_config``.
+    - ``multimodal``: keys under ``model.language_model.*`` plus a real tiny ``model.visual.*`` tower built by
+      transformers (:func:`tiny_vision_config`), and a nested ``qwen3_5``/``qwen3_5_moe`` config with
+      ``text_config``, ``vision_config`` and the tiny tokenizer's vision token ids.
     - ``mtp``: add random ``mtp.*`` tensors (shapes of ``mtp_parameters``) and ``mtp_num_hidden_layers=1``.
     - ``sharded``: three ``model-0000k-of-00003.safetensors`` files plus ``model.safetensors.index.json``.
     - ``per_expert``: MoE experts as ``mlp.experts.{e}.{gate,up,down}_proj.weight`` instead of the fused form.
@@ -250,6 +282,7 @@ def make_hf_checkpoint(dir: str | Path, *, moe: bool = False, tie: bool = False,
                    for k, v in tensors.items()}
         tensors.update(_vision_tensors(seed, dtype))
         config = _multimodal_config(text_cfg, moe, tie)
+        (out / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR, indent=2))
     else:
         config = text_cfg
     _write_safetensors(out, tensors, sharded)

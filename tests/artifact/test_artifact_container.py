@@ -61,9 +61,9 @@ def test_feature_selection(tmp_path, cfg):
         open_artifact(p, ("text", "mtp"))
     with pytest.raises(ArtifactError, match="text is required"):
         open_artifact(p, ("mtp",))
-    full = random_logical_tensors(cfg)
-    full["visual.patch_embed.proj.weight"] = torch.randn(8, 3, 2, 2)
-    p2 = write_artifact(tmp_path / "f.ninfer", cfg, full.items())
+    mm = tiny_config(multimodal=True)
+    full = random_logical_tensors(mm, features=("text", "mtp", "vision"))
+    p2 = write_artifact(tmp_path / "f.ninfer", mm, full.items())
     with open_artifact(p2, ("text",)) as a:
         assert not any(n.startswith(("mtp.", "visual.")) for n in a.bindings)
         assert all(u.feature == "text" for u in a.uses)
@@ -75,6 +75,11 @@ def test_feature_selection(tmp_path, cfg):
     with open_artifact(p2, ("text", "mtp", "vision")) as a:
         assert torch.equal(a.tensor("visual.patch_embed.proj.weight"), full["visual.patch_embed.proj.weight"])
         assert a.bindings["visual.patch_embed.proj.weight"].feature == "vision"
+    with pytest.raises(ArtifactError, match="visual.merger.linear_fc2.bias"):  # a tower is all or nothing
+        write_artifact(tmp_path / "g.ninfer", mm, [(k, v) for k, v in full.items() if k != "visual.merger.linear_fc2.bias"])
+    with pytest.raises(ArtifactError, match="unexpected tensor 'visual.pos_embed.weight'"):  # no vision geometry
+        write_artifact(tmp_path / "h.ninfer", cfg, [*random_logical_tensors(cfg).items(),
+                                                    ("visual.pos_embed.weight", full["visual.pos_embed.weight"])])
 
 
 def test_write_artifact_reports_every_problem(tmp_path, cfg):

@@ -15,7 +15,11 @@ def test_report_of_converted_checkpoint(tmp_path, checkpoints):
     for needle in ("architecture      Qwen3_5MoeForCausalLM", "4 (3 linear attention, 1 full attention), MTP layers 1",
                    "moe               4 experts, top-2", "features          mtp, text, vision",
                    "checksums         all", "tokenizer.json", "chat_template.jinja", "text     experts",
-                   "vision   vision", "layers.0.mlp.experts.gate_up_proj", "uses by activation: A16Only"):
+                   "vision   vision", "layers.0.mlp.experts.gate_up_proj", "uses by activation: A16Only",
+                   "vision            depth 2, hidden 32, 2 heads x 16, mlp 48 (gelu_pytorch_tanh), patch 16 temporal 2, "
+                   "merge 2x2 -> 64, pos grid 6x6", "vision tokens     image 263, video 264, start 261, end 262",
+                   "preprocessor_config.json", "checkpoint:preprocessor_config.json",
+                   "visual.blocks.1.attn.qkv.weight"):
         assert needle in report, needle
     assert "RANDOM" not in report
 
@@ -32,6 +36,30 @@ def test_report_flags_random_weights_and_sharing(tmp_path, checkpoints):
     report = inspect_artifact(p)
     assert "NOTE: this artifact holds RANDOM weights" in report
     assert "embed_tokens.weight <- embed_tokens.weight, lm_head.weight" in report
+
+
+def test_checkpoint_without_vision_weights_converts_text_only_with_geometry_kept(tmp_path, checkpoints):
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints["dense_multimodal_tied"], src)
+    for f in src.glob("*.safetensors"):
+        save_file({k: v for k, v in load_file(str(f)).items() if not k.startswith("model.visual.")}, str(f))
+    (src / "preprocessor_config.json").unlink()
+    out = convert_checkpoint(src, tmp_path / "t.ninfer", progress=False)
+    with open_artifact(out) as a:
+        assert a.available_features == ("mtp", "text") and a.config.vision is not None
+        assert "preprocessor_config.json" not in a.resources
+    with pytest.raises(ArtifactError, match="feature 'vision': not available"):
+        open_artifact(out, ("text", "vision"))
+    # A tower without its processor constants gets the released ones.
+    shutil.copy(checkpoints["dense_multimodal_tied"] / "model.safetensors", src / "model.safetensors")
+    with open_artifact(convert_checkpoint(src, tmp_path / "v.ninfer", progress=False)) as a:
+        pre = json.loads(a.resource("preprocessor_config.json"))
+        assert pre["size"] == {"shortest_edge": 65536, "longest_edge": 16777216} and pre["patch_size"] == 16
 
 
 def test_verify_names_broken_object(tmp_path, checkpoints):

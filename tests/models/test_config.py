@@ -27,13 +27,32 @@ def test_text_config_defaults_and_layer_pattern():
 
 
 def test_nested_multimodal_config_with_new_rope_placement_and_top_level_tie():
-    raw = {"model_type": "qwen3_5", "tie_word_embeddings": True, "vision_config": {"depth": 2},
+    raw = {"model_type": "qwen3_5", "tie_word_embeddings": True,
+           "vision_config": {"depth": 2, "out_hidden_size": QWEN35_08B["hidden_size"]},
            "text_config": {**QWEN35_08B, "model_type": "qwen3_5_text", "tie_word_embeddings": False,
                            "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5,
                                                "mrope_section": [22, 22, 20], "mrope_interleaved": True}}}
     cfg = Qwen35Config.from_hf(raw)
     assert cfg.tie_word_embeddings and cfg.has_vision
     assert cfg.rope_theta == 5e6 and cfg.rotary_dim == 128
+    v = cfg.vision
+    assert (v.depth, v.hidden_size, v.patch_size, v.temporal_patch_size, v.spatial_merge_size, v.grid_side) == \
+        (2, 1152, 16, 2, 2, 48)
+    assert (v.image_token_id, v.vision_start_token_id, v.head_dim, v.patch_dim) == (248056, 248053, 72, 1536)
+    assert Qwen35Config.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("vision, field", [
+    ({"out_hidden_size": 7}, "vision_config.out_hidden_size"),
+    ({"num_position_embeddings": 2300}, "vision_config.num_position_embeddings"),
+    ({"hidden_size": 36, "num_heads": 2, "out_hidden_size": 1024}, "vision_config.hidden_size"),
+    ({"rope_parameters": {"rope_type": "default"}, "out_hidden_size": 1024}, "vision_config.rope_parameters.rope_type"),
+])
+def test_bad_vision_geometry_is_refused_naming_the_field(vision, field):
+    raw = {"model_type": "qwen3_5", "vision_config": vision, "text_config": {**QWEN35_08B, "model_type": "qwen3_5_text"}}
+    with pytest.raises(ConfigError) as e:
+        Qwen35Config.from_hf(raw)
+    assert e.value.field == field
 
 
 def test_old_top_level_rope_fields_and_explicit_layer_types():

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from ninfer.errors import ExitCode, NinferError
 
 from .rope_config import check_rope, rope_fields, rope_pairs
+from .vision_config import VisionConfig
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
@@ -75,6 +76,8 @@ class Qwen35Config:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     has_vision: bool = False
+    # The vision tower's geometry (None: text-only, or an artifact converted before vision was supported).
+    vision: VisionConfig | None = None
     # Scaled RoPE (ninfer.models.qwen3_5.rope_config): the type and its parameters as sorted (name, value) pairs.
     rope_type: str = "default"
     rope_scaling: tuple[tuple[str, Any], ...] = ()
@@ -159,6 +162,9 @@ class Qwen35Config:
                 raise ConfigError("num_experts_per_tok", f"{self.num_experts_per_tok} > num_experts={self.num_experts}")
         elif self.intermediate_size <= 0:
             raise ConfigError("intermediate_size", "must be positive for a dense architecture")
+        if self.vision is not None and self.vision.out_hidden_size != self.hidden_size:
+            raise ConfigError("vision_config.out_hidden_size", f"{self.vision.out_hidden_size} differs from the text "
+                                                               f"hidden_size={self.hidden_size}")
 
     # ---- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -177,6 +183,8 @@ class Qwen35Config:
             raise ConfigError(unknown[0], "unknown field in ninfer config")
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         kw["rope_scaling"] = tuple(tuple(pair) for pair in kw.get("rope_scaling", ()))
+        if kw.get("vision") is not None:
+            kw["vision"] = VisionConfig.from_dict(kw["vision"])
         return cls(**kw)
 
     @classmethod
@@ -262,6 +270,7 @@ def from_hf(raw: Mapping[str, Any]) -> Qwen35Config:
         eos_token_ids=_eos_ids(text.get("eos_token_id", raw.get("eos_token_id"))),
         pad_token_id=text.get("pad_token_id"),
         has_vision=bool(nested and raw.get("vision_config")),
+        vision=VisionConfig.from_hf(raw) if nested and raw.get("vision_config") else None,
         hidden_act=str(text.get("hidden_act", "silu")),
         attention_bias=bool(text.get("attention_bias", False)),
         **rope_fields(text, max_positions),

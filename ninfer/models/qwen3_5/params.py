@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import FULL, Qwen35Config
+from .vision_config import VisionConfig
 
 TEXT = "text"
 MTP = "mtp"
 VISION = "vision"
 
 # Kinds decide numeric policy: "fp32" parameters are kept (and computed) in fp32 whatever the source.
-KINDS = ("embedding", "linear", "norm", "conv", "fp32", "router", "experts")
+KINDS = ("embedding", "linear", "norm", "conv", "fp32", "router", "experts", "vision")
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,39 @@ def mtp_parameters(cfg: Qwen35Config) -> list[ParamSpec]:
     return specs
 
 
+def vision_parameters(v: VisionConfig) -> list[ParamSpec]:
+    """Every logical parameter of the tower, in execution order (HF names under ``model.visual.``). All are of kind
+    ``vision``: stored as the source gives them, never quantized."""
+    Hv, I, m = v.hidden_size, v.intermediate_size, v.merge_unit * v.hidden_size
+
+    def linear(name: str, out: int, inp: int) -> list[ParamSpec]:
+        return [ParamSpec(f"{name}.weight", (out, inp), VISION, "vision"), ParamSpec(f"{name}.bias", (out,), VISION, "vision")]
+
+    def layer_norm(name: str, n: int) -> list[ParamSpec]:
+        return [ParamSpec(f"{name}.weight", (n,), VISION, "vision"), ParamSpec(f"{name}.bias", (n,), VISION, "vision")]
+
+    specs = [ParamSpec("visual.patch_embed.proj.weight",
+                       (Hv, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size), VISION, "vision"),
+             ParamSpec("visual.patch_embed.proj.bias", (Hv,), VISION, "vision"),
+             ParamSpec("visual.pos_embed.weight", (v.num_position_embeddings, Hv), VISION, "vision")]
+    for i in range(v.depth):
+        p = f"visual.blocks.{i}"
+        specs += [*layer_norm(f"{p}.norm1", Hv), *layer_norm(f"{p}.norm2", Hv), *linear(f"{p}.attn.qkv", 3 * Hv, Hv),
+                  *linear(f"{p}.attn.proj", Hv, Hv), *linear(f"{p}.mlp.linear_fc1", I, Hv),
+                  *linear(f"{p}.mlp.linear_fc2", Hv, I)]
+    specs += [*layer_norm("visual.merger.norm", Hv), *linear("visual.merger.linear_fc1", m, m),
+              *linear("visual.merger.linear_fc2", v.out_hidden_size, m)]
+    return specs
+
+
 def logical_parameters(cfg: Qwen35Config, features: tuple[str, ...] = (TEXT, MTP)) -> dict[str, ParamSpec]:
     specs: list[ParamSpec] = []
     if TEXT in features:
         specs += text_parameters(cfg)
     if MTP in features and cfg.mtp_num_hidden_layers > 0:
         specs += mtp_parameters(cfg)
+    if VISION in features and cfg.vision is not None:
+        specs += vision_parameters(cfg.vision)
     return {s.name: s for s in specs}
 
 
