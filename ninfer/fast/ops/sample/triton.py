@@ -89,21 +89,33 @@ def _adjust_kernel(logits_ptr, ip_ptr, fp_ptr, masks_ptr, bias_ptr, blocked_ptr,
 
 
 @triton.jit
-def _gumbel(seed, position, offs):
-    """Gumbel noise of docs/sampling.md section 4 for vocabulary indices offs: Philox-4x32-10 keyed by the seed,
-    counter (i >> 2, position lo, position hi, stream 0), word i & 3; -log(-log(u)) in float64, rounded once."""
+def _philox_bits(seed, position, offs, stream):
+    """The uint32 of docs/sampling.md section 4 for vocabulary indices offs: Philox-4x32-10 keyed by the seed,
+    counter (i >> 2, position lo, position hi, stream), word i & 3 (position: a scalar or offs' shape)."""
     seed = seed.to(tl.uint64)
     position = position.to(tl.uint64)
     c0 = (offs >> 2).to(tl.uint32)
     zero = c0 * 0
     c1 = zero + (position & 0xFFFFFFFF).to(tl.uint32)
     c2 = zero + ((position >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c3 = zero + stream
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    w0, w1, w2, w3 = philox_impl(c0, c1, c2, zero, k0, k1)
+    w0, w1, w2, w3 = philox_impl(c0, c1, c2, c3, k0, k1)
     lane = offs & 3
-    bits = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-    u = ((bits >> 9) * 2 + 1).to(tl.float32) * 5.9604644775390625e-08  # 2^-24: exact
+    return tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+
+
+@triton.jit
+def _uniform(bits):
+    """uint32 -> float32 in (0, 1): (2 * (bits >> 9) + 1) * 2^-24, exact."""
+    return ((bits >> 9) * 2 + 1).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def _gumbel(seed, position, offs, stream):
+    """Gumbel noise of draw `stream` for vocabulary indices offs: -log(-log(u)) in float64, rounded once."""
+    u = _uniform(_philox_bits(seed, position, offs, stream))
     return (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
 
 
@@ -132,7 +144,7 @@ def _race_kernel(work_ptr, ip_ptr, fp_ptr, bmax_ptr, tau_ptr, tid_ptr, smax_ptr,
         zmax = tl.math.div_rn(xmax, tl.load(fp + _TEMP).to(tl.float32))
         ratio = tl.exp(z.to(tl.float64) - zmax.to(tl.float64))
         z = tl.where(ratio >= min_p, z, float("-inf"))
-    g = _gumbel(tl.load(ip + _SEED), tl.load(ip + _POS), offs)
+    g = _gumbel(tl.load(ip + _SEED), tl.load(ip + _POS), offs, 0)  # STREAM_TOKEN
     score = tl.where(inb, z.to(tl.float64) + g.to(tl.float64), float("-inf"))
     best = tl.max(score, 0)
     tl.store(smax_ptr + b * NB + blk, best)
