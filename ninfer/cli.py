@@ -42,13 +42,17 @@ def _existing_dir(path: Path, what: str) -> Path:
 @click.option("--name", default=None, help="Public model name stored as metadata.name (default: the architecture).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
               help="Cast weights to this dtype (default: keep the source dtype, value-preserving).")
+@click.option("--drafter", "drafter", type=click.Path(path_type=Path), default=None,
+              help="A published DFlash / DFlash2 drafter directory to store beside the target (its own bindings).")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def convert(src_dir: Path, out: Path, name: str | None, dtype: str | None, no_progress: bool) -> None:
+def convert(src_dir: Path, out: Path, name: str | None, dtype: str | None, drafter: Path | None,
+            no_progress: bool) -> None:
     """Convert an HF checkpoint directory SRC_DIR into one .ninfer artifact OUT."""
     from ninfer.convert.convert import convert_checkpoint
 
     path = convert_checkpoint(_existing_dir(src_dir, "checkpoint"), out, name=name, dtype=dtype,
-                              progress=show_progress(no_progress))
+                              progress=show_progress(no_progress),
+                              drafter=None if drafter is None else _existing_dir(drafter, "drafter"))
     click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
 
 

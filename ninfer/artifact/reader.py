@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from ninfer.models.qwen3_5.params import TEXT
+from ninfer.models.qwen3_5.drafter import RESOURCE as DRAFTER_RESOURCE
 
-from .binder import check_bindings, parse_config
+from .binder import DRAFTER_FEATURES, check_bindings, check_drafter_bindings, parse_config, parse_drafter
 from .descriptor import Binding, Descriptor, Object, Resource, Use
 from .errors import ArtifactError
 from .formats import NUMPY_DTYPES, TORCH_DTYPES, get_format
@@ -75,6 +76,10 @@ class Artifact:
         self.resources: dict[str, Resource] = {r.name: r for r in self.descriptor.resources}
         check_bindings(self.config, self.bindings, self.features)
         self._verified: set[str] = set()
+        self.drafter = None  # the drafter's config when a drafter feature is selected (DrafterConfig)
+        if any(f in DRAFTER_FEATURES for f in self.features):
+            self.drafter = parse_drafter(self.resource(DRAFTER_RESOURCE), self.config)
+            check_drafter_bindings(self.drafter, self.bindings)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -189,6 +194,6 @@ class Artifact:
 
 
 def open_artifact(path: str | Path, features: Iterable[str] | None = (TEXT,)) -> Artifact:
-    """Open and validate a ``.ninfer`` file for the given features (``"text"`` required; ``"mtp"``, ``"vision"``;
-    ``None``: every feature the file binds)."""
+    """Open and validate a ``.ninfer`` file for the given features (``"text"`` required; ``"mtp"``, ``"vision"``,
+    ``"dflash"``, ``"dflash2"``; ``None``: every feature the file binds)."""
     return Artifact(path, features)

@@ -9,16 +9,19 @@ appears atomically or not at all.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from ninfer.artifact.binder import check_bindings
+from ninfer.artifact.binder import check_bindings, check_drafter_bindings
 from ninfer.artifact.build import add_uses, default_provenance, media_type
 from ninfer.artifact.writer import ArtifactWriter
+from ninfer.models.qwen3_5.drafter import RESOURCE as DRAFTER_RESOURCE
 from ninfer.models.qwen3_5.params import TEXT, VISION
 
+from .drafter import DrafterSource, plan_drafter
 from .errors import ConversionError
 from .hf_source import HFSource
 from .plan import Item, Plan, plan_conversion
@@ -56,15 +59,20 @@ def _chunks(src: HFSource, item: Item) -> Iterator[memoryview | torch.Tensor]:
 
 
 def _write(src: HFSource, plan: Plan, out: Path, metadata: dict, provenance: dict, progress: bool,
-           resources: dict[str, bytes]) -> Path:
-    with ArtifactWriter(out, progress=progress, total_bytes=plan.nbytes, desc=f"convert {src.dir.name}") as w:
-        for item in plan.items:
-            w.add_object(item.name, dtype=item.dtype, shape=item.shape, planes={"data": _chunks(src, item)})
+           resources: dict[str, bytes], drafter: tuple[DrafterSource, list[Item]] | None) -> Path:
+    sources = [(src, item) for item in plan.items] + ([(drafter[0], i) for i in drafter[1]] if drafter else [])
+    total = sum(item.nbytes for _, item in sources)
+    with ArtifactWriter(out, progress=progress, total_bytes=total, desc=f"convert {src.dir.name}") as w:
+        for source, item in sources:
+            w.add_object(item.name, dtype=item.dtype, shape=item.shape, planes={"data": _chunks(source, item)})
             w.bind(item.name, item.name, feature=item.feature, kind=item.kind)
         if plan.tied:
             w.bind("lm_head.weight", "embed_tokens.weight", feature=TEXT, kind="embedding")
         features = tuple(sorted({TEXT, *(b.feature for b in w.bindings.values())}))
         check_bindings(plan.config, w.bindings, features)
+        if drafter is not None:
+            check_drafter_bindings(drafter[0].drafter, w.bindings)
+            resources = {**resources, DRAFTER_RESOURCE: json.dumps(drafter[0].drafter.to_dict()).encode()}
         add_uses(w)
         for name, data in resources.items():
             w.add_resource(name, data, media_type(name))
@@ -72,13 +80,16 @@ def _write(src: HFSource, plan: Plan, out: Path, metadata: dict, provenance: dic
 
 
 def convert_checkpoint(src_dir: str | Path, out_path: str | Path, *, name: str | None = None,
-                       progress: bool = True, dtype: str | torch.dtype | None = None) -> Path:
+                       progress: bool = True, dtype: str | torch.dtype | None = None,
+                       drafter: str | Path | None = None) -> Path:
     """Convert an HF Qwen3.5 / Qwen3.5-MoE checkpoint directory into ``out_path`` and return it.
 
     - ``name``: ``metadata.name`` (default: the architecture, e.g. ``Qwen3_5ForCausalLM``).
     - ``dtype``: ``"bfloat16"``/``"float16"``/``"float32"`` (or the torch dtype) to cast every weight except the
       fp32-kind ``A_log``/``dt_bias``; ``None`` keeps each tensor's source dtype (values preserved exactly).
     - ``progress``: show a tqdm bar over the bytes written.
+    - ``drafter``: a published DFlash / DFlash2 drafter directory stored beside the target as its own bindings
+      (``ninfer.convert.drafter``); one that does not fit the target is refused naming the field.
 
     Raises ConversionError listing every missing, unexpected, mis-shaped or unsupported tensor (nothing is
     written then), and leaves no partial file behind on any failure.
@@ -86,15 +97,26 @@ def convert_checkpoint(src_dir: str | Path, out_path: str | Path, *, name: str |
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
     src = HFSource(src_dir)
+    dsrc = None
     try:
         plan = plan_conversion(src, dtype)
         if plan.problems:
             raise ConversionError(str(src.dir), list(plan.problems))
+        drafted = None
+        if drafter is not None:
+            dsrc = DrafterSource(drafter, plan.config)
+            items, problems = plan_drafter(dsrc, dtype)
+            if problems:
+                raise ConversionError(str(dsrc.dir), problems)
+            drafted = (dsrc, items)
         resources, origins = collect_resources(src.dir, vision=any(i.feature == VISION for i in plan.items))
         metadata = {"name": name or plan.config.architecture}
         provenance = default_provenance(
             source=source_provenance(src), recipe={"name": RECIPE, "dtype": dtype or "source"},
-            tied_lm_head=plan.tie_reason, resources=origins)
-        return _write(src, plan, Path(out_path), metadata, provenance, progress, resources)
+            tied_lm_head=plan.tie_reason, resources=origins,
+            **({"drafter": source_provenance(dsrc)} if dsrc is not None else {}))
+        return _write(src, plan, Path(out_path), metadata, provenance, progress, resources, drafted)
     finally:
         src.close()
+        if dsrc is not None:
+            dsrc.close()

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from ninfer.artifact.reader import Artifact, open_artifact
+from ninfer.models.qwen3_5.drafter import DrafterConfig
 
 
 def _mb(n: int) -> str:
@@ -36,6 +37,15 @@ def _config_lines(a: Artifact) -> list[str]:
         lines.append(f"vision tokens     image {v.image_token_id}, video {v.video_token_id}, "
                      f"start {v.vision_start_token_id}, end {v.vision_end_token_id}")
     return lines
+
+
+def _drafter_line(d: DrafterConfig) -> str:
+    line = (f"drafter           {d.kind}: {d.num_hidden_layers} layers at hidden {d.hidden_size}, taps target layers "
+            f"{list(d.target_layer_ids)}, block {d.block_size}, mask token {d.mask_token_id}")
+    if d.kind == "dflash2":
+        line += (f", conv {d.conv_kernel_size} taps in groups of {d.conv_group_size}, selector rank "
+                 f"{d.selector_rank} over top-{d.selector_top_k}")
+    return line + (f", window {d.sliding_window}" if d.sliding_window else "")
 
 
 def _bytes_by(a: Artifact) -> tuple[dict[tuple[str, str], int], list[str]]:
@@ -78,6 +88,8 @@ def inspect_artifact(path: str | Path, verify: bool = False) -> str:
             out.append("NOTE: this artifact holds RANDOM weights; its outputs are meaningless text.")
         out += _config_lines(a)
         out.append(f"features          {', '.join(a.available_features)}")
+        if a.drafter is not None:
+            out.append(_drafter_line(a.drafter))
         recipe = prov.get("recipe", {})
         out.append(f"provenance        {prov.get('converter')} {prov.get('converter_version')} at {prov.get('time')}"
                    f"{', recipe ' + str(recipe) if recipe else ''}")

@@ -1,0 +1,81 @@
+"""Random DFlash / DFlash2 drafters in the published layout, for converter, loading and Program tests.
+
+`drafter_hf_config` mirrors a published drafter's ``config.json`` (z-lab's keys: a Qwen3 geometry,
+``num_target_layers``, ``block_size`` and ``dflash_config`` with the taps, the mask token and DFlash2's
+convolution and selector sizes); `make_drafter_checkpoint` writes it with one ``model.safetensors`` under the
+published tensor names (no embedding, no lm_head). `drafter_tensors` gives the same weights in memory, keyed by the
+artifact's logical names (``dflash.*``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, drafter_parameters
+
+ARCH = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+
+
+def drafter_hf_config(target: Qwen35Config, kind: str = "dflash", *, layers: int = 2, block_size: int = 16,
+                      mask_token_id: int | None = None, target_layer_ids: list[int] | None = None,
+                      **overrides: Any) -> dict[str, Any]:
+    """A published-layout drafter config for `target`: `layers` layers at its hidden size, 2 q heads and 1 kv
+    head of hidden/2, the taps spread over the target's layers; `overrides` replace top-level keys."""
+    H, L = target.hidden_size, target.num_hidden_layers
+    extra: dict[str, Any] = {"mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
+                             "target_layer_ids": target_layer_ids or sorted({round(i * (L - 1) / max(layers - 1, 1))
+                                                                             for i in range(layers)})}
+    if kind == "dflash2":
+        extra.update(conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=8)
+    raw = dict(architectures=[ARCH[kind]], model_type="qwen3", hidden_size=H, num_hidden_layers=layers,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=H // 2, intermediate_size=2 * H,
+               rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=target.vocab_size, num_target_layers=L,
+               block_size=block_size, max_position_embeddings=target.max_position_embeddings,
+               tie_word_embeddings=False, attention_bias=False, dflash_config=extra)
+    raw.update(overrides)
+    return raw
+
+
+def drafter_tensors(cfg: DrafterConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """fp32 weights keyed by logical name: norms near 1 (plain RMSNorm weights), projections of std
+    1/sqrt(fan_in), base kernels near the identity tap (tap 0 = 1), codebooks of std 1."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, spec in drafter_parameters(cfg).items():
+        if spec.kind == "norm":
+            t = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
+        elif name.endswith("base_kernel"):
+            t = 0.1 * torch.randn(spec.shape, generator=g)
+            t[:, 0] += 1.0
+        elif spec.kind == "embedding":
+            t = torch.randn(spec.shape, generator=g)
+        else:
+            t = torch.randn(spec.shape, generator=g) / math.sqrt(spec.shape[-1])
+        out[name] = t
+    return out
+
+
+def make_drafter_checkpoint(out_dir: str | Path, target: Qwen35Config, kind: str = "dflash", *, seed: int = 0,
+                            dtype: torch.dtype = torch.bfloat16, extra_tensors: dict[str, torch.Tensor] | None = None,
+                            drop: tuple[str, ...] = (), **config: Any) -> Path:
+    """Write a random drafter directory (config.json + model.safetensors, published names) and return it.
+    `extra_tensors` and `drop` (published names) make malformed ones for refusal tests."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = drafter_hf_config(target, kind, **config)
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    cfg = DrafterConfig.from_hf({k: v for k, v in raw.items() if k != "is_causal"})  # shapes even for a refused one
+    tensors = {n.removeprefix(PREFIX): t.to(dtype).contiguous() for n, t in drafter_tensors(cfg, seed).items()}
+    for name in drop:
+        del tensors[name]
+    tensors.update(extra_tensors or {})
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
