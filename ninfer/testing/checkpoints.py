@@ -318,6 +318,14 @@ def load_hf_model(dir: str | Path, dtype: torch.dtype = torch.float32):
     return AutoModelForCausalLM.from_pretrained(str(dir), dtype=dtype).eval()
 
 
+def load_hf_vlm(dir: str | Path, dtype: torch.dtype = torch.float32):
+    """The transformers ``Qwen3_5(Moe)ForConditionalGeneration`` (tower included) of a multimodal checkpoint of
+    :func:`make_hf_checkpoint`, with eager attention (sdpa on CPU differs in the last bits, not in meaning)."""
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(str(dir), dtype=dtype, attn_implementation="eager").eval()
+
+
 def read_checkpoint_tensors(dir: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint directory under its file key (test helper; loads everything)."""
     from safetensors.torch import load_file
