@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/run.sh engine   # bench_engine.py then bench_fast.py: 0.8B, 9B, 35B-A3B
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
 #   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
+#   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -67,10 +68,18 @@ run_micro() {
         || echo "profile_fast rc=$?"
 }
 
+run_spec() {
+    echo "== speculative decoding with forced acceptance, through the Engine"
+    local budget=$(( $(left) < 240 ? $(left) : 240 ))
+    timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --models "$MODELS" --deadline-s $(( budget - 20 )) \
+        ${OUT:+--out "$OUT"} || echo "bench_spec rc=$?"
+}
+
 case "$PART" in
     tests) run_tests ;;
     engine) run_engine ;;
     hf) run_hf ;;
     micro) run_micro ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro)"; exit 2 ;;
+    spec) run_spec ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec)"; exit 2 ;;
 esac

@@ -45,12 +45,13 @@ def config(name: str) -> Qwen35Config:
 
 
 def random_source(cfg: Qwen35Config, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                  gain: float = 0.25):
+                  gain: float = 0.25, features: tuple[str, ...] = (TEXT,)):
     """``source(logical_name)`` for ``load_fast_weights``: a random device tensor, the same for the same name
     whatever the call order (so the parity check can rebuild any weight). Projections get std
     gain/sqrt(fan_in), which keeps activations tame through 40 layers; norms are zero-centred (the GDN gated norm's
-    plain weight is one); A_log gives decay rates exp(A_log) in [1, 16] like HF's init."""
-    specs = logical_parameters(cfg, (TEXT,))
+    plain weight is one); A_log gives decay rates exp(A_log) in [1, 16] like HF's init. `features` adds groups
+    (MTP: the MTP head's weights)."""
+    specs = logical_parameters(cfg, features)
 
     def source(name: str) -> torch.Tensor:
         spec = specs[name]

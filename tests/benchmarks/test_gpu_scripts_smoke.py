@@ -49,3 +49,39 @@ def test_bench_hf_smoke(tmp_path):
     models = _smoke("bench_hf.py", tmp_path)["models"]
     assert set(models) == {"tiny", "tiny-moe"}
     assert all(m["prefill"] for m in models.values())
+
+
+def _check_spec(results: dict) -> None:
+    tiny = results["models"]["tiny"]
+    k = results["k"]
+    assert {(r["B"], r["L"]) for r in tiny["spec"]} == {(B, L) for B in (1, 2) for L in range(1, k + 2)}
+    for r in tiny["spec"]:
+        # fp32 on the CPU: the precomputed continuation is followed exactly, so every round emits the forced L
+        assert r["followed"] == 1.0 and r["tokens_per_step"] == r["L"], r
+        assert _positive(r["step_ms"]) and _positive(r["draft_ms"]) and r["draft_ms"] < r["step_ms"]
+    assert all(_positive(a["step_ms"]) and a["tokens_per_step"] == 1 for a in tiny["ar"])
+    assert set(tiny["targets"]["pass"]) == {"verify_ratio", "speedup", "draft_share"}
+    assert tiny["projected"] and all(1 < p["length_at_k"] <= k + 1 and _positive(p["projected_tok_s"])
+                                     for p in tiny["projected"])
+
+
+def test_bench_spec_smoke_reference(tmp_path):
+    _check_spec(_smoke("bench_spec.py", tmp_path))
+
+
+def test_bench_spec_smoke_fast(tmp_path):
+    """The fast Program speculates once its MTP backend exists; until then the script must refuse, not fake."""
+    from ninfer.fast.program.executor import FastExecutor
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "bench_spec.py"), "--smoke",
+                           "--program", "fast", "--out", str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    results = json.loads((tmp_path / "bench_spec.json").read_text())
+    if hasattr(FastExecutor, "draft"):
+        assert done.returncode == 0 and results["errors"] == {}, done.stdout[-3000:] + done.stderr[-3000:]
+        _check_spec(results)
+    else:
+        assert done.returncode == 1 and "fast Program has no MTP backend" in results["errors"]["setup"]
+        assert results["models"] == {} and "fast Program has no MTP backend" in done.stdout

@@ -1,0 +1,307 @@
+"""Speculative decoding's machinery through the public Engine, with forced acceptance (issue 11's benchmark).
+
+Random weights make the MTP head's drafts meaningless, so the drafts are replaced: per model, the Program without a
+backend first decodes every prompt greedily (the autoregressive baseline, timed), and that continuation becomes the
+drafts of the Program with the MTP backend (k = 3), with a wrong token injected at draft index L - 1 so every round
+emits exactly L tokens (L = 1..k+1; ninfer.testing.speculation.ForcedDrafts does the same on the CPU from a
+reference model). The backend's own draft still runs every round, so its cost stays in the step, and is timed on its
+own. Per model and B = 1, 2, 4, 8: ms per round, emitted tokens per row and round, ms per token and tok/s for each
+L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths.
+
+Run: python benchmarks/gpu/bench_spec.py [--models 0.8B,9B,35B-A3B] [--deadline-s 230] [--out DIR]
+     python benchmarks/gpu/bench_spec.py --smoke [--program reference|fast]   # tiny shape on the CPU
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runlog import Run, bench_arguments  # noqa: E402
+from shapes import config, random_source  # noqa: E402
+from spec_report import print_table, projections, targets  # noqa: E402
+
+from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
+from ninfer.engine.config import EngineConfig  # noqa: E402
+from ninfer.engine.engine import Engine  # noqa: E402
+from ninfer.engine.records import GenerationRequest  # noqa: E402
+from ninfer.models.qwen3_5.params import MTP, TEXT  # noqa: E402
+from ninfer.program_core.speculative import SpeculativeConfig  # noqa: E402
+from ninfer.testing.sessions import TokenSession  # noqa: E402
+
+LANES = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "cuda"
+    kernels: str = "triton"
+    program: str = "fast"
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    k: int = 3
+    prompt_len: int = 480
+    steps: int = 10  # timed rounds per case
+    max_context: int = 1024
+    budget_bytes: int | None = None  # None: 90% of the free device memory
+
+
+SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1, 2), prompt_len=12, steps=3,
+                 max_context=96, budget_bytes=1 << 30)
+MIN_SECONDS = {"0.8B": 30, "9B": 60, "35B-A3B": 90, "tiny": 1}
+
+
+class NoBackend(RuntimeError):
+    pass
+
+
+# ---- forced drafts -------------------------------------------------------------------------------------------------
+class ForcedContinuation:
+    """The backend's draft, run and then overridden by the target's precomputed greedy continuation with a wrong
+    token at index `accept` (every row then emits accept + 1 tokens). Rows whose committed outputs left the
+    continuation (a bf16 verify may pick another argmax than the plain step) keep the backend's drafts and count as
+    diverged."""
+
+    def __init__(self, program, continuations: dict[tuple[int, ...], list[int]], vocab: int, device: str):
+        self.real = program.executor.draft
+        self.continuations, self.vocab, self.device = continuations, vocab, device
+        self.reset(0)
+        program.executor.draft = self
+
+    def reset(self, accept: int) -> None:
+        self.accept, self.draft_s, self.calls, self.followed, self.diverged = accept, 0.0, 0, 0, 0
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def __call__(self, seqs, ctxs, ks):
+        self._sync()
+        t = time.perf_counter()
+        real = self.real(seqs, ctxs, ks)
+        self._sync()
+        self.draft_s += time.perf_counter() - t
+        self.calls += 1
+        return [self._forced(seq, k, got) for seq, k, got in zip(seqs, ks, real)]
+
+    def _forced(self, seq, k: int, got):
+        if not k:
+            return got
+        cont, n = self.continuations.get(tuple(seq.prompt)), seq.num_outputs
+        if cont is None or len(cont) < n + k or seq.outputs != cont[:n]:
+            self.diverged += 1
+            return got
+        self.followed += 1
+        drafts = list(cont[n:n + k])
+        if self.accept < k:
+            drafts[self.accept] = (drafts[self.accept] + 1) % self.vocab
+        return tuple(drafts), [None] * k  # greedy rows: acceptance needs no q
+
+
+# ---- driving the Engine --------------------------------------------------------------------------------------------
+class Tracker:
+    def __init__(self, handle):
+        self.handle = handle
+        self.deltas: list[tuple[float, int]] = []  # (time seen, tokens) of every OutputDelta
+        self.tokens: list[int] = []
+        self.result: GenerationResult | None = None
+
+    def poll(self, now: float) -> None:
+        try:
+            for ev in self.handle.events(timeout=0):
+                if isinstance(ev, OutputDelta):
+                    self.deltas.append((now, len(ev.token_ids)))
+                    self.tokens.extend(ev.token_ids)
+                elif isinstance(ev, GenerationResult):
+                    self.result = ev
+        except TimeoutError:
+            pass
+
+
+def run_requests(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[Tracker]:
+    # stop_ids=(): random weights would otherwise stop at an early eos and shorten the timed stretch
+    trackers = [Tracker(engine.submit(GenerationRequest(tuple(p), TokenSession(max_tokens, stop_ids=()), max_tokens,
+                                                        seed=0))) for p in prompts]
+    live = list(trackers)
+    while live:
+        engine.step()
+        if engine.failure:
+            raise RuntimeError(f"engine failed: {engine.failure}")
+        now = time.perf_counter()
+        for t in live:
+            t.poll(now)
+        live = [t for t in live if t.result is None]
+    for t in trackers:
+        if t.result.error is not None:
+            raise RuntimeError(f"request failed: {t.result.error}")
+    return trackers
+
+
+def steady(trackers: list[Tracker], timed_tokens: int) -> dict:
+    """Median interval between one row's consecutive rounds while every row decodes, over the rounds that end
+    within the first `timed_tokens` outputs (later rounds may have less draft room); mean tokens of those rounds."""
+    start = max(t.deltas[0][0] for t in trackers)
+    end = min(t.deltas[-1][0] for t in trackers)
+    gaps, counts = [], []
+    for t in trackers:
+        done = t.deltas[0][1]
+        for (a, _), (b, c) in zip(t.deltas, t.deltas[1:]):
+            done += c
+            if done <= timed_tokens and a >= start and b <= end:
+                gaps.append(b - a)
+                counts.append(c)
+    if not gaps:
+        raise RuntimeError("no round where every request decoded: raise steps")
+    ms = statistics.median(gaps) * 1e3
+    per_row = statistics.mean(counts)
+    B = len(trackers)
+    return {"B": B, "step_ms": ms, "tokens_per_step": per_row, "ms_per_token": ms / per_row,
+            "tok_s": B * per_row * 1e3 / ms, "rounds": len(gaps)}
+
+
+def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
+    # ids from 1000 up: clear of the special and control tokens of any real vocabulary
+    return torch.randint(min(1000, vocab // 2), vocab, (n,), generator=gen).tolist()
+
+
+# ---- programs ------------------------------------------------------------------------------------------------------
+def check_backend(program: str) -> None:
+    """Refuse before any device time is spent when the asked-for Program cannot speculate."""
+    if program == "fast":
+        from ninfer.fast.program.executor import FastExecutor
+
+        if not hasattr(FastExecutor, "draft"):
+            raise NoBackend("fast Program has no MTP backend (issue 11: FastExecutor.draft/verify); run "
+                            "--program reference on the CPU, or wait for the fast backend")
+    elif program != "reference":
+        raise NoBackend(f"unknown --program {program!r} (fast, reference)")
+
+
+def build(s: Settings, name: str, k: int):
+    """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
+    cfg = config(name)
+    spec = SpeculativeConfig("mtp", k) if k else None
+    features = (TEXT, MTP) if k else (TEXT,)
+    if s.program == "reference":
+        from ninfer.models.qwen3_5.params import logical_parameters
+        from ninfer.reference.model import ReferenceModel
+        from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+
+        source = random_source(cfg, s.device, torch.float32, features=features)
+        model = ReferenceModel(cfg, {n: source(n) for n in logical_parameters(cfg, features)}, torch.float32)
+        program = ReferenceProgram(model, ReferenceProgramConfig(max_concurrency=LANES, max_context=s.max_context,
+                                                                 speculative=spec))
+    else:
+        from ninfer.fast.memory import device_budget
+        from ninfer.fast.program import FastProgram, FastProgramConfig
+
+        if s.device == "cuda":
+            torch.cuda.empty_cache()
+        settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
+                                     speculative=spec)
+        budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
+        program = FastProgram.build(cfg, random_source(cfg, s.device, features=features), settings,
+                                    budget_bytes=budget, device=s.device, kernels=s.kernels)
+    return program, Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=512), threaded=False)
+
+
+def teardown(s: Settings, program, engine) -> None:
+    engine.shutdown()
+    runner = getattr(program, "runner", None)
+    if runner is not None:
+        runner.reset()
+    del program, engine
+    gc.collect()
+    if s.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---- parts ---------------------------------------------------------------------------------------------------------
+def bench_autoregressive(run: Run, name: str, prompts: dict, tokens: int, entry: dict) -> dict:
+    """The plain Program's greedy decode of every prompt set: the baseline step and the continuations."""
+    s = run.s
+    program, engine = build(s, name, 0)
+    continuations: dict[tuple[int, ...], list[int]] = {}
+    try:
+        run_requests(engine, prompts[s.batches[-1]], 4)  # warm-up
+        for B in s.batches:
+            trackers = run_requests(engine, prompts[B], tokens)
+            entry.setdefault("ar", []).append(steady(trackers, tokens - 1))
+            continuations.update({tuple(p): t.tokens for p, t in zip(prompts[B], trackers)})
+            run.save()
+    finally:
+        teardown(s, program, engine)
+    return continuations
+
+
+def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, entry: dict) -> None:
+    s, k = run.s, run.s.k
+    program, engine = build(s, name, k)
+    try:
+        forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
+        for B in s.batches:
+            for L in (2, k + 1):  # warm-up: a partial block (rollback and replay) and a whole one
+                forced.reset(L - 1)
+                run_requests(engine, prompts[B], 1 + 2 * L)
+            for L in range(1, k + 2):
+                if run.left() < 10:
+                    run.results["skipped"].append(f"{name} B={B} L={L} (deadline)")
+                    continue
+                forced.reset(L - 1)
+                timed = 1 + s.steps * L
+                row = steady(run_requests(engine, prompts[B], timed + k + 1 + L), timed)
+                row.update(L=L, draft_ms=forced.draft_s * 1e3 / max(forced.calls, 1),
+                           followed=forced.followed / max(forced.followed + forced.diverged, 1))
+                entry.setdefault("spec", []).append(row)
+                run.save()
+        program.check_invariants()
+    finally:
+        teardown(s, program, engine)
+
+
+def bench_model(run: Run, name: str) -> None:
+    s = run.s
+    entry = run.results["models"].setdefault(name, {})
+    vocab = config(name).vocab_size
+    gen = torch.Generator().manual_seed(7)
+    prompts = {B: [random_prompt(gen, s.prompt_len, vocab) for _ in range(B)] for B in s.batches}
+    # the longest speculative case plus its untimed tail
+    tokens = 1 + s.steps * (s.k + 1) + 2 * (s.k + 1)
+    continuations = bench_autoregressive(run, name, prompts, tokens, entry)
+    bench_speculative(run, name, prompts, continuations, entry)
+    entry["targets"] = targets(name, entry["ar"], entry["spec"], s.k)
+    entry["projected"] = projections(entry["spec"], s.k)
+
+
+def main() -> int:
+    ap = bench_arguments(230.0, "tiny shape on the CPU (reference Program unless --program fast: naive kernels)")
+    ap.add_argument("--program", choices=("fast", "reference"), default=None)
+    args = ap.parse_args()
+    s = SMOKE if args.smoke else Settings()
+    if args.program:
+        s = dataclasses.replace(s, program=args.program)
+    run = Run(args.deadline_s, args.out, s, "bench_spec.json")
+    run.results.update(program=s.program, k=s.k)
+    try:
+        check_backend(s.program)
+    except NoBackend as e:
+        run.results["errors"]["setup"] = str(e)
+        run.save()
+        print_table(run.results)
+        return 1
+    if not run.need_cuda(args.smoke, print_table):
+        return 1
+    run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)
+    print_table(run.results)
+    return 0 if not run.results["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
