@@ -7,7 +7,7 @@ from .batch import (ROW_FAILURE_TEXT, BatchKind, PendingBatch, PendingRow, RowDe
                     check_row_decision)
 from .digest import token_digest
 from .errors import EngineFailure, RejectReason, RequestRejected, StalePlan
-from .program import DraftMasks, Program, ProgramLimits, ResourceUsage
+from .program import CostFacts, DraftMasks, Program, ProgramLimits, ResourceUsage
 from .events import GenerationResult, GenerationStart, OutputDelta, Usage
 from .resources import (CheckpointId, CheckpointInfo, Infeasible, ResourceChoice, ResourcePlan, ResourceResult,
                         RunningTransaction, TransitionKind)
@@ -15,8 +15,9 @@ from .states import (FinishReason, IllegalTransition, LaneState, RequestState, c
                      check_request_transition)
 
 __all__ = ["BatchKind", "check_lane_transition", "check_request_transition", "check_row_decision", "CheckpointId",
-           "CheckpointInfo", "DraftMasks", "EngineFailure", "FinishReason", "GenerationResult", "GenerationStart",
-           "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch", "PendingRow", "Program",
-           "ProgramLimits", "RejectReason", "RequestRejected", "RequestState", "ResourceChoice", "ResourcePlan",
-           "ResourceResult", "ResourceUsage", "ROW_FAILURE_TEXT", "RowDecision", "RowFailure", "RunningTransaction",
-           "SequenceHandle", "StalePlan", "token_digest", "TransitionKind", "Usage"]
+           "CheckpointInfo", "CostFacts", "DraftMasks", "EngineFailure", "FinishReason", "GenerationResult",
+           "GenerationStart", "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch",
+           "PendingRow", "Program", "ProgramLimits", "RejectReason", "RequestRejected", "RequestState",
+           "ResourceChoice", "ResourcePlan", "ResourceResult", "ResourceUsage", "ROW_FAILURE_TEXT", "RowDecision",
+           "RowFailure", "RunningTransaction", "SequenceHandle", "StalePlan", "token_digest", "TransitionKind",
+           "Usage"]

@@ -15,6 +15,23 @@ from .resources import Infeasible, ResourceChoice, ResourcePlan, ResourceResult,
 
 
 @dataclass(frozen=True)
+class CostFacts:
+    """Physical costs a Program reports for the ResourceManager's cost model (promote a host replica or recompute
+    its tokens; demote a checkpoint leaving the device or delete it). The defaults are the documented generic
+    fallback of a Program that measured nothing, sized for a CPU-run Program (docs/context-cache.md); the fast
+    Program measures its own at start on CUDA."""
+
+    copy_bytes_per_s: float = 8e9  # host <-> device copy of a replica's bytes
+    copy_latency_s: float = 2e-5  # fixed cost of one replica copy (launches, synchronization)
+    prefill_tokens_per_s: float = 2e3  # prefill throughput at short context (attention's growth is the model's)
+    measured: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.copy_bytes_per_s > 0 and self.prefill_tokens_per_s > 0 and self.copy_latency_s >= 0):
+            raise ValueError(f"CostFacts need positive rates and a non-negative latency, got {self}")
+
+
+@dataclass(frozen=True)
 class ProgramLimits:
     """Facts fixed when the Program starts; the Engine sizes its lanes and queue from them."""
 
@@ -26,6 +43,7 @@ class ProgramLimits:
     # to 1 + draft_tokens tokens and its mask entry is a DraftMasks (or None), not one bitmask row.
     speculative: str | None = None
     draft_tokens: int = 0
+    costs: CostFacts = CostFacts()  # what a replica copy and a prefilled token cost (the generic fallback here)
 
 
 @dataclass(frozen=True)

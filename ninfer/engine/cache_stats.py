@@ -28,8 +28,9 @@ class CacheStats:
     misses: dict[str, int] = field(default_factory=lambda: {m.value: 0 for m in Miss})
     captures: int = 0  # checkpoints published from prompt frontiers
     retained: int = 0  # checkpoints published from a finished output
-    demotions: int = 0  # device state moved to a host replica
-    promotions: int = 0  # host replica brought back to a device slot
+    demotions: int = 0  # device checkpoint (state and KV pages) moved to a host replica
+    promotions: int = 0  # host replica brought back to the device (a slot and its KV pages)
+    host_resumes: int = 0  # hits resumed from a host replica (copied into the sequence, the replica stays)
     deletions: int = 0  # checkpoints released
 
     def miss(self, cause: Miss) -> None:

@@ -2,13 +2,13 @@
 plus a bounded memory of deleted ones (so a miss can say it was caused by an eviction).
 
 A lookup digests the prompt once per distinct frontier length, deepest first, and stops at the first length that
-holds a checkpoint (`token_digest(prompt[:n])` is the resident prefix identity every Program reports).
+holds a device-resident checkpoint (`token_digest(prompt[:n])` is the resident prefix identity every Program reports).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from ninfer.contracts import CheckpointId, CheckpointInfo, token_digest
 
@@ -39,11 +39,16 @@ class PrefixIndex:
 
     def deepest(self, prompt: tuple[int, ...], floor: int = 0) -> set[CheckpointId]:
         """Checkpoints at the deepest frontier n with floor < n < len(prompt) whose tokens are prompt[:n]."""
-        for n in sorted((n for n in self.by_length if floor < n < len(prompt)), reverse=True):
+        return next(self.matches(prompt, floor, len(prompt)), set())
+
+    def matches(self, prompt: tuple[int, ...], lo: int, hi: int) -> Iterator[set[CheckpointId]]:
+        """Checkpoints whose tokens are prompt[:n], per frontier lo < n < min(hi, len(prompt)), deepest first; the
+        prompt is digested lazily, once per frontier length reached."""
+        hi = min(hi, len(prompt))
+        for n in sorted((n for n in self.by_length if lo < n < hi), reverse=True):
             ids = self.by_length[n].get(token_digest(prompt[:n]))
             if ids:
-                return ids
-        return set()
+                yield ids
 
     def holds(self, prompt: tuple[int, ...], n: int) -> bool:
         """A checkpoint of prompt[:n] is already published."""

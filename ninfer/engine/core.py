@@ -32,7 +32,8 @@ class EngineCore:
                              f"{program.limits.max_concurrency}")
         self.program, self.config, self.clock = program, config, clock
         self.scheduler = Scheduler(concurrent_prefill=config.concurrent_prefill)
-        self.resources = ResourceManager(config.max_concurrency, prefix_caching=config.prefix_caching)
+        self.resources = ResourceManager(config.max_concurrency, prefix_caching=config.prefix_caching,
+                                         costs=program.limits.costs)
         self.records: dict[int, RequestRecord] = {}
         self.inbox: Inbox[RequestRecord] = Inbox()  # filled by the facade from any thread
         self.txn: RunningTransaction | None = None  # the one open global topology transition

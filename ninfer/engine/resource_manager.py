@@ -3,19 +3,24 @@
 Pure Python. It makes the logical choices (which frontiers to capture, which checkpoint a request resumes from,
 which checkpoints give way, demoted or deleted, and which come back) and adopts the Program's complete
 ResourceResults; it keeps no mirror of device/host bytes, page refcounts or allocator free space (those facts
-belong to the Program). The value of each checkpoint is `retention.Worth` (docs/context-cache.md).
+belong to the Program). The value of each checkpoint is `retention.Worth`; whether a host replica is copied back or
+recomputed, and whether a checkpoint leaving the device is demoted or deleted, is `cost_model.CostModel`'s verdict
+on the Program's `CostFacts` (docs/context-cache.md).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import Iterator
 
-from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, LaneState, ResourceChoice,
+from ninfer.contracts import (CheckpointId, CheckpointInfo, CostFacts, EngineFailure, LaneState, ResourceChoice,
                               ResourceResult, ResourceUsage, SequenceHandle, TransitionKind, check_lane_transition,
                               token_digest)
 
 from .cache_stats import CacheStats, Miss
 from .catalog_index import PrefixIndex
+from .cost_model import CostModel, Verdict
 from .retention import MAX_CAPTURES, Retention, Worth, capture_candidates, fresh_worth
 
 
@@ -47,7 +52,7 @@ class TerminalFacts:
 
 
 class ResourceManager:
-    def __init__(self, max_concurrency: int, *, prefix_caching: bool = True):
+    def __init__(self, max_concurrency: int, *, prefix_caching: bool = True, costs: CostFacts = CostFacts()):
         self.lanes: list[LaneState] = [LaneState.FREE] * max_concurrency
         self.lane_owner: list[int | None] = [None] * max_concurrency
         self.catalog: dict[CheckpointId, CatalogEntry] = {}
@@ -60,6 +65,8 @@ class ResourceManager:
         self._planned: dict[int, dict[int, Retention]] = {}  # request -> capture frontier -> its class
         self._miss: dict[int, Miss] = {}  # request -> why its last lookup found nothing
         self._promote: list[CheckpointId] = []  # host-resident checkpoints that earned a hit
+        self._deferred_at: int | None = None  # the Program revision at which the last promotion did not fit
+        self.costs = CostModel(costs)
         self._clock = 0
 
     @property
@@ -107,27 +114,47 @@ class ResourceManager:
         return tuple(cid for _, _, cid in sorted(free))
 
     def _demote(self, victims: tuple[CheckpointId, ...]) -> frozenset[CheckpointId]:
+        """Victims worth a host replica: protected, and cheaper to copy out and back than to recompute."""
         bound = self._bound()
-        return frozenset(c for c in victims if self.worth(self.catalog[c], bound).demote)
+        return frozenset(c for c in victims if self.worth(self.catalog[c], bound).demote and
+                         self.costs.leave_device(self.catalog[c].info) is Verdict.DEMOTE)
 
     # ---- admission choice ----------------------------------------------------------------------------------
     def find_source(self, prompt: tuple[int, ...], session_key: str | None) -> CatalogEntry | None:
         """The deepest published checkpoint that is a strict prefix of the prompt (the last prompt token must
-        still run to give the first output token's logits). The session's binding is tried first: only deeper
-        frontiers of the prefix index are digested after it."""
+        still run to give the first output token's logits), where a host replica is taken only when the cost
+        model says copying it in beats prefilling from the deepest device checkpoint below it. The session's
+        binding is tried first: only deeper frontiers of the prefix index are digested after it (and shallower
+        ones only while the candidates are host replicas)."""
         if not self.prefix_caching:
             return None
-        floor, best = 0, None
+        floor, bound = 0, None
         binding = self.sessions.get(session_key) if session_key is not None else None
         if binding is not None:
             entry = self.catalog[binding.checkpoint]
             n = entry.info.tokens
             if n < len(prompt) and token_digest(prompt[:n]) == entry.info.digest:
-                floor, best = n, entry
-        ids = self.index.deepest(prompt, floor)
-        if ids:
-            best = max((self.catalog[c] for c in ids), key=lambda e: (e.last_used, e.info.id.value))
-        return best
+                floor, bound = n, entry
+        below = () if bound is not None and bound.info.on_device else self._candidates(prompt, 0, floor)
+        host = None  # the deepest host replica met so far
+        for entry in itertools.chain(self._candidates(prompt, floor, len(prompt)), (bound,) if bound else (), below):
+            if entry.info.on_device:
+                return self._weigh(host, entry)
+            host = host or entry
+        return self._weigh(host, None)
+
+    def _candidates(self, prompt: tuple[int, ...], lo: int, hi: int) -> Iterator[CatalogEntry]:
+        """One checkpoint per matching frontier, deepest first: device-resident before a replica, then the most
+        recently used."""
+        for ids in self.index.matches(prompt, lo, hi):
+            yield max((self.catalog[c] for c in ids), key=lambda e: (e.info.on_device, e.last_used, e.info.id.value))
+
+    def _weigh(self, host: CatalogEntry | None, device: CatalogEntry | None) -> CatalogEntry | None:
+        """The deeper host replica when copying it in beats prefilling from `device` (or root), else `device`."""
+        below = device.info.tokens if device is not None else 0
+        if host is not None and self.costs.resume(host.info, below) is Verdict.PROMOTE:
+            return host
+        return device
 
     def materialize_choice(self, rid: int, prompt: tuple[int, ...], max_new_tokens: int, session_key: str | None,
                            sampling: object, seed: int, *, hints: tuple[int, ...] = (),
@@ -187,14 +214,24 @@ class ResourceManager:
         victims = self.victims()[:max(excess, 0)]
         return ResourceChoice(TransitionKind.DELETE, victims=victims) if victims else None
 
-    def placement_choice(self) -> ResourceChoice | None:
-        """Bring back one host replica that earned a hit (the Program refuses when no device slot is free)."""
+    def placement_choice(self, revision: int) -> ResourceChoice | None:
+        """Bring back one host replica that earned a hit, when the cost model says a copy beats recomputing it;
+        after one did not fit, not before the Program's resource revision moves (`defer_placement`)."""
+        if revision == self._deferred_at:
+            return None
         while self._promote:
-            cid = self._promote.pop(0)
+            cid = self._promote[0]
             entry = self.catalog.get(cid)
-            if entry is not None and not entry.info.on_device and entry.pins == 0:
+            if entry is not None and not entry.info.on_device and entry.pins == 0 and \
+                    self.costs.resume(entry.info, 0) is Verdict.PROMOTE:
                 return ResourceChoice(TransitionKind.PLACE, source=cid)
+            self._promote.pop(0)
         return None
+
+    def defer_placement(self, revision: int) -> None:
+        """The promotion did not fit (no free slot or pages): the replica keeps serving hits from the host, and the
+        promotion is retried once the Program's resources change."""
+        self._deferred_at = revision
 
     def terminal_choice(self, handle: SequenceHandle, facts: TerminalFacts) -> ResourceChoice:
         """Retain the end of a successful output when the Frontend says history reproduces it (its boundary is at
@@ -255,6 +292,7 @@ class ResourceManager:
         if entry.info.on_device != info.on_device:
             if info.on_device:
                 self.stats.promotions += 1
+                self._promote = [c for c in self._promote if c != info.id]
             else:
                 self.stats.demotions += 1
         entry.info = info
@@ -267,7 +305,9 @@ class ResourceManager:
             entry.last_used, entry.hits = self._clock, entry.hits + 1
             self._sources[rid] = source
             if not entry.info.on_device:
-                self._promote.append(source)
+                self.stats.host_resumes += 1
+                if source not in self._promote:
+                    self._promote.append(source)
 
     def _count_lookup(self, rid: int, reused: int) -> None:
         self.stats.lookups += 1

@@ -34,9 +34,14 @@ def next_settlement(core: "EngineCore") -> bool:
                                               core.config.cache_device_share)
     if eviction is not None:
         return core.begin_transition(eviction, None) is True
-    placement = core.resources.placement_choice()
-    # A promotion that does not fit now is dropped: the replica still serves hits from the host.
-    return placement is not None and core.begin_transition(placement, None) is True
+    placement = core.resources.placement_choice(core.program.resource_revision)
+    if placement is None:
+        return False
+    outcome = core.begin_transition(placement, None)
+    if isinstance(outcome, Infeasible):
+        # The replica still serves hits from the host; the promotion waits for the Program's resources to change.
+        core.resources.defer_placement(core.program.resource_revision)
+    return outcome is True
 
 
 def _start_capture(core: "EngineCore", rec: "RequestRecord") -> bool:

@@ -8,7 +8,7 @@ from .core import ProgramCore
 from .executor import Drawn, ModelExecutor
 from .program import Program
 from .records import ActiveSequence, Checkpoint
-from .store import HostTier, IdPool, PhysicalStore
+from .store import HostTier, IdPool, PhysicalStore, Replica
 
 __all__ = ["ActiveSequence", "Checkpoint", "Drawn", "HostTier", "IdPool", "ModelExecutor", "PhysicalStore", "Program",
-           "ProgramConfig", "ProgramCore"]
+           "ProgramConfig", "ProgramCore", "Replica"]

@@ -27,7 +27,7 @@ class ProgramConfig:
     page_size: int = 16  # positions per KV page (every attention layer's K and V of those positions)
     kv_pages: int | None = None  # the KV pool (each Program says what None means)
     checkpoint_slots: int = 8  # GDN state slots beyond 2 per lane: published and chunk-boundary checkpoints
-    host_bytes: int = 64 << 20  # host-tier budget for inactive checkpoints' GDN state
+    host_bytes: int = 64 << 20  # host-tier budget for inactive checkpoints' replicas (state and KV)
     eos_token_ids: tuple[int, ...] | None = None  # None: the model config's
     speculative: SpeculativeConfig | None = None  # the speculative backend, None: plain decoding
 

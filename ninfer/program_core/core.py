@@ -59,7 +59,9 @@ class ProgramCore:
         """Pages a materialization takes from the pool: all but the source's full pages, which are shared."""
         shared = 0
         if choice.source is not None:
-            shared = len(self.checkpoint(choice.source).tokens) // self.config.page_size
+            src = self.checkpoint(choice.source)
+            # a host replica's pages are all copied in; a device checkpoint's full pages are shared
+            shared = len(src.tokens) // self.config.page_size if src.slot is not None else 0
         return self.root_pages(choice) - shared
 
     def reserved(self) -> int:
@@ -123,10 +125,11 @@ class ProgramCore:
         if choice.source is None:
             raise EngineFailure("PLACE names the checkpoint to move in `source`")
         ck = self.checkpoint(choice.source)
-        if ck.slot is not None and not self.host.fits():
+        if ck.slot is not None and not self.host.fits(len(ck.table)):
             return Infeasible("host tier budget is full", permanent=False)
-        if ck.slot is None and not self.slots.free:
-            return Infeasible("no free device state slot to bring the checkpoint back", permanent=False)
+        if ck.slot is None and (not self.slots.free or
+                                self.free_pages() < self.host.entries[choice.source.value].n_pages):
+            return Infeasible("no free device state slot or KV pages to bring the checkpoint back", permanent=False)
         return None
 
     def start(self, plan: ResourcePlan) -> RunningTransaction:
@@ -184,9 +187,10 @@ class ProgramCore:
 
     def checkpoint_info(self, cid: CheckpointId) -> CheckpointInfo:
         ck = self.checkpoint(cid)
-        on_device = ck.slot is not None
-        device = len(ck.table) * self.page_bytes + (self.host.state_bytes if on_device else 0)
-        return CheckpointInfo(cid, len(ck.tokens), ck.digest, device, 0 if on_device else self.host.state_bytes)
+        if ck.slot is None:
+            return CheckpointInfo(cid, len(ck.tokens), ck.digest, 0, self.host.entries[cid.value].nbytes)
+        return CheckpointInfo(cid, len(ck.tokens), ck.digest, len(ck.table) * self.page_bytes + self.host.state_bytes,
+                              0)
 
     def prompt_remaining(self, handle: SequenceHandle) -> int:
         seq = self.sequence(handle)

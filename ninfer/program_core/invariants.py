@@ -10,6 +10,7 @@ from ninfer.contracts import ResourceUsage
 
 if TYPE_CHECKING:
     from .core import ProgramCore
+    from .records import Checkpoint
 
 
 def resource_usage(prog: "ProgramCore") -> ResourceUsage:
@@ -17,15 +18,14 @@ def resource_usage(prog: "ProgramCore") -> ResourceUsage:
     seq_pages = {p for s in live for p in s.table} | {p for s in live for c in s.snapshots for p in c.table}
     ck_pages = {p for c in prog.ckpts.values() for p in c.table} - seq_pages
     on_host = sum(1 for c in prog.ckpts.values() if c.slot is None)
-    state = prog.host.state_bytes
     device = len({p for c in prog.ckpts.values() for p in c.table}) * prog.page_bytes + \
-        (len(prog.ckpts) - on_host) * state
+        (len(prog.ckpts) - on_host) * prog.host.state_bytes
     return ResourceUsage(active_sequences=len(prog.seqs), reserved_pages=prog.reserved(),
                          sequence_pages=len(seq_pages), checkpoint_pages=len(ck_pages),
                          free_pages=prog.alloc.available, total_pages=prog.alloc.total,
                          checkpoints=len(prog.ckpts), free_slots=len(prog.slots.free), total_slots=prog.slots.total,
                          host_checkpoints=on_host, checkpoint_device_bytes=device,
-                         checkpoint_host_bytes=on_host * state)
+                         checkpoint_host_bytes=prog.host.used)
 
 
 def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows: list[int]) -> None:
@@ -63,11 +63,13 @@ def check_invariants(prog: "ProgramCore") -> None:
     host = set()
     for cid, ck in prog.ckpts.items():
         refs.update(ck.table)
-        assert len(ck.table) == prog.config.pages_for(len(ck.tokens)), f"checkpoint {cid.value}: pages do not cover it"
         if ck.slot is None:
             host.add(cid.value)
+            _check_replica(prog, cid.value, ck)
         else:
             slots.append(ck.slot)
+            assert len(ck.table) == prog.config.pages_for(len(ck.tokens)), \
+                f"checkpoint {cid.value}: pages do not cover it"
     alloc = prog.alloc
     assert dict(refs) == alloc.refs, "page refcounts differ from the references held"
     assert not set(refs) & set(alloc.free), "a referenced page is on the free list"
@@ -79,4 +81,14 @@ def check_invariants(prog: "ProgramCore") -> None:
     assert prog.reserved() <= alloc.available, "reservations exceed the free pages"
     assert prog.capture_allowance_used() <= prog.config.checkpoint_slots, "capture slots beyond the allowance"
     assert host == set(prog.host.entries), "host-tier entries differ from host-resident checkpoints"
-    assert prog.host.used <= prog.host.budget, "host tier over its budget"
+    assert prog.host.used <= prog.host.budget, "host tier over its budget (--kv-offloading-size)"
+
+
+def _check_replica(prog: "ProgramCore", cid: int, ck: "Checkpoint") -> None:
+    """A host-resident checkpoint holds no device page, and its replica covers its frontier with the bytes the
+    host tier accounts for it."""
+    replica = prog.host.entries.get(cid)
+    assert replica is not None, f"checkpoint {cid}: on the host without a replica"
+    assert not ck.table, f"checkpoint {cid}: a host replica still references device pages"
+    assert replica.n_pages == prog.config.pages_for(len(ck.tokens)), f"checkpoint {cid}: replica pages do not cover it"
+    assert replica.nbytes == prog.host.bytes_for(replica.n_pages), f"checkpoint {cid}: replica bytes misaccounted"

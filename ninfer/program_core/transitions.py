@@ -16,6 +16,7 @@ from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, Resou
 from ninfer.sampling import params_or_greedy
 
 from .records import ActiveSequence, Checkpoint
+from .store import Replica
 
 if TYPE_CHECKING:
     from .core import ProgramCore
@@ -81,9 +82,10 @@ def _advance_materialize(prog: "ProgramCore", txn: RunningTransaction,
 
 
 class Room:
-    """Making room by the ResourceManager's victims, lowest value first: a victim it wants demoted keeps a host
-    replica when only state slots are short and the host tier fits; otherwise it is deleted. The source is never
-    displaced, and a host-resident victim is skipped when only slots are short (it holds none)."""
+    """Making room by the ResourceManager's victims, lowest value first: a device-resident victim it wants demoted
+    becomes a host replica (GDN state and KV pages) when the host tier fits it, if need be after deleting host
+    replicas ranked below it; otherwise it is deleted. The source is never displaced, and a host replica is
+    skipped (it holds no slot and no page)."""
 
     def __init__(self, prog: "ProgramCore", choice: ResourceChoice):
         self.prog, self.choice = prog, choice
@@ -92,22 +94,39 @@ class Room:
 
     def make(self, victims: Sequence[CheckpointId], pages: int, slots: int) -> bool:
         prog = self.prog
+        below: list[CheckpointId] = []  # host replicas ranked below the current victim
         for cid in victims:
-            pages_ok, slots_ok = prog.free_pages() >= pages, len(prog.slots.free) >= slots
-            if pages_ok and slots_ok:
+            if prog.free_pages() >= pages and len(prog.slots.free) >= slots:
                 return True
             if cid == self.choice.source or cid not in prog.ckpts:
                 continue
             ck = prog.ckpts[cid]
-            if pages_ok and ck.slot is None:
+            if ck.slot is None:
+                below.append(cid)
                 continue
-            if pages_ok and cid in self.choice.demote and prog.host.fits():
+            if cid in self.choice.demote and self._host_room(below, len(ck.table)):
                 to_host(prog, cid, ck)
                 self.placed += (prog.checkpoint_info(cid),)
                 continue
-            free_checkpoint(prog, prog.ckpts.pop(cid), cid)
-            self.released += (cid,)
+            self._delete(cid)
         return prog.free_pages() >= pages and len(prog.slots.free) >= slots
+
+    def _host_room(self, below: list[CheckpointId], n_pages: int) -> bool:
+        """Whether a replica of n_pages fits the host tier once replicas worth less than it are deleted (they
+        are, only when that makes it fit)."""
+        host, ckpts = self.prog.host, self.prog.ckpts
+        freeable = sum(host.entries[c.value].nbytes for c in below if c in ckpts)
+        if host.used - freeable + host.bytes_for(n_pages) > host.budget:
+            return False
+        while below and not host.fits(n_pages):
+            cid = below.pop(0)
+            if cid in ckpts:
+                self._delete(cid)
+        return True
+
+    def _delete(self, cid: CheckpointId) -> None:
+        free_checkpoint(self.prog, self.prog.ckpts.pop(cid), cid)
+        self.released += (cid,)
 
     def result(self, txn: RunningTransaction, succeeded: bool, **kw: Any) -> ResourceResult:
         return ResourceResult(txn.txn_id, txn.plan.choice.kind, succeeded, self.prog.resource_revision,
@@ -139,19 +158,21 @@ def _claim(prog: "ProgramCore", choice: ResourceChoice) -> ActiveSequence:
         prog.store.clear_slot(slot)
     else:
         src, ps = prog.checkpoint(choice.source), prog.config.page_size
-        full = len(src.tokens) // ps
-        for p in src.table[:full]:
-            prog.alloc.ref(p)  # shared by reference: positions < frontier are immutable
-        seq.table = list(src.table[:full])
-        if len(src.tokens) % ps:
-            page = prog.alloc.take()  # the partial page is copied: this sequence writes after the frontier
-            prog.store.copy_page(src.table[full], page)
-            seq.table.append(page)
-            taken = 1
-        if src.slot is not None:
-            prog.store.copy_slot(src.slot, slot)
+        if src.slot is None:
+            # resume from the host replica: every page and the state are copied in; the replica stays
+            seq.table = _from_host(prog, prog.host.entries[choice.source.value], slot)
+            taken = len(seq.table)
         else:
-            prog.store.store_slot(slot, prog.host.entries[choice.source.value])  # resume from the host replica
+            full = len(src.tokens) // ps
+            for p in src.table[:full]:
+                prog.alloc.ref(p)  # shared by reference: positions < frontier are immutable
+            seq.table = list(src.table[:full])
+            if len(src.tokens) % ps:
+                page = prog.alloc.take()  # the partial page is copied: this sequence writes after the frontier
+                prog.store.copy_page(src.table[full], page)
+                seq.table.append(page)
+                taken = 1
+            prog.store.copy_slot(src.slot, slot)
         seq.tokens = list(src.tokens)
         prog.store.write_row(row, seq.table)
     seq.reserve_left = prog.need(choice) - taken
@@ -180,20 +201,38 @@ def free_checkpoint(prog: "ProgramCore", ck: Checkpoint, cid: CheckpointId | Non
 
 
 def to_host(prog: "ProgramCore", cid: CheckpointId, ck: Checkpoint) -> None:
-    """Demote: the GDN state becomes a host replica and the device slot is freed (KV pages stay in the pool)."""
-    prog.host.entries[cid.value] = prog.store.load_slot(ck.slot)
+    """Demote: a complete host replica (GDN state and every KV page) is made, then the device original is dropped:
+    its slot is freed and its pages unreferenced (a page another holder shares stays on the device for it)."""
+    store = prog.store
+    prog.host.entries[cid.value] = Replica(store.load_slot(ck.slot), store.load_pages(ck.table), len(ck.table),
+                                           prog.host.bytes_for(len(ck.table)))
     prog.slots.give(ck.slot)
-    ck.slot = None
+    for p in ck.table:
+        prog.alloc.unref(p)
+    ck.slot, ck.table = None, []
+
+
+def to_device(prog: "ProgramCore", cid: CheckpointId, ck: Checkpoint) -> None:
+    """Promote: fresh pages and a slot are taken, the replica is copied in, and the replica is dropped."""
+    ck.slot = prog.slots.take()
+    ck.table = _from_host(prog, prog.host.entries.pop(cid.value), ck.slot)
+
+
+def _from_host(prog: "ProgramCore", replica: Replica, slot: int) -> list[int]:
+    """Copy a replica into `slot` and into fresh pages; the block table of those pages."""
+    table = [prog.alloc.take() for _ in range(replica.n_pages)]
+    prog.store.store_pages(table, replica.pages)
+    prog.store.store_slot(slot, replica.state)
+    return table
 
 
 def _place(prog: "ProgramCore", txn: RunningTransaction, cid: CheckpointId | None) -> ResourceResult:
-    """Move one inactive checkpoint's GDN state to the other tier; its KV pages stay where they are."""
+    """Move one inactive checkpoint to the other tier: demote it to a host replica, or promote its replica back."""
     ck = prog.checkpoint(cid)
-    if ck.slot is not None and prog.host.fits():
+    if ck.slot is not None and prog.host.fits(len(ck.table)):
         to_host(prog, cid, ck)
-    elif ck.slot is None and prog.slots.free:
-        ck.slot = prog.slots.take()
-        prog.store.store_slot(ck.slot, prog.host.entries.pop(cid.value))
+    elif ck.slot is None and prog.slots.free and prog.free_pages() >= prog.host.entries[cid.value].n_pages:
+        to_device(prog, cid, ck)
     else:
         return ResourceResult(txn.txn_id, TransitionKind.PLACE, False, prog.resource_revision,
                               detail="the target tier has no room")

@@ -150,8 +150,9 @@ CACHE_COUNTERS = (("lookups", "Admissions that looked up the prefix cache."),
                   ("hit_tokens", "Prompt tokens resumed from a checkpoint instead of prefilled."),
                   ("captures", "Checkpoints published from prompt frontiers."),
                   ("retained", "Checkpoints published from the end of a finished output."),
-                  ("demotions", "Checkpoint states moved from the device to a host replica."),
-                  ("promotions", "Host replicas brought back to a device slot."),
+                  ("demotions", "Checkpoints (GDN state and KV pages) moved from the device to a host replica."),
+                  ("promotions", "Host replicas brought back to the device."),
+                  ("host_resumes", "Requests resumed from a host replica (copied in; the replica stays)."),
                   ("deletions", "Checkpoints deleted to make room or past the cap."))
 
 

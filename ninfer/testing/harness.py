@@ -315,6 +315,9 @@ class EngineMachine(RuleBasedStateMachine):
                 self._check_schedule_invariance(t)
         assert self.engine.outstanding == 0 == self.model_outstanding(), "capacity not released after drain"
         event(f"engine failed: {not self.engine.available}")
+        stats = self.engine.core.resources.stats
+        event(f"demoted to a host replica: {stats.demotions > 0}")
+        event(f"promoted from a host replica: {stats.promotions > 0}")
         if self.engine.available:
             usage = self.program.inner.resource_usage()
             assert usage.active_sequences == 0 and usage.reserved_pages == 0 and usage.sequence_pages == 0, usage

@@ -1,16 +1,22 @@
 """A checkpoint resumed from its host replica equals the same checkpoint resumed from the device, token for token
-and logprob for logprob, on both Programs: demotion (PLACE to the host) and promotion (PLACE back) move the same
-bytes, and the resume from the host goes through the same materialization as the one from the device."""
+and logprob for logprob, on both Programs: demotion (PLACE to the host) copies the GDN state and every KV page and
+drops the device original (its pages go back to the allocator, and are poisoned here so that nothing can read
+them), the resume from the host copies the replica into fresh pages through the same materialization, and
+promotion (PLACE back) rebuilds the device checkpoint from the replica."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import run_transition as run
 
 LOGPROBS = SamplingParams(temperature=0.0, logprobs=2)
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 
 
 def generate(program, prompt, n, source=None, captures=()):
@@ -30,23 +36,75 @@ def generate(program, prompt, n, source=None, captures=()):
         batch = program.decode([r.handle])
 
 
-@pytest.mark.parametrize("kind", ["reference", "fast"])
-def test_resume_from_the_host_replica_equals_resume_from_the_device(make_fast, make_reference, prompt_of, kind):
-    program = make_fast() if kind == "fast" else make_reference()
-    base = prompt_of(13, seed=3)  # 13 % 4: the resume copies a partial page too
+def poison_free_pages(program) -> None:
+    """NaN into every free KV page: a resume that read a dropped device page would show it."""
+    free = list(program.alloc.free)
+    k, v = program.store.load_pages(free)
+    program.store.store_pages(free, (torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))))
+
+
+def resume_runs(program, prompt_of):
+    """The same continuation resumed from the device, from the host replica (device pages dropped and poisoned),
+    and from the device again after promotion."""
+    base = prompt_of(13, seed=3)  # 13 % 4: the device resume copies a partial page too
     handle, _, _ = generate(program, base, 2, captures=(len(base),))
     (info,) = run(program, ResourceChoice(TransitionKind.CAPTURE, handle=handle)).published
     run(program, ResourceChoice(TransitionKind.RELEASE, handle=handle))
     prompt = base + prompt_of(6, seed=4)
+    pages = program.config.pages_for(len(base))
     runs = []
     for tier in ("device", "host", "device again"):
         if tier != "device":
+            free = program.alloc.available
             run(program, ResourceChoice(TransitionKind.PLACE, source=info.id))  # demote, then promote back
+            assert program.alloc.available == free + (pages if tier == "host" else -pages)
         on_device = program.checkpoint_info(info.id).on_device
         assert on_device == (tier != "host")
+        if tier == "host":
+            assert program.ckpts[info.id].table == [] and program.checkpoint_info(info.id).host_bytes == \
+                program.host.bytes_for(pages) == info.device_bytes
+            poison_free_pages(program)
         h, tokens, lps = generate(program, prompt, 5, source=info.id)
         runs.append((tokens, lps))
         run(program, ResourceChoice(TransitionKind.RELEASE, handle=h))
-    assert runs[0] == runs[1] == runs[2]  # exactly: the replica holds the very bytes of the device state
     usage = program.resource_usage()
     assert usage.checkpoints == 1 and usage.host_checkpoints == 0 and usage.active_sequences == 0
+    return runs
+
+
+@pytest.mark.parametrize("kind", ["reference", "fast"])
+def test_resume_from_the_host_replica_equals_resume_from_the_device(make_fast, make_reference, prompt_of, kind):
+    program = make_fast() if kind == "fast" else make_reference()
+    runs = resume_runs(program, prompt_of)
+    assert runs[0] == runs[1] == runs[2]  # exactly: the replica holds the very bytes of the device state
+
+
+@pytest.mark.parametrize("kind", ["reference", "fast"])
+def test_a_replica_missing_one_page_is_caught(make_fast, make_reference, prompt_of, kind, monkeypatch):
+    """The planted bug: demotion copies every page but the last (it keeps the pool's stale contents), so the
+    resume from the host differs from the device one."""
+    program = make_fast() if kind == "fast" else make_reference()
+    load = program.store.load_pages
+
+    def skip_last(pages):
+        k, v = load(pages)
+        dim = 0 if kind == "reference" else 1  # reference [n, L, ...], fast [n_attn, n, ...]
+        k.narrow(dim, len(pages) - 1, 1).zero_()
+        v.narrow(dim, len(pages) - 1, 1).zero_()
+        return k, v
+
+    monkeypatch.setattr(program.store, "load_pages", skip_last)
+    runs = resume_runs(program, prompt_of)
+    assert runs[0] != runs[1]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="pinned host memory: the fast Program on CUDA (NINFER_TEST_DEVICE=cuda)")
+def test_fast_replicas_are_pinned_host_memory(make_fast, prompt_of):
+    program = make_fast()
+    handle, _, _ = generate(program, prompt_of(9), 1, captures=(9,))
+    (info,) = run(program, ResourceChoice(TransitionKind.CAPTURE, handle=handle)).published
+    run(program, ResourceChoice(TransitionKind.RELEASE, handle=handle))
+    run(program, ResourceChoice(TransitionKind.PLACE, source=info.id))
+    replica = program.host.entries[info.id.value]
+    tensors = [*replica.state, *replica.pages]
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in tensors)

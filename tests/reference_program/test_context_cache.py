@@ -53,7 +53,10 @@ def test_demoted_checkpoints_resume_from_the_host_replica(make_program, prompt_o
     for seed in range(8, 11):
         conversation(engine, prompt_of, seed, 2)
     usage = program.resource_usage()
-    assert usage.host_checkpoints > 0 and usage.checkpoint_host_bytes == usage.host_checkpoints * program.host.state_bytes
+    replicas = [program.ckpts[c].tokens for c in program.ckpts if program.ckpts[c].slot is None]
+    assert usage.host_checkpoints == len(replicas) > 0  # each replica holds its state and every KV page
+    assert usage.checkpoint_host_bytes == sum(program.host.bytes_for(program.config.pages_for(len(t)))
+                                              for t in replicas)
     assert engine.core.resources.stats.demotions > 0
     prompt = first[-1][0][:-DROPPED] + prompt_of(5, seed=99)  # the first conversation continues
     handle = engine.submit(token_request(prompt, 3))

@@ -247,10 +247,12 @@ def test_host_tier_place_and_resume(make_program, prompt_of, model32):
     generate(prog, h, 1)
     (info,) = capture(prog, h)
     finish(prog, h)
-    free = len(prog.slots.free)
+    free, pages = len(prog.slots.free), prog.alloc.available
     run(prog, ResourceChoice(TransitionKind.PLACE, source=info.id))
+    # the replica holds the GDN state and all 3 KV pages; the device original is dropped
     assert prog.ckpts[info.id].slot is None and len(prog.slots.free) == free + 1
-    assert prog.checkpoint_info(info.id).host_bytes == prog.host.state_bytes
+    assert prog.alloc.available == pages + 3 and prog.ckpts[info.id].table == []
+    assert prog.checkpoint_info(info.id).host_bytes == info.device_bytes == prog.host.bytes_for(3)
     prompt = base + (3, 4, 5)
     r = materialize(prog, prompt, source=info.id)  # two stages: copy back from the host replica, then activate
     assert_same(generate(prog, r.handle, 3), cold(model32, prompt, 3))
@@ -270,11 +272,60 @@ def test_victims_released_or_demoted_under_pressure(make_program, prompt_of):
     r = materialize(prog, prompt_of(8, seed=1), max_new=4, victims=(info.id,), capture_victims=1,
                     demote=frozenset({info.id}))
     assert r.released == () and prog.ckpts[info.id].slot is None and r.captures == (8,)
-    assert [p.id for p in r.placed] == [info.id] and r.placed[0].host_bytes == prog.host.state_bytes
+    assert [p.id for p in r.placed] == [info.id] and r.placed[0].host_bytes == prog.host.bytes_for(4)
     finish(prog, r.handle)
-    # Pages short: the victim is released.
+    # A host replica holds no page: pages short, it is neither needed nor touched.
+    r = materialize(prog, prompt_of(30, seed=2), max_new=10, victims=(info.id,))
+    assert r.released == () and prog.ckpts[info.id].slot is None
+    finish(prog, r.handle)
+    run(prog, ResourceChoice(TransitionKind.DELETE, victims=(info.id,)))
+    # Pages short and the victim not listed for demotion: it is released.
+    h = materialize(prog, prompt_of(16), max_new=4).handle
+    generate(prog, h, 1)
+    (info,) = capture(prog, h)
+    finish(prog, h)
     r = materialize(prog, prompt_of(30, seed=2), max_new=10, victims=(info.id,))
     assert r.released == (info.id,) and not prog.ckpts and not prog.host.entries
+    finish(prog, r.handle)
+    assert_baseline(prog)
+
+
+def test_pages_short_a_demoted_victim_frees_its_kv_pages(make_program, prompt_of):
+    prog = make_program(max_concurrency=1, checkpoint_slots=0, kv_pages=12, page_size=4, max_context=48)
+    h = materialize(prog, prompt_of(16), max_new=4).handle
+    generate(prog, h, 1)
+    (info,) = capture(prog, h)
+    finish(prog, h)
+    r = materialize(prog, prompt_of(30, seed=2), max_new=10, victims=(info.id,), demote=frozenset({info.id}))
+    assert r.released == () and [p.id for p in r.placed] == [info.id] and prog.ckpts[info.id].table == []
+    finish(prog, r.handle)
+    assert_baseline(prog)
+
+
+def test_a_full_host_tier_makes_room_by_the_replicas_below(make_program, prompt_of):
+    """A demotion that does not fit the host tier deletes host replicas ranked below it; one ranked above it stays,
+    and the victim is deleted instead."""
+    prog = make_program(max_concurrency=1, checkpoint_slots=2, kv_pages=40, page_size=4, max_context=48)
+    infos = []
+    for seed in range(3):  # 3 checkpoints hold 3 of the 4 allocatable slots
+        h = materialize(prog, prompt_of(16, seed=seed), max_new=4).handle
+        generate(prog, h, 1)
+        infos += capture(prog, h)
+        finish(prog, h)
+    a, b, c = (i.id for i in infos)
+    prog.host.budget = prog.host.bytes_for(4)  # room for one replica of 4 pages
+    run(prog, ResourceChoice(TransitionKind.PLACE, source=a))
+    # the live slot and two captures need one slot more than the 2 free: b gives way, and its demotion deletes the
+    # replica of a (ranked below it) to fit
+    r = materialize(prog, prompt_of(12, seed=9), max_new=4, victims=(a, b), capture_victims=2, captures=(4, 8),
+                    demote=frozenset({b}))
+    assert r.released == (a,) and [p.id for p in r.placed] == [b] and prog.ckpts[b].slot is None
+    finish(prog, r.handle)
+    # three captures need one slot more than the 3 free: c gives way, but the replica of b ranks above it, so c
+    # is deleted and b stays
+    r = materialize(prog, prompt_of(16, seed=8), max_new=4, victims=(c, b), capture_victims=2, captures=(4, 8, 12),
+                    demote=frozenset({c}))
+    assert r.released == (c,) and r.placed == () and prog.ckpts[b].slot is None and r.captures == (4, 8, 12)
     finish(prog, r.handle)
     assert_baseline(prog)
 

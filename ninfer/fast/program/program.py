@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ninfer.contracts import ProgramLimits
+from ninfer.contracts import CostFacts, ProgramLimits
 from ninfer.errors import DoesNotFitError, NotSupportedError, UnavailableError
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
@@ -25,6 +25,7 @@ from ninfer.program_core import HostTier, IdPool, Program
 
 from . import invariants
 from .config import FastProgramConfig
+from .costs import measure_costs
 from .executor import FastExecutor
 from .stores import DeviceState
 
@@ -37,12 +38,11 @@ class FastProgram(Program):
                 plan.page_size != c.page_size or plan.max_context < c.max_context:
             raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
         self.model = model
-        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids)
         self.device = model.device
-        state_bytes = plan.state_bytes // (plan.slots + 1)
+        state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.kv_bytes // (plan.num_pages + 1)
         super().__init__(c, PageAllocator(plan.num_pages), IdPool(c.usable_slots, "GDN state slot"),
-                         HostTier(c.host_bytes, state_bytes), DeviceState(model.pools),
-                         plan.kv_bytes // (plan.num_pages + 1), rows=IdPool(c.max_concurrency, "block-table row"))
+                         HostTier(c.host_bytes, state_bytes, page_bytes), DeviceState(model.pools),
+                         page_bytes, rows=IdPool(c.max_concurrency, "block-table row"))
         # sampling tables live on block-table rows; the naive model runs the naive sampling ops
         self.sampler = DeviceSampler(cfg.vocab_size, c.max_concurrency, c.max_concurrency, model.device,
                                      kernels="naive" if model.kernels.name == "naive" else "triton",
@@ -50,8 +50,11 @@ class FastProgram(Program):
         # the decode graph starts with each row's backup copy (live slot -> the backup slot of its table row)
         self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler,
                                         backup_base=c.backup_slot(0))
+        costs = CostFacts()  # the generic fallback off CUDA
         if self.runner.use_graphs:
             _warm_prefill(model, min(c.max_prefill_tokens, c.max_context))
+            costs = measure_costs(model, self.store, min(c.max_prefill_tokens, c.max_context))
+        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs)
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         # eager on the same buffers elsewhere
         self.runner.capture()

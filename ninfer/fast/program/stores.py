@@ -1,6 +1,7 @@
 """The fast Program's physical store: the few device copies the Program core's transitions and the model
-transactions need (a GDN slot, a KV page, a block-table row) over the plan's pools. The host-side accounting (page
-refcounts, slot and row pools, the host tier) is the Program core's (`ninfer.program_core`).
+transactions need (a GDN slot, a KV page, a block-table row, a host replica's state and pages) over the plan's pools.
+The host-side accounting (page refcounts, slot and row pools, the host tier) is the Program core's
+(`ninfer.program_core`).
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import torch
 
 from ninfer.fast.memory import Pools
+
+PAGE_CHUNK = 64  # pages per gather or scatter of a host replica: 16 MiB of K (or V) on the 9B shape
 
 
 class DeviceState:
@@ -37,6 +40,25 @@ class DeviceState:
         self.pools.k[:, dst].copy_(self.pools.k[:, src])  # [n_attn, page_size, nkv, d]
         self.pools.v[:, dst].copy_(self.pools.v[:, src])
 
+    def load_pages(self, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host copies of these pages' K and V, each [n_attn, len(pages), page_size, nkv, d], pinned on CUDA;
+        gathered PAGE_CHUNK pages at a time so the device temporary stays small."""
+        return self._gather(self.pools.k, pages), self._gather(self.pools.v, pages)
+
+    def store_pages(self, pages: list[int], data: tuple[torch.Tensor, torch.Tensor]) -> None:
+        for pool, host in zip((self.pools.k, self.pools.v), data):
+            for i in range(0, len(pages), PAGE_CHUNK):
+                idx = torch.tensor(pages[i:i + PAGE_CHUNK], dtype=torch.long, device=pool.device)
+                pool.index_copy_(1, idx, host[:, i:i + PAGE_CHUNK].to(pool.device, non_blocking=True))
+
+    @staticmethod
+    def _gather(pool: torch.Tensor, pages: list[int]) -> torch.Tensor:
+        out = _host_empty((pool.shape[0], len(pages), *pool.shape[2:]), pool)
+        for i in range(0, len(pages), PAGE_CHUNK):
+            idx = torch.tensor(pages[i:i + PAGE_CHUNK], dtype=torch.long, device=pool.device)
+            out[:, i:i + PAGE_CHUNK].copy_(pool.index_select(1, idx))
+        return out
+
     def write_row(self, row: int, table: list[int]) -> None:
         """Publish a block table to its device row (entries past len(table) are never read: context_lens bound
         every read)."""
@@ -49,9 +71,12 @@ class DeviceState:
 
 
 
+def _host_empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A host tensor for a replica of `like`'s data: pinned on CUDA, so that promotion is a direct DMA."""
+    return torch.empty(shape, dtype=like.dtype, pin_memory=like.is_cuda)
+
+
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    if not t.is_cuda:
-        return t.to("cpu", copy=True)
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out = _host_empty(tuple(t.shape), t)
     out.copy_(t)
     return out

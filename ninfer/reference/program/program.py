@@ -35,7 +35,8 @@ class ReferenceProgram(Program):
         self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype,  # allocatable, then backups
                                  mtp=c.speculative is not None)
         super().__init__(c, self.pages.alloc, IdPool(c.usable_slots, "GDN state slot"),
-                         HostTier(c.host_bytes, c.state_bytes(cfg)), TensorStore(self.pages, self.states),
+                         HostTier(c.host_bytes, c.state_bytes(cfg), c.page_bytes(cfg)),
+                         TensorStore(self.pages, self.states),
                          c.page_bytes(cfg), rows=IdPool(c.max_concurrency, "block-table row"))
         self.executor = ReferenceExecutor(model, self.pages, self.states, c.eos_token_ids, c.backup_slot)
 

@@ -64,6 +64,15 @@ class KVPages:
         self.k[dst] = self.k[src]
         self.v[dst] = self.v[src]
 
+    def load(self, table: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Private copies of these pages' K and V, each [len(table), L, nkv, page_size, d]."""
+        idx = torch.tensor(table, dtype=torch.long)
+        return self.k[idx].clone(), self.v[idx].clone()
+
+    def store(self, table: list[int], data: tuple[torch.Tensor, torch.Tensor]) -> None:
+        idx = torch.tensor(table, dtype=torch.long)
+        self.k[idx], self.v[idx] = data
+
 
 class StateSlots:
     """A fixed number of GDN state slots (the allocatable ones, then one backup per lane: which is free is the
@@ -135,6 +144,12 @@ class TensorStore:
 
     def copy_page(self, src: int, dst: int) -> None:
         self.pages.copy_page(src, dst)
+
+    def load_pages(self, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pages.load(pages)
+
+    def store_pages(self, pages: list[int], data: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.pages.store(pages, data)
 
     def write_row(self, row: int | None, table: list[int]) -> None:
         """No rows: the block table travels with the sequence."""
