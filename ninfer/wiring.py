@@ -307,9 +307,12 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
     if kind == "fast":
         from ninfer.fast.program import FastProgram
 
-        return FastProgram.from_artifact(path, max_concurrency=options.max_num_seqs, max_context=max_context,
-                                         gpu_memory_utilization=options.gpu_memory_utilization,
-                                         speculative_config=options.speculative_config, host_bytes=host_bytes)
+        try:
+            return FastProgram.from_artifact(path, max_concurrency=options.max_num_seqs, max_context=max_context,
+                                             gpu_memory_utilization=options.gpu_memory_utilization,
+                                             speculative_config=options.speculative_config, host_bytes=host_bytes)
+        except MissingBackendWeights as e:
+            raise WiringError(str(e)) from None
     import torch
 
     from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig

@@ -11,6 +11,10 @@ Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
     conv         [n_gdn, slots + 1, conv_dim, K - 1]         act dtype; slot ``slots`` is the dummy slot
     ssm          [n_gdn, slots + 1, HV, dk, dv]              fp32
     block_tables [max_seqs + 1, max_pages_per_seq]           int32; row ``max_seqs`` points only at the dummy page
+    mtp_hidden   [slots + 1, H]                               act dtype; only with the MTP head (``plan.mtp``)
+
+With the MTP head the k/v pools hold one more layer (index ``n_attn``): the MTP layer's KV, paged in the same
+block table (docs/speculative.md), and each slot keeps the target's last final-normed hidden beside its GDN state.
 
 The dummy page/slot/row let CUDA-graph warm-up and capture run the real decode without touching live state.
 """
@@ -22,9 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.errors import DoesNotFitError
-from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers,
+from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token,
+                                            kv_bytes_per_token_all_layers,
                                             kv_pages_for_tokens, weight_bytes)
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.params import MTP, TEXT
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -44,6 +50,7 @@ class MemoryPlan:
     state_bytes: int
     table_bytes: int
     workspace_bytes: int
+    mtp: bool = False  # the MTP head's weights, KV layer and per-slot hidden are planned
 
     @property
     def total_bytes(self) -> int:
@@ -95,19 +102,23 @@ def sampling_bytes(vocab: int, max_batch: int) -> int:
 
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
-                max_kv_pages: int | None = None) -> MemoryPlan:
+                max_kv_pages: int | None = None, mtp: bool = False) -> MemoryPlan:
     """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
-    (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits."""
+    (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits. ``mtp``
+    adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
     slots = max_seqs if slots is None else slots
     pages_per_seq = kv_pages_for_tokens(max_context, page_size)
-    w = weight_bytes(cfg, name)
-    state = (slots + 1) * gdn_state_bytes_per_sequence(cfg, name)
+    w = weight_bytes(cfg, name, (TEXT, MTP) if mtp else (TEXT,))
+    hidden = cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
+    state = (slots + 1) * (gdn_state_bytes_per_sequence(cfg, name) + hidden)
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype)
-    page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name)
+    if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
+        work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
+    page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name, with_mtp=mtp)
     left = budget_bytes - w - state - tables - work - page_bytes  # the dummy page is always there
     fit = max(left, 0) // page_bytes
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
@@ -118,7 +129,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
-                      workspace_bytes=work)
+                      workspace_bytes=work, mtp=mtp)
 
 
 @dataclass
@@ -130,18 +141,21 @@ class Pools:
     conv: torch.Tensor  # [n_gdn, slots + 1, conv_dim, K - 1]
     ssm: torch.Tensor  # [n_gdn, slots + 1, HV, dk, dv] fp32
     block_tables: torch.Tensor  # [max_seqs + 1, max_pages_per_seq] int32
+    mtp_hidden: torch.Tensor | None = None  # [slots + 1, H]: h_{t-1} of the slot's sequence (MTP head only)
 
     def reset_slot(self, slot: int) -> None:
-        """A fresh sequence starts from a zero conv window and a zero S."""
+        """A fresh sequence starts from a zero conv window and a zero S (and no stored hidden)."""
         self.conv[:, slot].zero_()
         self.ssm[:, slot].zero_()
+        if self.mtp_hidden is not None:
+            self.mtp_hidden[slot].zero_()
 
 
 def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | str) -> Pools:
     """Allocate the plan's state tensors, zeroed (a kernel that reads outside its pages then reads zeros, and the
     dummy page/slot start clean). The dummy row of the block table points only at the dummy page."""
     P, ps = plan.num_pages + 1, plan.page_size
-    n_attn, n_gdn = len(cfg.attention_layers), len(cfg.linear_layers)
+    n_attn, n_gdn = len(cfg.attention_layers) + cfg.mtp_num_hidden_layers * plan.mtp, len(cfg.linear_layers)
     kv_shape = (n_attn, P, ps, cfg.num_key_value_heads, cfg.head_dim)
     HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     tables = torch.zeros(plan.max_seqs + 1, plan.max_pages_per_seq, dtype=torch.int32, device=device)
@@ -154,6 +168,7 @@ def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | s
                          device=device),
         ssm=torch.zeros(n_gdn, plan.slots + 1, HV, dk, dv, dtype=torch.float32, device=device),
         block_tables=tables,
+        mtp_hidden=torch.zeros(plan.slots + 1, cfg.hidden_size, dtype=plan.dtype, device=device) if plan.mtp else None,
     )
 
 

@@ -11,13 +11,14 @@ from _fast_env import DEVICE, ON_GPU
 from ninfer.fast.memory import plan_memory
 from ninfer.fast.model import FastModel
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
-from ninfer.models.qwen3_5.params import TEXT, logical_parameters
+from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
 from ninfer.reference import ReferenceModel
 
 L, F = LINEAR, FULL
 
 
-def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F), top_k: int = 2) -> Qwen35Config:
+def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F), top_k: int = 2, mtp: int = 0
+                ) -> Qwen35Config:
     """hidden 32, vocab 64; on the GPU real head dims (256 attention, 128 GDN) at a small width. MoE: 8 experts."""
     big = ON_GPU
     raw = {
@@ -28,7 +29,7 @@ def tiny_config(moe: bool = False, layers: tuple[str, ...] = (L, L, L, F), top_k
         "linear_value_head_dim": 128 if big else 16, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                             "mrope_section": [11, 11, 10] if big else [2, 1, 1], "mrope_interleaved": True},
-        "max_position_embeddings": 4096, "tie_word_embeddings": not moe,
+        "max_position_embeddings": 4096, "tie_word_embeddings": not moe, "mtp_num_hidden_layers": mtp,
     }
     if moe:
         raw.update(num_experts=8, num_experts_per_tok=top_k, moe_intermediate_size=128 if big else 16,
@@ -46,7 +47,7 @@ def tiny_weights(cfg: Qwen35Config, seed: int = 3, gain: float = 0.25) -> dict[s
     (Made here rather than by ``convert.default_model`` so the GPU machine needs no tokenizer packages.)"""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, spec in logical_parameters(cfg, (TEXT,)).items():
+    for name, spec in logical_parameters(cfg, (TEXT, MTP) if cfg.mtp_num_hidden_layers else (TEXT,)).items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         noise = torch.randn(spec.shape, generator=g)
@@ -74,9 +75,11 @@ class Pair:
 
 def build_pair(cfg: Qwen35Config, dtype: torch.dtype, kernels: str = "triton", max_seqs: int = 4,
                max_context: int = 96, page_size: int = 4, max_prefill_tokens: int = 8192) -> Pair:
+    """With cfg.mtp_num_hidden_layers the MTP head too (its weights, KV layer and stored hidden)."""
     w = tiny_weights(cfg)
     plan = plan_memory(cfg, 1 << 30, max_seqs=max_seqs, max_context=max_context, page_size=page_size, dtype=dtype,
-                       max_prefill_tokens=max_prefill_tokens, max_kv_pages=max_seqs * (max_context // page_size + 1))
+                       max_prefill_tokens=max_prefill_tokens, max_kv_pages=max_seqs * (max_context // page_size + 1),
+                       mtp=cfg.mtp_num_hidden_layers > 0)
     fast = FastModel.build(cfg, lambda n: w[n], plan, DEVICE, kernels)
     return Pair(cfg, fast, ReferenceModel(cfg, w, torch.float32))
 

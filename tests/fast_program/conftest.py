@@ -27,7 +27,7 @@ VOCAB = 1000 if ON_GPU else 97
 BUDGET = 1 << 30  # explicit byte budget: the pools are capped by kv_pages, not by the budget
 
 
-def tiny_config() -> Qwen35Config:
+def tiny_config(mtp: int = 0) -> Qwen35Config:
     big = ON_GPU
     return Qwen35Config.from_hf(dict(
         model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=256 if big else 32, num_hidden_layers=3,
@@ -35,7 +35,7 @@ def tiny_config() -> Qwen35Config:
         head_dim=256 if big else 32, linear_num_key_heads=1, linear_num_value_heads=2,
         linear_key_head_dim=128 if big else 16, linear_value_head_dim=128 if big else 16, linear_conv_kernel_dim=4,
         intermediate_size=512 if big else 64, rms_norm_eps=1e-6, max_position_embeddings=4096,
-        tie_word_embeddings=False, mtp_num_hidden_layers=0, eos_token_id=0,
+        tie_word_embeddings=False, mtp_num_hidden_layers=mtp, eos_token_id=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                          "mrope_section": [11, 11, 10] if big else [2, 1, 1], "mrope_interleaved": True}))
 
@@ -84,4 +84,46 @@ def prompt_of():
     def make(n: int, seed: int = 0) -> tuple[int, ...]:
         g = torch.Generator().manual_seed(seed)
         return tuple(int(t) for t in torch.randint(1, VOCAB, (n,), generator=g))
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_mtp():
+    """The tiny model with one MTP layer (peaked MTP weights too)."""
+    cfg = tiny_config(mtp=1)
+    return cfg, tiny_weights(cfg, features=("text", "mtp"))
+
+
+@pytest.fixture(scope="session")
+def mtp_reference_model(tiny_mtp):
+    cfg, weights = tiny_mtp
+    return ReferenceModel(cfg, weights, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def make_fast_spec(tiny_mtp, mtp_reference_model):
+    """make_fast_spec(k, forced=False, **config): the fast Program over `tiny_mtp` with the MTP backend drafting k
+    tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of the drafter."""
+    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.testing.speculation import ForcedDrafts
+
+    def make(k: int, forced: bool = False, **kw) -> FastProgram:
+        cfg, weights = tiny_mtp
+        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": SpeculativeConfig("mtp", k) if k
+                                      else None})
+        program = FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
+                                    kernels="triton" if ON_GPU else "naive")
+        return ForcedDrafts(mtp_reference_model).install(program) if forced else program
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_reference_spec(mtp_reference_model):
+    """The reference Program over the same MTP weights (k=0: no backend)."""
+    from ninfer.program_core.speculative import SpeculativeConfig
+
+    def make(k: int, **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig("mtp", k) if k else None
+        return ReferenceProgram(mtp_reference_model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
+                                                                               "speculative": spec}))
     return make

@@ -50,12 +50,6 @@ def test_greedy_from_artifact_equals_reference(artifact, make_reference, prompt_
     assert_drained(fast)
 
 
-def test_speculative_config_is_refused(artifact):
-    with pytest.raises(NotImplementedError, match="not implemented in the fast Program yet"):
-        FastProgram.from_artifact(artifact, max_concurrency=1, max_context=64, budget_bytes=1 << 30,
-                                  speculative_config={"method": "mtp", "num_speculative_tokens": 2})
-
-
 def test_quantized_artifact_is_refused_at_start(tiny, tmp_path):
     """No quantized kernels yet: an fp8 object fails at start, naming its format and object, not silently dense."""
     from ninfer.artifact import ArtifactWriter

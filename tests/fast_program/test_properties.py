@@ -1,6 +1,7 @@
 """The Engine property harness against the fast Program on the tiny fp32 model (eos 0): random schedules with
 shared prefixes, session turns, cancellations, deadlines, thinking budgets and injected faults; schedule invariance
-against solo runs, and every page and slot not held by a checkpoint free again at teardown.
+against solo runs, and every page and slot not held by a checkpoint free again at teardown. The speculative twin
+runs the MTP backend (k = 3) behind ForcedDrafts, every greedy request equal to its solo run without the backend.
 
 Tight pools (2 lanes of at most 16 pages, 40 pages, 2 checkpoint slots) make pressure and victims common. On CPU
 the naive kernels run (the Triton interpreter would take hours here); on the GPU the Triton kernels."""
@@ -13,7 +14,10 @@ import torch
 from hypothesis import settings
 
 from ninfer.fast.program import FastProgram, FastProgramConfig
+from ninfer.program_core.speculative import SpeculativeConfig
+from ninfer.reference.model import ReferenceModel
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.speculation import ForcedDrafts
 
 
 @functools.cache
@@ -27,12 +31,31 @@ def _conftest():
     return conf, cfg, conf.tiny_weights(cfg)
 
 
-def _program() -> FastProgram:
+@functools.cache
+def _mtp_weights():
+    conf = _conftest()[0]
+    cfg = conf.tiny_config(mtp=1)
+    return cfg, conf.tiny_weights(cfg, features=("text", "mtp"))
+
+
+def _program(mtp: bool = False, speculative: SpeculativeConfig | None = None) -> FastProgram:
     conf, cfg, weights = _conftest()
+    if mtp:
+        cfg, weights = _mtp_weights()
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
-                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,))
+                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,), speculative=speculative)
     return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                              kernels="triton" if conf.ON_GPU else "naive")
+
+
+@functools.cache
+def _teacher() -> ReferenceModel:
+    cfg, weights = _mtp_weights()
+    return ReferenceModel(cfg, weights, dtype=torch.float32)
+
+
+def _speculative() -> FastProgram:
+    return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig("mtp", 3)))
 
 
 Machine = make_engine_machine(_program, max_concurrency=2)
@@ -43,3 +66,11 @@ Machine.TestCase.settings = settings(settings.default,
                                     max_examples=max(_CI_EXAMPLES, settings.default.max_examples // 20),
                                     stateful_step_count=30)
 TestFastEngine = Machine.TestCase
+
+Speculative = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(True))
+# 30 examples on CPU (each speculative round also runs ForcedDrafts' teacher model), 8 on the GPU
+Speculative.TestCase.settings = settings(settings.default,
+                                         max_examples=max(8 if _conftest()[0].ON_GPU else 30,
+                                                          settings.default.max_examples // 40),
+                                         stateful_step_count=30)
+TestSpeculativeFastEngine = Speculative.TestCase

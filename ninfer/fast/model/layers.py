@@ -21,7 +21,9 @@ from .weights import AttnWeights, FfnWeights, GdnWeights
 @dataclass
 class StepInputs:
     """Per-call addressing shared by all layers of one forward. Decode: T = B rows, one per sequence. Prefill:
-    T tokens of one sequence, ``slot_ids`` = [slot] and ``block_table`` = [1, max_pages]."""
+    T tokens of one sequence, ``slot_ids`` = [slot] and ``block_table`` = [1, max_pages]. Multi-query decode
+    (``FastModel.verify``): the blocks of B sequences packed along T (``cu_seqlens`` [B+1], ``prefix_lens`` [B] =
+    the frontiers), the GDN recurrence stepped over ``gdn_steps``."""
     positions: torch.Tensor  # [T] int32 absolute positions
     slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) of every token
     slot_ids: torch.Tensor  # [B] int32 GDN state slots
@@ -30,6 +32,8 @@ class StepInputs:
     cu_seqlens: torch.Tensor | None = None  # prefill: [2] int32
     prefix_lens: torch.Tensor | None = None  # prefill: [1] int32, tokens already cached
     prefill_slot: int | None = None  # prefill: the sequence's GDN slot as a host int
+    # multi-query decode: step j of every block still that long, as (token rows [b_j] long, their slots [b_j] int32)
+    gdn_steps: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -49,6 +53,14 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, y: torch.Tensor, con
     mixed, z, b, a = _split_gdn(k.linear(y, w.in_proj), cfg)
     dims = dict(num_k_heads=cfg.linear_num_key_heads, head_k_dim=cfg.linear_key_head_dim,
                 head_v_dim=cfg.linear_value_head_dim, eps=cfg.rms_norm_eps)
+    if step.gdn_steps is not None:
+        # the decode recurrence, one step of every block at a time: a verified block equals its tokens decoded one
+        # by one (the projections above and below still run once over all T rows)
+        out = mixed.new_empty(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
+        for rows, slots in step.gdn_steps:
+            out[rows] = k.gdn_decode(mixed[rows], z[rows], a[rows], b[rows], conv, w.conv, w.A_log, w.dt_bias,
+                                     w.norm, ssm, slots, **dims)
+        return k.linear(out, w.out_proj)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
         return k.linear(out, w.out_proj)
@@ -72,7 +84,7 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
     v = qkv[:, (2 * nh + nkv) * d:].view(T, nkv, d)
     q = k.rope_kv_write(q, kk, v, step.positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
                         cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps)
-    if step.is_prefill:
+    if step.cu_seqlens is not None:  # prefill, or multi-query decode: causal inside each packed block
         o = k.prefill_attention(q, k_pages, v_pages, step.block_table, step.cu_seqlens, step.prefix_lens, T)
     else:
         o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens)

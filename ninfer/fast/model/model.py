@@ -12,6 +12,8 @@ angles and the recurrent state S in fp32; logits are returned in fp32.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +22,7 @@ from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 
 from .kernels import Kernels, get_kernels
 from .layers import StepInputs, attention_mixer, ffn, gdn_mixer
+from .mtp import MtpHead
 from .weights import FastWeights, Source, load_fast_weights
 
 # prefill pieces stay multiples of the GDN chunk so chunk boundaries sit at fixed offsets from the piece start
@@ -36,12 +39,15 @@ class FastModel:
         # per-kind index of each layer into the pool tensors
         self._pool_index = {layer: i for kinds in (cfg.attention_layers, cfg.linear_layers)
                             for i, layer in enumerate(kinds)}
+        self.mtp = MtpHead(self) if weights.mtp is not None else None  # the MTP head (plan.mtp)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
               kernels: str | Kernels = "triton") -> "FastModel":
         """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once."""
-        weights = load_fast_weights(cfg, source, plan.dtype, device)
+        if plan.mtp and cfg.mtp_num_hidden_layers != 1:
+            raise ValueError(f"the fast MTP head runs one MTP layer; this model has {cfg.mtp_num_hidden_layers}")
+        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp)
         return cls(cfg, weights, allocate_pools(cfg, plan, device), kernels)
 
     @property
@@ -70,10 +76,11 @@ class FastModel:
             self.kernels.slot_copy(pool, slot_ids, table_rows, backup_base)
 
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
-                all_logits: bool = False) -> torch.Tensor:
+                all_logits: bool = False, return_hidden: bool = False):
         """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The
         sequence's pages must already be in ``pools.block_tables[block_table_row]``. Long prompts run in pieces of
-        at most ``plan.max_prefill_tokens``. Returns logits of the last token [V] fp32, or of all [T, V]."""
+        at most ``plan.max_prefill_tokens``. Returns logits of the last token [V] fp32, or of all [T, V]; with
+        ``return_hidden`` also the final-normed hidden [T, H] (what the MTP head reads)."""
         T = tokens.shape[0]
         if tokens.ndim != 1 or T == 0:
             raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
@@ -83,13 +90,50 @@ class FastModel:
         if start_pos == 0:
             self.pools.reset_slot(slot_id)
         piece = max(_GDN_CHUNK, self.plan.max_prefill_tokens // _GDN_CHUNK * _GDN_CHUNK)
-        outs = []
+        outs, hiddens = [], []
         for s in range(0, T, piece):
             hidden = self._layers(tokens[s:s + piece], self._prefill_inputs(min(piece, T - s), slot_id,
                                                                              block_table_row, start_pos + s))
             if all_logits:
                 outs.append(self.logits(hidden))
-        return torch.cat(outs) if all_logits else self.logits(hidden[-1:])[0]
+            if return_hidden:
+                hiddens.append(hidden)
+        logits = torch.cat(outs) if all_logits else self.logits(hidden[-1:])[0]
+        return (logits, torch.cat(hiddens)) if return_hidden else logits
+
+    def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
+               starts: Sequence[int], lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multi-query decode: B blocks packed along tokens [N] (block i: lens[i] >= 1 tokens at positions
+        starts[i].., on GDN slot slot_ids[i] and table row block_table_rows[i], whose pages must cover them), in
+        one target pass: the GDN decode recurrence stepped over each block, attention with lens[i] queries per
+        block, causal inside it. Advances the slots in place and writes K/V. Returns (logits [N, V] fp32, the
+        final-normed hidden [N, H])."""
+        if tokens.ndim != 1 or tokens.shape[0] != sum(lens) or min(lens, default=0) < 1 or \
+                not len(slot_ids) == len(block_table_rows) == len(starts) == len(lens):
+            raise ValueError(f"verify takes {len(lens)} blocks of lens {list(lens)} >= 1 packed along a 1-D token "
+                             f"tensor, got shape {tuple(tokens.shape)}")
+        if max(s + n for s, n in zip(starts, lens)) > self.plan.max_context:
+            raise ValueError(f"positions up to {max(s + n for s, n in zip(starts, lens))} exceed the planned "
+                             f"context {self.plan.max_context}")
+        hidden = self._layers(tokens, self._verify_inputs(slot_ids, block_table_rows, starts, lens))
+        return self.logits(hidden), hidden
+
+    def _verify_inputs(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
+                       lens: Sequence[int]) -> StepInputs:
+        dev, ps = self.device, self.plan.page_size
+        i32 = dict(device=dev, dtype=torch.int32)
+        table = self.pools.block_tables.index_select(0, torch.tensor(rows, device=dev))  # [B, max_pages]
+        pos = torch.tensor([s + j for s, n in zip(starts, lens) for j in range(n)], device=dev)  # [N]
+        block = torch.tensor([i for i, n in enumerate(lens) for _ in range(n)], device=dev)  # [N]
+        pages = table[block, pos // ps].long()
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        steps = [(torch.tensor([cu[i] + j for i, n in enumerate(lens) if n > j], device=dev),
+                  torch.tensor([s for s, n in zip(slots, lens) if n > j], **i32)) for j in range(max(lens))]
+        return StepInputs(positions=pos.to(torch.int32), slot_mapping=pages * ps + pos % ps,
+                          slot_ids=torch.tensor(slots, **i32), block_table=table, cu_seqlens=torch.tensor(cu, **i32),
+                          prefix_lens=torch.tensor(starts, **i32), gdn_steps=steps)
 
     def _prefill_inputs(self, n: int, slot: int, row: int, start: int) -> StepInputs:
         dev, ps = self.device, self.plan.page_size

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
-from ninfer.models.qwen3_5.params import TEXT, logical_parameters
+from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
 
 Source = Callable[[str], torch.Tensor]
 
@@ -60,11 +60,23 @@ class LayerWeights:
 
 
 @dataclass
+class MtpWeights:
+    """The MTP head (``mtp.*``): u = fc([norm_emb(Embed[x]) | norm_hid(h)]), one full-attention decoder layer,
+    the final norm; embedding and lm_head are the target's."""
+    norm_embedding: torch.Tensor  # [H]
+    norm_hidden: torch.Tensor  # [H]
+    fc: torch.Tensor  # [H, 2H], embedding half first
+    layer: LayerWeights
+    norm: torch.Tensor  # [H]
+
+
+@dataclass
 class FastWeights:
     embed: torch.Tensor  # [V, H]
     lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
     final_norm: torch.Tensor
     layers: list[LayerWeights]
+    mtp: MtpWeights | None = None
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +88,11 @@ class FastWeights:
 
 def _tensors(w: FastWeights):
     yield from (w.embed, w.lm_head, w.final_norm)
-    for lw in w.layers:
+    layers = list(w.layers)
+    if w.mtp is not None:
+        yield from (w.mtp.norm_embedding, w.mtp.norm_hidden, w.mtp.fc, w.mtp.norm)
+        layers.append(w.mtp.layer)
+    for lw in layers:
         for part in (lw, lw.mixer, lw.ffn):
             yield from (t for t in vars(part).values() if isinstance(t, torch.Tensor))
 
@@ -133,18 +149,30 @@ def _ffn(src: Source, specs: dict, p: str, cfg: Qwen35Config, dtype: torch.dtype
     return w
 
 
-def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device) -> FastWeights:
+def _layer(src: Source, specs: dict, p: str, kind: str, cfg: Qwen35Config, dtype: torch.dtype, device
+           ) -> LayerWeights:
+    mixer = (_attn(src, specs, f"{p}.self_attn", dtype, device) if kind == FULL
+             else _gdn(src, specs, f"{p}.linear_attn", cfg, dtype, device))
+    return LayerWeights(input_norm=_one(src, f"{p}.input_layernorm.weight", dtype, device),
+                        post_norm=_one(src, f"{p}.post_attention_layernorm.weight", dtype, device),
+                        mixer=mixer, ffn=_ffn(src, specs, f"{p}.mlp", cfg, dtype, device))
+
+
+def _mtp(src: Source, specs: dict, cfg: Qwen35Config, dtype: torch.dtype, device) -> MtpWeights:
+    return MtpWeights(norm_embedding=_one(src, "mtp.pre_fc_norm_embedding.weight", dtype, device),
+                      norm_hidden=_one(src, "mtp.pre_fc_norm_hidden.weight", dtype, device),
+                      fc=_one(src, "mtp.fc.weight", dtype, device),
+                      layer=_layer(src, specs, "mtp.layers.0", FULL, cfg, dtype, device),
+                      norm=_one(src, "mtp.norm.weight", dtype, device))
+
+
+def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device, mtp: bool = False) -> FastWeights:
     """Build the resident weights from ``src(logical_name) -> tensor`` (any device/dtype; cast and copied here).
-    ``A_log`` and ``dt_bias`` stay fp32; a tied lm_head is the embedding tensor itself."""
-    specs = logical_parameters(cfg, (TEXT,))
-    layers = []
-    for i, kind in enumerate(cfg.layer_types):
-        p = f"layers.{i}"
-        mixer = (_attn(src, specs, f"{p}.self_attn", dtype, device) if kind == FULL
-                 else _gdn(src, specs, f"{p}.linear_attn", cfg, dtype, device))
-        layers.append(LayerWeights(input_norm=_one(src, f"{p}.input_layernorm.weight", dtype, device),
-                                   post_norm=_one(src, f"{p}.post_attention_layernorm.weight", dtype, device),
-                                   mixer=mixer, ffn=_ffn(src, specs, f"{p}.mlp", cfg, dtype, device)))
+    ``A_log`` and ``dt_bias`` stay fp32; a tied lm_head is the embedding tensor itself. ``mtp`` also loads the
+    MTP head (one layer: the fast Program drafts with ``mtp.layers.0``)."""
+    specs = logical_parameters(cfg, (TEXT, MTP) if mtp else (TEXT,))
+    layers = [_layer(src, specs, f"layers.{i}", kind, cfg, dtype, device) for i, kind in enumerate(cfg.layer_types)]
     embed = _one(src, "embed_tokens.weight", dtype, device)
     lm_head = embed if cfg.tie_word_embeddings else _one(src, "lm_head.weight", dtype, device)
-    return FastWeights(embed=embed, lm_head=lm_head, final_norm=_one(src, "norm.weight", dtype, device), layers=layers)
+    return FastWeights(embed=embed, lm_head=lm_head, final_norm=_one(src, "norm.weight", dtype, device), layers=layers,
+                       mtp=_mtp(src, specs, cfg, dtype, device) if mtp else None)

@@ -36,8 +36,9 @@ class FastProgramConfig(ProgramConfig):
         return dataclasses.replace(self, eos_token_ids=eos)
 
     def plan(self, cfg: Qwen35Config, budget_bytes: int) -> MemoryPlan:
-        """The memory plan: rows = lanes, slots = allocatable + one backup per row; MemoryError when one
-        max_context sequence does not fit the budget."""
+        """The memory plan: rows = lanes, slots = allocatable + one backup per row, the MTP head when the config
+        speculates; MemoryError when one max_context sequence does not fit the budget."""
         return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
-                           dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages)
+                           dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
+                           mtp=self.speculative is not None)

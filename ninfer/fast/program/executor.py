@@ -3,11 +3,17 @@
 Prefill and control run FastModel's prefill on the live slot and block-table row; decode replays the per-exact-B
 graph, which starts with each row's backup copy (live slot -> the backup slot of its row) and ends with the device
 sampler's draw. The sampler's per-row tables follow the committed outputs (`record`).
+
+With the MTP backend (`model.mtp`), a round is `draft` (the MTP head, k' chained steps per row) and `verify` (each
+row backed up, then every row's [pending, drafts] in one multi-query target pass, `FastModel.verify`), eager;
+acceptance is the host's `ninfer.sampling.accept` in the core. Every consumption of tokens (prefill, verify, feed)
+also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and
+`feed` runs the decode recurrence (`FastModel.verify`), so a replayed block equals the same tokens decoded.
 """
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -15,6 +21,9 @@ from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.sampling import DeviceSampler, SampleRow
 from ninfer.program_core import ActiveSequence, Drawn
+from ninfer.sampling import RowContext, SamplingError, draw_draft
+
+from .stores import DeviceState
 
 
 def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[SampleRow]:
@@ -24,15 +33,27 @@ def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) ->
 
 
 class FastExecutor:
-    def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler):
+    def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
+                 backup_slot: Callable[[int], int]):
         self.model, self.runner, self.sampler = model, runner, sampler
+        self.store, self.backup_slot = store, backup_slot
         self.device = model.device
+        self.mtp = model.mtp  # the speculative backend's head (None: plain decoding)
 
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
 
     def prefill(self, seq: ActiveSequence, start: int, end: int) -> torch.Tensor:
-        return self.model.prefill(self._tokens(seq.prompt[start:end]), seq.handle.slot, seq.row, start)  # [V] fp32
+        tokens = seq.prompt[start:end]
+        if self.mtp is None:
+            return self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, start)  # [V] fp32
+        logits, hidden = self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, start,
+                                            return_hidden=True)
+        piece = self.model.plan.max_prefill_tokens  # the MTP layer runs in the model's prefill pieces too
+        for s in range(0, len(tokens), piece):
+            self.mtp.advance([seq.handle.slot], [seq.row], [start + s], [tokens[s:s + piece]],
+                             [hidden[s:s + piece]])
+        return logits
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
@@ -46,7 +67,46 @@ class FastExecutor:
         return self.sampler.collect()
 
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
-        self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier)
+        if self.mtp is None:
+            self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier)
+            return
+        self._step([seq], [tuple(tokens)])
+
+    # ---- speculative backend (MTP) -------------------------------------------------------------------------
+    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
+              ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
+        qs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
+        drafted: list[list[int]] = [[] for _ in seqs]
+
+        def draw(i: int, j: int, logits: torch.Tensor) -> int | None:
+            try:
+                x, q = draw_draft(logits, ctxs[i], seqs[i].frontier + 1 + j, drafted[i])
+            except SamplingError:
+                return None  # a draft distribution that cannot be drawn from ends the drafts, not the request
+            drafted[i].append(x)
+            qs[i].append(q)
+            return x
+
+        self.mtp.draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
+                       [s.pending for s in seqs], ks, draw)
+        return [(tuple(d), q) for d, q in zip(drafted, qs)]
+
+    def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Back each row up, then consume every row's [pending, d1..dk'] at its frontier in one target pass;
+        fp32 logits [k' + 1, V] per row, on the host (the core's acceptance reads them there)."""
+        for s in seqs:
+            self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
+        logits = self._step(seqs, feds).cpu()  # [N, V]: one host copy per round
+        return list(torch.split(logits, [len(f) for f in feds]))
+
+    def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> torch.Tensor:
+        """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the MTP state following; logits
+        [N, V] fp32."""
+        slots, rows, starts = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
+        lens = [len(f) for f in feds]
+        logits, hidden = self.model.verify(self._tokens([t for f in feds for t in f]), slots, rows, starts, lens)
+        self.mtp.advance(slots, rows, starts, feds, list(torch.split(hidden, lens)))
+        return logits
 
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         self.sampler.record(committed)

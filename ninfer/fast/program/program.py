@@ -22,6 +22,7 @@ from ninfer.fast.sampling import DeviceSampler
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
 from ninfer.program_core import HostTier, IdPool, Program
+from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig
 
 from . import invariants
 from .config import FastProgramConfig
@@ -37,6 +38,10 @@ class FastProgram(Program):
         if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
                 plan.page_size != c.page_size or plan.max_context < c.max_context:
             raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
+        if plan.mtp != (c.speculative is not None):
+            raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
+        if c.speculative is not None and model.mtp is None:
+            raise MissingBackendWeights(c.speculative.method, "the MTP head's weights (mtp.*)")
         self.model = model
         self.device = model.device
         state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.kv_bytes // (plan.num_pages + 1)
@@ -54,12 +59,16 @@ class FastProgram(Program):
         if self.runner.use_graphs:
             _warm_prefill(model, min(c.max_prefill_tokens, c.max_context))
             costs = measure_costs(model, self.store, min(c.max_prefill_tokens, c.max_context))
-        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs)
+        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
+                                    speculative=None if c.speculative is None else c.speculative.name,
+                                    draft_tokens=c.draft_tokens)
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
-        # eager on the same buffers elsewhere
-        self.runner.capture()
+        # eager on the same buffers elsewhere. A speculative round is eager (FastExecutor.verify): no plain decode
+        # graph would ever run
+        if c.speculative is None:
+            self.runner.capture()
         self.sampler.capture()
-        self.executor = FastExecutor(model, self.runner, self.sampler)
+        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
@@ -89,17 +98,21 @@ class FastProgram(Program):
         `gpu_memory_utilization` of the device's total memory minus what others already use. `config` passes
         further FastProgramConfig fields (page_size, checkpoint_slots, kv_pages, dtype, ...)."""
         from ninfer.artifact import open_artifact
-        from ninfer.models.qwen3_5.params import TEXT
+        from ninfer.models.qwen3_5.params import MTP, TEXT
 
-        if speculative_config:
-            raise NotSupportedError(f"speculative decoding is not implemented in the fast Program yet (asked for "
-                                    f"{dict(speculative_config)}); start without --speculative-config, or run "
-                                    "it on --program reference (docs/speculative.md)")
+        spec = SpeculativeConfig.parse(speculative_config)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if budget_bytes is None:
             budget_bytes = _device_budget(gpu_memory_utilization, device)
-        settings = FastProgramConfig(max_concurrency=max_concurrency, max_context=max_context, **config)
-        with open_artifact(path, features=(TEXT,)) as art:
+        settings = FastProgramConfig(max_concurrency=max_concurrency, max_context=max_context, speculative=spec,
+                                     **config)
+        features = (TEXT,)
+        if spec is not None:
+            with open_artifact(path) as art:
+                if MTP not in art.available_features:
+                    raise MissingBackendWeights(spec.method, "the MTP head's weights (mtp.*)")
+            features = (TEXT, MTP)
+        with open_artifact(path, features=features) as art:
             _require_dense(art)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
                              kernels=kernels)

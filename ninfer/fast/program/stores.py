@@ -14,8 +14,9 @@ PAGE_CHUNK = 64  # pages per gather or scatter of a host replica: 16 MiB of K (o
 
 
 class DeviceState:
-    """The device copies (a `PhysicalStore`): GDN slots (conv windows and S of every GDN layer), KV pages,
-    block-table rows."""
+    """The device copies (a `PhysicalStore`): GDN slots (conv windows and S of every GDN layer, and with the MTP
+    head the stored hidden h_{t-1}: the backend's slot state moves with the GDN state), KV pages (every attention
+    layer's, the MTP layer's included), block-table rows."""
 
     def __init__(self, pools: Pools):
         self.pools = pools
@@ -23,18 +24,25 @@ class DeviceState:
     def copy_slot(self, src: int, dst: int) -> None:
         self.pools.conv[:, dst].copy_(self.pools.conv[:, src])  # [n_gdn, conv_dim, K-1]
         self.pools.ssm[:, dst].copy_(self.pools.ssm[:, src])  # [n_gdn, HV, dk, dv]
+        if self.pools.mtp_hidden is not None:
+            self.pools.mtp_hidden[dst].copy_(self.pools.mtp_hidden[src])  # [H]
 
     def clear_slot(self, slot: int) -> None:
         self.pools.reset_slot(slot)
 
-    def load_slot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A host replica of one slot (conv [n_gdn, conv_dim, K-1], S [n_gdn, HV, dk, dv]) for the host tier, in
-        pinned memory on CUDA so that promoting it back is a direct DMA."""
-        return _host_copy(self.pools.conv[:, slot]), _host_copy(self.pools.ssm[:, slot])
+    def load_slot(self, slot: int) -> tuple[torch.Tensor, ...]:
+        """A host replica of one slot (conv [n_gdn, conv_dim, K-1], S [n_gdn, HV, dk, dv], and the MTP hidden [H]
+        with the backend) for the host tier, in pinned memory on CUDA so that promoting it back is a direct DMA."""
+        parts = [self.pools.conv[:, slot], self.pools.ssm[:, slot]]
+        if self.pools.mtp_hidden is not None:
+            parts.append(self.pools.mtp_hidden[slot])
+        return tuple(_host_copy(t) for t in parts)
 
-    def store_slot(self, slot: int, state: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def store_slot(self, slot: int, state: tuple[torch.Tensor, ...]) -> None:
         self.pools.conv[:, slot].copy_(state[0])
         self.pools.ssm[:, slot].copy_(state[1])
+        if self.pools.mtp_hidden is not None:
+            self.pools.mtp_hidden[slot].copy_(state[2])
 
     def copy_page(self, src: int, dst: int) -> None:
         self.pools.k[:, dst].copy_(self.pools.k[:, src])  # [n_attn, page_size, nkv, d]

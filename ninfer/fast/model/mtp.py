@@ -1,0 +1,162 @@
+"""The MTP head on the device: the draft model of the fast Program's speculative backend (docs/speculative.md).
+
+    e = norm_emb(Embed[x_{p+1}]);  hn = norm_hid(h_p);  u = fc([e | hn]);  h' = mtp.norm(decoder layer(u))
+
+Its state at frontier t is the MTP layer's KV over the pairs (h_p, x_{p+1}), p < t - 1, plus the stored hidden
+h_{t-1} (``pools.mtp_hidden[slot]``, beside the slot's GDN state, so slot copies, backups and the host tier carry
+it). The KV is paged in the sequence's own block table, in the k/v pools' extra layer: pair p at page position
+p + 1, so a step from frontier F writes page positions >= F only and every position below a checkpoint's frontier
+stays immutable and shareable. Its RoPE position is p (the reference's KV length; RoPE scores are relative).
+
+Attention reads pair p's keys 0..p, which sit at page positions 1..p+1: the row's keys are gathered into a private
+paged buffer (one layer, whole context) where pair p sits at position p, and ``prefill_attention`` runs over it
+(queries packed per row, causal). Drafting writes its chained pairs only into that buffer (the pages past the
+frontier are not taken yet when drafts are made); advancing copies the new pairs back into the pages. Eager only:
+the gather and the host index building are the parts a graphed round would replace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .layers import StepInputs, attention_mixer, ffn
+
+if TYPE_CHECKING:
+    from .model import FastModel
+
+
+@dataclass
+class _Gathered:
+    """One attention call's private KV: rows' committed pairs copied to positions 0.., room for new ones after."""
+    k: torch.Tensor  # [pages, page_size, nkv, d]
+    v: torch.Tensor
+    table: torch.Tensor  # [R, max pages] int32, row r's pages
+    base: list[int]  # row r's first flat position in k/v (page-aligned)
+
+
+class MtpHead:
+    def __init__(self, model: "FastModel"):
+        self.model, self.cfg, self.w = model, model.cfg, model.weights.mtp
+        self.pool = len(model.cfg.attention_layers)  # the MTP layer's index in pools.k / pools.v
+        self.hidden = model.pools.mtp_hidden  # [slots + 1, H]
+
+    # ---- the head -------------------------------------------------------------------------------------------
+    def _forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, step: StepInputs, kv: _Gathered
+                 ) -> torch.Tensor:
+        """hidden [T, H] (h_p), next_tokens [T] (x_{p+1}) -> h' [T, H]; writes the T pairs' K/V into ``kv``."""
+        k, w, eps = self.model.kernels, self.w, self.cfg.rms_norm_eps
+        e = k.rmsnorm(F.embedding(next_tokens, self.model.weights.embed), w.norm_embedding, eps)[0]
+        hn = k.rmsnorm(hidden.to(e.dtype), w.norm_hidden, eps)[0]
+        u = k.linear(torch.cat([e, hn], dim=-1), w.fc)  # [T, H]
+        y, h = k.rmsnorm(u, w.layer.input_norm, eps)
+        delta = attention_mixer(k, self.cfg, w.layer.mixer, y, kv.k, kv.v, step)
+        y, h = k.rmsnorm(delta, w.layer.post_norm, eps, h)
+        return k.rmsnorm(ffn(k, self.cfg, w.layer.ffn, y), w.norm, eps, h)[0]
+
+    def _flat_page_positions(self, row: int, first: int, n: int) -> torch.Tensor:
+        """Flat pool indices (page * page_size + offset) of page positions first..first+n-1 of table row `row`."""
+        ps, dev = self.model.plan.page_size, self.model.device
+        pos = torch.arange(first, first + n, device=dev)
+        return self.model.pools.block_tables[row, pos // ps].long() * ps + pos % ps
+
+    def _gather(self, rows: Sequence[int], committed: Sequence[int], room: Sequence[int]) -> _Gathered:
+        """Row r's `committed` pairs (page positions 1..) at positions 0.. of a private buffer with `room` more."""
+        pools, ps = self.model.pools, self.model.plan.page_size
+        n_pages = [max(1, -(-(c + m) // ps)) for c, m in zip(committed, room)]
+        base = [0]
+        for n in n_pages[:-1]:
+            base.append(base[-1] + n)
+        shape = (sum(n_pages), ps) + tuple(pools.k.shape[3:])
+        kv = _Gathered(pools.k.new_empty(shape), pools.v.new_empty(shape),
+                       torch.tensor([[b + min(i, n - 1) for i in range(max(n_pages))] for b, n in zip(base, n_pages)],
+                                    dtype=torch.int32, device=self.model.device), [b * ps for b in base])
+        src = [self._flat_page_positions(r, 1, c) for r, c in zip(rows, committed) if c]
+        if src:
+            dst = torch.cat([torch.arange(b, b + c, device=self.model.device)
+                             for b, c in zip(kv.base, committed) if c])
+            src_all = torch.cat(src)
+            for tmp, pool in ((kv.k, pools.k[self.pool]), (kv.v, pools.v[self.pool])):
+                tmp.view(-1, *shape[2:])[dst] = pool.view(-1, *shape[2:])[src_all]
+        return kv
+
+    def _step(self, kv: _Gathered, sel: Sequence[int], first: Sequence[int], lens: Sequence[int]) -> StepInputs:
+        """Addressing of `lens[i]` new pairs of gathered row sel[i], starting at pair index first[i]."""
+        dev = self.model.device
+        i32 = dict(device=dev, dtype=torch.int32)
+        pos = [f + j for f, n in zip(first, lens) for j in range(n)]
+        slots = [kv.base[r] + f + j for r, f, n in zip(sel, first, lens) for j in range(n)]
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        return StepInputs(positions=torch.tensor(pos, **i32), slot_mapping=torch.tensor(slots, device=dev),
+                          slot_ids=torch.zeros(len(sel), **i32), block_table=kv.table[torch.tensor(sel, device=dev)],
+                          cu_seqlens=torch.tensor(cu, **i32), prefix_lens=torch.tensor(first, **i32))
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def advance(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
+                tokens: Sequence[Sequence[int]], hidden: Sequence[torch.Tensor]) -> None:
+        """Row i consumed tokens[i] at starts[i].. with final-normed hidden[i] [T_i, H]: add the pairs this
+        completes, (h_p, x_{p+1}) for p = starts[i]-1 .. starts[i]+T_i-2 (none for p < 0), to the MTP KV and store
+        h_{starts[i]+T_i-1}. The reference executor's `_advance_mtp`, batched over rows."""
+        dev = self.model.device
+        h_in, x_in, firsts, lens = [], [], [], []
+        for slot, start, toks, hid in zip(slots, starts, tokens, hidden):
+            if start == 0:
+                h_in.append(hid[:-1])
+                x_in.extend(toks[1:])
+            else:
+                h_in.append(torch.cat([self.hidden[slot][None], hid[:-1].to(self.hidden.dtype)]))
+                x_in.extend(toks)
+            firsts.append(max(start - 1, 0))
+            lens.append(len(toks) - (start == 0))
+        sel = [i for i, n in enumerate(lens) if n]
+        if sel:
+            kv = self._gather(rows, firsts, lens)
+            step = self._step(kv, sel, [firsts[i] for i in sel], [lens[i] for i in sel])
+            self._forward(torch.cat([h_in[i] for i in sel]), torch.tensor(x_in, device=dev), step, kv)
+            # the new pairs back into the pages: pair p at page position p + 1
+            dst = torch.cat([self._flat_page_positions(rows[i], firsts[i] + 1, lens[i]) for i in sel])
+            src = step.slot_mapping
+            pools = self.model.pools
+            for tmp, pool in ((kv.k, pools.k[self.pool]), (kv.v, pools.v[self.pool])):
+                pool.view(-1, *pool.shape[2:])[dst] = tmp.view(-1, *tmp.shape[2:])[src]
+        for slot, hid in zip(slots, hidden):
+            self.hidden[slot].copy_(hid[-1])
+
+    def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
+              ks: Sequence[int], draw) -> list[list[int]]:
+        """Up to ks[i] chained drafts for row i from its committed MTP state (nothing in the pools changes): the
+        first from (h_{F-1}, pending), each next from the previous MTP output and draft. ``draw(i, j, logits [V]
+        on the host) -> token | None`` draws row i's draft j (None ends that row's drafts)."""
+        dev = self.model.device
+        committed = [f - 1 for f in frontiers]
+        out: list[list[int]] = [[] for _ in slots]
+        live = [i for i, k in enumerate(ks) if k]
+        if not live:
+            return out
+        kv = self._gather([rows[i] for i in live], [committed[i] for i in live], [ks[i] for i in live])
+        local = list(range(len(live)))  # each live row's index in kv
+        h = self.hidden[torch.tensor([slots[i] for i in live], device=dev)]  # [b, H]
+        x = [pending[i] for i in live]
+        for j in range(max(ks)):
+            step = self._step(kv, local, [committed[i] + j for i in live], [1] * len(live))
+            h = self._forward(h, torch.tensor(x, device=dev), step, kv)
+            logits = self.model.logits(h).cpu()  # [b, V]: one host copy per draft step
+            keep = []
+            for n, i in enumerate(live):
+                t = draw(i, j, logits[n])
+                if t is not None:
+                    out[i].append(t)
+                    if len(out[i]) < ks[i]:
+                        keep.append(n)
+            if not keep:
+                break
+            live, local = [live[n] for n in keep], [local[n] for n in keep]
+            h = h[torch.tensor(keep, device=dev)]
+            x = [out[i][-1] for i in live]
+        return out
+

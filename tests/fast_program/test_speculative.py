@@ -1,0 +1,177 @@
+"""The fast Program with the MTP backend (the twins of tests/reference_program/test_speculative.py): start-up
+errors, greedy equal to the autoregressive run (real MTP drafts and forced random acceptance lengths), the device
+MTP head's drafts equal to the reference Program's, abort and cancel restore (GDN slot, stored hidden, MTP KV,
+pages), a cut block equals the same tokens consumed plainly, sampled prefix hits equal the cold run, rows of one
+round accept different lengths, drained pools. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contracts import BatchKind, ResourceChoice, RowDecision, TransitionKind
+from ninfer.fast.program import FastProgram
+from ninfer.program_core.speculative import MissingBackendWeights
+from ninfer.sampling import SamplingParams
+from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.sessions import token_request
+
+
+def test_mtp_without_mtp_weights_is_a_start_error(artifact):
+    with pytest.raises(MissingBackendWeights, match="mtp"):
+        FastProgram.from_artifact(artifact, max_concurrency=1, max_context=64, budget_bytes=1 << 30,
+                                  speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+
+
+def test_limits_name_the_backend(make_fast_spec):
+    limits = make_fast_spec(3).limits
+    assert (limits.speculative, limits.draft_tokens) == ("mtp (k=3)", 3)
+    assert make_fast_spec(0).limits.speculative is None
+
+
+def _prompts(prompt_of):
+    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
+
+
+@pytest.mark.parametrize("k, forced", [(1, False), (3, False), (3, True), (7, True)])
+def test_greedy_with_mtp_equals_greedy_without(make_fast_spec, prompt_of, k, forced):
+    prompts = _prompts(prompt_of)
+    plain = serve(make_fast_spec(0), [token_request(p, 12) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    program = make_fast_spec(k, forced=forced)
+    spec = serve(program, [token_request(p, 12) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    if forced:
+        forced = program.executor.draft.forced
+        assert any(n == 0 for n, _ in forced) and any(n == m for n, m in forced), forced  # none and all accepted
+        assert any(n >= 2 for n, _ in forced)
+        assert any(r.usage.completion_tokens > 1 for r in spec)
+    assert_drained(program)
+
+
+def _recording(program):
+    """Wrap the program's drafter: every row's drafts, in call order."""
+    seen, draft = [], program.executor.draft
+
+    def record(seqs, ctxs, ks):
+        out = draft(seqs, ctxs, ks)
+        seen.extend(d for d, _ in out)
+        return out
+    program.executor.draft = record
+    return seen
+
+
+def test_device_mtp_drafts_equal_the_reference_programs(make_fast_spec, make_reference_spec, prompt_of):
+    """The same requests through the fast and the reference Program with the real MTP head: the same drafts at
+    every round (so the device head, its paged KV and its stored hidden follow the reference's) and the same
+    accepted counts."""
+    prompts = _prompts(prompt_of)
+    runs = []
+    for program in (make_fast_spec(3), make_reference_spec(3)):
+        drafts = _recording(program)
+        out = serve(program, [token_request(p, 16) for p in prompts], max_concurrency=2, prefill_chunk=9)
+        runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
+    (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
+    assert len(fast_drafts) > 20 and sum(len(d) for d in fast_drafts) > 40
+    assert fast_drafts == ref_drafts
+    assert fast_out == ref_out
+
+
+def _start(program, prompt, max_new=24):
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
+                                                    max_new_tokens=max_new)))
+    h = program.advance(txn).handle
+    batch = program.prefill(h, 64)
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return h
+
+
+def _decode_until_drafted(program, h, need):
+    """Commit decode rounds until one row carries at least `need` tokens; return that batch, uncommitted."""
+    for _ in range(20):
+        batch = program.decode([h])
+        if batch.rows[0].produced >= need:
+            return batch
+        program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
+    raise AssertionError("no block of the wanted length")
+
+
+def _slot_state(program, slot):
+    pools = program.model.pools
+    return [t[:, slot].clone() for t in (pools.conv, pools.ssm)] + [pools.mtp_hidden[slot].clone()]
+
+
+def _mtp_kv(program, seq, n):
+    """The MTP layer's K and V at page positions 1..n of the sequence (pair p at position p + 1)."""
+    pools, ps, layer = program.model.pools, program.config.page_size, program.model.mtp.pool
+    pos = torch.arange(1, n + 1)
+    pages = torch.tensor(seq.table, dtype=torch.long)[pos // ps].to(pools.k.device)
+    return [t[layer][pages, (pos % ps).to(pools.k.device)].clone() for t in (pools.k, pools.v)]
+
+
+def test_abort_and_cancel_restore_the_whole_state(make_fast_spec, prompt_of):
+    program = make_fast_spec(3, forced=True)
+    h = _start(program, prompt_of(9, seed=3))
+    batch = _decode_until_drafted(program, h, 2)
+    program.abort_pending(batch.take())
+    seq = program.sequence(h)
+    before = (seq.frontier, list(seq.table), seq.reserve_left, _slot_state(program, h.slot),
+              _mtp_kv(program, seq, seq.frontier - 1))
+    again = program.decode([h])
+    assert again.rows == batch.rows  # the same drafts, verified the same way: nothing leaked
+    program.commit(again.take(), [RowDecision(0, True, cancelled=True)])
+    assert (seq.frontier, seq.table, seq.reserve_left) == before[:3]
+    for a, b in zip(_slot_state(program, h.slot) + _mtp_kv(program, seq, seq.frontier - 1), before[3] + before[4]):
+        assert torch.equal(a, b)
+    program.check_invariants()
+
+
+def test_a_cut_block_replays_only_the_kept_tokens(make_fast_spec, prompt_of):
+    """The Engine's terminal rule keeps 1 of a longer block: the state equals a Program that consumed the same
+    tokens as one prompt (GDN, stored hidden, MTP KV), and the block table covers exactly the new frontier."""
+    prompt = prompt_of(9, seed=4)
+    program = make_fast_spec(3, forced=True)
+    h = _start(program, prompt)
+    batch = _decode_until_drafted(program, h, 3)
+    seq = program.sequence(h)
+    first = batch.rows[0].tokens[0]
+    program.commit(batch.take(), [RowDecision(1, True)])
+    assert seq.pending == first and len(seq.table) == program.config.pages_for(seq.frontier)
+    program.check_invariants()
+    ref = make_fast_spec(3)
+    r = _start(ref, tuple(seq.tokens), max_new=4)
+    rs = ref.sequence(r)
+    assert rs.frontier == seq.frontier
+    tol = dict(atol=1e-3, rtol=1e-3)  # chunked prefill against stepped decode: rounding only
+    for a, b in zip(_slot_state(ref, r.slot) + _mtp_kv(ref, rs, rs.frontier - 1),
+                    _slot_state(program, h.slot) + _mtp_kv(program, seq, seq.frontier - 1)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("base_len, reused", [(12, 12), (100, 64)])
+def test_sampled_prefix_hit_with_mtp_equals_the_cold_run(make_fast_spec, prompt_of, base_len, reused):
+    """Sampled tokens depend on the drafts, and the drafts on the MTP state: a resumed request equals the cold run
+    only when the checkpoint carried the MTP state of its frontier (stored hidden and paged MTP KV)."""
+    base = prompt_of(base_len, seed=11)
+    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    program = make_fast_spec(3)
+    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
+                      max_concurrency=2, prefill_chunk=48)
+    assert hit[0].usage.cached_prompt_tokens == reused
+    (cold,) = serve(make_fast_spec(3), [token_request(second, 10, **sampled)], max_concurrency=1,
+                    prefix_caching=False)
+    assert hit[0].token_ids == cold.token_ids
+    assert_drained(program, published=True)
+
+
+def test_rows_of_one_round_accept_different_lengths(make_fast_spec, prompt_of):
+    program = make_fast_spec(4, forced=True)
+    hs = [_start(program, prompt_of(n, seed=90 + n)) for n in (6, 13)]
+    seen = set()
+    for _ in range(6):
+        batch = program.decode(hs)
+        assert batch.kind is BatchKind.DECODE and all(r.drafted <= 4 for r in batch.rows)
+        seen.add(tuple(r.produced for r in batch.rows))
+        program.commit(batch.take(), [RowDecision(r.produced, False) for r in batch.rows])
+        program.check_invariants()
+    assert any(a != b for a, b in seen)
