@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/run.sh engine   # bench_engine.py then bench_fast.py: 0.8B, 9B, 35B-A3B
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
 #   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
+#   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
@@ -73,6 +74,12 @@ run_spec() {
     local budget=$(( $(left) < 240 ? $(left) : 240 ))
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --models "$MODELS" --deadline-s $(( budget - 20 )) \
         ${OUT:+--out "$OUT"} || echo "bench_spec rc=$?"
+}
+
+run_llamacpp() {
+    echo "== llama.cpp baseline (built here from the carried source)"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_llamacpp.py --models "${LLAMACPP_MODELS:-0.8B,9B}" \
+        --deadline-s $(( $(left) - 15 )) ${OUT:+--out "$OUT"} || echo "bench_llamacpp rc=$?"
 }
 
 case "$PART" in
