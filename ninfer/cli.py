@@ -288,15 +288,18 @@ def bench_serve(base_url, host, port, endpoint, model, num_prompts, max_concurre
 @click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--api-key", envvar="NINFER_API_KEY", default=None)
+@click.option("--unrelated", default=0, show_default=True, type=click.IntRange(0),
+              help="Then run one more conversation, this many unrelated requests, and its next turn: its reuse.")
 @click.option("--save-result", type=click.Path(dir_okay=False), default=None, help="Write the per-turn table as JSON.")
 def bench_agent(base_url, host, port, model, turns, concurrency, tool_result_len, max_tokens, seed, api_key,
-                save_result) -> None:
+                unrelated, save_result) -> None:
     """Multi-turn tool-calling conversations with thinking: per-turn prompt, new, cached and prefilled tokens and
-    TTFT, at each concurrency."""
+    TTFT, at each concurrency, and issue 10's targets with pass/fail."""
     import asyncio
     import json
 
-    from ninfer.serve.bench_agent import AgentConfig, format_turns, run_agent_bench, summarize_turns
+    from ninfer.serve.bench_agent import (AgentConfig, agent_targets, format_targets, format_turns,
+                                          reuse_after_unrelated, run_agent_bench, summarize_turns)
 
     try:
         levels = [int(c) for c in concurrency.split(",")]
@@ -309,8 +312,11 @@ def bench_agent(base_url, host, port, model, turns, concurrency, tool_result_len
         summary = summarize_turns(asyncio.run(run_agent_bench(cfg)))
         click.echo(format_turns(summary, level))
         results[str(level)] = summary
+    reuse = asyncio.run(reuse_after_unrelated(cfg, unrelated)) if unrelated else None
+    targets = agent_targets({int(k): v for k, v in results.items()}, reuse)
+    click.echo(format_targets(targets))
     if save_result:
-        Path(save_result).write_text(json.dumps(results, indent=2))
+        Path(save_result).write_text(json.dumps({"runs": results, "reuse": reuse, "targets": targets}, indent=2))
     if any(not s["turns"] for s in results.values()):
         raise click.ClickException("a run completed no turn")
 

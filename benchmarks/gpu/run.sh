@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
+#   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -82,11 +83,20 @@ run_llamacpp() {
         --deadline-s $(( $(left) - 15 )) ${OUT:+--out "$OUT"} || echo "bench_llamacpp rc=$?"
 }
 
+run_agent() {
+    # the server needs the carried wheels (fastapi), the tokenizer the carried .carry/default.ninfer
+    echo "== agent benchmark: multi-turn tool calls through the in-process server, fast Program, 9B"
+    local budget=$(( $(left) < 240 ? $(left) : 240 ))
+    timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_agent.py --deadline-s $(( budget - 20 )) \
+        ${OUT:+--out "$OUT"} || echo "bench_agent rc=$?"
+}
+
 case "$PART" in
     tests) run_tests ;;
     engine) run_engine ;;
     hf) run_hf ;;
     micro) run_micro ;;
     spec) run_spec ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec)"; exit 2 ;;
+    agent) run_agent ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent)"; exit 2 ;;
 esac

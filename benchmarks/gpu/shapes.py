@@ -38,6 +38,8 @@ SHAPES = {
                  rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                                   "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
 }
+# the agent benchmark's --smoke run: the tiny shape with the real vocabulary (the Frontend's tokenizer emits its ids)
+SHAPES["tiny-vocab"] = {**SHAPES["tiny"], "vocab_size": 248320}
 
 
 def config(name: str) -> Qwen35Config:

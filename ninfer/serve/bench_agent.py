@@ -7,6 +7,11 @@ result of `tool_result_len` words, so the context grows by the same amount every
 follows the last user query, the history keeps its reasoning, and an exact prefix cache reuses the whole previous
 prompt: after turn 1 a turn should prefill only its new tokens. `concurrency` conversations run at once, each with
 its own words and its own `prompt_cache_key`.
+
+`reuse_after_unrelated` runs one more conversation, then that many unrelated one-off chat requests through the same
+server, then the conversation's next turn; `agent_targets` checks issue 10's targets: after turn 1 each turn
+prefills at most its new tokens plus 64; TTFT stays within 1.5x of turn 2's (turns 2.. all add the same number of
+new tokens, turn 1 fewer); the next turn after the unrelated requests reuses over 90% of the previous prompt.
 """
 
 from __future__ import annotations
@@ -81,41 +86,104 @@ async def _read(client: httpx.AsyncClient, body: dict, start: float) -> tuple[fl
     return ttft, usage, "" if usage else "no usage chunk in the stream"
 
 
+class Script:
+    """One conversation's scripted messages: a question, then per turn a scripted assistant turn (reasoning and one
+    tool call) and the tool's result. They depend only on (seed, tag, index), never on the model's output."""
+
+    def __init__(self, cfg: AgentConfig, tag: object, index: int):
+        # words of its own per (seed, tag, conversation): a run never reuses an earlier run's context
+        self.cfg, self.key = cfg, f"agent-{cfg.seed}-{tag}-{index}"
+        self.rng = random.Random(f"{cfg.seed}-{tag}-{index}")
+        self.messages: list[dict] = [{"role": "user", "content": f"Conversation {index}: research {self.words(12)}."}]
+
+    def words(self, n: int) -> str:
+        return " ".join(self.rng.choice(WORDS) for _ in range(n))
+
+    def body(self) -> dict:
+        cfg = self.cfg
+        return {"model": cfg.model, "messages": self.messages, "tools": [TOOL], "max_tokens": cfg.max_tokens,
+                "temperature": 0.0, "seed": cfg.seed, "stream": True, "stream_options": {"include_usage": True},
+                "prompt_cache_key": self.key}
+
+    def advance(self, t: int) -> None:
+        topic = self.words(2)
+        self.messages.append({"role": "assistant", "content": "", "reasoning_content": f"I should look up {topic}.",
+                              "tool_calls": [{"id": f"call_{t}", "type": "function",
+                                              "function": {"name": "lookup",
+                                                           "arguments": json.dumps({"topic": topic})}}]})
+        self.messages.append({"role": "tool", "tool_call_id": f"call_{t}",
+                              "content": self.words(self.cfg.tool_result_len)})
+
+
+def _cached(usage: dict) -> int:
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
 async def _conversation(client: httpx.AsyncClient, cfg: AgentConfig, index: int) -> list[Turn]:
-    # words of its own per (seed, concurrency level, conversation): a run never reuses an earlier run's context
-    rng = random.Random(f"{cfg.seed}-{cfg.concurrency}-{index}")
-    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731 - one line of scripted text
-    messages: list[dict] = [{"role": "user", "content": f"Conversation {index}: research {words(12)}."}]
+    script = Script(cfg, cfg.concurrency, index)
     out, previous = [], 0
     for t in range(1, cfg.turns + 1):
-        body = {"model": cfg.model, "messages": messages, "tools": [TOOL], "max_tokens": cfg.max_tokens,
-                "temperature": 0.0, "seed": cfg.seed, "stream": True, "stream_options": {"include_usage": True},
-                "prompt_cache_key": f"agent-{cfg.seed}-{cfg.concurrency}-{index}"}
-        ttft, usage, error = await _turn(client, body)
+        ttft, usage, error = await _turn(client, script.body())
         if usage is None:
             out.append(Turn(index, t, 0, 0, 0, 0.0, error))
             break
         prompt = usage["prompt_tokens"]
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        out.append(Turn(index, t, prompt, prompt - previous, cached, ttft))
+        out.append(Turn(index, t, prompt, prompt - previous, _cached(usage), ttft))
         previous = prompt
-        topic = words(2)
-        messages.append({"role": "assistant", "content": "", "reasoning_content": f"I should look up {topic}.",
-                         "tool_calls": [{"id": f"call_{t}", "type": "function",
-                                         "function": {"name": "lookup", "arguments": json.dumps({"topic": topic})}}]})
-        messages.append({"role": "tool", "tool_call_id": f"call_{t}", "content": words(cfg.tool_result_len)})
+        script.advance(t)
     return out
 
 
-async def run_agent_bench(cfg: AgentConfig, transport: httpx.AsyncBaseTransport | None = None) -> list[Turn]:
+def _client(cfg: AgentConfig, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers, timeout=cfg.timeout, transport=transport,
-                                 limits=httpx.Limits(max_connections=None)) as client:
-        if cfg.model is None:
-            models = (await client.get("/v1/models")).json()["data"]
-            cfg = AgentConfig(**{**asdict(cfg), "model": models[0]["id"]})
+    return httpx.AsyncClient(base_url=cfg.base_url, headers=headers, timeout=cfg.timeout, transport=transport,
+                             limits=httpx.Limits(max_connections=None))
+
+
+async def _with_model(client: httpx.AsyncClient, cfg: AgentConfig) -> AgentConfig:
+    if cfg.model is not None:
+        return cfg
+    models = (await client.get("/v1/models")).json()["data"]
+    return AgentConfig(**{**asdict(cfg), "model": models[0]["id"]})
+
+
+async def run_agent_bench(cfg: AgentConfig, transport: httpx.AsyncBaseTransport | None = None) -> list[Turn]:
+    async with _client(cfg, transport) as client:
+        cfg = await _with_model(client, cfg)
         runs = await asyncio.gather(*(_conversation(client, cfg, i) for i in range(cfg.concurrency)))
     return [turn for run in runs for turn in run]
+
+
+async def reuse_after_unrelated(cfg: AgentConfig, unrelated: int,
+                                transport: httpx.AsyncBaseTransport | None = None) -> dict:
+    """A conversation of cfg.turns turns, then `unrelated` one-off chat requests (4 at a time, no tools, no session
+    key, words of their own), then the conversation's next turn: how much of the previous prompt it reuses."""
+    async with _client(cfg, transport) as client:
+        cfg = await _with_model(client, cfg)
+        script, previous = Script(cfg, "reuse", 0), 0
+        for t in range(1, cfg.turns + 1):
+            _, usage, error = await _turn(client, script.body())
+            if usage is None:
+                return {"unrelated": unrelated, "error": error, "reuse": 0.0}
+            previous = usage["prompt_tokens"]
+            script.advance(t)
+        rng, gate = random.Random(f"{cfg.seed}-unrelated"), asyncio.Semaphore(4)
+
+        async def one(i: int) -> str:
+            text = " ".join(rng.choice(WORDS) for _ in range(8 + i % 24))
+            body = {"model": cfg.model, "messages": [{"role": "user", "content": f"Question {i}: {text}?"}],
+                    "max_tokens": 1, "temperature": 0.0, "seed": cfg.seed, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            async with gate:
+                return (await _turn(client, body))[2]
+
+        errors = await asyncio.gather(*(one(i) for i in range(unrelated)))
+        _, usage, error = await _turn(client, script.body())
+    if usage is None:
+        return {"unrelated": unrelated, "error": error, "reuse": 0.0}
+    cached = _cached(usage)
+    return {"unrelated": unrelated, "failed_unrelated": sum(1 for e in errors if e), "previous_prompt_tokens": previous,
+            "prompt_tokens": usage["prompt_tokens"], "cached_tokens": cached, "reuse": cached / max(previous, 1)}
 
 
 def summarize_turns(turns: list[Turn]) -> dict:
@@ -143,4 +211,40 @@ def format_turns(s: dict, concurrency: int) -> str:
               f"{r['prefilled_tokens']:>9.0f} {r['ttft_ms']:>9.1f}" for r in s["turns"]]
     lines.append(f"max prefilled - new after turn 1: {s['max_excess_prefill']} tokens")
     lines += [f"error: {e}" for e in s["errors"]]
+    return "\n".join(lines)
+
+
+def ttft_growth(s: dict) -> float | None:
+    """The worst TTFT of turns 3.. over turn 2's: turns 2.. each add the same new tokens at a growing context
+    (None with fewer than 3 turns)."""
+    rows = {r["turn"]: r["ttft_ms"] for r in s["turns"]}
+    if 2 not in rows or len(rows) < 3 or rows[2] <= 0:
+        return None
+    return max(v for t, v in rows.items() if t > 2) / rows[2]
+
+
+def agent_targets(summaries: dict[int, dict], reuse: dict | None) -> list[dict]:
+    """Issue 10's targets with pass/fail: per concurrency, prefilled <= new + 64 after turn 1 (and no turn failed)
+    and TTFT within 1.5x of turn 2's; and the reuse after the unrelated requests above 90%."""
+    out = []
+    for level, s in summaries.items():
+        excess = s["max_excess_prefill"]
+        out.append({"target": f"prefilled <= new + 64 after turn 1, {level} conversation(s)", "value": excess,
+                    "limit": 64, "pass": excess <= 64 and s["failed"] == 0 and len(s["turns"]) > 1})
+        growth = ttft_growth(s)
+        out.append({"target": f"TTFT <= 1.5x turn 2's, {level} conversation(s)", "value": growth, "limit": 1.5,
+                    "pass": growth is not None and growth <= 1.5})
+    if reuse is not None:
+        out.append({"target": f"reuse > 90% of the previous prompt after {reuse['unrelated']} unrelated requests",
+                    "value": reuse["reuse"], "limit": 0.9, "pass": reuse["reuse"] > 0.9 and "error" not in reuse})
+    return out
+
+
+def format_targets(targets: list[dict]) -> str:
+    def shown(v: object) -> str:
+        return "n/a" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["============ Agent Benchmark targets ============"]
+    lines += [f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {shown(t['value'])} (limit {t['limit']})"
+              for t in targets]
     return "\n".join(lines)

@@ -113,3 +113,18 @@ def test_bench_llamacpp_reads_the_tools_outputs(tmp_path, monkeypatch):
     assert tiny["tg128_ms"] == 5.0 and tiny["prefill_tok_s"] == {"2048": 9000.0, "8192": 8000.0}
     assert not model.exists()  # the GGUF is removed once measured
     bench_llamacpp.print_table(results)
+
+
+def test_bench_agent_smoke(tmp_path):
+    """The agent benchmark through the in-process server: every turn after the first reuses the previous prompt
+    (prefilling at most its new tokens plus 64), the reuse survives the unrelated requests, and every target is
+    reported with a verdict."""
+    results = _smoke("bench_agent.py", tmp_path)
+    assert set(results["runs"]) == {"1", "2"}
+    for summary in results["runs"].values():
+        assert [r["turn"] for r in summary["turns"]] == [1, 2, 3] and summary["failed"] == 0
+        assert summary["max_excess_prefill"] <= 64 and all(_positive(r["ttft_ms"]) for r in summary["turns"])
+    assert results["reuse"]["failed_unrelated"] == 0 and results["reuse"]["reuse"] > 0.9
+    assert len(results["targets"]) == 5 and all(isinstance(t["pass"], bool) for t in results["targets"])
+    assert results["build"]["costs"]["measured"] is False  # the CPU reports the generic fallback
+    assert results["cache"]["hits"] > 0

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from ninfer.serve.app import create_app
-from ninfer.serve.bench_agent import AgentConfig, format_turns, run_agent_bench, summarize_turns
+from ninfer.serve.bench_agent import (AgentConfig, agent_targets, format_targets, format_turns, reuse_after_unrelated,
+                                      run_agent_bench, summarize_turns)
 from ninfer.serve.state import ServerState
 from ninfer.wiring import RuntimeOptions, build_runtime
 
@@ -37,6 +38,22 @@ def check_agent_bench(runtime, turns_per_conversation: int) -> None:
 
 def test_agent_turns_prefill_only_what_is_new(gen_runtime):
     check_agent_bench(gen_runtime, 3)
+
+
+def test_reuse_after_unrelated_requests_and_the_targets(gen_runtime):
+    """A conversation, 30 unrelated chat requests, then its next turn: it reuses the whole previous prompt (or all
+    but the 2 tokens of its opened "<think>\n"); the targets say pass or fail from the numbers."""
+    app = create_app(ServerState(gen_runtime, gen_runtime.name))
+    cfg = AgentConfig("http://bench", turns=3, tool_result_len=6, max_tokens=1, seed=7)
+    reuse = asyncio.run(reuse_after_unrelated(cfg, 30, transport=httpx.ASGITransport(app=app)))
+    assert reuse["failed_unrelated"] == 0 and reuse["unrelated"] == 30, reuse
+    assert reuse["previous_prompt_tokens"] - 2 <= reuse["cached_tokens"] <= reuse["previous_prompt_tokens"], reuse
+    summary = {"turns": [{"turn": 1, "ttft_ms": 9.0}, {"turn": 2, "ttft_ms": 2.0}, {"turn": 3, "ttft_ms": 3.2}],
+               "failed": 0, "max_excess_prefill": 2}
+    targets = agent_targets({1: summary}, reuse)
+    assert [t["pass"] for t in targets] == [True, False, True]  # TTFT grew 1.6x from turn 2 to turn 3
+    assert targets[1]["value"] == pytest.approx(1.6)
+    assert format_targets(targets).splitlines()[2].startswith("FAIL  TTFT <= 1.5x turn 2's")
 
 
 @pytest.mark.slow
