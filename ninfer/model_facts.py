@@ -3,7 +3,8 @@
 The weights are described by where they came from, never by a claim the artifact cannot back: the embedded model
 says it is random (`metadata.random_weights`), a converted checkpoint names its source directory (provenance
 `source.dir`), anything else is of unknown origin. A checkpoint of freshly initialised weights is no more
-"trained" than any other; only its name is known.
+"trained" than any other; only its name is known. The weights' stored representation follows ("bfloat16",
+"float8_e4m3fn 128x128 + bfloat16", "int4 g128 + bfloat16", ...: the text weights' formats, most bytes first).
 
 The sampling defaults follow `--generation-config` as vLLM's does: `auto` takes the artifact's own
 `generation_config.json` resource (converted checkpoints and the embedded model carry one), `none` (or vLLM's
@@ -41,8 +42,24 @@ class ArtifactFacts:
             weights = f"weights from checkpoint {Path(str(source['dir'])).name}"
         else:
             weights = "weights of unknown origin"
+        weights = f"{weights}; {weight_format(art)}"
         own = art.resource(GENERATION_CONFIG) if GENERATION_CONFIG in art.resources else None
         return cls(meta.get("name"), random_weights, weights, sampling_defaults(generation_config, own))
+
+
+def weight_format(art: Any) -> str:
+    """The text weights' stored representations, most bytes first: dtype for dense objects, dtype with the block
+    or group for quantized ones."""
+    by_rep: dict[str, int] = {}
+    for o in {art.objects[b.object].name: art.objects[b.object] for b in art.bindings.values()
+              if b.feature == "text"}.values():
+        rep = o.dtype
+        if o.params.get("block"):
+            rep += " " + "x".join(str(int(v)) for v in o.params["block"])
+        elif o.params.get("group_size"):
+            rep += f" g{int(o.params['group_size'])}"
+        by_rep[rep] = by_rep.get(rep, 0) + o.nbytes
+    return " + ".join(sorted(by_rep, key=lambda r: -by_rep[r])) or "no weights"
 
 
 def sampling_defaults(option: str, artifact_config: bytes | None) -> SamplingDefaults:

@@ -102,20 +102,24 @@ def sampling_bytes(vocab: int, max_batch: int) -> int:
 
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
-                max_kv_pages: int | None = None, mtp: bool = False) -> MemoryPlan:
+                max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
+                extra_workspace: int = 0) -> MemoryPlan:
     """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
     (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits. ``mtp``
-    adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot."""
+    adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot. A quantized model
+    passes the bytes its loaded weights really hold (``weight_bytes_resident``, the MTP head's included) and its
+    dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
     slots = max_seqs if slots is None else slots
     pages_per_seq = kv_pages_for_tokens(max_context, page_size)
-    w = weight_bytes(cfg, name, (TEXT, MTP) if mtp else (TEXT,))
+    w = weight_bytes(cfg, name, (TEXT, MTP) if mtp else (TEXT,)) if weight_bytes_resident is None \
+        else weight_bytes_resident
     hidden = cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     state = (slots + 1) * (gdn_state_bytes_per_sequence(cfg, name) + hidden)
     tables = (max_seqs + 1) * pages_per_seq * 4
-    work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype)
+    work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
     page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name, with_mtp=mtp)

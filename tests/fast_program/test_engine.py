@@ -50,24 +50,6 @@ def test_greedy_from_artifact_equals_reference(artifact, make_reference, prompt_
     assert_drained(fast)
 
 
-def test_quantized_artifact_is_refused_at_start(tiny, tmp_path):
-    """No quantized kernels yet: an fp8 object fails at start, naming its format and object, not silently dense."""
-    from ninfer.artifact import ArtifactWriter
-    from ninfer.artifact.build import add_packed
-    from ninfer.models.qwen3_5.params import logical_parameters
-
-    cfg, weights = tiny
-    specs, target = logical_parameters(cfg), "layers.0.mlp.gate_proj.weight"
-    with ArtifactWriter(tmp_path / "fp8.ninfer") as w:
-        for name, t in weights.items():
-            if name == target:
-                add_packed(w, name, t, format="fp8_e4m3", dtype="float8_e4m3fn", params={"block": [16, 16]})
-            else:
-                w.add_tensor(name, t)
-            w.bind(name, name, feature=specs[name].feature, kind=specs[name].kind)
-        path = w.finish(cfg.to_dict(), {"name": "fp8"}, {})
-    with pytest.raises(NotImplementedError, match=f"fp8_e4m3 weights .*{target}"):
-        FastProgram.from_artifact(path, max_concurrency=1, max_context=64, budget_bytes=1 << 30)
 
 
 @pytest.mark.parametrize("base_len, keep, chunk, reused", [(12, 12, 5, 12), (13, 13, 5, 13), (100, 80, 48, 64),

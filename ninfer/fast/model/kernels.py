@@ -3,6 +3,11 @@
 CPU, where the Triton interpreter's bf16 ``tl.dot`` is wrong; ecosystem-notes.md section 7).
 
 Each backend imports its implementation lazily, so the naive table never imports Triton.
+
+Quantized weights (``ninfer.fast.ops.qlinear.QuantWeight``) take the same entries: ``linear`` runs the quantized
+GEMV at decode row counts, the FP8 block-scaled GEMM with 8-bit activations where every Use of the weight allows A8,
+and dequantize-then-GEMM otherwise; ``moe_experts`` takes quantized expert stacks; a ``Segments`` projection runs
+its parts one by one (docs/quantization.md, "fast Program").
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 import torch.nn.functional as F
 
 
@@ -52,6 +58,11 @@ _GEMV_ROWS = 8
 def triton_kernels() -> Kernels:
     from ninfer.fast.ops import (gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention, prefill_attention,
                                  rmsnorm, rope_kv_write, slot_copy, swiglu)
+    from ninfer.fast.ops.fp8_gemm.triton import fp8_gemm
+    from ninfer.fast.ops.qlinear import QuantWeight, Segments
+    from ninfer.fast.ops.qlinear import triton as qlinear
+    from ninfer.fast.ops.qlinear.layout import a8_block
+    from ninfer.fast.ops.qmoe.triton import qmoe_experts
 
     def norm(x, weight, eps, residual=None):
         # the residual stream is updated in place: one buffer per step instead of one per layer
@@ -61,14 +72,29 @@ def triton_kernels() -> Kernels:
         return gdn_chunk.gdn_conv_prefill(m, window, conv_weight, window_out=window)[0]
 
     def linear(x, w):
+        if isinstance(w, QuantWeight):
+            if x.shape[0] > _GEMV_ROWS and a8_block(w) is not None:
+                return fp8_gemm(x, w)
+            return qlinear.qgemv(x, w) if x.shape[0] <= _GEMV_ROWS else qlinear.qlinear(x, w)
+        if isinstance(w, Segments):
+            return torch.cat([linear(x, p) for p in w.parts], dim=-1)
         return gemv.gemv(x, w) if _gemv_wins(x, w, fused=False) else F.linear(x, w)
 
     def linear_swiglu(x, w):
+        if isinstance(w, QuantWeight) and x.shape[0] <= _GEMV_ROWS:
+            return qlinear.qgemv(x, w, swiglu=True)
+        if isinstance(w, (QuantWeight, Segments)):
+            return swiglu.swiglu(linear(x, w))
         return gemv.gemv_swiglu(x, w) if _gemv_wins(x, w, fused=True) else swiglu.swiglu(F.linear(x, w))
+
+    def experts(x, w_gate_up, w_down, weights, ids):
+        if isinstance(w_gate_up, QuantWeight) or isinstance(w_down, QuantWeight):
+            return qmoe_experts(x, w_gate_up, w_down, weights, ids)
+        return moe.moe_experts(x, w_gate_up, w_down, weights, ids)
 
     return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
-                   prefill_attention.prefill_attention, moe.moe_route, moe.moe_experts, linear, linear_swiglu,
+                   prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
                    slot_copy.slot_copy)
 
 
@@ -92,6 +118,8 @@ def naive_kernels() -> Kernels:
     from ninfer.fast.ops.moe.naive import moe_experts_naive, moe_route_naive
     from ninfer.fast.ops.paged_decode_attention.naive import paged_decode_attention_naive
     from ninfer.fast.ops.prefill_attention.naive import prefill_attention_naive
+    from ninfer.fast.ops.qlinear import QuantWeight, Segments, dequantize_naive, qlinear_a8_naive, qlinear_naive
+    from ninfer.fast.ops.qlinear.layout import a8_block
     from ninfer.fast.ops.rmsnorm.naive import rmsnorm_naive
     from ninfer.fast.ops.rope_kv_write.naive import rope_kv_write_naive
     from ninfer.fast.ops.slot_copy.naive import slot_copy_naive
@@ -105,12 +133,26 @@ def naive_kernels() -> Kernels:
     def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen):
         return prefill_attention_naive(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens)
 
+    def linear(x, w):
+        if isinstance(w, QuantWeight):
+            # the A8 form where the triton table takes it (prefill rows, an FP8 weight every Use allows A8 for)
+            a8 = x.shape[0] > _GEMV_ROWS and a8_block(w) is not None
+            return qlinear_a8_naive(x, w) if a8 else qlinear_naive(x, w)
+        if isinstance(w, Segments):
+            return torch.cat([linear(x, p) for p in w.parts], dim=-1)
+        return F.linear(x, w)
+
     def linear_swiglu(x, w):
-        return swiglu_naive(F.linear(x, w))
+        return swiglu_naive(linear(x, w))
+
+    def experts(x, w_gate_up, w_down, weights, ids):
+        def dense(w):
+            return dequantize_naive(w) if isinstance(w, QuantWeight) else w
+        return moe_experts_naive(x, dense(w_gate_up), dense(w_down), weights, ids)
 
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
-                   gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, moe_experts_naive,
-                   F.linear, linear_swiglu, slot_copy_naive)
+                   gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, experts,
+                   linear, linear_swiglu, slot_copy_naive)
 
 
 def get_kernels(name: str) -> Kernels:

@@ -29,6 +29,11 @@ from .weights import FastWeights, Source, load_fast_weights
 _GDN_CHUNK = 64
 
 
+def check_mtp(cfg: Qwen35Config, mtp: bool) -> None:
+    if mtp and cfg.mtp_num_hidden_layers != 1:
+        raise ValueError(f"the fast MTP head runs one MTP layer; this model has {cfg.mtp_num_hidden_layers}")
+
+
 class FastModel:
     def __init__(self, cfg: Qwen35Config, weights: FastWeights, pools: Pools, kernels: str | Kernels = "triton"):
         self.cfg = cfg
@@ -45,8 +50,7 @@ class FastModel:
     def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
               kernels: str | Kernels = "triton") -> "FastModel":
         """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once."""
-        if plan.mtp and cfg.mtp_num_hidden_layers != 1:
-            raise ValueError(f"the fast MTP head runs one MTP layer; this model has {cfg.mtp_num_hidden_layers}")
+        check_mtp(cfg, plan.mtp)
         weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp)
         return cls(cfg, weights, allocate_pools(cfg, plan, device), kernels)
 
@@ -168,4 +172,7 @@ class FastModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in)."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        lm_head = self.weights.lm_head
+        if isinstance(lm_head, torch.Tensor):
+            return F.linear(hidden, lm_head).float()
+        return self.kernels.linear(hidden, lm_head).float()

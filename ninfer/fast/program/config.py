@@ -35,10 +35,14 @@ class FastProgramConfig(ProgramConfig):
             raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {self.dtype}")
         return dataclasses.replace(self, eos_token_ids=eos)
 
-    def plan(self, cfg: Qwen35Config, budget_bytes: int) -> MemoryPlan:
+    def plan(self, cfg: Qwen35Config, budget_bytes: int, weight_bytes: int | None = None,
+             extra_workspace: int = 0) -> MemoryPlan:
         """The memory plan: rows = lanes, slots = allocatable + one backup per row, the MTP head when the config
-        speculates; MemoryError when one max_context sequence does not fit the budget."""
+        speculates; MemoryError when one max_context sequence does not fit the budget. ``weight_bytes`` /
+        ``extra_workspace``: a quantized model's resident text-weight bytes and dequantization transient
+        (``plan_memory``)."""
         return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
                            dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
-                           mtp=self.speculative is not None)
+                           mtp=self.speculative is not None, weight_bytes_resident=weight_bytes,
+                           extra_workspace=extra_workspace)

@@ -17,7 +17,11 @@ import torch
 from ninfer.contracts import CostFacts, ProgramLimits
 from ninfer.errors import DoesNotFitError, NotSupportedError, UnavailableError
 from ninfer.fast.graph_runner import DecodeGraphRunner
+from ninfer.fast.memory import allocate_pools
 from ninfer.fast.model import FastModel
+from ninfer.fast.model.model import check_mtp
+from ninfer.fast.model.quantized import artifact_quant
+from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
@@ -72,8 +76,10 @@ class FastProgram(Program):
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
-              device: torch.device | str, kernels: str = "triton") -> "FastProgram":
-        """Plan the budget, load the weights (`source(logical_name) -> tensor`), allocate the pools once."""
+              device: torch.device | str, kernels: str = "triton", quant=None) -> "FastProgram":
+        """Plan the budget, load the weights (`source(logical_name) -> tensor`), allocate the pools once. With
+        `quant(logical_name) -> QuantWeight | None` (quantized parameters) the weights load first and the plan
+        counts their resident bytes and dequantization transient."""
         if not cfg.plain_rope:
             # rope_kv_write derives its frequencies from (rotary_dim, theta) alone
             raise UnavailableError(f"the fast Program's kernels compute unscaled RoPE over an even rotary dimension; "
@@ -86,8 +92,14 @@ class FastProgram(Program):
             raise UnavailableError("the fast Program's attention has no projection biases").locate(
                 "attention_bias", hint="run it on --program reference")
         config = config.resolved(cfg)
-        model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes), device, kernels)
-        return cls(model, config)
+        if quant is None:
+            return cls(FastModel.build(cfg, source, config.plan(cfg, budget_bytes), device, kernels), config)
+        mtp = config.speculative is not None
+        check_mtp(cfg, mtp)
+        weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant)
+        act = torch.finfo(config.dtype).bits // 8
+        plan = config.plan(cfg, budget_bytes, weights.nbytes, quant_workspace_bytes(weights, act))
+        return cls(FastModel(cfg, weights, allocate_pools(cfg, plan, device), kernels), config)
 
     @classmethod
     def from_artifact(cls, path: str | Path, *, max_concurrency: int, max_context: int,
@@ -113,9 +125,9 @@ class FastProgram(Program):
                     raise MissingBackendWeights(spec.method, "the MTP head's weights (mtp.*)")
             features = (TEXT, MTP)
         with open_artifact(path, features=features) as art:
-            _require_dense(art)
+            quant, names = artifact_quant(art, device, art.config.tie_word_embeddings)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
-                             kernels=kernels)
+                             kernels=kernels, quant=quant if names else None)
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)
@@ -127,18 +139,6 @@ def _warm_prefill(model: FastModel, tokens: int) -> None:
     plan = model.plan
     model.prefill(torch.zeros(tokens, dtype=torch.long, device=model.device), plan.dummy_slot, plan.dummy_row, 0)
     torch.cuda.synchronize(model.device)
-
-
-def _require_dense(art) -> None:
-    """The fast Program has kernels for dense weights only: a quantized artifact fails at start rather than running
-    silently dequantized at several times the memory and bandwidth its format promises."""
-    quantized = sorted({(o.name, o.format) for o in (art.objects[b.object] for b in art.bindings.values())
-                        if o.format != "dense"})
-    if quantized:
-        formats = ", ".join(sorted({f for _, f in quantized}))
-        raise NotSupportedError(f"the fast Program has no kernels for {formats} weights ({len(quantized)} "
-                                f"objects, e.g. {quantized[0][0]!r}); convert the checkpoint with dense weights "
-                                "(ninfer convert --dtype bfloat16) or run it on --program reference")
 
 
 def _device_budget(utilization: float, device: torch.device) -> int:

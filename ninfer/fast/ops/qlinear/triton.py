@@ -1,0 +1,274 @@
+"""Quantized decode GEMV: y [M, N] = x [M, K] @ dequant(w)^T for M <= 16, reading the packed weight once and
+dequantizing in registers, plus a tile dequantizer for the prefill path (dequantize-then-GEMM by row chunks).
+
+The GEMV follows ``ninfer.fast.ops.gemv`` (BW weight rows per program, x padded to 16 rows for ``tl.dot``, split-K
+with the last-arriving program summing the fp32 partials in a fixed order). Each K tile of the weight is decoded to
+small exact values (e4m3, signed int4/int5 codes, or e2m1 times its e4m3 block scale: at most 6 significant bits,
+exact in bf16), multiplied against x on the tensor cores in fp32, and scaled per row afterwards: a tile never spans
+two fp8 column blocks or two int groups, so ``acc += dot(x, w_tile) * scale[row]`` is the format's math with one
+fp32 rounding per tile. NVFP4's fp32 second-level scale (per row here) scales the accumulator at the end.
+
+``PAIRS`` mode serves the routed MoE experts at decode sizes: program axis 2 is a (token, slot) pair, whose expert
+id selects the weight stack entry and whose token selects the x row; ``SWIGLU`` interleaves gate row i and up row
+half + i in one tile as ``gemv_swiglu`` does; ``HAS_PW`` scales a pair's output by its routing weight.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.fast.ops.gemv.triton import _arrival_table, _num_sms
+
+from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
+
+MAX_ROWS = 16
+_MAX_SPLITS = 8
+_KIND_ID = {QKind.FP8: 0, QKind.INT4: 1, QKind.INT5: 2, QKind.NVFP4: 3}
+
+
+@triton.jit
+def _e2m1(c):
+    # 4-bit codes (sign bit 3, magnitude index 0..7 into 0, .5, 1, 1.5, 2, 3, 4, 6) -> fp32, built as fp32 bits:
+    # index i >= 2 is 2^((i >> 1) - 1) * (1 + (i & 1) / 2), index 1 is 0.5
+    i = c & 7
+    bits = tl.where(i >= 2, (((i >> 1) + 126) << 23) | ((i & 1) << 22), tl.where(i == 1, 126 << 23, 0))
+    bits = bits | ((c >> 3) << 31)
+    return bits.to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, KIND: tl.constexpr,
+          BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """Weight rows ``rows`` [BW], columns k0..k0+BK: (values [BW, BK] fp32 exact in bf16, row scale [BW] fp32)."""
+    d_rows = d_ptr + rows[:, None].to(tl.int64) * stride_d  # [BW, 1]
+    if KIND == 0:
+        k = k0 + tl.arange(0, BK)
+        mask = valid[:, None] if EVEN_K else valid[:, None] & (k < K)[None, :]
+        w = tl.load(d_rows + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + (rows // BR).to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0)
+    elif KIND == 2:
+        # int5: code e at bits [5e, 5e + 5) of the row's little-endian bit stream
+        bit = (k0 + tl.arange(0, BK)) * 5
+        byte = bit >> 3
+        lo = tl.load(d_rows + byte[None, :], mask=valid[:, None], other=0).to(tl.int32)
+        hi = tl.load(d_rows + byte[None, :] + 1, mask=valid[:, None] & (byte + 1 < KB)[None, :], other=0)
+        u = ((lo | (hi.to(tl.int32) << 8)) >> (bit & 7)[None, :]) & 31
+        w = u.to(tl.float32) - 16.0
+        s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
+    else:
+        b = tl.load(d_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=valid[:, None], other=0)
+        b = b.to(tl.int32)
+        codes = tl.reshape(tl.join(b & 15, b >> 4), (BW, BK))  # element 2j is the low nibble of byte j
+        if KIND == 1:
+            w = codes.to(tl.float32) - 8.0
+            s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
+        else:
+            blocks = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_s + (k0 // 16 + tl.arange(0, BK // 16))[None, :],
+                             mask=valid[:, None], other=0.0).to(tl.float32)  # [BW, BK/16]
+            w = tl.reshape(tl.reshape(_e2m1(codes), (BW, BK // 16, 16)) * blocks[:, :, None], (BW, BK))
+            s = tl.load(r_ptr + rows.to(tl.int64), mask=valid, other=0.0)
+    return w, s
+
+
+@triton.jit
+def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, ids_ptr, pw_ptr, M, R, K, KB, k_per,
+                  num_splits, half, BR, BC, stride_x, stride_d, stride_s, stride_de, stride_se, stride_re, stride_y,
+                  KIND: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                  SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr, PAIRS: tl.constexpr,
+                  TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr):
+    pid = tl.program_id(0)
+    j = tl.arange(0, BW)
+    if SWIGLU:
+        c = pid * (BW // 2) + j // 2
+        rows = c + (j % 2) * half
+        valid = c < half
+    else:
+        rows = pid * BW + j
+        valid = rows < R
+    m = tl.arange(0, BM)
+    mask_m = m < M
+    if PAIRS:
+        p = tl.program_id(2).to(tl.int64)
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        d_ptr += e * stride_de
+        s_ptr += e * stride_se
+        r_ptr += e * stride_re
+        x_ptr += (p if A_PER_PAIR else p // TOPK) * stride_x
+        y_ptr += p * stride_y
+    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x  # [BM, 1]
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    kk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BW), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        k = k0 + kk
+        mx = mask_m[:, None] if EVEN_K else mask_m[:, None] & (k < K)[None, :]
+        x = tl.load(x_rows + k[None, :], mask=mx, other=0.0)  # [BM, BK]
+        w, s = _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, KIND, BW, BK, EVEN_K)
+        if FP32_DOT:
+            part = tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+        else:
+            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+        if KIND == 3:
+            acc += part
+        else:
+            acc += part * s[None, :]
+    if KIND == 3:
+        acc *= s[None, :]
+    if HAS_PW:
+        acc *= tl.load(pw_ptr + p)
+    if SPLIT:
+        mask = mask_m[:, None] & valid[None, :]
+        offs = m[:, None] * R + rows[None, :]  # [BM, BW]
+        tl.store(part_ptr + tl.program_id(1) * M * R + offs, acc, mask=mask)
+        # every thread's partial must be written before the release below publishes it
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            acc = tl.zeros((BM, BW), dtype=tl.float32)
+            for sp in range(0, num_splits):
+                acc += tl.load(part_ptr + sp * M * R + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(arrive_ptr + pid, 0)
+            _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+    else:
+        _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+
+
+@triton.jit
+def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr, BW: tl.constexpr,
+           SWIGLU: tl.constexpr):
+    y_rows = y_ptr + m[:, None].to(tl.int64) * stride_y  # [BM, 1]
+    if SWIGLU:
+        gate, up = tl.split(tl.reshape(acc, (BM, BW // 2, 2)))  # [BM, BW // 2] each
+        cols = tl.program_id(0) * (BW // 2) + tl.arange(0, BW // 2)
+        tl.store(y_rows + cols[None, :], (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (cols < half)[None, :])
+    else:
+        tl.store(y_rows + rows[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & valid[None, :])
+
+
+@triton.jit
+def _dequant_kernel(d_ptr, s_ptr, r_ptr, o_ptr, R, K, KB, BR, BC, stride_d, stride_s, stride_o, KIND: tl.constexpr,
+                    BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    rows = tl.program_id(0) * BW + tl.arange(0, BW)
+    valid = rows < R
+    k0 = tl.program_id(1) * BK
+    w, s = _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, KIND, BW, BK, EVEN_K)
+    k = k0 + tl.arange(0, BK)
+    tl.store(o_ptr + rows[:, None].to(tl.int64) * stride_o + k[None, :], (w * s[:, None]).to(o_ptr.dtype.element_ty),
+             mask=valid[:, None] & (k < K)[None, :])
+
+
+def tile_k(w: QuantWeight) -> int:
+    """The K tile: never across two scale blocks of the columns, and whole bytes of packed codes."""
+    K, bc = w.k, w.block_cols
+    if w.kind == QKind.FP8:
+        # one column block (per-row scales, or a block as wide as K) leaves the tile free
+        return min(256, triton.next_power_of_2(K)) if bc >= K else min(bc, 128)
+    if w.kind == QKind.NVFP4:
+        return min(256, K & -K)
+    return min(bc, 256)
+
+
+def _strides(w: QuantWeight) -> tuple[int, int, int, int, int]:
+    d, s, r = w.data, w.scales, w.row_scale
+    lead = len(w.shape) == 3
+    return (d.stride(-2), s.stride(-2), d.stride(0) if lead else 0, s.stride(0) if lead else 0,
+            r.stride(0) if lead and r is not None else 0)
+
+
+def _fp32_dot(x: torch.Tensor) -> bool:
+    # the interpreter's bf16 arithmetic is wrong, and fp32 activations must not be rounded to tf32
+    return os.environ.get("TRITON_INTERPRET") == "1" or x.dtype == torch.float32
+
+
+def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swiglu: bool = False,
+          splits: int | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 16, any row stride) @ dequant(w [N, K])^T -> [M, N] in x's dtype, fp32 accumulation; with
+    ``swiglu``, w = [gate | up] and the result is silu(gate) * up [M, N/2]. ``splits`` overrides split-K (tests)."""
+    M, K = x.shape
+    R = w.n
+    assert len(w.shape) == 2 and w.k == K and 1 <= M <= MAX_ROWS, f"qgemv: x {tuple(x.shape)}, w {w.shape}"
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n_out = R // 2 if swiglu else R
+    y = x.new_empty(M, n_out) if out is None else out
+    bw = max(16, min(64, triton.next_power_of_2(4 * M)))
+    bk = tile_k(w)
+    blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
+    if splits is None:
+        splits = max(1, min(triton.cdiv(2 * _num_sms(x.device), blocks), triton.cdiv(K, bk), _MAX_SPLITS))
+    k_per = triton.cdiv(triton.cdiv(K, splits), bk) * bk
+    splits = triton.cdiv(K, k_per)
+    part, arrivals = y, y
+    if splits > 1:
+        part = torch.empty(splits, M, R, device=x.device, dtype=torch.float32)
+        arrivals = _arrival_table(x.device, blocks)
+    sd, ss, _, _, _ = _strides(w)
+    rs = w.row_scale if w.row_scale is not None else w.scales
+    _qgemv_kernel[(blocks, splits, 1)](
+        x, w.data, w.scales, rs, y, part, arrivals, y, y, M, R, K, w.data.shape[-1], k_per, splits, n_out,
+        w.block_rows, w.block_cols, x.stride(0), sd, ss, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind], BM=MAX_ROWS,
+        BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
+        TOPK=1, A_PER_PAIR=False, HAS_PW=False, num_warps=4, num_stages=4)
+    return y
+
+
+def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, a_per_pair: bool,
+                pair_weights: torch.Tensor | None = None, swiglu: bool = False,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Per (token, slot) pair p = t * top_k + j: x[t] (or x[p] with ``a_per_pair``) @ dequant(w[ids[p]])^T, times
+    ``pair_weights[p]``; w is an [E, N, K] stack. Returns [P, N] (or [P, N/2] with ``swiglu``)."""
+    P = ids.numel()
+    K = x.shape[1]
+    R = w.n
+    assert len(w.shape) == 3 and w.k == K, f"qgemv_pairs: x {tuple(x.shape)}, w {w.shape}"
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n_out = R // 2 if swiglu else R
+    y = torch.empty(P, n_out, device=x.device, dtype=out_dtype or x.dtype)
+    bw = 32 if swiglu else 16
+    bk = tile_k(w)
+    blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
+    sd, ss, sde, sse, sre = _strides(w)
+    rs = w.row_scale if w.row_scale is not None else w.scales
+    pw = pair_weights.reshape(-1) if pair_weights is not None else y
+    _qgemv_kernel[(blocks, 1, P)](
+        x, w.data, w.scales, rs, y, y, y, ids.reshape(-1), pw, 1, R, K, w.data.shape[-1], K, 1, n_out,
+        w.block_rows, w.block_cols, x.stride(0), sd, ss, sde, sse, sre, y.stride(0), KIND=_KIND_ID[w.kind],
+        BM=MAX_ROWS, BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x),
+        PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, num_warps=4, num_stages=4)
+    return y
+
+
+def dequantize(w: QuantWeight, dtype: torch.dtype, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """Rows [start, stop) of a 2-D w as a dense [stop - start, K] tensor in ``dtype``."""
+    stop = w.n if stop is None else stop
+    K = w.k
+    out = torch.empty(stop - start, K, device=w.device, dtype=dtype)
+    bw, bk = 32, tile_k(w)
+    sd, ss, _, _, _ = _strides(w)
+    assert start % w.block_rows == 0, "dequantize: a row chunk starts on a scale block boundary"
+    d, s = w.data[start:stop], w.scales[start // w.block_rows:]
+    r = w.row_scale[start:stop] if w.row_scale is not None else s
+    _dequant_kernel[(triton.cdiv(stop - start, bw), triton.cdiv(K, bk))](
+        d, s, r, out, stop - start, K, w.data.shape[-1], w.block_rows, w.block_cols, sd, ss, out.stride(0),
+        KIND=_KIND_ID[w.kind], BW=bw, BK=bk, EVEN_K=K % bk == 0)
+    return out
+
+
+def qlinear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """Any row count: the GEMV at M <= 16, else dequantize-then-GEMM (cuBLAS) in row chunks of at most
+    ``DEQUANT_CHUNK_BYTES`` of dense weight, so the transient stays bounded."""
+    if x.shape[0] <= MAX_ROWS:
+        return qgemv(x, w)
+    K = w.k
+    step = max(1, DEQUANT_CHUNK_BYTES // (K * x.element_size()))
+    if w.block_rows > 1:
+        step = max(w.block_rows, step // w.block_rows * w.block_rows)
+    if step >= w.n:
+        return torch.nn.functional.linear(x, dequantize(w, x.dtype))
+    return torch.cat([torch.nn.functional.linear(x, dequantize(w, x.dtype, r, min(r + step, w.n)))
+                      for r in range(0, w.n, step)], dim=1)

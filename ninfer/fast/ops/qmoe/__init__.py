@@ -1,0 +1,3 @@
+from .naive import qmoe_experts_naive
+
+__all__ = ["qmoe_experts_naive"]

@@ -1,0 +1,94 @@
+"""Quantized decode GEMV (FP8 block / per-row, int4, int5, NVFP4) and the prefill dequantizer vs the naive
+oracle on the same packed planes: every decode row count, widths off the tile and block grid, forced split-K,
+SwiGLU-fused, the MoE pair mode; NaN-poisoned outputs. The naive dequantization itself is checked against the
+artifact formats' numpy unpack (the stored layout's definition)."""
+
+import numpy as np
+import pytest
+import torch
+
+from _device import DEVICE, ON_GPU
+from ninfer.artifact.formats import get_format
+from ninfer.fast.ops.qlinear import concat_rows, dequantize_naive, qlinear_naive
+from ninfer.fast.ops.qlinear.triton import dequantize, qgemv, qgemv_pairs, qlinear
+from ninfer.testing.numerics import assert_close
+from ninfer.testing.quant import RECIPES, pack_weight
+
+KINDS = ["fp8", "fp8_row", "int4", "int5", "nvfp4"]
+# small groups/blocks on CPU keep the interpreter fast while still spanning several scale blocks per row
+SMALL = {"fp8": {"block": [16, 32]}, "fp8_row": {}, "int4": {"group_size": 16}, "int5": {"group_size": 32},
+         "nvfp4": {}}
+# (N, K): off the 16-row tile, K spanning several blocks; the GPU adds 9B decode projections
+SHAPES = [(4096, 4096), (1024, 12288), (257, 2048)] if ON_GPU else [(40, 64), (33, 96)]
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+
+
+def _params(kind):
+    return RECIPES[kind][2] if ON_GPU else SMALL[kind]
+
+
+def _weight(kind, N, K, lead=()):
+    v = torch.randn(*lead, N, K) * K ** -0.5
+    return pack_weight(v, kind, DEVICE, params=_params(kind))
+
+
+def _tol():
+    return 1e-2 if DTYPE == torch.bfloat16 else 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_naive_dequant_is_the_formats_unpack(kind):
+    fmt_name, dtype, _ = RECIPES[kind]
+    v = torch.randn(48, 64)
+    w = pack_weight(v, kind, "cpu", params=SMALL[kind])
+    fmt = get_format(fmt_name)
+    planes = fmt.pack(v.numpy(), dtype, SMALL[kind])
+    ref = fmt.unpack(planes, (48, 64), dtype, SMALL[kind])
+    assert np.array_equal(dequantize_naive(w).numpy(), ref)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_qgemv(kind, N, K, M):
+    w = _weight(kind, N, K)
+    x = torch.randn(M, K, device=DEVICE).to(DTYPE)
+    y = qgemv(x, w, out=torch.full((M, N), float("nan"), device=DEVICE, dtype=DTYPE))
+    assert_close(f"qgemv {kind}", qlinear_naive(x, w), y, _tol())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_qgemv_split_k_and_swiglu(kind):
+    N, K = SHAPES[-1]
+    w = _weight(kind, 2 * N, K)
+    x = torch.randn(5, K, device=DEVICE).to(DTYPE)
+    assert_close(f"qgemv {kind} split-K", qlinear_naive(x, w), qgemv(x, w, splits=3), _tol())
+    gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)
+    assert_close(f"qgemv {kind} swiglu", torch.nn.functional.silu(gate) * up, qgemv(x, w, swiglu=True).float(), _tol())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_dequantize_and_fused_rows(kind):
+    # a fused parent of parts whose row counts are not multiples of the fp8 block rows: scales go per row
+    parts = [_weight(kind, n, SHAPES[-1][1]) for n in (24, 40, 17)]
+    w = concat_rows(parts)
+    assert torch.equal(dequantize_naive(w), torch.cat([dequantize_naive(p) for p in parts]))
+    assert_close(f"dequantize {kind}", dequantize_naive(w), dequantize(w, torch.float32), 1e-6)
+    x = torch.randn(20, w.k, device=DEVICE).to(DTYPE)
+    assert_close(f"qlinear {kind} prefill", qlinear_naive(x, w), qlinear(x, w), _tol())
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int4", "nvfp4"] if not ON_GPU else KINDS)
+def test_qgemv_pairs(kind):
+    E, N, K, T, k = 4, 32, 64, 3, 2
+    w = _weight(kind, N, K, lead=(E,))
+    x = torch.randn(T * k, K, device=DEVICE).to(DTYPE)
+    ids = torch.tensor([[3, 1], [1, 0], [2, 3]], device=DEVICE, dtype=torch.int32)
+    pw = torch.rand(T, k, device=DEVICE)
+    ref = torch.stack([qlinear_naive(x[p // k:p // k + 1], w.expert(int(ids.view(-1)[p])))[0]
+                       for p in range(T * k)])
+    got = qgemv_pairs(x, w, ids, k, a_per_pair=False)
+    assert_close(f"qgemv_pairs {kind}", ref, got, _tol())
+    ref_pp = torch.stack([qlinear_naive(x[p:p + 1], w.expert(int(ids.view(-1)[p])))[0] for p in range(T * k)])
+    got_pp = qgemv_pairs(x, w, ids, k, a_per_pair=True, pair_weights=pw, out_dtype=torch.float32)
+    assert_close(f"qgemv_pairs {kind} per pair", ref_pp.float() * pw.view(-1, 1), got_pp, _tol())
