@@ -359,20 +359,38 @@ def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int
 @click.option("--seed", default=0, show_default=True)
 @click.option("--tolerance", default=None, type=float,
               help="Max logits relative RMS [default: 1e-2 bf16 or fp32 Triton on CUDA (TF32), else 1e-4].")
+@click.option("--speculative-config", default=None,
+              help='JSON, e.g. \'{"method":"mtp","num_speculative_tokens":3}\': compare the fast and reference '
+                   "Programs with this backend through the Engine (accepted tokens, acceptance, block logits).")
+@click.option("--forced-drafts", is_flag=True,
+              help="With --speculative-config: drafts that force every acceptance length (ForcedDrafts).")
 def oracle_diff(model: str | None, prompts: int, prompt_len: int, decode_steps: int, dtype: str, device: str,
-                kernels: str, seed: int, tolerance: float | None) -> None:
+                kernels: str, seed: int, tolerance: float | None, speculative_config: str | None,
+                forced_drafts: bool) -> None:
     """Compare the fast model's logits with the reference model's on MODEL; exit 1 over the thresholds."""
     import torch
 
-    from ninfer.wiring import resolve_model_path
-    from oracle.diff import DTYPES, main_diff
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeConfigError
+    from ninfer.wiring import WiringError, parse_json_option, resolve_model_path
+    from oracle.diff import DTYPES, default_kernels, default_tolerance, main_diff
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    raw = parse_json_option(speculative_config, "--speculative-config")
+    try:
+        SpeculativeConfig.parse(raw)
+    except SpeculativeConfigError as e:
+        raise WiringError(str(e)) from None
     path = resolve_model_path(model, progress=show_progress(False), report=lambda line: click.echo(line, err=True))
-    sys.exit(main_diff(path, prompts=prompts, prompt_len=prompt_len,
-                       decode_steps=decode_steps, seed=seed, device=device, dtype=DTYPES[dtype],
-                       kernels=None if kernels == "auto" else kernels, tolerance=tolerance))
+    kw = dict(prompts=prompts, prompt_len=prompt_len, decode_steps=decode_steps, seed=seed, device=device,
+              dtype=DTYPES[dtype])
+    if raw is None:
+        sys.exit(main_diff(path, kernels=None if kernels == "auto" else kernels, tolerance=tolerance, **kw))
+    from oracle.spec_diff import main_spec_diff
+
+    kernels = default_kernels(DTYPES[dtype], device) if kernels == "auto" else kernels
+    tolerance = default_tolerance(DTYPES[dtype], device, kernels) if tolerance is None else tolerance
+    sys.exit(main_spec_diff(path, raw, kernels=kernels, tolerance=tolerance, forced=forced_drafts, **kw))
 
 
 if __name__ == "__main__":
