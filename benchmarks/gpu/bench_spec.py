@@ -49,12 +49,13 @@ class Settings:
     k: int = 3
     prompt_len: int = 480
     steps: int = 10  # timed rounds per case
+    warmup: bool = True  # untimed runs first (Triton compiles, cuBLAS plans); nothing to warm on the CPU
     max_context: int = 1024
     budget_bytes: int | None = None  # None: 90% of the free device memory
 
 
 SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1, 2), prompt_len=12, steps=3,
-                 max_context=96, budget_bytes=1 << 30)
+                 warmup=False, max_context=96, budget_bytes=1 << 30)
 MIN_SECONDS = {"0.8B": 30, "9B": 60, "35B-A3B": 90, "tiny": 1}
 
 
@@ -230,7 +231,8 @@ def bench_autoregressive(run: Run, name: str, prompts: dict, tokens: int, entry:
     program, engine = build(s, name, 0)
     continuations: dict[tuple[int, ...], list[int]] = {}
     try:
-        run_requests(engine, prompts[s.batches[-1]], 4)  # warm-up
+        if s.warmup:
+            run_requests(engine, prompts[s.batches[-1]], 4)
         for B in s.batches:
             trackers = run_requests(engine, prompts[B], tokens)
             entry.setdefault("ar", []).append(steady(trackers, tokens - 1))
@@ -247,7 +249,7 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
     try:
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
         for B in s.batches:
-            for L in (2, k + 1):  # warm-up: a partial block (rollback and replay) and a whole one
+            for L in (2, k + 1) if s.warmup else ():  # a partial block (rollback and replay) and a whole one
                 forced.reset(L - 1)
                 run_requests(engine, prompts[B], 1 + 2 * L)
             for L in range(1, k + 2):
