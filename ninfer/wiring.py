@@ -24,7 +24,7 @@ from ninfer.errors import NinferError, NotFoundError, UnavailableError, UsageErr
 from ninfer.frontend import Frontend, OutputOptions
 from ninfer.frontend.grammar.options import JSON_WHITESPACE
 from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
-from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeConfigError
 from ninfer.model_facts import ArtifactFacts
 from ninfer.sampling.defaults import SamplingDefaults
 
@@ -322,7 +322,7 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
                                     host_bytes=host_bytes, speculative=speculative)
     try:
         return ReferenceProgram.from_artifact(path, config)
-    except MissingBackendWeights as e:
+    except SpeculativeConfigError as e:  # MissingBackendWeights, or a drafter trained for a shorter block
         raise WiringError(str(e)) from None
 
 

@@ -1,9 +1,11 @@
 """SpeculativeConfig: `--speculative-config` in vLLM's JSON shape, parsed once at start into a frozen value.
 
-    {"method": "mtp", "num_speculative_tokens": k}     k in 1..7
+    {"method": "mtp", "num_speculative_tokens": k}                                   k in 1..7
+    {"method": "dflash" | "dflash2", "num_speculative_tokens": k, "draft_window_size": W}   k in 1..15 (block k + 1)
 
-Unknown keys, an unknown method or k out of range are start-up errors naming the field; whether the artifact
-carries the backend's weights is the Program's check (it knows the model).
+`draft_window_size` (DFlash methods only, optional) bounds the drafter's context KV to the last W committed
+positions. Unknown keys, an unknown method or a value out of range are start-up errors naming the field; whether
+the artifact carries the backend's weights (and a drafter trained for that block) is the Program's check.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-METHODS = ("mtp",)
-MAX_SPECULATIVE_TOKENS = 7
+METHODS = ("mtp", "dflash", "dflash2")
+DRAFTER_METHODS = ("dflash", "dflash2")
+MAX_SPECULATIVE_TOKENS = {"mtp": 7, "dflash": 15, "dflash2": 15}
+FIELDS = ("method", "num_speculative_tokens", "draft_window_size")
 
 
 class SpeculativeConfigError(ValueError):
@@ -35,14 +39,21 @@ class MissingBackendWeights(SpeculativeConfigError):
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
+    draft_window_size: int | None = None  # DFlash: context positions the drafter keeps (None: all)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise SpeculativeConfigError("method", f"unknown method {self.method!r} (known: {', '.join(METHODS)})")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise SpeculativeConfigError("num_speculative_tokens",
-                                         f"must be an int in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+        k, most = self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS[self.method]
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
+            raise SpeculativeConfigError("num_speculative_tokens", f"must be an int in 1..{most}, got {k!r}")
+        w = self.draft_window_size
+        if w is not None:
+            if self.method not in DRAFTER_METHODS:
+                raise SpeculativeConfigError("draft_window_size", f"bounds a DFlash drafter's context; method "
+                                                                  f"{self.method!r} has none")
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise SpeculativeConfigError("draft_window_size", f"must be a positive int, got {w!r}")
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | None) -> "SpeculativeConfig | None":
@@ -51,16 +62,16 @@ class SpeculativeConfig:
             return None
         if not isinstance(raw, Mapping):
             raise SpeculativeConfigError("(root)", f"must be a JSON object, got {type(raw).__name__}")
-        unknown = sorted(set(raw) - {"method", "num_speculative_tokens"})
+        unknown = sorted(set(raw) - set(FIELDS))
         if unknown:
-            raise SpeculativeConfigError(unknown[0], "unknown field (this build reads method and "
-                                                     "num_speculative_tokens)")
+            raise SpeculativeConfigError(unknown[0], f"unknown field (this build reads {', '.join(FIELDS)})")
         for field in ("method", "num_speculative_tokens"):
             if field not in raw:
                 raise SpeculativeConfigError(field, "required")
-        return cls(raw["method"], raw["num_speculative_tokens"])
+        return cls(raw["method"], raw["num_speculative_tokens"], raw.get("draft_window_size"))
 
     @property
     def name(self) -> str:
         """What the ready line and /v1/models report."""
-        return f"{self.method} (k={self.num_speculative_tokens})"
+        window = "" if self.draft_window_size is None else f", window {self.draft_window_size}"
+        return f"{self.method} (k={self.num_speculative_tokens}{window})"

@@ -40,13 +40,15 @@ class ReferenceModel:
 
     # ---- main decoder --------------------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, state: SequenceState, chunked: bool = True, return_hidden: bool = False,
-                checkpoints: list[SequenceState] | None = None):
+                checkpoints: list[SequenceState] | None = None, taps: dict[int, torch.Tensor] | None = None):
         """Consume ``tokens`` [T] at positions ``state.next_position ..``; ``state`` is advanced in place.
 
         Returns logits [T, V], or (logits, hidden [T, H]) with ``return_hidden`` (final-normed: the MTP input).
         With ``chunked`` the GDN layers use the 64-token parallel form, chunks aligned to this call's start; when
         ``checkpoints`` is a list, a complete state at every interior chunk boundary (positions start+64,
-        start+128, ... < start+T) is appended to it, taken from the chunked form's boundary states.
+        start+128, ... < start+T) is appended to it, taken from the chunked form's boundary states. When ``taps``
+        is a dict, it receives every layer's output [T, H] by layer index (HF's ``hidden_states[i + 1]``: the last
+        layer's is the final-normed one), what a drafter conditions on.
         """
         if tokens.ndim != 1 or tokens.numel() == 0:
             raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
@@ -54,16 +56,18 @@ class ReferenceModel:
             raise ValueError("chunk-boundary checkpoints come from the chunked GDN form; pass chunked=True")
         start = state.next_position
         per_layer: dict[int, list[GDNState]] | None = None if checkpoints is None else {}
-        hidden = self._forward(tokens, state, chunked, per_layer)
+        hidden = self._forward(tokens, state, chunked, per_layer, taps)
         if checkpoints is not None:
             checkpoints.extend(self._boundary_states(state, start, hidden, per_layer))
         logits = self.logits(hidden)
         return (logits, hidden) if return_hidden else logits
 
-    def decode_step(self, token: int | torch.Tensor, state: SequenceState, return_hidden: bool = False):
-        """One token through the step recurrence; returns logits [V] (and the hidden [H] with ``return_hidden``)."""
+    def decode_step(self, token: int | torch.Tensor, state: SequenceState, return_hidden: bool = False,
+                    taps: dict[int, torch.Tensor] | None = None):
+        """One token through the step recurrence; returns logits [V] (and the hidden [H] with ``return_hidden``);
+        ``taps`` as for `prefill` ([1, H] each)."""
         tokens = torch.as_tensor(token, dtype=torch.long).reshape(1)
-        hidden = self._forward(tokens, state, chunked=False, per_layer=None)
+        hidden = self._forward(tokens, state, chunked=False, per_layer=None, taps=taps)
         logits = self.logits(hidden)[0]
         return (logits, hidden[0]) if return_hidden else logits
 
@@ -72,7 +76,8 @@ class ReferenceModel:
         return F.linear(hidden, self.weights["lm_head.weight"])
 
     def _forward(self, tokens: torch.Tensor, state: SequenceState, chunked: bool,
-                 per_layer: dict[int, list[GDNState]] | None) -> torch.Tensor:
+                 per_layer: dict[int, list[GDNState]] | None, taps: dict[int, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
         """Embed -> layers -> final norm; returns the final-normed hidden [T, H] and advances ``state``."""
         cfg = self.cfg
         _check_tokens(tokens, cfg.vocab_size)
@@ -87,7 +92,11 @@ class ReferenceModel:
                 mixer = partial(gdn_mixer, w=lw.sub("linear_attn"), cfg=cfg, state=state.gdn[i], chunked=chunked,
                                 boundaries=sink)
             x = decoder_layer(x, lw, cfg, mixer)
+            if taps is not None:
+                taps[i] = x
         hidden = zc_rms_norm(x, self.weights["norm.weight"], cfg.rms_norm_eps)
+        if taps is not None:
+            taps[cfg.num_hidden_layers - 1] = hidden
         state.next_position += tokens.numel()
         state.last_hidden = hidden[-1].clone()
         return hidden

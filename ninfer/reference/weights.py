@@ -13,6 +13,7 @@ from ninfer.artifact import Artifact, open_artifact
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
 
+from .dflash import Drafter
 from .model import ReferenceModel
 
 _TEXT_PREFIXES = ("model.language_model.", "model.")
@@ -115,3 +116,12 @@ def checkpoint_summary(checkpoint_dir: str | Path) -> str:
     return (f"{raw.get('model_type')} {cfg.architecture}: L={cfg.num_hidden_layers} H={cfg.hidden_size} "
             f"HV/HK={cfg.linear_num_value_heads}/{cfg.linear_num_key_heads} tie={cfg.tie_word_embeddings} "
             f"mtp={cfg.mtp_num_hidden_layers} vocab={cfg.vocab_size}")
+
+
+def load_drafter(artifact_path: str | Path, model: ReferenceModel, kind: str) -> Drafter:
+    """The artifact's `kind` drafter (``dflash.*`` bindings and its config) over `model`'s embedding and lm_head,
+    in the model's dtype."""
+    with open_artifact(artifact_path, features=(TEXT, kind)) as art:
+        weights = {n: art.dequantize(n) for n, b in art.bindings.items() if b.feature == kind}
+        cfg = art.drafter
+    return Drafter(cfg, weights, model.weights["embed_tokens.weight"], model.weights["lm_head.weight"], model.dtype)

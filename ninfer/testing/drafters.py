@@ -4,7 +4,7 @@
 ``num_target_layers``, ``block_size`` and ``dflash_config`` with the taps, the mask token and DFlash2's
 convolution and selector sizes); `make_drafter_checkpoint` writes it with one ``model.safetensors`` under the
 published tensor names (no embedding, no lm_head). `drafter_tensors` gives the same weights in memory, keyed by the
-artifact's logical names (``dflash.*``).
+artifact's logical names (``dflash.*``), and `reference_drafter` a reference `Drafter` of them over a model.
 """
 
 from __future__ import annotations
@@ -79,3 +79,12 @@ def make_drafter_checkpoint(out_dir: str | Path, target: Qwen35Config, kind: str
     tensors.update(extra_tensors or {})
     save_file(tensors, str(out / "model.safetensors"))
     return out
+
+
+def reference_drafter(model, kind: str = "dflash", seed: int = 1, **config: Any):
+    """A random drafter of the published layout over a `ReferenceModel`'s embedding and lm_head, in its dtype."""
+    from ninfer.reference.dflash import Drafter
+
+    cfg = DrafterConfig.from_hf(drafter_hf_config(model.cfg, kind, **config))
+    return Drafter(cfg, drafter_tensors(cfg, seed), model.weights["embed_tokens.weight"],
+                   model.weights["lm_head.weight"], model.dtype)

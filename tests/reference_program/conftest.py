@@ -81,3 +81,28 @@ def make_spec(mtp_model, make_program):
         program = make_program(mtp_model, speculative=spec, **kw)
         return ForcedDrafts(mtp_model).install(program) if forced else program
     return make
+
+
+@pytest.fixture(scope="session")
+def make_dflash(model32):
+    """make_dflash(kind, k, forced=False, window=None, model=None, drafter=None, **config): the reference Program
+    over the tiny model with a random `kind` drafter (block 16) drafting k tokens (k=0: no backend); `forced` puts
+    ForcedDrafts in front of the drafter (the drafter context is still advanced by every consumption)."""
+    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.testing.drafters import reference_drafter
+    from ninfer.testing.speculation import ForcedDrafts
+
+    drafters = {}
+
+    def make(kind: str, k: int, forced: bool = False, window: int | None = None, model=None, drafter=None,
+             **kw) -> ReferenceProgram:
+        m = model or model32
+        if drafter is None:
+            drafter = drafters.get((kind, id(m))) or drafters.setdefault((kind, id(m)), reference_drafter(m, kind))
+        spec = SpeculativeConfig(kind, k, window) if k else None
+        base = dict(max_concurrency=2, max_context=256, page_size=4, kv_pages=160, checkpoint_slots=3,
+                    host_bytes=1 << 20, dtype=m.dtype, speculative=spec)
+        base.update(kw)
+        program = ReferenceProgram(m, ReferenceProgramConfig(**base), drafter)
+        return ForcedDrafts(m).install(program) if forced else program
+    return make

@@ -1,10 +1,10 @@
 """The Engine property harness against the reference Program on a tiny fp64 model (fp64 so that a different
 chunking or a cache hit cannot flip a near-tie token: the harness compares outputs exactly), without and with the
-MTP backend.
+MTP, DFlash and DFlash2 backends.
 
-With the backend (k = 3) ForcedDrafts forces random acceptance lengths: random schedules, chunking, cancellation,
-faults, thinking budgets and prefix hits, with every greedy request equal to its solo run on the same model without
-the backend (docs/speculative.md)."""
+With MTP (k = 3) and DFlash2 (k = 7, a draft window of 12) ForcedDrafts forces random acceptance lengths; DFlash
+(k = 15) runs its real drafts: random schedules, chunking, cancellation, faults, thinking budgets and prefix hits,
+with every greedy request equal to its solo run on the same model without the backend (docs/speculative.md)."""
 
 import functools
 import importlib.util
@@ -32,12 +32,13 @@ def _model(mtp: int = 0) -> ReferenceModel:
     return ReferenceModel(cfg, conf.tiny_weights(cfg, features=features), dtype=torch.float64)
 
 
-def _program(model: ReferenceModel | None = None, speculative: SpeculativeConfig | None = None) -> ReferenceProgram:
+def _program(model: ReferenceModel | None = None, speculative: SpeculativeConfig | None = None,
+             drafter=None) -> ReferenceProgram:
     # Tight pools: 2 lanes of at most 16 pages each and 2 checkpoint slots, so pressure and victims are common.
     config = ReferenceProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                     host_bytes=1 << 16, dtype=torch.float64, eos_token_ids=(0,),
                                     speculative=speculative)
-    return ReferenceProgram(model or _model(), config)
+    return ReferenceProgram(model or _model(), config, drafter)
 
 
 def _speculative() -> ReferenceProgram:
@@ -55,3 +56,25 @@ Speculative = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda
 Speculative.TestCase.settings = settings(settings.default, max_examples=max(30, settings.default.max_examples // 40),
                                          stateful_step_count=30)
 TestSpeculativeReferenceEngine = Speculative.TestCase
+
+
+def _dflash(kind: str, k: int, window: int | None, forced: bool) -> ReferenceProgram:
+    program = _program(_model(), SpeculativeConfig(kind, k, window), _drafter(kind))
+    return ForcedDrafts(_model()).install(program) if forced else program
+
+
+@functools.cache
+def _drafter(kind: str):
+    from ninfer.testing.drafters import reference_drafter
+    return reference_drafter(_model(), kind)
+
+
+# 15 examples each in CI (a DFlash round runs the drafter, and ForcedDrafts its teacher); 60 in the soak profile.
+_dflash_settings = settings(settings.default, max_examples=max(15, settings.default.max_examples // 80),
+                            stateful_step_count=30)
+DFlash2 = make_engine_machine(lambda: _dflash("dflash2", 7, 12, True), max_concurrency=2, oracle=lambda: _program())
+DFlash2.TestCase.settings = _dflash_settings
+TestDFlash2ReferenceEngine = DFlash2.TestCase
+DFlash = make_engine_machine(lambda: _dflash("dflash", 15, None, False), max_concurrency=2, oracle=lambda: _program())
+DFlash.TestCase.settings = _dflash_settings
+TestDFlashReferenceEngine = DFlash.TestCase

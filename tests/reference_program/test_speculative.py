@@ -89,11 +89,11 @@ def test_abort_and_cancel_restore_the_whole_state(make_spec, prompt_of):
     program.abort_pending(batch.take())
     seq = program.sequence(h)
     before = (seq.frontier, list(seq.table), seq.reserve_left, program.states.recurrent[h.slot].clone(),
-              program.states.load_mtp(h.slot))
+              program.states.load_backend(h.slot))
     again = program.decode([h])
     assert again.rows == batch.rows  # the same drafts, verified the same way: nothing leaked
     program.commit(again.take(), [RowDecision(0, True, cancelled=True)])
-    mtp = program.states.load_mtp(h.slot)
+    mtp = program.states.load_backend(h.slot)
     assert (seq.frontier, seq.table, seq.reserve_left) == before[:3]
     assert torch.equal(program.states.recurrent[h.slot], before[3])
     assert torch.equal(mtp.hidden, before[4].hidden) and torch.equal(mtp.kv[0].k, before[4].kv[0].k)
@@ -122,7 +122,7 @@ def test_a_cut_block_replays_only_the_kept_tokens(make_spec, make_program, mtp_m
         ref.commit(nxt.take(), [RowDecision(1, False)])
     assert rs.tokens == seq.tokens and rs.pending == seq.pending
     assert torch.allclose(ref.states.recurrent[r.slot], program.states.recurrent[h.slot], atol=1e-5)
-    a, b = ref.states.load_mtp(r.slot), program.states.load_mtp(h.slot)
+    a, b = ref.states.load_backend(r.slot), program.states.load_backend(h.slot)
     assert a.kv[0].length == b.kv[0].length == seq.frontier - 1
     assert torch.allclose(a.hidden, b.hidden, atol=1e-5) and torch.allclose(a.kv[0].k, b.kv[0].k, atol=1e-5)
 

@@ -1,7 +1,8 @@
 """ReferenceProgram: the Program protocol on CPU torch with the reference model and real paged accounting.
 
 Everything but the tensor math is the shared Program core's (`ninfer.program_core.Program`): it drives this
-Program's CPU tensor stores through `TensorStore` and the reference model through `ReferenceExecutor`.
+Program's CPU tensor stores through `TensorStore` and the reference model through `ReferenceExecutor`, with the
+speculative backend the config names (MTP, DFlash, DFlash2) checked against the model once, here.
 """
 
 from __future__ import annotations
@@ -10,50 +11,84 @@ from pathlib import Path
 
 from ninfer.contracts import ProgramLimits
 from ninfer.program_core import HostTier, IdPool, Program
-from ninfer.program_core.speculative import MissingBackendWeights
+from ninfer.program_core.speculative import (DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig,
+                                             SpeculativeConfigError)
+from ninfer.reference.dflash import Drafter
 from ninfer.reference.model import ReferenceModel
 
 from .config import ReferenceProgramConfig
+from .dflash_backend import DFlashBackend
 from .executor import ReferenceExecutor
+from .mtp_backend import MTPBackend
 from .scoring import CausalScoring
 from .stores import KVPages, StateSlots, TensorStore
 
 
+def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Drafter | None):
+    """The backend `spec` names, or a start-up error naming the field when the model cannot run it."""
+    if spec is None:
+        return None
+    if spec.method == "mtp":
+        if not model.has_mtp:
+            raise MissingBackendWeights(spec.method, "the MTP head's weights (mtp.*)")
+        return MTPBackend(model)
+    if drafter is None or drafter.cfg.kind != spec.method:
+        has = "" if drafter is None else f" (this model carries a {drafter.cfg.kind} drafter)"
+        raise MissingBackendWeights(spec.method, f"a {spec.method} drafter (dflash.* weights; convert with "
+                                                 f"--drafter){has}")
+    block = spec.num_speculative_tokens + 1
+    if block > drafter.cfg.block_size:
+        raise SpeculativeConfigError("num_speculative_tokens", f"{spec.num_speculative_tokens} drafts need a block "
+                                                               f"of {block}; the drafter was trained for blocks of "
+                                                               f"{drafter.cfg.block_size}")
+    windows = [w for w in (spec.draft_window_size, drafter.cfg.sliding_window) if w is not None]
+    return DFlashBackend(drafter, block, min(windows) if windows else None)
+
+
 class ReferenceProgram(Program):
-    def __init__(self, model: ReferenceModel, config: ReferenceProgramConfig = ReferenceProgramConfig()):
+    def __init__(self, model: ReferenceModel, config: ReferenceProgramConfig = ReferenceProgramConfig(),
+                 drafter: Drafter | None = None):
         cfg = model.cfg
         c = config.resolved(cfg)
         if model.dtype != c.dtype:
             raise ValueError(f"model dtype {model.dtype} differs from the Program's {c.dtype}")
-        self.model = model
+        self.model, self.drafter = model, drafter
         self.pages = KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
-        if c.speculative is not None and not model.has_mtp:
-            raise MissingBackendWeights(c.speculative.method, "the MTP head's weights (mtp.*)")
+        backend = _backend(c.speculative, model, drafter)
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens)
         self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype,  # allocatable, then backups
-                                 mtp=c.speculative is not None)
+                                 backend_empty=None if backend is None else backend.empty)
         super().__init__(c, self.pages.alloc, IdPool(c.usable_slots, "GDN state slot"),
                          HostTier(c.host_bytes, c.state_bytes(cfg), c.page_bytes(cfg)),
                          TensorStore(self.pages, self.states),
                          c.page_bytes(cfg), rows=IdPool(c.max_concurrency, "block-table row"))
-        self.executor = ReferenceExecutor(model, self.pages, self.states, c.eos_token_ids, c.backup_slot)
+        self.executor = ReferenceExecutor(model, self.pages, self.states, c.eos_token_ids, c.backup_slot, backend)
 
     @classmethod
     def from_artifact(cls, path: str | Path, config: ReferenceProgramConfig = ReferenceProgramConfig()):
-        """The Program over a .ninfer artifact's text weights, and its MTP head when the config speculates."""
+        """The Program over a .ninfer artifact's text weights, and its MTP head or drafter when the config
+        speculates."""
         from ninfer.artifact import open_artifact
         from ninfer.models.qwen3_5.params import MTP, TEXT
-        from ninfer.reference.weights import load_model
+        from ninfer.reference.weights import load_drafter, load_model
 
+        spec = config.speculative
         features = (TEXT,)
-        if config.speculative is not None:
+        if spec is not None:
             with open_artifact(path) as art:
-                if MTP not in art.available_features:
-                    raise MissingBackendWeights(config.speculative.method, "the MTP head's weights (mtp.*)")
-            features = (TEXT, MTP)
-        return cls(load_model(path, features=features, dtype=config.dtype), config)
+                available = art.available_features
+            want = MTP if spec.method == "mtp" else spec.method
+            if want not in available:
+                what = "the MTP head's weights (mtp.*)" if spec.method == "mtp" else \
+                    f"a {spec.method} drafter (dflash.* weights; convert with --drafter)"
+                raise MissingBackendWeights(spec.method, what)
+            features = (TEXT, MTP) if spec.method == "mtp" else features
+        model = load_model(path, features=features, dtype=config.dtype)
+        drafter = load_drafter(path, model, spec.method) if spec is not None and spec.method in DRAFTER_METHODS \
+            else None
+        return cls(model, config, drafter)
 
     def scoring(self) -> CausalScoring:
         """The CausalScoring core over this Program's model: temporary states only, no store is touched."""

@@ -7,7 +7,7 @@ bookkeeping only: a sequence reads its KV by gathering its block table and write
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -15,19 +15,7 @@ from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.pages import PageAllocator
 from ninfer.reference.state import GDNState, KVCache
 
-__all__ = ["MTPState", "TensorStore", "KVPages", "StateSlots"]
-
-
-@dataclass
-class MTPState:
-    """The MTP backend's state at frontier t: each MTP layer's KV over the pairs (h_p, x_{p+1}) for p < t - 1,
-    and the target's final-normed hidden h_{t-1} that the next pair (with the pending token) starts from."""
-
-    kv: list[KVCache]
-    hidden: torch.Tensor | None  # [H], None before any token
-
-    def clone(self) -> "MTPState":
-        return MTPState([c.clone() for c in self.kv], None if self.hidden is None else self.hidden.clone())
+__all__ = ["TensorStore", "KVPages", "StateSlots"]
 
 
 class KVPages:
@@ -76,16 +64,16 @@ class KVPages:
 
 class StateSlots:
     """A fixed number of GDN state slots (the allocatable ones, then one backup per lane: which is free is the
-    Program core's); slot s holds every GDN layer's conv window and recurrent state."""
+    Program core's); slot s holds every GDN layer's conv window and recurrent state, and with a speculative
+    backend that backend's state (anything with `clone()`: the MTP state, the drafter's context)."""
 
-    def __init__(self, cfg: Qwen35Config, total: int, dtype: torch.dtype, mtp: bool = False):
+    def __init__(self, cfg: Qwen35Config, total: int, dtype: torch.dtype,
+                 backend_empty: Callable[[], Any] | None = None):
         self.layers = tuple(cfg.linear_layers)
-        # with the MTP backend, a slot also holds its MTP state: a checkpoint, a backup and a host replica are
-        # complete only with the backend's state at the same frontier
-        kv = (cfg.num_key_value_heads, 0, cfg.head_dim)
-        self._empty_mtp = MTPState([KVCache(torch.zeros(kv, dtype=dtype), torch.zeros(kv, dtype=dtype))
-                                    for _ in range(cfg.mtp_num_hidden_layers)], None) if mtp else None
-        self.mtp: list[MTPState | None] = [None] * total
+        # a slot also holds the backend's state: a checkpoint, a backup and a host replica are complete only with
+        # the backend's state at the same frontier
+        self._backend_empty = backend_empty
+        self.backend: list[Any | None] = [None] * total
         n, K = len(self.layers), cfg.linear_conv_kernel_dim
         s_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         self.conv = torch.zeros(total, n, cfg.conv_dim, K - 1, dtype=dtype)  # [slots, n, conv_dim, K-1]
@@ -102,24 +90,24 @@ class StateSlots:
             self.conv[slot, i] = gdn[layer].conv
             self.recurrent[slot, i] = gdn[layer].recurrent
 
-    def load_mtp(self, slot: int) -> MTPState | None:
-        """A private copy of the slot's MTP state (None without the backend)."""
-        m = self.mtp[slot]
+    def load_backend(self, slot: int) -> Any | None:
+        """A private copy of the slot's backend state (None without a backend)."""
+        m = self.backend[slot]
         return None if m is None else m.clone()
 
-    def store_mtp(self, slot: int, state: MTPState | None) -> None:
-        self.mtp[slot] = state
+    def store_backend(self, slot: int, state: Any | None) -> None:
+        self.backend[slot] = state
 
     def clear(self, slot: int) -> None:
-        """The state before any token: zero conv windows and recurrent state, an empty MTP state."""
+        """The state before any token: zero conv windows and recurrent state, an empty backend state."""
         self.conv[slot].zero_()
         self.recurrent[slot].zero_()
-        self.mtp[slot] = None if self._empty_mtp is None else self._empty_mtp.clone()
+        self.backend[slot] = None if self._backend_empty is None else self._backend_empty()
 
     def copy(self, src: int, dst: int) -> None:
         self.conv[dst] = self.conv[src]
         self.recurrent[dst] = self.recurrent[src]
-        self.mtp[dst] = self.load_mtp(src)
+        self.backend[dst] = self.load_backend(src)
 
 
 class TensorStore:
@@ -135,12 +123,12 @@ class TensorStore:
     def copy_slot(self, src: int, dst: int) -> None:
         self.slots.copy(src, dst)
 
-    def load_slot(self, slot: int) -> tuple[dict[int, GDNState], MTPState | None]:
-        return self.slots.load(slot), self.slots.load_mtp(slot)
+    def load_slot(self, slot: int) -> tuple[dict[int, GDNState], Any | None]:
+        return self.slots.load(slot), self.slots.load_backend(slot)
 
-    def store_slot(self, slot: int, state: tuple[dict[int, GDNState], MTPState | None]) -> None:
+    def store_slot(self, slot: int, state: tuple[dict[int, GDNState], Any | None]) -> None:
         self.slots.store(slot, state[0])
-        self.slots.store_mtp(slot, None if state[1] is None else state[1].clone())
+        self.slots.store_backend(slot, None if state[1] is None else state[1].clone())
 
     def copy_page(self, src: int, dst: int) -> None:
         self.pages.copy_page(src, dst)

@@ -1,0 +1,151 @@
+"""The reference Program with the DFlash / DFlash2 backends: start-up errors name the field, greedy equals the
+autoregressive run (real drafts and forced acceptance lengths, with and without a draft window), the drafter's
+context after prefill chunks, verified blocks, rollbacks and aborts equals the context built from scratch over the
+committed tokens, and a sampled prefix hit equals the cold run (the checkpoint carries the drafter context)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
+from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+from ninfer.program_core.speculation import row_context
+from ninfer.sampling import SamplingParams
+from ninfer.testing.drafters import reference_drafter
+from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.sessions import token_request
+
+
+@pytest.mark.parametrize("raw, field", [({"method": "dflash", "num_speculative_tokens": 16}, "num_speculative_tokens"),
+                                        ({"method": "dflash2", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+                                        ({"method": "mtp", "num_speculative_tokens": 3, "draft_window_size": 8},
+                                         "draft_window_size"),
+                                        ({"method": "dflash", "num_speculative_tokens": 7, "draft_window_size": 0},
+                                         "draft_window_size"),
+                                        ({"method": "dflash", "num_speculative_tokens": 7, "window": 8}, "window")])
+def test_bad_dflash_config_names_the_field(raw, field):
+    with pytest.raises(SpeculativeConfigError) as e:
+        SpeculativeConfig.parse(raw)
+    assert e.value.field == field and field in str(e.value)
+
+
+def test_dflash_config_parses():
+    spec = SpeculativeConfig.parse({"method": "dflash2", "num_speculative_tokens": 15, "draft_window_size": 64})
+    assert spec == SpeculativeConfig("dflash2", 15, 64) and spec.name == "dflash2 (k=15, window 64)"
+
+
+def test_a_missing_or_unfit_drafter_is_a_start_error(model32, make_dflash):
+    with pytest.raises(MissingBackendWeights, match="'dflash' needs a dflash drafter") as e:
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash", 7)))
+    assert e.value.field == "method"
+    plain = make_dflash("dflash", 0).drafter
+    with pytest.raises(MissingBackendWeights, match="carries a dflash drafter"):
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash2", 7)), plain)
+    block8 = reference_drafter(model32, "dflash", block_size=8)
+    with pytest.raises(SpeculativeConfigError, match="trained for blocks of 8") as e:
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash", 15)), block8)
+    assert e.value.field == "num_speculative_tokens"
+    assert ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash", 7)),
+                            block8).limits.draft_tokens == 7
+
+
+def _prompts(prompt_of):
+    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(make_dflash, prompt_of):
+    return [r.token_ids for r in serve(make_dflash("dflash", 0), [token_request(p, 12) for p in _prompts(prompt_of)],
+                                       max_concurrency=2, prefill_chunk=9)]
+
+
+@pytest.mark.parametrize("kind, k, forced, window", [("dflash", 15, False, None), ("dflash2", 15, False, None),
+                                                     ("dflash", 7, True, None), ("dflash2", 7, True, 6),
+                                                     ("dflash2", 3, True, None)])
+def test_greedy_with_dflash_equals_greedy_without(make_dflash, prompt_of, plain_greedy, kind, k, forced, window):
+    program = make_dflash(kind, k, forced=forced, window=window)
+    spec = serve(program, [token_request(p, 12) for p in _prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == plain_greedy
+    assert program.limits.speculative == SpeculativeConfig(kind, k, window).name
+    if forced:
+        assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
+    assert_drained(program)
+
+
+def _start(program, prompt, max_new=40):
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
+                                                    max_new_tokens=max_new)))
+    h = program.advance(txn).handle
+    while (batch := program.prefill(h, 7)) is None:  # chunks of 7: the context is built in pieces
+        pass
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return h
+
+
+def _scratch(program, seq, window):
+    """The drafter context of the consumed tokens, from one fresh target pass and one extension."""
+    model, drafter = program.model, program.drafter
+    taps: dict = {}
+    model.prefill(torch.tensor(list(seq.tokens[:seq.frontier])), model.new_state(), chunked=False, taps=taps)
+    ctx = drafter.empty_context()
+    drafter.extend(ctx, torch.cat([taps[i] for i in drafter.cfg.target_layer_ids], dim=-1), 0, window)
+    return ctx
+
+
+def _assert_same(a, b):
+    assert (a.start, a.end) == (b.start, b.end)
+    for x, y in zip(a.kv, b.kv):
+        torch.testing.assert_close(x.k, y.k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.v, y.v, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind, window", [("dflash", None), ("dflash2", 9)])
+def test_drafter_context_follows_the_committed_tokens(make_dflash, prompt_of, kind, window):
+    """Rounds that accept all, some (a rollback replays the kept tokens) or none of their drafts, a cut block and
+    an aborted round: after each commit the context is exactly the one built from scratch."""
+    program = make_dflash(kind, 5, forced=True, window=window)
+    h = _start(program, prompt_of(17, seed=3))
+    seq = program.sequence(h)
+    _assert_same(program.states.load_backend(h.slot), _scratch(program, seq, window))
+    for i in range(8):
+        batch = program.decode([h])
+        if i == 3:
+            program.abort_pending(batch.take())
+        elif i == 7:  # the Engine's terminal rule cuts the last block after one token
+            program.commit(batch.take(), [RowDecision(1, True)])
+        else:
+            program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
+        _assert_same(program.states.load_backend(h.slot), _scratch(program, seq, window))
+        program.check_invariants()
+    assert any(n not in (0, m) for n, m in program.executor.draft.forced)  # a partial acceptance was replayed
+
+
+def test_drafting_leaves_the_context_alone(make_dflash, prompt_of):
+    program = make_dflash("dflash2", 15)
+    h = _start(program, prompt_of(9, seed=8))
+    seq = program.sequence(h)
+    before = program.states.load_backend(h.slot)
+    one = program.executor.draft([seq], [row_context(program, seq)], [15])
+    two = program.executor.draft([seq], [row_context(program, seq)], [15])
+    assert one[0][0] == two[0][0] and len(one[0][0]) == 15
+    _assert_same(program.states.load_backend(h.slot), before)
+
+
+@pytest.mark.parametrize("kind, window, base_len, reused", [("dflash", None, 12, 12), ("dflash2", None, 100, 64),
+                                                            ("dflash2", 10, 100, 64)])
+def test_sampled_prefix_hit_with_dflash_equals_the_cold_run(make_dflash, prompt_of, kind, window, base_len, reused):
+    """Sampled tokens depend on the drafts, and the drafts on the drafter context: a resumed request equals the
+    cold run only when the checkpoint carried the context of its frontier."""
+    base = prompt_of(base_len, seed=11)
+    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    program = make_dflash(kind, 7, window=window)
+    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
+                      max_concurrency=2, prefill_chunk=48)
+    assert hit[0].usage.cached_prompt_tokens == reused
+    (cold,) = serve(make_dflash(kind, 7, window=window), [token_request(second, 10, **sampled)], max_concurrency=1,
+                    prefix_caching=False)
+    assert hit[0].token_ids == cold.token_ids
+    assert_drained(program, published=True)
