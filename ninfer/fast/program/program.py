@@ -113,6 +113,10 @@ class FastProgram(Program):
         from ninfer.models.qwen3_5.params import MTP, TEXT
 
         spec = SpeculativeConfig.parse(speculative_config)
+        if spec is not None and spec.method != "mtp":
+            raise NotSupportedError(f"the fast Program has no {spec.method} drafter yet (issue 12); start without "
+                                    f"--speculative-config, with method mtp, or on --program reference "
+                                    f"(docs/speculative.md)").locate("method")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if budget_bytes is None:
             budget_bytes = _device_budget(gpu_memory_utilization, device)
