@@ -59,10 +59,6 @@ SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1,
 MIN_SECONDS = {"0.8B": 30, "9B": 60, "35B-A3B": 90, "tiny": 1}
 
 
-class NoBackend(RuntimeError):
-    pass
-
-
 # ---- forced drafts -------------------------------------------------------------------------------------------------
 class ForcedContinuation:
     """The backend's draft, run and then overridden by the target's precomputed greedy continuation with a wrong
@@ -173,18 +169,6 @@ def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
 
 
 # ---- programs ------------------------------------------------------------------------------------------------------
-def check_backend(program: str) -> None:
-    """Refuse before any device time is spent when the asked-for Program cannot speculate."""
-    if program == "fast":
-        from ninfer.fast.program.executor import FastExecutor
-
-        if not hasattr(FastExecutor, "draft"):
-            raise NoBackend("fast Program has no MTP backend (issue 11: FastExecutor.draft/verify); run "
-                            "--program reference on the CPU, or wait for the fast backend")
-    elif program != "reference":
-        raise NoBackend(f"unknown --program {program!r} (fast, reference)")
-
-
 def build(s: Settings, name: str, k: int):
     """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
     cfg = config(name)
@@ -291,13 +275,6 @@ def main() -> int:
         s = dataclasses.replace(s, program=args.program)
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
     run.results.update(program=s.program, k=s.k)
-    try:
-        check_backend(s.program)
-    except NoBackend as e:
-        run.results["errors"]["setup"] = str(e)
-        run.save()
-        print_table(run.results)
-        return 1
     if not run.need_cuda(args.smoke, print_table):
         return 1
     run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)

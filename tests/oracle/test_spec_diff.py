@@ -2,8 +2,8 @@
 
 Reference against reference agrees exactly (forced drafts, so every acceptance length and the rollback run); a
 perturbed side fails on the logits, and a side that drafts differently fails on acceptance although its greedy
-tokens are equal (speculation is lossless, so tokens alone would not show it). The fast Program runs the same diff
-once it has an MTP backend; until then it refuses the option clearly, and that refusal is what is tested."""
+tokens are equal (speculation is lossless, so tokens alone would not show it). The fast Program (naive kernels)
+against the reference agrees within the fp32 tolerance, with forced drafts and with the MTP head's own."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from ninfer.artifact import write_artifact
 from ninfer.cli import main
-from ninfer.errors import NotSupportedError
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.checkpoints import peaked_text_tensors
@@ -48,12 +47,6 @@ def _reference(artifact, change=None):
     return make
 
 
-def _fast_has_backend() -> bool:
-    from ninfer.fast.program.executor import FastExecutor
-
-    return hasattr(FastExecutor, "draft")
-
-
 def test_reference_against_reference_agrees(artifact):
     lines: list[str] = []
     assert main_spec_diff(artifact, SPEC, echo=lines.append, forced=True, make_other=_reference(artifact),
@@ -86,14 +79,13 @@ def test_other_drafts_fail_on_acceptance_not_on_greedy_tokens(artifact):
     assert any("rounds by emitted length differ" in f for f in report.failures) and report.unmatched > 0
 
 
-def test_fast_against_reference(artifact):
-    if not _fast_has_backend():
-        with pytest.raises(NotSupportedError, match="fast Program"):
-            run_spec_diff(artifact, SPEC, forced=True, **RUN)
-        return
-    report = run_spec_diff(artifact, SPEC, forced=True, **RUN)
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "mtp"])
+def test_fast_against_reference(artifact, forced):
+    report = run_spec_diff(artifact, SPEC, forced=forced, **RUN)
     assert not report.failures, report.failures
+    assert report.setup.startswith("fast float32 on cpu, naive kernels")
     assert all(r.equal and r.lengths_equal and r.blocks > 1 for r in report.rows)
+    assert 0 < report.worst_rel_rms < report.tolerance
 
 
 def test_cli_speculative_config(artifact):
@@ -105,7 +97,4 @@ def test_cli_speculative_config(artifact):
                                '{"method":"mtp","num_speculative_tokens":2}', "--forced-drafts", "--dtype",
                                "float32", "--device", "cpu", "--kernels", "naive", "--prompt-len", "7",
                                "--decode-steps", "6"])
-    if _fast_has_backend():
-        assert got.exit_code == 0 and "accepted tokens equal: 2 of 2 requests" in got.output, got.output
-    else:
-        assert got.exit_code != 0 and "fast Program" in got.output, got.output
+    assert got.exit_code == 0 and "accepted tokens equal: 2 of 2 requests" in got.output, got.output
