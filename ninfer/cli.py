@@ -44,15 +44,22 @@ def _existing_dir(path: Path, what: str) -> Path:
               help="Cast weights to this dtype (default: keep the source dtype, value-preserving).")
 @click.option("--drafter", "drafter", type=click.Path(path_type=Path), default=None,
               help="A published DFlash / DFlash2 drafter directory to store beside the target (its own bindings).")
+@click.option("--quantize", type=click.Choice(["fp8", "q4", "q5", "nvfp4"]), default=None,
+              help="Quantize an unquantized checkpoint with a recipe (docs/quantization.md); a checkpoint with a "
+                   "quantization_config is imported as published without it.")
+@click.option("--keep", multiple=True, metavar="PATTERN",
+              help="Logical parameters (fnmatch, e.g. 'layers.0.*') the recipe leaves at the source dtype; repeatable.")
+@click.option("--group-size", type=int, default=128, show_default=True, help="Group size of the q4/q5 recipes.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def convert(src_dir: Path, out: Path, name: str | None, dtype: str | None, drafter: Path | None,
-            no_progress: bool) -> None:
+            quantize: str | None, keep: tuple[str, ...], group_size: int, no_progress: bool) -> None:
     """Convert an HF checkpoint directory SRC_DIR into one .ninfer artifact OUT."""
     from ninfer.convert.convert import convert_checkpoint
 
     path = convert_checkpoint(_existing_dir(src_dir, "checkpoint"), out, name=name, dtype=dtype,
                               progress=show_progress(no_progress),
-                              drafter=None if drafter is None else _existing_dir(drafter, "drafter"))
+                              drafter=None if drafter is None else _existing_dir(drafter, "drafter"),
+                              quantize=quantize, keep=keep, group_size=group_size)
     click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from ninfer.models.qwen3_5.config import ConfigError, Qwen35Config
@@ -38,6 +39,9 @@ from .errors import ConversionError
 SOURCE_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1}
+# numpy views of the file dtypes (bf16 and fp8 as unsigned bits, numpy has neither).
+NUMPY_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "I8": np.int8, "U8": np.uint8,
+                "I16": np.int16, "I32": np.int32, "I64": np.int64, "F8_E4M3": np.uint8}
 CHUNK = 16 << 20
 _EXPERT = re.compile(r"^(?P<base>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
 _PREFIXES = (("model.language_model.", ""), ("model.visual.", "visual."), ("model.", ""))
@@ -152,6 +156,14 @@ class HFSource:
         if t.nbytes:
             self._read_into(t, memoryview(buf.numpy()), 0)
         return buf.view(getattr(torch, SOURCE_DTYPES[t.dtype])).reshape(t.shape)
+
+    def array(self, key: str) -> np.ndarray:
+        """One tensor's bytes as a numpy array of its file dtype (BF16 as uint16 bits, F8_E4M3 as uint8 bits)."""
+        t = self.tensors[key]
+        buf = np.empty(t.nbytes, dtype=np.uint8)
+        if t.nbytes:
+            self._read_into(t, memoryview(buf), 0)
+        return buf.view(NUMPY_DTYPES[t.dtype]).reshape(t.shape)
 
     def chunks(self, key: str, dtype: str) -> Iterator[memoryview | torch.Tensor]:
         """The tensor's bytes in ``dtype``, 16 MiB of source at a time (cast chunk by chunk when the dtypes differ).

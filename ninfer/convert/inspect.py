@@ -62,6 +62,22 @@ def _bytes_by(a: Artifact) -> tuple[dict[tuple[str, str], int], list[str]]:
     return by, shared
 
 
+def _representation_lines(a: Artifact) -> list[str]:
+    """Objects and bytes per (module kind, representation): what a quantized artifact actually stores."""
+    kind: dict[str, str] = {}
+    for b in a.descriptor.bindings:
+        kind.setdefault(b.object, f"{b.feature} {b.kind}")
+    by: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for o in a.descriptor.objects:
+        if o.name in kind:
+            params = ",".join(f"{k}={v}" for k, v in sorted(o.params.items()) if k not in ("scale_dtype",))
+            rep = f"{o.format}/{o.dtype}" + (f" [{params}]" if params else "")
+            entry = by[(kind[o.name], rep)]
+            entry[0] += 1
+            entry[1] += o.nbytes
+    return [f"  {k:<16} {rep:<52} {n:>5} objects {_mb(nb):>14}" for (k, rep), (n, nb) in sorted(by.items())]
+
+
 def _object_lines(a: Artifact) -> list[str]:
     lines = []
     for o in a.descriptor.objects:
@@ -103,6 +119,8 @@ def inspect_artifact(path: str | Path, verify: bool = False) -> str:
                    f"bindings {len(a.descriptor.bindings)} ({views} views); uses {len(a.descriptor.uses)}")
         out.append("bytes by feature/kind:")
         out += [f"  {f:<8} {k:<10} {_mb(n):>16}" for (f, k), n in sorted(by.items())]
+        out.append("representation by module kind:")
+        out += _representation_lines(a)
         acts = Counter(u.activation for u in a.descriptor.uses)
         out.append("uses by activation: " + ", ".join(f"{k} {v}" for k, v in sorted(acts.items())))
         if shared:

@@ -60,12 +60,14 @@ def _target_dtype(kind: str, source: str, dtype: str | None) -> str:
 class _Matcher:
     """Mutable bookkeeping while matching; only :func:`plan_conversion` uses it."""
 
-    def __init__(self, src: HFSource):
+    def __init__(self, src: HFSource, skip: frozenset[str]):
         self.src = src
         self.problems: list[str] = []
         self.names: dict[str, str] = {}  # logical name -> checkpoint key
         self.experts: dict[str, dict[tuple[int, str], str]] = {}  # fused base -> (expert, proj) -> key
         for key, t in src.tensors.items():
+            if key in skip:
+                continue
             if t.dtype not in SOURCE_DTYPES:
                 self.problems.append(f"tensor {key!r} has unsupported dtype {t.dtype} (expected BF16, F16 or F32)")
             name = logical_name(key)
@@ -121,25 +123,29 @@ class _Matcher:
                 self.problems.append(f"unexpected tensor {key!r} (expert {e} {part}_proj of {base!r})")
 
 
-def plan_conversion(src: HFSource, dtype: str | None = None) -> Plan:
-    """Every object of the artifact, in execution order (text, MTP, vision), plus all problems found."""
+def plan_conversion(src: HFSource, dtype: str | None = None, skip: frozenset[str] = frozenset(),
+                    provided: frozenset[str] = frozenset()) -> Plan:
+    """Every dense object of the artifact, in execution order (text, MTP, vision), plus all problems found.
+
+    ``skip``: checkpoint keys another path converts (a quantized import's modules); ``provided``: the logical
+    parameters that path binds, which are then not missing here."""
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES} or None, got {dtype!r}")
-    m = _Matcher(src)
+    m = _Matcher(src, skip)
     cfg = src.config
     tie_reason = "config" if cfg.tie_word_embeddings else None
-    if not cfg.tie_word_embeddings and "lm_head.weight" not in m.names:
+    if not cfg.tie_word_embeddings and "lm_head.weight" not in (*m.names, *provided):
         cfg, tie_reason = dataclasses.replace(cfg, tie_word_embeddings=True), "lm_head.weight absent"
     if cfg.tie_word_embeddings:
         # A tied checkpoint may still carry a copy of the embedding as lm_head; the artifact stores it once.
         m.names.pop("lm_head.weight", None)
-    has_mtp = any(n.startswith("mtp.") for n in m.names) or any(b.startswith("mtp.") for b in m.experts)
+    has_mtp = any(n.startswith("mtp.") for n in (*m.names, *m.experts, *provided))
     # Vision is optional like MTP: a checkpoint without any visual.* tensor converts to a text-only artifact.
     has_vision = cfg.vision is not None and any(n.startswith("visual.") for n in m.names)
     features = (TEXT,) + ((MTP,) if has_mtp else ()) + ((VISION,) if has_vision else ())
     items: list[Item] = []
     for spec in logical_parameters(cfg, features).values():
-        if spec.name == "lm_head.weight" and cfg.tie_word_embeddings:
+        if (spec.name == "lm_head.weight" and cfg.tie_word_embeddings) or spec.name in provided:
             continue
         if spec.name in m.names:
             item = m.single(spec, dtype)

@@ -1,0 +1,146 @@
+"""Quantizing recipes from a bf16/fp32 checkpoint: ``--quantize fp8|q4|q5|nvfp4`` with ``--keep`` overrides.
+
+Which parameters are quantized, which fused parents are formed and what each Use may run with are fixed per recipe
+(``docs/quantization.md``, "Recipes"). Values come from the value-preserving plan's items, so the source mapping,
+expert fusion and shape checks are the bf16 path's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ninfer.artifact.formats import get_format
+from ninfer.convert.hf_source import HFSource
+from ninfer.convert.plan import Item, Plan
+
+from .objects import Part, QuantObject
+
+# Kept at the source dtype by every recipe: tiny per-head gates feeding exp/softplus, and the 1-row expert gate.
+ALWAYS_KEPT = ("*.linear_attn.in_proj_a.weight", "*.linear_attn.in_proj_b.weight", "*.shared_expert_gate.weight")
+QUANTIZED_KINDS = ("linear", "experts")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    format: str
+    dtype: str
+    params: Mapping[str, Any]
+    row_granularity: int  # fused-parent member boundaries must be multiples of this (block FP8: 128)
+    activation: str
+    # (parent suffix, member suffixes) per module prefix; the attention entry differs for q4
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+    dtype_overrides: Mapping[str, str] = field(default_factory=dict)  # member suffix -> dtype
+
+
+_ATTN_QKV = ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
+_OTHER = (("linear_attn.in_proj_qkvz", ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z")),
+          ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+          ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj")))
+
+
+def recipe(name: str, group_size: int = 128) -> Recipe:
+    g = {"group_size": group_size}
+    if name == "fp8":
+        return Recipe(name, "fp8_e4m3", "float8_e4m3fn", {"block": [128, 128]}, 128, "AllowA8", (_ATTN_QKV, *_OTHER))
+    if name == "q4":
+        # Q/K in an int4 parent, V alone in int5: the two-weight projection entry (q_proj carries the gate rows).
+        qk = ("self_attn.qk_proj", ("self_attn.q_proj", "self_attn.k_proj"))
+        return Recipe(name, "int_group", "int4", g, 1, "A16Only", (qk, *_OTHER), {"self_attn.v_proj": "int5"})
+    if name == "q5":
+        return Recipe(name, "int_group", "int5", g, 1, "A16Only", (_ATTN_QKV, *_OTHER))
+    if name == "nvfp4":
+        return Recipe(name, "nvfp4", "nvfp4", {}, 1, "A16Only", (_ATTN_QKV, *_OTHER))
+    raise ValueError(f"unknown recipe {name!r}; known: fp8, q4, q5, nvfp4")
+
+
+def _suffix(name: str) -> tuple[str, str]:
+    """``layers.3.self_attn.q_proj.weight`` -> (``layers.3``, ``self_attn.q_proj``); experts keep their suffix."""
+    parts = name.removesuffix(".weight").split(".")
+    cut = 3 if parts[0] == "mtp" and parts[1] == "layers" else (2 if parts[0] in ("layers",) else 1)
+    return ".".join(parts[:cut]), ".".join(parts[cut:])
+
+
+def _values(src: HFSource, item: Item, expert: int | None) -> np.ndarray:
+    """fp32 values of a 2-D item, or of one expert's slab [rows, K] of an experts item."""
+    if expert is None:
+        return src.get(item.keys[0]).float().numpy()
+    if len(item.keys) == 1:
+        return src.get(item.keys[0])[expert].float().numpy()
+    per = len(item.keys) // item.shape[0]
+    keys = item.keys[expert * per:(expert + 1) * per]
+    return torch.cat([src.get(k) for k in keys]).float().numpy()
+
+
+def _pack_part(src: HFSource, members: list[Item], fmt: str, dtype: str, params: Mapping[str, Any],
+               expert: int | None) -> Part:
+    def part() -> dict[str, np.ndarray]:
+        x = np.concatenate([_values(src, m, expert) for m in members], axis=0)
+        return get_format(fmt).pack(x, dtype, params)
+    return part
+
+
+def _check(rec: Recipe, item: Item, dtype: str, problems: list[str]) -> None:
+    k = item.shape[-1]
+    if rec.format == "int_group" and k % rec.params["group_size"]:
+        problems.append(f"tensor {item.name}: --group-size {rec.params['group_size']} does not divide its input "
+                        f"dim {k} (recipe {rec.name})")
+    if rec.format == "nvfp4" and k % 16:
+        problems.append(f"tensor {item.name}: nvfp4 needs the input dim to be a multiple of 16, got {k}")
+
+
+def _object(src: HFSource, rec: Recipe, name: str, members: list[Item], dtype: str) -> QuantObject:
+    first = members[0]
+    if len(first.shape) == 3:
+        params = dict(rec.params)
+        parts = tuple(_pack_part(src, members, rec.format, dtype, rec.params, e) for e in range(first.shape[0]))
+        if rec.format == "nvfp4":
+            params["global_rows"] = first.shape[1]  # one global scale per expert
+    else:
+        params = dict(rec.params)
+        parts = (_pack_part(src, members, rec.format, dtype, rec.params, None),)
+    shape = (sum(m.shape[0] for m in members), *first.shape[1:]) if len(first.shape) == 2 else first.shape
+    return QuantObject(name, first.feature, first.kind, tuple((m.name, m.shape[0]) for m in members), rec.format,
+                       dtype, tuple(shape), params, rec.activation, parts)
+
+
+def apply_recipe(src: HFSource, plan: Plan, rec: Recipe, keep: tuple[str, ...]
+                 ) -> tuple[list[Item], list[QuantObject], list[str]]:
+    """Split the plan's items into those kept dense and the quantized objects replacing the others."""
+    problems = [f"--keep {p!r} matches no parameter the recipe quantizes" for p in keep
+                if not any(fnmatch.fnmatchcase(i.name, p) for i in plan.items if _quantizable(i))]
+    chosen = {i.name: i for i in plan.items if _quantizable(i) and not any(fnmatch.fnmatchcase(i.name, p)
+                                                                         for p in keep)}
+    by_slot = {_suffix(n): i for n, i in chosen.items()}
+    dtype_of = {n: rec.dtype_overrides.get(_suffix(n)[1], rec.dtype) for n in chosen}
+    objects: dict[str, QuantObject] = {}
+    for prefix in dict.fromkeys(_suffix(n)[0] for n in chosen):
+        for parent, suffixes in rec.groups:
+            members = [by_slot.get((prefix, s)) for s in suffixes]
+            if None in members or len({dtype_of[m.name] for m in members}) > 1:
+                continue
+            bounds = np.cumsum([m.shape[0] for m in members])[:-1]
+            if any(b % rec.row_granularity for b in bounds):
+                continue  # a view would cut a scale block: store the members alone
+            for m in members:
+                _check(rec, m, dtype_of[m.name], problems)
+            objects[members[0].name] = _object(src, rec, f"{prefix}.{parent}", members, dtype_of[members[0].name])
+            for m in members:
+                chosen.pop(m.name)
+    for n, item in chosen.items():
+        _check(rec, item, dtype_of[n], problems)
+        objects[n] = _object(src, rec, n, [item], dtype_of[n])
+    quantized = {m for o in objects.values() for m, _ in o.members}
+    dense = [i for i in plan.items if i.name not in quantized]
+    order = {i.name: k for k, i in enumerate(plan.items)}
+    return dense, sorted(objects.values(), key=lambda o: order[o.members[0][0]]), problems
+
+
+def _quantizable(item: Item) -> bool:
+    return (item.kind in QUANTIZED_KINDS and len(item.shape) >= 2 and item.feature in ("text", "mtp")
+            and not any(fnmatch.fnmatchcase(item.name, p) for p in ALWAYS_KEPT))
