@@ -9,7 +9,8 @@ where recompute(t) = t * (1 + t / QUADRATIC_AT) (prefill is linear in t plus att
 age counts the ResourceManager's logical clock (one tick per adopted transition). class_weight also doubles for a
 SessionIndex binding and quarters for a superseded checkpoint. A capture not yet made counts its class's prior
 hits; it may displace only victims worth less than it.
-Victims are taken lowest value first; a victim that earned hits or belongs to a conversation is demoted to a host replica instead of deleted.
+Victims are taken lowest value first; a protected one (earned hits, or belongs to a conversation) is demoted to
+a host replica instead of deleted where the cost model (`cost_model.py`) says a copy beats recomputing it.
 """
 
 from __future__ import annotations
