@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import time
+from itertools import zip_longest
 from dataclasses import dataclass, field
 
 import httpx
@@ -32,6 +33,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     draft_tokens: int = 0  # the usage extension of a speculative backend (0 without one)
     accepted_draft_tokens: int = 0
+    acceptance_lengths: list[int] = field(default_factory=list)  # rounds by emitted tokens (index i: i + 1)
     error: str = ""
 
     @property
@@ -100,6 +102,7 @@ async def _one(client: httpx.AsyncClient, cfg: BenchConfig, body: dict) -> Reque
                     spec = chunk["usage"].get("speculative_decoding") or {}
                     rec.draft_tokens = spec.get("draft_tokens", 0)
                     rec.accepted_draft_tokens = spec.get("accepted_draft_tokens", 0)
+                    rec.acceptance_lengths = list(spec.get("acceptance_lengths", ()))
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"
         return rec
@@ -186,6 +189,7 @@ def summarize(records: list[RequestRecord], duration: float, percentiles: tuple[
     if drafted:
         accepted = sum(r.accepted_draft_tokens for r in ok)
         out.update(draft_tokens=drafted, accepted_draft_tokens=accepted, draft_acceptance_rate=accepted / drafted)
+        out.update(_acceptance([sum(n) for n in zip_longest(*(r.acceptance_lengths for r in ok), fillvalue=0)]))
     samples = {"ttft": [r.ttft for r in ok], "e2el": [r.e2el for r in ok],
                "tpot": [r.tpot for r in ok if r.tpot is not None], "itl": [g for r in ok for g in r.itl]}
     for name in METRICS:
@@ -197,6 +201,17 @@ def summarize(records: list[RequestRecord], duration: float, percentiles: tuple[
         for p in percentiles:
             out[f"p{p:g}_{name}_ms"] = _percentile(values, p)
     return out
+
+
+def _acceptance(rounds: list[int]) -> dict:
+    """From rounds by emitted tokens: the histogram, the mean emitted tokens per round (vLLM's acceptance length)
+    and, per draft position i, the share of rounds that accepted it (emitted more than i + 1 tokens)."""
+    total = sum(rounds)
+    if not total:
+        return {}
+    return {"acceptance_histogram": rounds,
+            "mean_acceptance_length": sum((i + 1) * n for i, n in enumerate(rounds)) / total,
+            "acceptance_per_position": [sum(rounds[i + 1:]) / total for i in range(len(rounds) - 1)]}
 
 
 def format_summary(s: dict) -> str:
@@ -218,6 +233,11 @@ def format_summary(s: dict) -> str:
         lines += [f"{'-' * 15}Speculative Decoding{'-' * 15}", f"{'Draft tokens:':<40}{s['draft_tokens']}",
                   f"{'Accepted draft tokens:':<40}{s['accepted_draft_tokens']}",
                   f"{'Draft acceptance rate (%):':<40}{100 * s['draft_acceptance_rate']:.2f}"]
+    if "acceptance_histogram" in s:
+        lines.append(f"{'Mean acceptance length:':<40}{s['mean_acceptance_length']:.2f}")
+        lines.append(f"{'Per-position acceptance (%):':<40}"
+                     + ", ".join(f"{100 * a:.1f}" for a in s["acceptance_per_position"]))
+        lines += [f"{f'Rounds emitting {i + 1} token(s):':<40}{n}" for i, n in enumerate(s["acceptance_histogram"])]
     for e in s["errors"]:
         lines.append(f"error: {e}")
     return "\n".join(lines + ["=" * 50])

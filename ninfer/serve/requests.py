@@ -8,6 +8,7 @@ when it runs, inside the Engine worker, where a bad one would end the request af
 from __future__ import annotations
 
 import re
+from itertools import zip_longest
 from typing import Any, Sequence
 
 from ninfer.contracts import FinishReason, GenerationResult, RejectReason, RowFailure
@@ -89,7 +90,10 @@ def usage(results: Sequence[GenerationResult], prompt_tokens: int | None = None)
     drafted = sum(r.usage.draft_tokens for r in results)
     if drafted:  # the usage extension of a speculative backend (absent without one: the OpenAI shape)
         out["speculative_decoding"] = {"draft_tokens": drafted,
-                                       "accepted_draft_tokens": sum(r.usage.accepted_draft_tokens for r in results)}
+                                       "accepted_draft_tokens": sum(r.usage.accepted_draft_tokens for r in results),
+                                       # rounds by emitted tokens (index i: rounds that emitted i + 1)
+                                       "acceptance_lengths": [sum(n) for n in zip_longest(
+                                           *(r.usage.acceptance_lengths for r in results), fillvalue=0)]}
     return out
 
 

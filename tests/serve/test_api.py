@@ -197,15 +197,22 @@ def test_speculative_tool_call_parses_and_equals_the_plain_run(spec_client, clie
 
 
 def test_speculative_metrics(spec_client):
-    body = spec_client.post(CHAT, json={"messages": HI, "max_tokens": 12, "temperature": 0}).json()
+    req = {"messages": HI, "max_tokens": 12, "temperature": 0}
+    body = spec_client.post(CHAT, json=req).json()
     ext = body["usage"]["speculative_decoding"]
     assert 0 < ext["accepted_draft_tokens"] <= ext["draft_tokens"]
+    # rounds by emitted tokens: a round emitting i + 1 tokens accepted i drafts, and the first token is prefill's
+    hist = ext["acceptance_lengths"]
+    assert sum(i * n for i, n in enumerate(hist)) == ext["accepted_draft_tokens"]
+    assert sum((i + 1) * n for i, n in enumerate(hist)) == body["usage"]["completion_tokens"] - 1
+    events = sse_events(spec_client.post(CHAT, json={**req, "stream": True, "stream_options": {"include_usage": True}}))
+    assert events[-1]["usage"]["speculative_decoding"] == ext  # what `ninfer bench serve` reads, streamed
     lines = spec_client.get("/metrics").text.splitlines()
 
     def value(name: str) -> float:
         return float(next(line for line in lines if line.startswith(name + " ")).split()[-1])
     assert value("ninfer:spec_decode_num_draft_tokens_total") >= ext["draft_tokens"]
     assert value("ninfer:spec_decode_num_accepted_tokens_total") >= ext["accepted_draft_tokens"]
-    assert value("ninfer:spec_decode_acceptance_length_count") >= 1
+    assert value("ninfer:spec_decode_acceptance_length_count") >= sum(hist)
     assert value('ninfer:spec_decode_acceptance_length_bucket{le="8"}') == \
         value("ninfer:spec_decode_acceptance_length_count")
