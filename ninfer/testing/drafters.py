@@ -24,15 +24,16 @@ ARCH = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 
 def drafter_hf_config(target: Qwen35Config, kind: str = "dflash", *, layers: int = 2, block_size: int = 16,
                       mask_token_id: int | None = None, target_layer_ids: list[int] | None = None,
-                      **overrides: Any) -> dict[str, Any]:
+                      selector_top_k: int = 8, **overrides: Any) -> dict[str, Any]:
     """A published-layout drafter config for `target`: `layers` layers at its hidden size, 2 q heads and 1 kv
-    head of hidden/2, the taps spread over the target's layers; `overrides` replace top-level keys."""
+    head of hidden/2, the taps spread over the target's layers (DFlash2: 2 taps, groups of 8, rank 8,
+    `selector_top_k` candidates); `overrides` replace top-level keys."""
     H, L = target.hidden_size, target.num_hidden_layers
     extra: dict[str, Any] = {"mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
                              "target_layer_ids": target_layer_ids or sorted({round(i * (L - 1) / max(layers - 1, 1))
                                                                              for i in range(layers)})}
     if kind == "dflash2":
-        extra.update(conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=8)
+        extra.update(conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=selector_top_k)
     raw = dict(architectures=[ARCH[kind]], model_type="qwen3", hidden_size=H, num_hidden_layers=layers,
                num_attention_heads=2, num_key_value_heads=1, head_dim=H // 2, intermediate_size=2 * H,
                rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=target.vocab_size, num_target_layers=L,
