@@ -89,3 +89,34 @@ def reference_drafter(model, kind: str = "dflash", seed: int = 1, **config: Any)
     cfg = DrafterConfig.from_hf(drafter_hf_config(model.cfg, kind, **config))
     return Drafter(cfg, drafter_tensors(cfg, seed), model.weights["embed_tokens.weight"],
                    model.weights["lm_head.weight"], model.dtype)
+
+
+def with_drafter(src: str | Path, out: str | Path, kind: str = "dflash", *, seed: int = 1, **config: Any) -> Path:
+    """A copy of the dense artifact `src` with a random `kind` drafter bound beside its target (what
+    ``ninfer convert --drafter`` stores), for tests that need a drafter on a model that has no HF directory
+    (the embedded default model)."""
+    from ninfer.artifact import open_artifact
+    from ninfer.artifact.build import add_uses
+    from ninfer.artifact.writer import ArtifactWriter
+    from ninfer.models.qwen3_5.drafter import RESOURCE
+
+    with open_artifact(src, features=None) as art:
+        desc = art.descriptor
+        cfg = DrafterConfig.from_hf(drafter_hf_config(art.config, kind, **config))
+        with ArtifactWriter(Path(out), progress=False) as w:
+            for b in desc.bindings:
+                if b.object == b.name:
+                    o = art.objects[b.name]
+                    assert o.format == "dense", f"with_drafter copies dense artifacts only ({b.name}: {o.format})"
+                    w.add_object(b.name, dtype=o.dtype, shape=o.shape, planes={"data": art.tensor(b.name)})
+            for b in desc.bindings:
+                w.bind(b.name, b.object, feature=b.feature, kind=b.kind)
+            specs = drafter_parameters(cfg)
+            for name, t in drafter_tensors(cfg, seed).items():
+                w.add_object(name, dtype="float32", shape=tuple(t.shape), planes={"data": t})
+                w.bind(name, name, feature=kind, kind=specs[name].kind)
+            add_uses(w)
+            for r in desc.resources:
+                w.add_resource(r.name, art.resource(r.name), r.media_type)
+            w.add_resource(RESOURCE, json.dumps(cfg.to_dict()), "application/json")
+            return w.finish(desc.config, desc.metadata, desc.provenance)

@@ -129,3 +129,29 @@ def test_a_damaged_drafter_resource_names_the_field(tmp_path, target):
         w.finish(desc.config, desc.metadata, desc.provenance)
     with pytest.raises(ArtifactError, match="hidden_size"):
         open_artifact(bad, features=("text", "dflash"))
+
+
+def test_a_converted_drafter_serves_on_the_reference_program(tmp_path, target):
+    """The artifact path end to end: from_artifact loads the drafter over the target's embedding and lm_head, greedy
+    equals the plain run; an artifact without one (or with the other kind) is a start-up error naming the method."""
+    from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig
+    from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+    from ninfer.testing.serving import serve
+    from ninfer.testing.sessions import token_request
+
+    draft = make_drafter_checkpoint(tmp_path / "d", _target_cfg(target), "dflash", block_size=8, dtype=torch.float32)
+    out = convert_checkpoint(target, tmp_path / "m.ninfer", progress=False, drafter=draft)
+    bare = convert_checkpoint(target, tmp_path / "bare.ninfer", progress=False)
+
+    def program(path, spec):
+        return ReferenceProgram.from_artifact(path, ReferenceProgramConfig(max_concurrency=1, max_context=64,
+                                                                           speculative=spec))
+    spec = program(out, SpeculativeConfig("dflash", 7))
+    assert spec.drafter.cfg.block_size == 8 and spec.drafter.lm_head is spec.model.weights["lm_head.weight"]
+    got = serve(spec, [token_request((5, 6, 7), 6)], max_concurrency=1)
+    assert got[0].token_ids == serve(program(out, None), [token_request((5, 6, 7), 6)], max_concurrency=1)[0].token_ids
+    assert got[0].usage.draft_tokens > 0
+    for path, method in ((bare, "dflash"), (out, "dflash2")):
+        with pytest.raises(MissingBackendWeights) as e:
+            program(path, SpeculativeConfig(method, 7))
+        assert e.value.field == "method" and f"a {method} drafter" in str(e.value)

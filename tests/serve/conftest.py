@@ -44,6 +44,26 @@ def spec_runtime():
 
 
 @pytest.fixture(scope="session")
+def dflash_runtime(tmp_path_factory):
+    """The generation Runtime with the DFlash2 backend (k = 7) on the embedded model plus a random drafter; with
+    `forced`, ForcedDrafts in front of it (the drafter's context still advances with every token)."""
+    from ninfer.convert.default_model import default_model_path
+    from ninfer.testing.drafters import with_drafter
+
+    path = with_drafter(default_model_path(), tmp_path_factory.mktemp("dflash") / "m.ninfer", "dflash2", block_size=8)
+    rt = build_runtime(RuntimeOptions(model=str(path), max_model_len=512, max_num_seqs=2, seed=7,
+                                      speculative_config={"method": "dflash2", "num_speculative_tokens": 7}),
+                       progress=False)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def dflash_client(dflash_runtime) -> TestClient:
+    return _client(dflash_runtime)
+
+
+@pytest.fixture(scope="session")
 def score_runtime():
     rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=256, score_window=64, score_stride=32),
                        progress=False)

@@ -185,6 +185,34 @@ def test_speculative_json_schema_validates_and_equals_the_plain_run(spec_client,
         spec["message"]["content"]
 
 
+def test_dflash_json_schema_validates_and_equals_the_plain_run(dflash_client, client, dflash_runtime):
+    """DFlash2 k = 7 over the server: greedy with the drafter's own drafts and with forced multi-token blocks
+    equals the plain run and validates; sampled responses that finish validate too."""
+    assert dflash_client.get("/v1/models").json()["data"][0]["speculative"] == "dflash2 (k=7)"
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+              "additionalProperties": False}
+    req = {"messages": HI, "max_tokens": 40, "logit_bias": _bias_toward(dflash_runtime, '{"a": true}'),
+           "chat_template_kwargs": NO_THINK, "temperature": 0,
+           "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    plain = client.post(CHAT, json=req).json()["choices"][0]
+    real = dflash_client.post(CHAT, json=req).json()
+    assert real["usage"]["speculative_decoding"]["draft_tokens"] > 0
+    assert real["choices"][0]["message"] == plain["message"]
+    from ninfer.testing.speculation import ForcedDrafts
+    program = dflash_runtime.engine.core.program
+    drafter = program.executor.draft
+    ForcedDrafts(program.model).install(program)
+    try:
+        spec, plain_again = _spec_and_plain(dflash_client, client, req)
+        for n in (3, 4):
+            body = dflash_client.post(CHAT, json={**req, "temperature": 1.0, "seed": n}).json()["choices"][0]
+            if body["finish_reason"] == "stop":
+                assert set(json.loads(body["message"]["content"])) == {"a"}
+    finally:
+        program.executor.draft = drafter
+    assert spec["message"] == plain_again["message"] and json.loads(spec["message"]["content"]) == {"a": True}
+
+
 @pytest.mark.slow
 def test_speculative_tool_call_parses_and_equals_the_plain_run(spec_client, client, spec_runtime):
     """About 40 s on CPU (60 tokens of a 248k-vocabulary model, ForcedDrafts re-running it on every miss): opt-in."""
