@@ -1,10 +1,10 @@
 """Per-op micro-benchmark at real Qwen3.5 shapes on one GPU, about 30 s with a cold Triton cache (the attention
 autotune compiles four tiles): the GDN prefill conv, prefill attention, the chunked GDN (with a per-kernel
 breakdown from torch.profiler, and fla's chunk_gated_delta_rule next to it when fla imports) and the GDN decode
-step (replayed from a CUDA graph). Each row prints the time (triton.testing.do_bench mean), the achieved TB/s or
+step and the speculative acceptance kernels (both replayed from a CUDA graph). Each row prints the time (triton.testing.do_bench mean), the achieved TB/s or
 TFLOP/s and the number measured on the H200 before the current kernels (torch.profiler, kernel time per layer).
 
-    python benchmarks/gpu/bench_ops.py [--ops conv,attn,chunk,decode] [--all]   # OUT=dir: also bench_ops.json
+    python benchmarks/gpu/bench_ops.py [--ops conv,attn,chunk,decode,spec] [--all]   # OUT=dir: also bench_ops.json
     python benchmarks/gpu/bench_ops.py --smoke                                  # the same code on a CPU, tiny T
 
 --all adds the 0.8B chunked GDN (HV=16: its own compiles, ~10 s more).
@@ -151,9 +151,30 @@ def bench_decode(B: int, before: str, HV: int = 32) -> None:
     _row("gdn_decode (graph)", f"9B B={B} HV={HV}", ms * 1e3, f"{moved / ms / 1e9:.2f} TB/s", before)
 
 
+def bench_spec_accept(B: int, k: int, greedy: bool) -> None:
+    """The speculative acceptance kernels over the real vocabulary, captured and replayed in a CUDA graph."""
+    from ninfer.fast.ops.sample import layout as SL
+    from ninfer.fast.ops.spec_accept import SpecAcceptWorkspace, spec_accept
+
+    V = 1000 if SMOKE else 248320
+    z = 3 * torch.randn(B, k + 1, V, device=DEV)
+    zq = None if greedy else z[:, :k] + torch.randn(B, k, V, device=DEV)
+    drafts = torch.randint(0, V, (B, k), device=DEV)
+    num = torch.full((B,), k, dtype=torch.int32, device=DEV)
+    ip = torch.zeros(B, SL.INT_COLUMNS, dtype=torch.int64, device=DEV)
+    ip[:, SL.SEED], ip[:, SL.POSITION] = torch.arange(B, device=DEV) + 11, 1000
+    ip[:, SL.FLAGS] = SL.GREEDY if greedy else 0
+    ws = SpecAcceptWorkspace.allocate(B, k, V, DEV)
+    out = torch.empty(B, 3 + k, dtype=torch.int32, device=DEV)
+    ms = _ms(lambda: spec_accept(z, drafts, num, ip, zq, workspace=ws, out=out), graph=True)
+    read = z.numel() * 4 * (1 if greedy else 2) + (0 if greedy else zq.numel() * 4 * 2)  # stats + residual passes
+    _row("spec_accept (graph)", f"B={B} k={k} V={V} {'greedy' if greedy else 'sampled'}", ms * 1e3,
+         f"{read / ms / 1e9:.2f} TB/s", "new")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="conv,attn,chunk,decode")
+    ap.add_argument("--ops", default="conv,attn,chunk,decode,spec")
     ap.add_argument("--all", action="store_true", help="also the 0.8B chunked GDN")
     ap.add_argument("--smoke", action="store_true", help="run on a CPU through the Triton interpreter, tiny T")
     args = ap.parse_args()
@@ -174,6 +195,9 @@ def main() -> None:
     if "decode" in ops:
         bench_decode(1, "recurrent 6.6 + conv ~2 us, 2 launches")
         bench_decode(2 if SMOKE else 8, "recurrent 15.5 + conv ~2 us, 2 launches")
+    if "spec" in ops:
+        for B, greedy in ((1, True), (8, True), (8, False)):
+            bench_spec_accept(B, 3, greedy)
     print(f"done in {time.time() - t0:.1f} s")
     if os.environ.get("OUT"):
         os.makedirs(os.environ["OUT"], exist_ok=True)

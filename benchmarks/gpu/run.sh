@@ -37,7 +37,8 @@ run_tests() {
     local e2e="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"
     "$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
         || { e2e=""; echo "no server packages (carry .whl): e2e tests left out"; }
-    local paths="${TEST_PATHS:-tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py $e2e}"
+    local paths="${TEST_PATHS:-tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py
+        tests/oracle/test_spec_diff.py $e2e}"
     echo "== GPU tests: $paths"
     local log="${OUT:-/tmp}/pytest_gpu.log"
     # shellcheck disable=SC2086

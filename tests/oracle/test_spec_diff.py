@@ -7,6 +7,8 @@ against the reference agrees within the fp32 tolerance, with forced drafts and w
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -17,6 +19,7 @@ from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.checkpoints import peaked_text_tensors
 from ninfer.testing.speculation import ForcedDrafts
+from oracle.diff import default_tolerance
 from oracle.spec_diff import main_spec_diff, run_spec_diff
 
 SPEC = {"method": "mtp", "num_speculative_tokens": 3}
@@ -79,11 +82,19 @@ def test_other_drafts_fail_on_acceptance_not_on_greedy_tokens(artifact):
     assert any("rounds by emitted length differ" in f for f in report.failures) and report.unmatched > 0
 
 
+# With NINFER_TEST_DEVICE=cuda the fast side also runs on the GPU with the Triton kernels (fp32 tl.dot is TF32 there)
+DEVICES = [("cpu", "naive")] + ([("cuda", "triton")] if os.environ.get("NINFER_TEST_DEVICE") == "cuda"
+                                 and torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device, kernels", DEVICES)
 @pytest.mark.parametrize("forced", [True, False], ids=["forced", "mtp"])
-def test_fast_against_reference(artifact, forced):
-    report = run_spec_diff(artifact, SPEC, forced=forced, **RUN)
+def test_fast_against_reference(artifact, forced, device, kernels):
+    tolerance = default_tolerance(torch.float32, device, kernels)
+    report = run_spec_diff(artifact, SPEC, forced=forced, tolerance=tolerance,
+                           **{**RUN, "device": device, "kernels": kernels})
     assert not report.failures, report.failures
-    assert report.setup.startswith("fast float32 on cpu, naive kernels")
+    assert report.setup.startswith(f"fast float32 on {device}, {kernels} kernels")
     assert all(r.equal and r.lengths_equal and r.blocks > 1 for r in report.rows)
     assert 0 < report.worst_rel_rms < report.tolerance
 
