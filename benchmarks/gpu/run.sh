@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
+#   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -78,6 +79,14 @@ run_spec() {
         ${OUT:+--out "$OUT"} || echo "bench_spec rc=$?"
 }
 
+run_quant() {
+    echo "== quantized weights (FP8, int4, NVFP4) beside bf16, through the Engine"
+    local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 300 ? $(left) : 300 ))
+    timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_quant.py --models "$models" \
+        --recipes "${BENCH_RECIPES:-bf16,fp8,q4,nvfp4}" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} \
+        || echo "bench_quant rc=$?"
+}
+
 run_llamacpp() {
     echo "== llama.cpp baseline (built here from the carried source)"
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_llamacpp.py --models "${LLAMACPP_MODELS:-0.8B,9B}" \
@@ -99,5 +108,6 @@ case "$PART" in
     micro) run_micro ;;
     spec) run_spec ;;
     agent) run_agent ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent)"; exit 2 ;;
+    quant) run_quant ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent, quant)"; exit 2 ;;
 esac

@@ -79,3 +79,16 @@ def test_bench_spec_smoke_fast(tmp_path):
     results = json.loads((tmp_path / "bench_spec.json").read_text())
     assert results["errors"] == {} and results["program"] == "fast"
     _check_spec(results)
+
+
+def test_bench_quant_smoke(tmp_path):
+    r = _smoke("bench_quant.py", tmp_path)
+    tiny = r["models"]["tiny"]
+    assert set(tiny) == {"bf16", "fp8", "q4", "nvfp4"}
+    for recipe, m in tiny.items():
+        assert {d["B"] for d in m["decode"]} == {1, 2} and all(_positive(d["step_ms"]) for d in m["decode"])
+        assert m["prefill"] and all(_positive(p["tok_s"]) for p in m["prefill"])
+    # the stored bytes: 4-bit weights below fp8 below bf16 (the tiny model's dense embedding and lm_head included)
+    assert tiny["q4"]["weight_bytes"] < tiny["fp8"]["weight_bytes"] < tiny["bf16"]["weight_bytes"]
+    assert "int4" in tiny["q4"]["formats"] and "nvfp4" in tiny["nvfp4"]["formats"]
+    assert [t["result"] for t in r["targets"]] == ["not run"] * 4

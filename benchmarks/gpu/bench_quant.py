@@ -1,0 +1,167 @@
+"""Quantized weights through the public Engine on the fast Program (issue 13), beside bf16 in the same run: per
+model (9B, 35B-A3B) and recipe (bf16, fp8 = FP8 128x128 blocks with A8 prefill, q4 = int4 g128, nvfp4), decode ms
+per token at B = 1, 2, 4, 8 (512-token contexts) against the bandwidth floor of the bytes really stored, and time
+to first token at 2048 / 8192 tokens; the issue's targets with pass/fail at the end.
+
+Weights are random planes made on the device (quant_weights.py; shapes.py for the dense ones), so the numbers are
+speed only. Run: python benchmarks/gpu/bench_quant.py [--models 9B,35B-A3B] [--recipes bf16,fp8,q4,nvfp4]
+[--deadline-s 290] [--out DIR];  --smoke runs the same code on a CPU (tiny shape, naive kernels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_engine as be  # noqa: E402
+from measure import decode_floor, hbm_bandwidth  # noqa: E402
+from quant_weights import random_quant  # noqa: E402
+from runlog import Run, bench_arguments, print_problems  # noqa: E402
+from shapes import config, random_source  # noqa: E402
+
+from ninfer.engine.config import EngineConfig  # noqa: E402
+from ninfer.engine.engine import Engine  # noqa: E402
+from ninfer.fast.memory import device_budget  # noqa: E402
+from ninfer.fast.ops.qlinear import QuantWeight  # noqa: E402
+from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
+
+SETTINGS = dataclasses.replace(be.Settings(), contexts=(512,), decode_tokens=32, long_context=16384)
+SMOKE = dataclasses.replace(be.SMOKE, contexts=(16,), prefill=(64,))
+# (model, recipe, metric, bound): decode ms/token at B=1 at most bound; prefill 8192 speed-up over bf16 at least
+TARGETS = [("9B", "fp8", "decode_ms_b1", 2.4), ("9B", "q4", "decode_ms_b1", 1.6),
+           ("35B-A3B", "fp8", "decode_ms_b1", 2.0), ("9B", "fp8", "prefill_8192_speedup", 1.4)]
+MIN_SECONDS = {"9B": 35, "35B-A3B": 50, "tiny": 1}
+
+
+def weight_read_bytes(program: FastProgram, batch: int) -> int:
+    """Stored bytes one decode step streams: every resident weight but the embedding (B rows of it), and of each
+    MoE layer's routed experts at most min(E, B*k)."""
+    cfg, w = program.model.cfg, program.model.weights
+    total = w.nbytes - w.embed.numel() * w.embed.element_size() * (w.lm_head is not w.embed)
+    if cfg.is_moe:
+        E, k = cfg.num_experts, cfg.num_experts_per_tok
+        for lw in w.layers:
+            stacks = (lw.ffn.experts_gate_up, lw.ffn.experts_down)
+            per = sum(s.nbytes if isinstance(s, QuantWeight) else s.numel() * s.element_size() for s in stacks) / E
+            total -= int(per * (E - min(E, batch * k)))
+    return total
+
+
+def build(run: Run, name: str, recipe: str) -> tuple[FastProgram, Engine, dict]:
+    s, cfg = run.s, config(name)
+    if s.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.monotonic()
+    settings = FastProgramConfig(max_concurrency=be.LANES, max_context=s.max_context, checkpoint_slots=8,
+                                 max_prefill_tokens=s.prefill_chunk)
+    budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
+    quant = None if recipe == "bf16" else random_quant(cfg, s.device, recipe, small=s.device != "cuda")
+    program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
+                                kernels=s.kernels, quant=quant)
+    engine = Engine(program, EngineConfig(max_concurrency=be.LANES, prefill_chunk=s.prefill_chunk), threaded=False)
+    plan = program.model.plan
+    info = {"build_s": time.monotonic() - t, "weight_bytes": program.model.weights.nbytes,
+            "formats": program.model.weights.formats(), "kv_bytes": plan.kv_bytes, "kv_pages": plan.num_pages}
+    return program, engine, info
+
+
+def bench_one(run: Run, name: str, recipe: str) -> None:
+    entry = run.results["models"].setdefault(name, {}).setdefault(recipe, {})
+    program, engine, info = build(run, name, recipe)
+    entry.update(info)
+    try:
+        vocab = program.limits.vocab_size
+        run.part(f"{name} {recipe} decode", be.bench_decode, run, engine, vocab, entry)
+        run.part(f"{name} {recipe} prefill", be.bench_prefill, run, engine, vocab, entry)
+        bw = run.results.get("bandwidth", {}).get("copy_tb_s", 0.0)
+        for d in entry.get("decode", []):
+            f = decode_floor(program.model.cfg, d["B"], d["ctx"], bw)
+            moved = weight_read_bytes(program, d["B"]) + f["kv_bytes"] + f["state_bytes"]
+            d["floor_ms"] = moved / (bw * 1e9) if bw > 0 else float("nan")
+            d["bytes"] = moved
+        program.check_invariants()
+    finally:
+        engine.shutdown()
+        program.runner.reset()
+        del program, engine
+        gc.collect()
+        if run.s.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def bench_model(run: Run, name: str, recipes: list[str]) -> None:
+    for recipe in recipes:
+        if run.left() < MIN_SECONDS.get(name, 40):
+            run.results["skipped"].append(f"{name} {recipe} (deadline: {run.left():.0f}s left)")
+            continue
+        run.part(f"{name} {recipe}", bench_one, run, name, recipe)
+
+
+def targets(r: dict) -> list[dict]:
+    out = []
+    for model, recipe, metric, bound in TARGETS:
+        m = r.get("models", {}).get(model, {})
+        value = None
+        if metric == "decode_ms_b1":
+            value = next((d["step_ms"] for d in m.get(recipe, {}).get("decode", []) if d["B"] == 1), None)
+            ok = value is not None and value <= bound
+        else:
+            tok = {rc: next((p["tok_s"] for p in m.get(rc, {}).get("prefill", []) if p["T"] == 8192), None)
+                   for rc in (recipe, "bf16")}
+            value = tok[recipe] / tok["bf16"] if None not in tok.values() else None
+            ok = value is not None and value >= bound
+        out.append({"model": model, "recipe": recipe, "metric": metric, "bound": bound, "value": value,
+                    "result": "not run" if value is None else ("pass" if ok else "FAIL")})
+    return out
+
+
+def print_table(r: dict) -> None:
+    print("\n" + "=" * 100)
+    bw = r.get("bandwidth", {}).get("copy_tb_s")
+    print(f"quantized weights through the Engine on {r.get('device')}, random weights, copy bandwidth "
+          f"{be._f(bw)} TB/s; wall {be._f(r.get('wall_s'), '{:.0f}')} s")
+    print(f"{'model':8} {'recipe':6} {'weights GiB':>11} {'B':>2} {'ms/step':>8} {'floor ms':>8} {'of floor':>8} "
+          f"{'tok/s':>7}")
+    for name, recipes in r.get("models", {}).items():
+        for recipe, m in recipes.items():
+            gib = (m.get("weight_bytes") or 0) / 2**30
+            for d in m.get("decode", []):
+                frac = d["floor_ms"] / d["step_ms"] if math.isfinite(d.get("floor_ms", math.nan)) else None
+                print(f"{name:8} {recipe:6} {gib:11.2f} {d['B']:>2} {d['step_ms']:8.3f} {be._f(d.get('floor_ms'), '{:8.3f}')} "
+                      f"{be._f(frac, '{:8.0%}')} {d['tok_s']:7.0f}")
+            for p in m.get("prefill", []):
+                print(f"  {name:8} {recipe:6} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms {p['tok_s']:>8.0f} tok/s")
+    for t in r.get("targets", []):
+        v = "-" if t["value"] is None else f"{t['value']:.3f}"
+        op = "<=" if t["metric"].startswith("decode") else ">="
+        print(f"TARGET {t['model']} {t['recipe']} {t['metric']} {op} {t['bound']}: {v} -> {t['result']}")
+    print_problems(r)
+
+
+def main() -> int:
+    ap = bench_arguments(290.0, "tiny shape on the CPU with the naive kernels")
+    ap.add_argument("--recipes", default="bf16,fp8,q4,nvfp4")
+    args = ap.parse_args()
+    run = Run(args.deadline_s, args.out, SMOKE if args.smoke else SETTINGS, "bench_quant.json")
+    if not run.need_cuda(args.smoke, print_table):
+        return 1
+    if not args.smoke:
+        run.results["bandwidth"] = run.part("bandwidth", hbm_bandwidth) or {}
+    models = ["tiny"] if args.smoke else [m for m in args.models.split(",") if m in ("9B", "35B-A3B")]
+    run.each_model(models, {}, bench_model, args.recipes.split(","))
+    run.results["targets"] = targets(run.results)
+    run.save()
+    print_table(run.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
