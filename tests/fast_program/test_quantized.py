@@ -18,6 +18,7 @@ from ninfer.models.qwen3_5.capacity import weight_bytes
 from ninfer.models.qwen3_5.params import logical_parameters
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.numerics import assert_close
+from ninfer.testing.quant import pack_planes
 from ninfer.testing.serving import serve
 from ninfer.testing.sessions import token_request
 
@@ -26,7 +27,10 @@ RECIPES = {
     "fp8_row": ("fp8_e4m3", "float8_e4m3fn", {}),
     "int4": ("int_group", "int4", {"group_size": 16}),
     "int5": ("int_group", "int5", {"group_size": 32}),
+    "int8_zp": ("int_group", "int8", {"group_size": 16, "zero_point": True, "scale_dtype": "bfloat16"}),
+    "int4_act": ("int_group", "int4", {"group_size": 16, "zero_point": True, "act_order": True}),
     "nvfp4": ("nvfp4", "nvfp4", {}),
+    "nvfp4_rows": ("nvfp4", "nvfp4", {"global_rows": 1, "input_scale": True}),
 }
 PROGRAM = dict(max_concurrency=2, max_context=128, page_size=4, kv_pages=80, checkpoint_slots=2,
                dtype=torch.float32)
@@ -63,7 +67,9 @@ def write_quantized(path, cfg, weights, recipe: str, fused_qk: bool = False, a8:
             if r is None:
                 w.add_tensor(name, t)
             else:
-                add_packed(w, name, t, format=r[0], dtype=r[1], params=r[2])
+                # act-order and per-row-group global scales are laid out the way imports store them
+                w.add_object(name, format=r[0], dtype=r[1], shape=tuple(t.shape), params=r[2],
+                             planes=pack_planes(t.float().numpy(), *r))
             w.bind(name, name, feature=specs[name].feature, kind=specs[name].kind)
         add_uses(w, (lambda site, b: "AllowA8") if a8 else None)
         return w.finish(cfg.to_dict(), {"name": f"tiny-{recipe}"}, {})
@@ -84,7 +90,8 @@ def _logits(program, tokens):
 
 
 @pytest.mark.parametrize("recipe,fused_qk", [("fp8", False), ("fp8_row", False), ("int4", True), ("int5", False),
-                                              ("nvfp4", False), ("mixed", False)])
+                                              ("int8_zp", False), ("int4_act", False), ("nvfp4", False),
+                                              ("nvfp4_rows", False), ("mixed", False)])
 def test_quantized_logits_match_reference(tiny, tmp_path, prompt_of, recipe, fused_qk):
     cfg, weights = tiny
     path = write_quantized(tmp_path / f"{recipe}.ninfer", cfg, weights, recipe, fused_qk)
@@ -95,7 +102,8 @@ def test_quantized_logits_match_reference(tiny, tmp_path, prompt_of, recipe, fus
     # the plan holds the resident bytes: less than the same model dense at the plan's dtype
     assert fast.model.plan.weight_bytes == fast.model.weights.nbytes < weight_bytes(cfg, "float32")
     kinds = {type(fast.model.weights.layers[0].mixer.in_proj)}
-    assert kinds == ({Segments} if recipe == "mixed" else {QuantWeight})
+    # act-order parts keep their own column orders: no fused kernel call
+    assert kinds == ({Segments} if recipe in ("mixed", "int4_act") else {QuantWeight})
 
 
 def test_quantized_greedy_through_the_engine(tiny, tmp_path, prompt_of):
@@ -163,7 +171,7 @@ def _moe_config():
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True}))
 
 
-@pytest.mark.parametrize("recipe", ["fp8", "int4", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["fp8", "int4", "int4_act", "nvfp4"])
 def test_quantized_moe_experts(tmp_path, prompt_of, recipe):
     """Routed experts stored quantized ([E, 2I, H] and [E, H, I] objects): naive kernels in prefill and decode, and
     the Triton path (pair-mode GEMV in decode, dequantized stacks in prefill) through the Engine."""

@@ -9,15 +9,17 @@ import torch
 
 from _device import DEVICE, ON_GPU
 from ninfer.artifact.formats import get_format
-from ninfer.fast.ops.qlinear import concat_rows, dequantize_naive, qlinear_naive
+from ninfer.fast.ops.qlinear import concat_rows, dequantize_naive, fusable, qlinear_naive
 from ninfer.fast.ops.qlinear.triton import dequantize, qgemv, qgemv_pairs, qlinear
 from ninfer.testing.numerics import assert_close
-from ninfer.testing.quant import RECIPES, pack_weight
+from ninfer.testing.quant import RECIPES, pack_planes, pack_weight
 
-KINDS = ["fp8", "fp8_row", "int4", "int5", "nvfp4"]
+KINDS = ["fp8", "fp8_row", "int4", "int5", "int8", "int4_zp", "int4_act", "nvfp4", "nvfp4_rows"]
 # small groups/blocks on CPU keep the interpreter fast while still spanning several scale blocks per row
 SMALL = {"fp8": {"block": [16, 32]}, "fp8_row": {}, "int4": {"group_size": 16}, "int5": {"group_size": 32},
-         "nvfp4": {}}
+         "int8": {"group_size": 16}, "int4_zp": {"group_size": 16, "zero_point": True, "scale_dtype": "bfloat16"},
+         "int4_act": {"group_size": 16, "zero_point": True, "act_order": True}, "nvfp4": {},
+         "nvfp4_rows": {"global_rows": 1, "input_scale": True}}
 # (N, K): off the 16-row tile, K spanning several blocks; the GPU adds 9B decode projections
 SHAPES = [(4096, 4096), (1024, 12288), (257, 2048)] if ON_GPU else [(40, 64), (33, 96)]
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
@@ -41,9 +43,8 @@ def test_naive_dequant_is_the_formats_unpack(kind):
     fmt_name, dtype, _ = RECIPES[kind]
     v = torch.randn(48, 64)
     w = pack_weight(v, kind, "cpu", params=SMALL[kind])
-    fmt = get_format(fmt_name)
-    planes = fmt.pack(v.numpy(), dtype, SMALL[kind])
-    ref = fmt.unpack(planes, (48, 64), dtype, SMALL[kind])
+    planes = pack_planes(v.numpy(), fmt_name, dtype, SMALL[kind])
+    ref = get_format(fmt_name).unpack(planes, (48, 64), dtype, SMALL[kind])
     assert np.array_equal(dequantize_naive(w).numpy(), ref)
 
 
@@ -71,14 +72,18 @@ def test_qgemv_split_k_and_swiglu(kind):
 def test_prefill_dequantize_and_fused_rows(kind):
     # a fused parent of parts whose row counts are not multiples of the fp8 block rows: scales go per row
     parts = [_weight(kind, n, SHAPES[-1][1]) for n in (24, 40, 17)]
+    if "act" in kind:
+        assert not fusable(parts)  # each part has its own column order
+        parts = parts[:1]
     w = concat_rows(parts)
     assert torch.equal(dequantize_naive(w), torch.cat([dequantize_naive(p) for p in parts]))
-    assert_close(f"dequantize {kind}", dequantize_naive(w), dequantize(w, torch.float32), 1e-6)
+    stored = dequantize_naive(w) if w.perm is None else dequantize_naive(w)[:, w.perm.long()]
+    assert_close(f"dequantize {kind}", stored, dequantize(w, torch.float32), 1e-6)  # in stored column order
     x = torch.randn(20, w.k, device=DEVICE).to(DTYPE)
     assert_close(f"qlinear {kind} prefill", qlinear_naive(x, w), qlinear(x, w), _tol())
 
 
-@pytest.mark.parametrize("kind", ["fp8", "int4", "nvfp4"] if not ON_GPU else KINDS)
+@pytest.mark.parametrize("kind", ["fp8", "int4", "int4_act", "nvfp4_rows"] if not ON_GPU else KINDS)
 def test_qgemv_pairs(kind):
     E, N, K, T, k = 4, 32, 64, 3, 2
     w = _weight(kind, N, K, lead=(E,))

@@ -14,11 +14,13 @@ from ninfer.testing.quant import pack_weight
 
 # (E, H, I, top_k)
 SHAPE = (16, 2048, 512, 8) if ON_GPU else (6, 64, 32, 2)
-SMALL = {"fp8": {"block": [16, 32]}, "int4": {"group_size": 16}, "int5": {"group_size": 32}, "nvfp4": {}}
+SMALL = {"fp8": {"block": [16, 32]}, "int4": {"group_size": 16}, "int5": {"group_size": 32},
+         "int8": {"group_size": 16}, "int4_act": {"group_size": 16, "zero_point": True, "act_order": True},
+         "nvfp4": {}, "nvfp4_rows": {"global_rows": 1, "input_scale": True}}
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 
 
-@pytest.mark.parametrize("kind", ["fp8", "int4", "int5", "nvfp4"])
+@pytest.mark.parametrize("kind", list(SMALL))
 @pytest.mark.parametrize("T", [1, 5, 20])
 def test_qmoe_experts(kind, T):
     E, H, I, k = SHAPE

@@ -5,14 +5,19 @@ One ``QuantWeight`` is a [N, K] matrix or a stack [E, N, K] (MoE experts) in one
 
     kind   data                          scales                                   row_scale
     FP8    e4m3 [.., N, K]               fp32 [.., ceil(N/br), ceil(K/bc)]       -
-    INT4   uint8 [.., N, K/2]            fp16 [.., N, K/g]                        -
-    INT5   uint8 [.., N, K*5/8]          fp16 [.., N, K/g]                        -
+    INT4   uint8 [.., N, K/2]            fp16/bf16 [.., N, K/g]                   -
+    INT5   uint8 [.., N, K*5/8]          fp16/bf16 [.., N, K/g]                   -
+    INT8   uint8 [.., N, K]              fp16/bf16 [.., N, K/g]                   -
     NVFP4  uint8 [.., N, K/2]            e4m3 [.., N, K/16]                       fp32 [.., N]
 
-The stored bytes are the artifact's, with two exact re-layouts that let row-fused parents (``concat_rows``) keep one
-kernel call: a per-row fp8 scale is a [br=1, bc=K] block, and NVFP4's per-tensor fp32 scale is repeated per row
-(4 bytes a row), so parts with different global scales fuse. FP8 parts whose row counts are not multiples of the
-block's rows fuse with their block scales repeated per row (br = 1; ``bc``-column blocks unchanged).
+plus, for the int kinds, the optional ``zeros`` uint8 [.., N, K/g] (zero code per group; 2^(b-1) without) and
+``perm`` int32 [.., K] (act-order: stored column j is logical column perm[j], so ``W @ x == W_stored @ x[perm]``).
+
+The stored bytes are the artifact's, with exact re-layouts that let row-fused parents (``concat_rows``) keep one
+kernel call: a per-row fp8 scale is a [br=1, bc=K] block, and NVFP4's global scales (per tensor, or per
+``global_rows`` rows) are repeated per row (4 bytes a row), so parts with different global scales fuse. FP8 parts
+whose row counts are not multiples of the block's rows fuse with their block scales repeated per row (br = 1;
+``bc``-column blocks unchanged). Parts with act-order permutations never fuse (each has its own column order).
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ class QKind(enum.Enum):
     FP8 = "fp8_e4m3"
     INT4 = "int4"
     INT5 = "int5"
+    INT8 = "int8"
     NVFP4 = "nvfp4"
 
     @property
     def bits(self) -> int:
-        return {QKind.FP8: 8, QKind.INT4: 4, QKind.INT5: 5, QKind.NVFP4: 4}[self]
+        return {QKind.FP8: 8, QKind.INT4: 4, QKind.INT5: 5, QKind.INT8: 8, QKind.NVFP4: 4}[self]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +53,8 @@ class QuantWeight:
     block_rows: int = 1  # rows sharing one scale (fp8 block rows; 1 otherwise)
     block_cols: int = 16  # columns sharing one scale: fp8 block cols (K when per row), int group size, 16 for NVFP4
     a8: bool = False  # every Use of the weight allows 8-bit activations
+    zeros: torch.Tensor | None = None  # int kinds: uint8 [.., N, K/g] zero codes
+    perm: torch.Tensor | None = None  # int kinds, act-order: int32 [.., K]
 
     @property
     def n(self) -> int:
@@ -62,16 +70,17 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        ts = [self.data, self.scales] + ([self.row_scale] if self.row_scale is not None else [])
-        return sum(t.numel() * t.element_size() for t in ts)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.data, self.scales, self.row_scale) if t is not None]
+        return [t for t in (self.data, self.scales, self.row_scale, self.zeros, self.perm) if t is not None]
 
     def expert(self, e: int) -> "QuantWeight":
         """Expert e of an [E, N, K] stack as an [N, K] weight (views)."""
+        def at(t):
+            return None if t is None else t[e]
         return replace(self, shape=self.shape[1:], data=self.data[e], scales=self.scales[e],
-                       row_scale=None if self.row_scale is None else self.row_scale[e])
+                       row_scale=at(self.row_scale), zeros=at(self.zeros), perm=at(self.perm))
 
 
 def dequant_transient_bytes(w: QuantWeight, act_bytes: int) -> int:
@@ -97,11 +106,17 @@ def from_planes(fmt: str, dtype: str, params: dict, shape: tuple[int, ...], plan
             raise ValueError(f"fp8 block scales {tuple(scales.shape)} do not cover shape {list(shape)}")
         return QuantWeight(QKind.FP8, shape, data, scales, None, br, bc, a8)
     if fmt == "int_group":
-        kind = QKind.INT4 if dtype == "int4" else QKind.INT5
-        return QuantWeight(kind, shape, data, scales, None, 1, int(params["group_size"]), a8)
+        kind = {"int4": QKind.INT4, "int5": QKind.INT5, "int8": QKind.INT8}[dtype]
+        return QuantWeight(kind, shape, data, scales, None, 1, int(params["group_size"]), a8,
+                           zeros=planes.get("zeros"), perm=planes.get("perm"))
     if fmt == "nvfp4":
-        g = planes["global_scale"].reshape(-1)[:1].float()
-        row = g.expand(*shape[:-1]).contiguous()
+        # the input_scale plane is for A4 execution, which Hopper has no tensor cores for: weight-only here
+        g = planes["global_scale"].float()
+        r = params.get("global_rows")
+        if r is None:
+            row = g.reshape(-1)[:1].expand(*shape[:-1]).contiguous()
+        else:
+            row = g.reshape(*shape[:-2], -1).repeat_interleave(int(r), dim=-1).contiguous()
         return QuantWeight(QKind.NVFP4, shape, data, scales, row, 1, 16, a8)
     raise ValueError(f"no quantized kernel layout for format {fmt!r}")
 
@@ -114,7 +129,7 @@ def unsupported(w: QuantWeight) -> str | None:
         return f"K = {K} < 16"
     if w.kind == QKind.FP8 and bc < K and (bc < 16 or bc & (bc - 1)):
         return f"fp8 block columns {bc} (the kernels need a power of two >= 16)"
-    if w.kind in (QKind.INT4, QKind.INT5) and (bc < 16 or bc & (bc - 1)):
+    if w.kind in (QKind.INT4, QKind.INT5, QKind.INT8) and (bc < 16 or bc & (bc - 1)):
         return f"group size {bc} (the kernels need a power of two >= 16)"
     if len(w.shape) == 3 and w.block_rows > 1 and w.n % w.block_rows:
         return f"fp8 block rows {w.block_rows} do not divide the expert rows {w.n}"
@@ -145,8 +160,10 @@ def _per_row(w: QuantWeight) -> QuantWeight:
 def fusable(parts: list[QuantWeight]) -> bool:
     """One kernel can run the parts' row concatenation: same kind, rank 2, same column blocking."""
     p0 = parts[0]
+    if len(parts) > 1 and any(p.perm is not None for p in parts):
+        return False
     return all(p.kind == p0.kind and len(p.shape) == 2 and p.k == p0.k and p.block_cols == p0.block_cols
-               for p in parts)
+               and p.scales.dtype == p0.scales.dtype and (p.zeros is None) == (p0.zeros is None) for p in parts)
 
 
 def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
@@ -160,10 +177,10 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
         if not aligned:
             parts = [_per_row(p) for p in parts]
     rows = sum(p.n for p in parts)
-    row_scale = torch.cat([p.row_scale for p in parts]) if p0.row_scale is not None else None
-    return QuantWeight(p0.kind, (rows, p0.k), torch.cat([p.data for p in parts]),
-                       torch.cat([p.scales for p in parts]), row_scale, parts[0].block_rows, p0.block_cols,
-                       all(p.a8 for p in parts))
+    def cat(name):
+        return None if getattr(p0, name) is None else torch.cat([getattr(p, name) for p in parts])
+    return QuantWeight(p0.kind, (rows, p0.k), cat("data"), cat("scales"), cat("row_scale"), parts[0].block_rows,
+                       p0.block_cols, all(p.a8 for p in parts), zeros=cat("zeros"))
 
 
 @dataclass(frozen=True, eq=False)

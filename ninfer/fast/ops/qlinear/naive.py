@@ -34,11 +34,17 @@ def dequantize_naive(w: QuantWeight) -> torch.Tensor:
         codes = _codes4(w.data).long()
         table = torch.tensor(_E2M1, device=w.device)
         v = torch.where(codes >= 8, -table[codes & 7], table[codes & 7])
-        s = w.scales.float().repeat_interleave(16, -1) * w.row_scale.float()[..., None]
-        return v * s
-    codes = _codes4(w.data) if w.kind == QKind.INT4 else _codes5(w.data)
-    q = codes.float() - (1 << (w.kind.bits - 1))
-    return q * w.scales.float().repeat_interleave(w.block_cols, -1)
+        # the format's order: e2m1 * (e4m3(scale) * global)
+        return v * (w.scales.float() * w.row_scale.float()[..., None]).repeat_interleave(16, -1)
+    codes = {QKind.INT4: _codes4, QKind.INT5: _codes5, QKind.INT8: lambda d: d}[w.kind](w.data)
+    z = (w.zeros.float() if w.zeros is not None else torch.full_like(w.scales, 1 << (w.kind.bits - 1),
+                                                                     dtype=torch.float32))
+    g = w.block_cols
+    stored = (codes.float() - z.repeat_interleave(g, -1)) * w.scales.float().repeat_interleave(g, -1)
+    if w.perm is None:
+        return stored
+    # stored column j is logical column perm[j]
+    return torch.empty_like(stored).scatter_(-1, w.perm.long().unsqueeze(-2).expand_as(stored), stored)
 
 
 def qlinear_naive(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:

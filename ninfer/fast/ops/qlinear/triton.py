@@ -27,7 +27,7 @@ from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
 
 MAX_ROWS = 16
 _MAX_SPLITS = 8
-_KIND_ID = {QKind.FP8: 0, QKind.INT4: 1, QKind.INT5: 2, QKind.NVFP4: 3}
+_KIND_ID = {QKind.FP8: 0, QKind.INT4: 1, QKind.INT5: 2, QKind.NVFP4: 3, QKind.INT8: 4}
 
 
 @triton.jit
@@ -41,9 +41,18 @@ def _e2m1(c):
 
 
 @triton.jit
-def _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, KIND: tl.constexpr,
-          BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """Weight rows ``rows`` [BW], columns k0..k0+BK: (values [BW, BK] fp32 exact in bf16, row scale [BW] fp32)."""
+def _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND: tl.constexpr, HAS_ZERO: tl.constexpr):
+    """The zero code of each row's group at column k0 [BW] fp32: stored, or 2^(b-1) (symmetric)."""
+    if HAS_ZERO:
+        return tl.load(z_ptr + rows.to(tl.int64) * stride_z + k0 // BC, mask=valid, other=0).to(tl.float32)
+    return tl.full(rows.shape, 8.0 if KIND == 1 else (16.0 if KIND == 2 else 128.0), tl.float32)
+
+
+@triton.jit
+def _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z,
+          KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZERO: tl.constexpr):
+    """Weight rows ``rows`` [BW], columns k0..k0+BK: (values [BW, BK] fp32 exact in bf16, row scale [BW] fp32).
+    Int codes come back minus their zero code (|u - z| <= 255: exact in bf16)."""
     d_rows = d_ptr + rows[:, None].to(tl.int64) * stride_d  # [BW, 1]
     if KIND == 0:
         k = k0 + tl.arange(0, BK)
@@ -57,14 +66,18 @@ def _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_
         lo = tl.load(d_rows + byte[None, :], mask=valid[:, None], other=0).to(tl.int32)
         hi = tl.load(d_rows + byte[None, :] + 1, mask=valid[:, None] & (byte + 1 < KB)[None, :], other=0)
         u = ((lo | (hi.to(tl.int32) << 8)) >> (bit & 7)[None, :]) & 31
-        w = u.to(tl.float32) - 16.0
+        w = u.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
+        s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
+    elif KIND == 4:
+        u = tl.load(d_rows + (k0 + tl.arange(0, BK))[None, :], mask=valid[:, None], other=0)
+        w = u.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
         s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
     else:
         b = tl.load(d_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=valid[:, None], other=0)
         b = b.to(tl.int32)
         codes = tl.reshape(tl.join(b & 15, b >> 4), (BW, BK))  # element 2j is the low nibble of byte j
         if KIND == 1:
-            w = codes.to(tl.float32) - 8.0
+            w = codes.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
             s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
         else:
             blocks = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_s + (k0 // 16 + tl.arange(0, BK // 16))[None, :],
@@ -75,9 +88,9 @@ def _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_
 
 
 @triton.jit
-def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, ids_ptr, pw_ptr, M, R, K, KB, k_per,
-                  num_splits, half, BR, BC, stride_x, stride_d, stride_s, stride_de, stride_se, stride_re, stride_y,
-                  KIND: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, ids_ptr, pw_ptr, M, R, K, KB,
+                  k_per, num_splits, half, BR, BC, stride_x, stride_d, stride_s, stride_z, stride_de, stride_se,
+                  stride_re, stride_ze, stride_y, KIND: tl.constexpr, HAS_ZERO: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                   SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr, PAIRS: tl.constexpr,
                   TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr):
     pid = tl.program_id(0)
@@ -97,6 +110,7 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, ids_p
         d_ptr += e * stride_de
         s_ptr += e * stride_se
         r_ptr += e * stride_re
+        z_ptr += e * stride_ze
         x_ptr += (p if A_PER_PAIR else p // TOPK) * stride_x
         y_ptr += p * stride_y
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x  # [BM, 1]
@@ -108,7 +122,8 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, ids_p
         k = k0 + kk
         mx = mask_m[:, None] if EVEN_K else mask_m[:, None] & (k < K)[None, :]
         x = tl.load(x_rows + k[None, :], mask=mx, other=0.0)  # [BM, BK]
-        w, s = _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, KIND, BW, BK, EVEN_K)
+        w, s = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND,
+                     BW, BK, EVEN_K, HAS_ZERO)
         if FP32_DOT:
             part = tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
         else:
@@ -152,12 +167,14 @@ def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr,
 
 
 @triton.jit
-def _dequant_kernel(d_ptr, s_ptr, r_ptr, o_ptr, R, K, KB, BR, BC, stride_d, stride_s, stride_o, KIND: tl.constexpr,
-                    BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+def _dequant_kernel(d_ptr, s_ptr, r_ptr, z_ptr, o_ptr, R, K, KB, BR, BC, stride_d, stride_s, stride_z, stride_o,
+                    KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                    HAS_ZERO: tl.constexpr):
     rows = tl.program_id(0) * BW + tl.arange(0, BW)
     valid = rows < R
     k0 = tl.program_id(1) * BK
-    w, s = _tile(d_ptr, s_ptr, r_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, KIND, BW, BK, EVEN_K)
+    w, s = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND, BW,
+                 BK, EVEN_K, HAS_ZERO)
     k = k0 + tl.arange(0, BK)
     tl.store(o_ptr + rows[:, None].to(tl.int64) * stride_o + k[None, :], (w * s[:, None]).to(o_ptr.dtype.element_ty),
              mask=valid[:, None] & (k < K)[None, :])
@@ -174,11 +191,19 @@ def tile_k(w: QuantWeight) -> int:
     return min(bc, 256)
 
 
-def _strides(w: QuantWeight) -> tuple[int, int, int, int, int]:
-    d, s, r = w.data, w.scales, w.row_scale
+def _strides(w: QuantWeight) -> tuple[int, ...]:
+    """(data, scales, zeros) row strides, then their and the row scale's expert strides (0 for a matrix)."""
+    d, s, r, z = w.data, w.scales, w.row_scale, w.zeros
     lead = len(w.shape) == 3
-    return (d.stride(-2), s.stride(-2), d.stride(0) if lead else 0, s.stride(0) if lead else 0,
-            r.stride(0) if lead and r is not None else 0)
+
+    def e(t):
+        return t.stride(0) if lead and t is not None else 0
+    return d.stride(-2), s.stride(-2), z.stride(-2) if z is not None else 0, e(d), e(s), e(r), e(z)
+
+
+def _aux(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    # kernels take every pointer; an absent plane is any tensor the constexpr flags never read
+    return (w.row_scale if w.row_scale is not None else w.scales), (w.zeros if w.zeros is not None else w.scales)
 
 
 def _fp32_dot(x: torch.Tensor) -> bool:
@@ -207,11 +232,15 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
     if splits > 1:
         part = torch.empty(splits, M, R, device=x.device, dtype=torch.float32)
         arrivals = _arrival_table(x.device, blocks)
-    sd, ss, _, _, _ = _strides(w)
-    rs = w.row_scale if w.row_scale is not None else w.scales
+    if w.perm is not None:
+        # act-order: W @ x == W_stored @ x[perm]
+        x = x.index_select(1, w.perm)
+    sd, ss, sz, _, _, _, _ = _strides(w)
+    rs, zs = _aux(w)
     _qgemv_kernel[(blocks, splits, 1)](
-        x, w.data, w.scales, rs, y, part, arrivals, y, y, M, R, K, w.data.shape[-1], k_per, splits, n_out,
-        w.block_rows, w.block_cols, x.stride(0), sd, ss, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind], BM=MAX_ROWS,
+        x, w.data, w.scales, rs, zs, y, part, arrivals, y, y, M, R, K, w.data.shape[-1], k_per, splits, n_out,
+        w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, 0, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind],
+        HAS_ZERO=w.zeros is not None, BM=MAX_ROWS,
         BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
         TOPK=1, A_PER_PAIR=False, HAS_PW=False, num_warps=4, num_stages=4)
     return y
@@ -232,30 +261,36 @@ def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, 
     bw = 32 if swiglu else 16
     bk = tile_k(w)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
-    sd, ss, sde, sse, sre = _strides(w)
-    rs = w.row_scale if w.row_scale is not None else w.scales
+    if w.perm is not None:
+        # act-order: each pair's activation row gathered in its expert's stored column order
+        rows = x if a_per_pair else x.repeat_interleave(top_k, dim=0)  # [P, K]
+        x, a_per_pair = rows.gather(1, w.perm.index_select(0, ids.reshape(-1).long()).long()), True
+    sd, ss, sz, sde, sse, sre, sze = _strides(w)
+    rs, zs = _aux(w)
     pw = pair_weights.reshape(-1) if pair_weights is not None else y
     _qgemv_kernel[(blocks, 1, P)](
-        x, w.data, w.scales, rs, y, y, y, ids.reshape(-1), pw, 1, R, K, w.data.shape[-1], K, 1, n_out,
-        w.block_rows, w.block_cols, x.stride(0), sd, ss, sde, sse, sre, y.stride(0), KIND=_KIND_ID[w.kind],
-        BM=MAX_ROWS, BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x),
+        x, w.data, w.scales, rs, zs, y, y, y, ids.reshape(-1), pw, 1, R, K, w.data.shape[-1], K, 1, n_out,
+        w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, sde, sse, sre, sze, y.stride(0), KIND=_KIND_ID[w.kind],
+        HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x),
         PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, num_warps=4, num_stages=4)
     return y
 
 
 def dequantize(w: QuantWeight, dtype: torch.dtype, start: int = 0, stop: int | None = None) -> torch.Tensor:
-    """Rows [start, stop) of a 2-D w as a dense [stop - start, K] tensor in ``dtype``."""
+    """Rows [start, stop) of a 2-D w as a dense [stop - start, K] tensor in ``dtype``, in stored column order (an
+    act-order weight's columns stay permuted: multiply it with ``x[:, perm]``)."""
     stop = w.n if stop is None else stop
     K = w.k
     out = torch.empty(stop - start, K, device=w.device, dtype=dtype)
     bw, bk = 32, tile_k(w)
-    sd, ss, _, _, _ = _strides(w)
+    sd, ss, sz, _, _, _, _ = _strides(w)
     assert start % w.block_rows == 0, "dequantize: a row chunk starts on a scale block boundary"
     d, s = w.data[start:stop], w.scales[start // w.block_rows:]
     r = w.row_scale[start:stop] if w.row_scale is not None else s
+    z = w.zeros[start:stop] if w.zeros is not None else s
     _dequant_kernel[(triton.cdiv(stop - start, bw), triton.cdiv(K, bk))](
-        d, s, r, out, stop - start, K, w.data.shape[-1], w.block_rows, w.block_cols, sd, ss, out.stride(0),
-        KIND=_KIND_ID[w.kind], BW=bw, BK=bk, EVEN_K=K % bk == 0)
+        d, s, r, z, out, stop - start, K, w.data.shape[-1], w.block_rows, w.block_cols, sd, ss, sz, out.stride(0),
+        KIND=_KIND_ID[w.kind], BW=bw, BK=bk, EVEN_K=K % bk == 0, HAS_ZERO=w.zeros is not None)
     return out
 
 
@@ -264,6 +299,8 @@ def qlinear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     ``DEQUANT_CHUNK_BYTES`` of dense weight, so the transient stays bounded."""
     if x.shape[0] <= MAX_ROWS:
         return qgemv(x, w)
+    if w.perm is not None:
+        x = x.index_select(1, w.perm)
     K = w.k
     step = max(1, DEQUANT_CHUNK_BYTES // (K * x.element_size()))
     if w.block_rows > 1:

@@ -30,8 +30,10 @@ def flat_rows(w: QuantWeight) -> QuantWeight | None:
     if w.block_rows > 1 and N % w.block_rows:
         return None
     rs = None if w.row_scale is None else w.row_scale.reshape(E * N)
+    zs = None if w.zeros is None else w.zeros.reshape(E * N, -1)
+    # act-order stacks keep one column order per expert: dequantized in stored order, then scattered back
     return replace(w, shape=(E * N, K), data=w.data.reshape(E * N, -1), scales=w.scales.reshape(-1, w.scales.shape[-1]),
-                   row_scale=rs)
+                   row_scale=rs, zeros=zs, perm=None)
 
 
 def dense_stack(w, dtype: torch.dtype) -> torch.Tensor:
@@ -41,8 +43,13 @@ def dense_stack(w, dtype: torch.dtype) -> torch.Tensor:
     E, N, K = w.shape
     flat = flat_rows(w)
     if flat is not None:
-        return dequantize(flat, dtype).view(E, N, K)
-    return torch.stack([dequantize(w.expert(e), dtype) for e in range(E)])
+        stored = dequantize(flat, dtype).view(E, N, K)
+    else:
+        stored = torch.stack([dequantize(replace(w.expert(e), perm=None), dtype) for e in range(E)])
+    if w.perm is None:
+        return stored
+    # stored column j of expert e is logical column perm[e, j]
+    return torch.empty_like(stored).scatter_(2, w.perm.long()[:, None, :].expand(E, N, K), stored)
 
 
 def qmoe_experts(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
