@@ -19,6 +19,7 @@ AWQ_REVERSE = [0, 4, 1, 5, 2, 6, 3, 7]
 CASES = {
     "fp8": ("fp8", False, {}, "AllowA8"),
     "fp8_moe_bf16_scales": ("fp8", True, {"bf16_scales": True}, "AllowA8"),
+    "fp8_multimodal": ("fp8", False, {"base": {"multimodal": True}}, "AllowA8"),
     "gptq_act_order": ("gptq", False, {}, "A16Only"),
     "gptq_moe": ("gptq", True, {"act_order": False}, "A16Only"),
     "gptq_8bit": ("gptq", False, {"bits": 8}, "A16Only"),
@@ -83,7 +84,7 @@ ANCHOR = {"fp8": ("weight", torch.float8_e4m3fn), "gptq": ("qweight", torch.int3
 
 def _logical(prefix: str) -> tuple[str, int | None, str | None]:
     """Checkpoint module -> (logical name, expert, gate/up/down) in the test's own words."""
-    name = prefix.removeprefix("model.") + ".weight"
+    name = prefix.removeprefix("model.").removeprefix("language_model.") + ".weight"
     parts = name.split(".")
     if "experts" in parts:
         i = parts.index("experts")
@@ -116,7 +117,9 @@ def test_import_dequantizes_bit_for_bit(converted, case):
         name, expert, proj = _logical(prefix)
         expected.setdefault(name, {})[(expert, proj)] = _dequant(method, fields, opts)
     assert any("experts" in n for n in expected) == moe
-    with open_artifact(path, features=("text", "mtp")) as art:
+    features = ("text", "mtp", "vision") if opts.get("base", {}).get("multimodal") else ("text", "mtp")
+    assert any(n.startswith("visual.") for n in expected) == ("vision" in features)
+    with open_artifact(path, features=features) as art:
         for name, parts in expected.items():
             got = art.dequantize(name).numpy()
             if len(parts) == 1 and None in next(iter(parts)):

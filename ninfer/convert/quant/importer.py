@@ -7,7 +7,7 @@ logical parameters. Per-expert quantized MoE matrices are stacked into the logic
 from __future__ import annotations
 
 from ninfer.convert.hf_source import HFSource, expert_key, logical_name
-from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+from ninfer.models.qwen3_5.params import MTP, TEXT, VISION, logical_parameters
 
 from .modules import Module, find_modules
 from .objects import QuantObject, import_object
@@ -41,10 +41,13 @@ def plan_import(src: HFSource, scheme: Scheme
     ones too, so the value-preserving plan does not report them missing again), and every problem found."""
     modules, problems, claimed = find_modules(src, scheme)
     reader = PartReader(src, scheme)
-    has_mtp = any(m.startswith("mtp.") for m in modules) or any(k.startswith("mtp.") for k in src.tensors)
+    has_mtp = any(k.startswith("mtp.") for k in src.tensors)
+    # A quantized vision tower (its linears) is imported like the text ones, as the vision feature.
+    has_vision = src.config.vision is not None and any(m.startswith("visual.") for m in modules)
+    features = (TEXT,) + ((MTP,) if has_mtp else ()) + ((VISION,) if has_vision else ())
     objects: list[QuantObject] = []
     covered: set[str] = set()
-    for spec in logical_parameters(src.config, (TEXT, MTP) if has_mtp else (TEXT,)).values():
+    for spec in logical_parameters(src.config, features).values():
         if spec.kind == "experts":
             parts = _expert_parts(modules, spec.name, spec.shape[0], problems, covered)
         else:

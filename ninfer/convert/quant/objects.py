@@ -62,7 +62,7 @@ def streamed(parts: Sequence[Part], names: list[str]) -> dict[str, Iterable[np.n
     return {names[0]: first(), **{n: later(n) for n in names[1:]}}
 
 
-def _params(reader: PartReader, parts: list[Module], rows: int, three_d: bool, perm: bool,
+def _params(reader: PartReader, parts: list[Module], rows: int, k: int, three_d: bool, perm: bool,
             problems: list[str]) -> tuple[str, str, dict[str, Any]]:
     s = reader.s
     if s.method is Method.FP8_BLOCK:
@@ -75,7 +75,7 @@ def _params(reader: PartReader, parts: list[Module], rows: int, three_d: bool, p
         if three_d:
             params["global_rows"] = rows
         return "nvfp4", "nvfp4", params
-    params = {"group_size": s.group_size or None, "scale_dtype": reader.scale_dtype(parts[0])}
+    params = {"group_size": s.group_size or k, "scale_dtype": reader.scale_dtype(parts[0])}  # 0: per channel
     if s.method is not Method.PACKED or not s.symmetric:
         params["zero_point"] = True
     if perm:
@@ -104,9 +104,7 @@ def import_object(reader: PartReader, name: str, feature: str, kind: str, shape:
             if any(not np.array_equal(group[0], q) for q in group[1:]):
                 found.append(f"tensor {parts[e * per].key}: act-order g_idx differs between the matrices fused "
                              f"into {name!r}")
-    fmt, dtype, params = _params(reader, parts, rows, experts > 1, act, found)
-    if s.method in (Method.GPTQ, Method.AWQ, Method.PACKED) and params["group_size"] is None:
-        params["group_size"] = k
+    fmt, dtype, params = _params(reader, parts, rows, k, experts > 1, act, found)
     problems += found
     if found:
         return None

@@ -62,7 +62,7 @@ def recipe(name: str, group_size: int = 128) -> Recipe:
 def _suffix(name: str) -> tuple[str, str]:
     """``layers.3.self_attn.q_proj.weight`` -> (``layers.3``, ``self_attn.q_proj``); experts keep their suffix."""
     parts = name.removesuffix(".weight").split(".")
-    cut = 3 if parts[0] == "mtp" and parts[1] == "layers" else (2 if parts[0] in ("layers",) else 1)
+    cut = 3 if parts[:2] == ["mtp", "layers"] else 2 if parts[0] == "layers" else 1
     return ".".join(parts[:cut]), ".".join(parts[cut:])
 
 
