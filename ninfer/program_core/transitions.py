@@ -125,8 +125,11 @@ class Room:
         return True
 
     def _delete(self, cid: CheckpointId) -> None:
+        """Release a victim; one this room demoted earlier (a capture's later walk may make host room with it) is
+        reported released only."""
         free_checkpoint(self.prog, self.prog.ckpts.pop(cid), cid)
         self.released += (cid,)
+        self.placed = tuple(info for info in self.placed if info.id != cid)
 
     def result(self, txn: RunningTransaction, succeeded: bool, **kw: Any) -> ResourceResult:
         return ResourceResult(txn.txn_id, txn.plan.choice.kind, succeeded, self.prog.resource_revision,

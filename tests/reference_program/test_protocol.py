@@ -400,3 +400,22 @@ def test_captures_only_where_chosen_displacing_only_allowed_victims(make_program
     assert r.captures == () and r.released == () and len(prog.ckpts) == 2  # capture_victims=0: none displaced
     finish(prog, r.handle)
     assert_baseline(prog)
+
+
+def test_a_victim_demoted_then_deleted_in_one_room_is_reported_released_only(make_program, prompt_of):
+    """The first capture's slot demotes b; the second's demotes c, which needs b's host room: b is released, and the
+    result does not also report it placed (the ResourceManager would adopt a placement of a released checkpoint)."""
+    prog = make_program(max_concurrency=1, checkpoint_slots=2, kv_pages=40, page_size=4, max_context=48)
+    ids = []
+    for seed in range(3):
+        h = materialize(prog, prompt_of(16, seed=seed), max_new=4).handle
+        generate(prog, h, 1)
+        ids += [i.id for i in capture(prog, h)]
+        finish(prog, h)
+    _, b, c = ids
+    prog.host.budget = prog.host.bytes_for(4)
+    r = materialize(prog, prompt_of(12, seed=9), max_new=4, victims=(b, c), capture_victims=2, captures=(4, 8),
+                    demote=frozenset({b, c}))
+    assert r.captures == (4, 8) and r.released == (b,) and [p.id for p in r.placed] == [c]
+    finish(prog, r.handle)
+    assert_baseline(prog)

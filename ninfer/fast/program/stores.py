@@ -49,22 +49,24 @@ class DeviceState:
         self.pools.v[:, dst].copy_(self.pools.v[:, src])
 
     def load_pages(self, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host copies of these pages' K and V, each [n_attn, len(pages), page_size, nkv, d], pinned on CUDA;
-        gathered PAGE_CHUNK pages at a time so the device temporary stays small."""
+        """Host copies of these pages' K and V, each [len(pages), n_attn, page_size, nkv, d] (page-major, so each
+        chunk's copy is one contiguous DMA), pinned on CUDA; PAGE_CHUNK pages at a time so the device temporary
+        stays small."""
         return self._gather(self.pools.k, pages), self._gather(self.pools.v, pages)
 
     def store_pages(self, pages: list[int], data: tuple[torch.Tensor, torch.Tensor]) -> None:
         for pool, host in zip((self.pools.k, self.pools.v), data):
             for i in range(0, len(pages), PAGE_CHUNK):
                 idx = torch.tensor(pages[i:i + PAGE_CHUNK], dtype=torch.long, device=pool.device)
-                pool.index_copy_(1, idx, host[:, i:i + PAGE_CHUNK].to(pool.device, non_blocking=True))
+                chunk = host[i:i + PAGE_CHUNK].to(pool.device, non_blocking=True)  # [c, n_attn, ps, nkv, d]
+                pool.index_copy_(1, idx, chunk.transpose(0, 1))
 
     @staticmethod
     def _gather(pool: torch.Tensor, pages: list[int]) -> torch.Tensor:
-        out = _host_empty((pool.shape[0], len(pages), *pool.shape[2:]), pool)
+        out = _host_empty((len(pages), pool.shape[0], *pool.shape[2:]), pool)
         for i in range(0, len(pages), PAGE_CHUNK):
             idx = torch.tensor(pages[i:i + PAGE_CHUNK], dtype=torch.long, device=pool.device)
-            out[:, i:i + PAGE_CHUNK].copy_(pool.index_select(1, idx))
+            out[i:i + len(idx)].copy_(pool.index_select(1, idx).transpose(0, 1).contiguous())
         return out
 
     def write_row(self, row: int, table: list[int]) -> None:
