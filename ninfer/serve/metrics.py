@@ -78,7 +78,7 @@ class Metrics:
                               TPOT_BUCKETS)
         self.e2e = Histogram("ninfer:e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS)
         self.acceptance = Histogram("ninfer:spec_decode_acceptance_length", "Tokens a speculative round emitted "
-                                    "per row (accepted drafts + 1).", tuple(range(1, 9)))
+                                    "per row (accepted drafts + 1).", tuple(range(1, 17)))
         self.draft_tokens = self.accepted_draft_tokens = 0
         self.waiting = self.running = 0
         self.prompt_tokens = self.generation_tokens = self.cache_hit_tokens = self.scored_tokens = 0
