@@ -156,3 +156,16 @@ def test_act_order_is_stored_permuted_with_contiguous_groups(converted):
     assert o.params["act_order"] and o.params["zero_point"]
     assert not np.array_equal(perm, np.arange(len(perm)))
     np.testing.assert_array_equal(g_idx[perm], np.arange(len(perm)) // o.params["group_size"])
+
+
+def test_kv_cache_scales_have_no_consumer_and_are_counted(tmp_path):
+    from safetensors.torch import save_file
+
+    d = make_quantized_checkpoint(tmp_path / "src", "modelopt")
+    tensors = read_checkpoint_tensors(d)
+    for s in ("k_scale", "v_scale"):
+        tensors[f"model.layers.3.self_attn.{s}"] = torch.tensor(0.5)
+    save_file(tensors, str(d / "model.safetensors"))
+    with open_artifact(convert_checkpoint(d, tmp_path / "m.ninfer", progress=False)) as art:
+        assert art.provenance["recipe"]["unused_kv_cache_scales"] == 2
+        assert not any("scale" in o for o in art.objects if not o.startswith("resource:"))

@@ -14,6 +14,8 @@ from .objects import QuantObject, import_object
 from .parts import PartReader
 from .scheme import Scheme
 
+# FP8 KV-cache scales (ModelOpt's kv_cache_quant_algo): ninfer keeps the KV cache in bf16, so they have no consumer.
+KV_SCALES = (".k_scale", ".v_scale")
 _EXPERT_PARTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 
 
@@ -40,6 +42,7 @@ def plan_import(src: HFSource, scheme: Scheme
     """The quantized objects in execution order, the checkpoint keys and logical parameters they cover (failed
     ones too, so the value-preserving plan does not report them missing again), and every problem found."""
     modules, problems, claimed = find_modules(src, scheme)
+    claimed |= {k for k in src.tensors if k.endswith(KV_SCALES)}
     reader = PartReader(src, scheme)
     has_mtp = any(k.startswith("mtp.") for k in src.tensors)
     # A quantized vision tower (its linears) is imported like the text ones, as the vision feature.

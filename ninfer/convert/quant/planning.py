@@ -10,7 +10,7 @@ from ninfer.convert.errors import ConversionError
 from ninfer.convert.hf_source import HFSource
 from ninfer.convert.plan import Plan, plan_conversion
 
-from .importer import plan_import
+from .importer import KV_SCALES, plan_import
 from .objects import QuantObject
 from .recipe import apply_recipe, recipe
 from .scheme import read_scheme
@@ -32,7 +32,8 @@ def plan_weights(src: HFSource, dtype: str | None, quantize: str | None, keep: t
         quantized, claimed, covered, problems = plan_import(src, scheme)
         plan = plan_conversion(src, dtype, skip=claimed, provided=covered)
         problems = [*problems, *plan.problems]
-        rec = {"name": "import", "method": scheme.method.value, "dtype": dtype or "source"}
+        rec = {"name": "import", "method": scheme.method.value, "dtype": dtype or "source",
+               "unused_kv_cache_scales": sum(k.endswith(KV_SCALES) for k in src.tensors)}
     else:
         plan = plan_conversion(src, dtype)
         problems, quantized = list(plan.problems), []
