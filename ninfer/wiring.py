@@ -24,7 +24,8 @@ from ninfer.errors import NinferError, NotFoundError, UnavailableError, UsageErr
 from ninfer.frontend import Frontend, OutputOptions
 from ninfer.frontend.grammar.options import JSON_WHITESPACE
 from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
-from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeConfigError
+from ninfer.frontend.vision_prompt import VisionLimits, VisionPrompt
+from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
 from ninfer.model_facts import ArtifactFacts
 from ninfer.sampling.defaults import SamplingDefaults
 
@@ -71,6 +72,14 @@ class RuntimeOptions:
     generation_config: str = "auto"  # sampling defaults: auto (the artifact's), none / vllm, or a path
     json_whitespace: str = "compact"  # the final JSON's layout where a request names none
     thinking_token_budget: int | None = None  # reasoning tokens before a forced </think>, where a request sets none
+    # Images (docs/vision.md): per prompt at most (0: the Vision feature is not prepared), where local files may be
+    # read from (None: nowhere), whether http(s) URLs are fetched, and the limits of one image.
+    limit_mm_per_prompt: int = 8
+    allowed_local_media_path: str | None = None
+    allow_remote_media: bool = False
+    media_max_bytes: int = 20 << 20
+    media_max_pixels: int = 64 << 20
+    media_fetch_timeout: float = 10.0
 
     def check(self) -> None:
         if self.program not in PROGRAMS:
@@ -100,6 +109,28 @@ class RuntimeOptions:
                               f"got {self.json_whitespace!r}")
         if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
             raise WiringError(f"--thinking-token-budget must be >= 0, got {self.thinking_token_budget}")
+        if self.limit_mm_per_prompt < 0:
+            raise WiringError(f"--limit-mm-per-prompt must be >= 0 images, got {self.limit_mm_per_prompt}")
+        for flag, value in (("--media-max-bytes", self.media_max_bytes), ("--media-max-pixels", self.media_max_pixels),
+                            ("--media-fetch-timeout", self.media_fetch_timeout)):
+            if not value > 0:
+                raise WiringError(f"{flag} must be positive, got {value}")
+        if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
+            raise WiringError(f"--allowed-local-media-path {self.allowed_local_media_path!r} is not a directory")
+
+
+def parse_image_limit(text: str | None) -> int:
+    """--limit-mm-per-prompt: a count, or vLLM's JSON '{"image": N}' (video and audio are refused anyway)."""
+    if text is None:
+        return RuntimeOptions.limit_mm_per_prompt
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    value = parse_json_option(text, "--limit-mm-per-prompt")
+    extra = sorted(set(value or {}) - {"image", "video", "audio"})
+    if not isinstance(value, dict) or extra or not isinstance(value.get("image", 0), int):
+        raise WiringError(f"--limit-mm-per-prompt must be a count or {{\"image\": N}}, got {text!r}")
+    return int(value.get("image", RuntimeOptions.limit_mm_per_prompt))
 
 
 def parse_json_option(text: str | None, name: str) -> dict | None:
@@ -233,12 +264,12 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
 
     start = time.monotonic()
     bar = tqdm(total=3, desc="Loading", unit="step", disable=not progress, leave=False)
-    frontend, facts = _frontend(path, options)
+    frontend, facts = _frontend(path, options, vision_refusal(path, options, kind, speculative))
     bar.update(1)
     name = options.served_model_name or facts.name or path.stem
     rt = Runtime(options, name, path, facts.random_weights, kind, frontend, frontend.max_context, facts.weights,
                  facts.sampling_defaults, _seeds=random.Random(options.seed))
-    program = _load_program(path, options, frontend.max_context, kind, speculative)
+    program = _load_program(path, options, frontend.max_context, kind, speculative, vision=frontend.vision is not None)
     rt.speculative = program.limits.speculative
     bar.update(1)
     if options.purpose == "scoring":
@@ -257,8 +288,37 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
     return rt
 
 
-def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, ArtifactFacts]:
-    """The Frontend from the artifact's own tokenizer and chat template, with the context contract."""
+def vision_refusal(path: Path, options: RuntimeOptions, kind: str, speculative: SpeculativeConfig | None) -> str | None:
+    """Why the Vision feature is not prepared (what an image request's 400 says), or None when it is."""
+    from ninfer.artifact import open_artifact
+    from ninfer.models.qwen3_5.params import VISION
+
+    with open_artifact(path) as art:
+        if VISION not in art.available_features:
+            return "the model has no vision weights (a text-only artifact)"
+    if options.purpose != "generation":
+        return "the scoring purpose takes text only"
+    if options.limit_mm_per_prompt == 0:
+        return "this server takes no images (--limit-mm-per-prompt 0)"
+    if kind == "fast":
+        return "the fast Program has no vision tower yet; serve images with --program reference (issue 15)"
+    if speculative is not None:
+        return "images are not served with --speculative-config (the MTP head's MRoPE is not built)"
+    return None
+
+
+def _vision_prompt(art, options: RuntimeOptions) -> VisionPrompt:
+    from ninfer.frontend.image_processor import ImageProcessorConfig
+
+    data = art.resource("preprocessor_config.json") if "preprocessor_config.json" in art.resources else None
+    processor = ImageProcessorConfig.from_json(data, art.config.vision)
+    return VisionPrompt(art.config.vision, processor, VisionLimits(options.limit_mm_per_prompt, options.media_max_pixels))
+
+
+def _frontend(path: Path, options: RuntimeOptions, no_vision: str | None = "the Vision feature is not prepared"
+              ) -> tuple[Frontend, ArtifactFacts]:
+    """The Frontend from the artifact's own tokenizer and chat template, with the context contract, and the image
+    path unless `no_vision` says why not."""
     from ninfer.artifact import open_artifact
 
     with open_artifact(path) as art:
@@ -275,11 +335,13 @@ def _frontend(path: Path, options: RuntimeOptions) -> tuple[Frontend, ArtifactFa
         template = None
         if "chat_template.jinja" in art.resources:
             template = art.resource("chat_template.jinja").decode("utf-8")
+        vision = _vision_prompt(art, options) if no_vision is None else None
     max_context = options.max_model_len or min(DEFAULT_CONTEXT, config.max_position_embeddings)
     if max_context > config.max_position_embeddings:
         raise WiringError(f"--max-model-len {max_context} exceeds the model's {config.max_position_embeddings}")
     return Frontend(tokenizer, max_context=max_context, chat_template=template,
-                    grammar_compile_timeout=options.grammar_compile_timeout), facts
+                    grammar_compile_timeout=options.grammar_compile_timeout, vision=vision,
+                    no_vision=no_vision or ""), facts
 
 
 def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:
@@ -302,7 +364,7 @@ def _speculative(options: RuntimeOptions) -> SpeculativeConfig | None:
 
 
 def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str,
-                  speculative: SpeculativeConfig | None):
+                  speculative: SpeculativeConfig | None, vision: bool = False):
     host_bytes = int(options.kv_offloading_size * (1 << 30))
     if kind == "fast":
         from ninfer.fast.program import FastProgram
@@ -321,7 +383,7 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
     config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype,
                                     host_bytes=host_bytes, speculative=speculative)
     try:
-        return ReferenceProgram.from_artifact(path, config)
+        return ReferenceProgram.from_artifact(path, config, vision=vision)
     except SpeculativeConfigError as e:  # MissingBackendWeights, or a drafter trained for a shorter block
         raise WiringError(str(e)) from None
 

@@ -7,6 +7,7 @@ from .batch import (ROW_FAILURE_TEXT, BatchKind, PendingBatch, PendingRow, RowDe
                     check_row_decision)
 from .digest import token_digest
 from .errors import EngineFailure, RejectReason, RequestRejected, StalePlan
+from .media import PromptImage, PromptMedia
 from .program import CostFacts, DraftMasks, Program, ProgramLimits, ResourceUsage
 from .events import GenerationResult, GenerationStart, OutputDelta, Usage
 from .resources import (CheckpointId, CheckpointInfo, Infeasible, ResourceChoice, ResourcePlan, ResourceResult,
@@ -17,7 +18,7 @@ from .states import (FinishReason, IllegalTransition, LaneState, RequestState, c
 __all__ = ["BatchKind", "check_lane_transition", "check_request_transition", "check_row_decision", "CheckpointId",
            "CheckpointInfo", "CostFacts", "DraftMasks", "EngineFailure", "FinishReason", "GenerationResult",
            "GenerationStart", "IllegalTransition", "Infeasible", "LaneState", "OutputDelta", "PendingBatch",
-           "PendingRow", "Program", "ProgramLimits", "RejectReason", "RequestRejected", "RequestState",
+           "PendingRow", "Program", "ProgramLimits", "PromptImage", "PromptMedia", "RejectReason", "RequestRejected", "RequestState",
            "ResourceChoice", "ResourcePlan", "ResourceResult", "ResourceUsage", "ROW_FAILURE_TEXT", "RowDecision",
            "RowFailure", "RunningTransaction", "SequenceHandle", "StalePlan", "token_digest", "TransitionKind",
            "Usage"]

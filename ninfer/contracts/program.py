@@ -44,6 +44,8 @@ class ProgramLimits:
     speculative: str | None = None
     draft_tokens: int = 0
     costs: CostFacts = CostFacts()  # what a replica copy and a prefilled token cost (the generic fallback here)
+    # Why image prompts are refused (None: the Vision feature is prepared and a request may carry PromptMedia).
+    no_vision: str | None = "the Vision feature is not prepared"
 
 
 @dataclass(frozen=True)

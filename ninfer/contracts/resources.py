@@ -65,6 +65,7 @@ class ResourceChoice:
     capture_at: int | None = None  # frontier to capture (CAPTURE / RETAIN)
     sampling: Any = None  # MATERIALIZE: the request's ninfer.sampling.SamplingParams, kept with the sequence
     seed: int = 0  # MATERIALIZE: the request's resolved sampling seed
+    media: Any = None  # MATERIALIZE: the prompt's contracts.PromptMedia (images, MRoPE positions), None for text
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def _choice(core: "EngineCore", rec: "RequestRecord", *, from_root: bool = False) -> ResourceChoice:
     return core.resources.materialize_choice(rec.rid, rec.prompt, rec.request.max_tokens, rec.request.session_key,
                                              rec.request.sampling, rec.seed, hints=rec.request.capture_hints,
-                                             from_root=from_root)
+                                             from_root=from_root, media=rec.request.media)
 
 
 def _active_requests(core: "EngineCore") -> frozenset[int]:

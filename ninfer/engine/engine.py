@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Iterator, Sequence
 
 from ninfer.contracts import GenerationResult, Program, RejectReason, RequestRejected
+from ninfer.contracts.media import is_placeholder
 
 from .cache_stats import CacheReport
 from .config import EngineConfig
@@ -145,7 +146,14 @@ class Engine:
             raise RequestRejected(RejectReason.UNREPRESENTABLE, "the prompt has no tokens")
         if request.max_tokens < 1:
             raise RequestRejected(RejectReason.UNREPRESENTABLE, f"max_tokens must be >= 1, got {request.max_tokens}")
-        bad = [t for t in request.prompt if not 0 <= t < limits.vocab_size]
+        if request.media is not None:
+            if limits.no_vision is not None:
+                raise RequestRejected(RejectReason.UNREPRESENTABLE, f"the prompt has images; {limits.no_vision}")
+            wrong = request.media.check(request.prompt)
+            if wrong is not None:
+                raise RequestRejected(RejectReason.UNREPRESENTABLE, f"the prompt's images: {wrong}")
+        bad = [t for t in request.prompt if not 0 <= t < limits.vocab_size
+               and not (request.media is not None and is_placeholder(t))]
         if bad:
             raise RequestRejected(RejectReason.UNREPRESENTABLE, f"token id {bad[0]} outside the vocabulary")
         need = len(request.prompt) + request.max_tokens

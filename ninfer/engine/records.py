@@ -31,6 +31,7 @@ class GenerationRequest:
     capture_hints: tuple[int, ...] = ()
     deadline: float | None = None  # absolute time.monotonic() after which the request ends
     queue_timeout: float | None = None  # seconds it may wait before admission
+    media: Any = None  # ninfer.contracts.PromptMedia of a prompt with images (its pads are placeholder ids)
 
 
 @dataclass(eq=False)

@@ -158,7 +158,7 @@ class ResourceManager:
 
     def materialize_choice(self, rid: int, prompt: tuple[int, ...], max_new_tokens: int, session_key: str | None,
                            sampling: object, seed: int, *, hints: tuple[int, ...] = (),
-                           from_root: bool = False) -> ResourceChoice:
+                           from_root: bool = False, media: object = None) -> ResourceChoice:
         source = None if from_root else self.find_source(prompt, session_key)
         sid = source.info.id if source else None
         if source is None and not from_root:
@@ -167,7 +167,8 @@ class ResourceManager:
         captures, capture_victims = self._captures(rid, prompt, source.info.tokens if source else 0, hints, victims)
         return ResourceChoice(TransitionKind.MATERIALIZE, request_id=rid, prompt=prompt, max_new_tokens=max_new_tokens,
                               source=sid, victims=victims, capture_victims=capture_victims,
-                              demote=self._demote(victims), captures=captures, sampling=sampling, seed=seed)
+                              demote=self._demote(victims), captures=captures, sampling=sampling, seed=seed,
+                              media=media)
 
     def _miss_cause(self, prompt: tuple[int, ...]) -> Miss:
         if not self.prefix_caching:

@@ -21,12 +21,13 @@ from .input_bounds import check_text
 from .history import ASSISTANT_HEADER, history_check
 from .instruction import format_instruction, with_instruction
 from .jinja_template import JinjaChatTemplate
-from .messages import normalize_chat, reject
+from .messages import TEXT_ONLY, ImageSink, normalize_chat, reject
 from .outputs import OutputOptions
 from .prompt import PreparedPrompt, char_to_token_boundaries, prepare_ids
 from .render import RenderedChat, render_qwen35
 from .session import OutputSession
 from .tokenizer import Qwen35Tokenizer
+from .vision_prompt import VisionPrompt
 
 if TYPE_CHECKING:
     from .grammar.compiler import GrammarCompiler
@@ -58,8 +59,12 @@ class PreparedChat:
 
 class Frontend:
     def __init__(self, tokenizer: Qwen35Tokenizer, *, max_context: int, chat_template: str | None = None,
-                 grammar: GrammarCompiler | None = None, grammar_compile_timeout: float | None = None):
+                 grammar: GrammarCompiler | None = None, grammar_compile_timeout: float | None = None,
+                 vision: VisionPrompt | None = None, no_vision: str = TEXT_ONLY):
+        """`vision`: the image path when the Program prepared the Vision feature; without it image parts are
+        refused with `no_vision` as the reason."""
         self.tokenizer = tokenizer
+        self.vision, self.no_vision = vision, no_vision
         self.max_context = max_context
         self.template = JinjaChatTemplate(chat_template) if chat_template else None
         self.table = TokenTable.build(tokenizer)
@@ -84,13 +89,15 @@ class Frontend:
         if len(request.messages) > self.max_context:
             raise RequestRejected(RejectReason.CONTEXT_TOO_LONG, f"{len(request.messages)} messages cannot fit "
                                   f"in the context of {self.max_context} tokens")
-        chat = normalize_chat(request.messages, request.tools)
+        kwargs = dict(request.chat_template_kwargs or {})
+        sink = ImageSink(None if self.vision else self.no_vision, bool(kwargs.get("add_vision_id")))
+        chat = normalize_chat(request.messages, request.tools, sink)
+        images = self.vision.process(sink.images) if sink.images else []
         structured = StructuredOutputOptions.create(response_format=request.response_format, tools=chat.specs,
                                                     tool_choice=request.tool_choice,
                                                     parallel_tool_calls=request.parallel_tool_calls,
                                                     json_whitespace=request.json_whitespace)
         messages, shift = with_instruction(chat.messages, format_instruction(structured))
-        kwargs = dict(request.chat_template_kwargs or {})
         text, rendered = self._render(messages, chat.tools, request.add_generation_prompt, kwargs)
         check_text(text, "the rendered chat prompt (tools or chat_template_kwargs)")
         wanted = self._boundary_chars(rendered, request.cache_boundaries, shift, len(chat.messages))
@@ -99,10 +106,13 @@ class Frontend:
         if request.cache_boundaries is None and request.add_generation_prompt and 0 < before < len(text):
             wanted.append(before)
         encoding = self.tokenizer.encoding(text)
-        bounds = char_to_token_boundaries(encoding.offsets, wanted)
-        exact = rendered is not None and rendered.text == text and rendered.builtin
-        prompt = prepare_ids(encoding.ids, bounds, reasoning_open=_opens_think(text), text=text,
-                             renders_history=exact and request.add_generation_prompt)
+        ids, bounds, media = encoding.ids, char_to_token_boundaries(encoding.offsets, wanted), None
+        if images:
+            ids, bounds, media = self.vision.expand(ids, bounds, images)
+        # An output's prefix-execution boundary is checked by re-tokenizing history text, which has no images.
+        exact = rendered is not None and rendered.text == text and rendered.builtin and media is None
+        prompt = prepare_ids(ids, bounds, reasoning_open=_opens_think(text), text=text,
+                             renders_history=exact and request.add_generation_prompt, media=media)
         self.check_context(len(prompt), max_tokens)
         return PreparedChat(prompt, structured)
 

@@ -2,7 +2,9 @@
 
 Everything the Qwen3.5 format cannot represent is refused here, before rendering, with
 `RequestRejected(UNREPRESENTABLE)` naming the offending message or field. After normalization a message is a
-plain dict with `role` in {system, user, assistant, tool} and string `content`; an assistant message may carry
+plain dict with `role` in {system, user, assistant, tool} and string `content` (an image part of a user message,
+already acquired by the Gateway as `ImageData`, becomes the template's `<|vision_start|><|image_pad|><|vision_end|>`
+text, with "Picture N: " before it under `add_vision_id`, and its data goes to the caller's image list); an assistant message may carry
 `reasoning_content` (str) and `tool_calls` ([{"type": "function", "function": {"name", "arguments": dict}}]).
 Both renderers then agree byte for byte, and the Jinja template never meets a shape it would render oddly
 (a leading tool result, string-valued tool arguments, image parts).
@@ -46,19 +48,51 @@ class ChatInput:
     specs: tuple[ToolSpec, ...] = ()
 
 
-def _text_of(content: Any, where: str) -> str:
+VISION_TEXT = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template renders for an image part
+TEXT_ONLY = "this Frontend renders text only"
+
+
+@dataclass
+class ImageSink:
+    """Where normalization puts a conversation's images (in prompt order); `refusal` says why images are refused
+    (None: accepted)."""
+
+    refusal: str | None = TEXT_ONLY
+    add_vision_id: bool = False
+    images: list = field(default_factory=list)
+
+
+def _image_part(part: Mapping, where: str, role: str, sink: ImageSink) -> str:
+    from .media import ImageData
+
+    if sink.refusal is not None:
+        raise reject(f"{where} is an image part; {sink.refusal}")
+    if role != "user":
+        raise reject(f"{where}: only user messages may carry images (the {role} message has one)")
+    data = part.get("image")
+    if not isinstance(data, ImageData):
+        raise reject(f"{where}: the image was not acquired (the Gateway turns image_url parts into image data)")
+    sink.images.append(data)
+    return (f"Picture {len(sink.images)}: " if sink.add_vision_id else "") + VISION_TEXT
+
+
+def _text_of(content: Any, where: str, role: str = "user", sink: ImageSink | None = None) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    sink = sink or ImageSink()
     if isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, Mapping):
                 raise reject(f"{where}.content[{j}] must be an object, got {type(part).__name__}")
             kind = part.get("type", "text")
-            if kind in ("image", "image_url", "video", "video_url", "input_audio") or "image_url" in part:
-                raise reject(f"{where}.content[{j}] is a {kind} part; this Frontend renders text only")
+            if kind in ("image", "image_url") or "image_url" in part:
+                parts.append(_image_part(part, f"{where}.content[{j}]", role, sink))
+                continue
+            if kind in ("video", "video_url", "input_audio"):
+                raise reject(f"{where}.content[{j}] is a {kind} part; ninfer takes text and images only")
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise reject(f"{where}.content[{j}] must be a text part with a string 'text', got type {kind!r}")
             parts.append(part["text"])
@@ -92,7 +126,7 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
     return out
 
 
-def _message(i: int, m: Any, previous: dict | None) -> dict:
+def _message(i: int, m: Any, previous: dict | None, sink: ImageSink | None = None) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, Mapping):
         raise reject(f"{where} must be an object, got {type(m).__name__}")
@@ -102,7 +136,7 @@ def _message(i: int, m: Any, previous: dict | None) -> dict:
     role = "system" if role == "developer" else role
     if role == "system" and i != 0:
         raise reject(f"{where}: a system message must be the first message")
-    out: dict = {"role": role, "content": _text_of(m.get("content"), where)}
+    out: dict = {"role": role, "content": _text_of(m.get("content"), where, role, sink)}
     check_text(out["content"], f"{where}.content")
     if role == "assistant":
         reasoning = m.get("reasoning_content", m.get("reasoning"))
@@ -139,13 +173,14 @@ def _tool(i: int, t: Any) -> tuple[dict, ToolSpec]:
     return declared, ToolSpec(name, declared["function"].get("parameters"), bool(fn.get("strict", False)), declared)
 
 
-def normalize_chat(messages: Any, tools: Any = None) -> ChatInput:
-    """Validate and normalize `messages` (and `tools`); raises RequestRejected(UNREPRESENTABLE)."""
+def normalize_chat(messages: Any, tools: Any = None, images: ImageSink | None = None) -> ChatInput:
+    """Validate and normalize `messages` (and `tools`); raises RequestRejected(UNREPRESENTABLE). Image parts go to
+    `images` (refused without one)."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
         raise reject("messages must be a non-empty list")
     out: list[dict] = []
     for i, m in enumerate(messages):
-        out.append(_message(i, m, out[-1] if out else None))
+        out.append(_message(i, m, out[-1] if out else None, images))
     if not any(m["role"] == "user" and not is_tool_response(m["content"]) for m in out):
         raise reject("messages contain no user query (only system, assistant or tool turns)")
     declared, specs = [], []

@@ -3,7 +3,8 @@
 The identity is `ninfer.contracts.token_digest` (the digest the ResourceManager and every Program use for
 checkpoints): one digest of the whole prompt and one of the prefix at every explicit cache boundary (the end
 of the system turn, the end of each message). The Engine's prefix index looks up the deepest boundary digest
-it holds a checkpoint for; two prompts share a boundary digest exactly when they share those tokens.
+it holds a checkpoint for; two prompts share a boundary digest exactly when they share those tokens. An image's
+pads are placeholder ids derived from its content digest (`ninfer.contracts.media`), so the identity covers images.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import bisect
 import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
+
+from ninfer.contracts.media import PromptMedia
 
 @dataclass(frozen=True)
 class PrefixDigest:
@@ -32,6 +35,7 @@ class PreparedPrompt:
     # next turn's history renders (the output's prefix-execution boundary, frontend/history.py).
     renders_history: bool = False
     text: str = field(default="", repr=False)  # the rendered text, for logs and /tokenize; "" for token prompts
+    media: PromptMedia | None = None  # the prompt's images and MRoPE positions; None for a text prompt
 
     def __post_init__(self) -> None:
         lengths = [b.length for b in self.boundaries]
@@ -69,11 +73,11 @@ def digest_prefixes(token_ids: Sequence[int], lengths: Sequence[int]) -> tuple[t
 
 
 def prepare_ids(token_ids: Sequence[int], boundary_lengths: Iterable[int] = (), *, reasoning_open: bool = False,
-                text: str = "", renders_history: bool = False) -> PreparedPrompt:
+                text: str = "", renders_history: bool = False, media: PromptMedia | None = None) -> PreparedPrompt:
     ids = tuple(int(t) for t in token_ids)
     lengths = sorted({n for n in boundary_lengths if 0 < n <= len(ids)})
     boundaries, digest = digest_prefixes(ids, lengths)
-    return PreparedPrompt(ids, digest, boundaries, reasoning_open, renders_history, text)
+    return PreparedPrompt(ids, digest, boundaries, reasoning_open, renders_history, text, media)
 
 
 def char_to_token_boundaries(offsets: Sequence[tuple[int, int]], chars: Iterable[int]) -> list[int]:

@@ -4,6 +4,7 @@ Program's physical store, addressed by page ids, state slot ids and (in the fast
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ninfer.contracts import SequenceHandle, token_digest
 from ninfer.sampling import SamplingParams
@@ -40,6 +41,7 @@ class ActiveSequence:
     captures: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[Checkpoint] = field(default_factory=list)  # captured, not yet published
     boundary: int | None = None  # absolute reconstruction boundary of the last commit (Frontend metadata)
+    media: Any = None  # contracts.PromptMedia: the prompt's images and MRoPE positions (None: a text prompt)
 
     @property
     def capture_slots(self) -> int:

@@ -155,7 +155,7 @@ def _claim(prog: "ProgramCore", choice: ResourceChoice) -> ActiveSequence:
     slot = prog.slots.take()
     row = prog.rows.take() if prog.rows is not None else None
     seq = ActiveSequence(prog.new_handle(slot), choice.prompt, choice.max_new_tokens, params_or_greedy(choice.sampling),
-                         choice.seed % SEED_MOD, row=row)
+                         choice.seed % SEED_MOD, row=row, media=choice.media)
     taken = 0
     if choice.source is None:
         prog.store.clear_slot(slot)

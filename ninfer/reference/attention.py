@@ -1,7 +1,8 @@
 """Gated full attention: q/gate from one projection, zero-centred q/k norm, partial NeoX RoPE, GQA, sigmoid gate.
 
 Text-only MRoPE has the same position in all three rows, so it is exactly 1D RoPE on the first ``rotary_dim``
-dims of each head, whatever ``mrope_section`` says; the remaining dims pass through unrotated. The frequencies
+dims of each head, whatever ``mrope_section`` says; the remaining dims pass through unrotated. A prompt with images
+passes its 3-row positions (``ninfer.contracts.media``), interleaved over the frequencies by ``mrope_section``. The frequencies
 follow the config's RoPE type (`ninfer.reference.rope`).
 """
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from ninfer.models.qwen3_5.config import Qwen35Config
 
 from .norms import zc_rms_norm
-from .rope import rope_cos_sin, rope_frequencies
+from .rope import mrope_cos_sin, rope_cos_sin, rope_frequencies
 from .scope import Scope
 from .state import KVCache
 
@@ -55,10 +56,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return probs @ v
 
 
-def gated_attention(x: torch.Tensor, w: Scope, cfg: Qwen35Config, cache: KVCache) -> torch.Tensor:
+def gated_attention(x: torch.Tensor, w: Scope, cfg: Qwen35Config, cache: KVCache,
+                    positions: torch.Tensor | None = None) -> torch.Tensor:
     """One attention mixer (``w`` scoped at ``<layer>.self_attn``); x [T, H] -> [T, H].
 
-    The new tokens sit at positions ``cache.length ..``; their keys/values are appended to ``cache``.
+    The new tokens sit at sequence indices ``cache.length ..``; their keys/values are appended to ``cache``. Their
+    rotary positions are those indices, or the 3-row MRoPE ``positions`` [3, T] when given.
     """
     T = x.shape[0]
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -69,7 +72,11 @@ def gated_attention(x: torch.Tensor, w: Scope, cfg: Qwen35Config, cache: KVCache
     k = zc_rms_norm(_proj(x, w, "k_proj", cfg).view(T, nkv, d), w["k_norm.weight"], eps).transpose(0, 1)
     v = _proj(x, w, "v_proj", cfg).view(T, nkv, d).transpose(0, 1)  # [nkv, T, d]
     start = cache.length
-    cos, sin = rope_cos_sin(torch.arange(start, start + T), *rope_frequencies(cfg, _angle_dtype(x.dtype)), x.dtype)
+    freqs = rope_frequencies(cfg, _angle_dtype(x.dtype))
+    if positions is None:
+        cos, sin = rope_cos_sin(torch.arange(start, start + T), *freqs, x.dtype)
+    else:
+        cos, sin = mrope_cos_sin(positions, *freqs, cfg.mrope_section, x.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     cache.append(k, v)
     o = causal_attention(q, cache.k, cache.v, start)  # [nh, T, d]

@@ -40,8 +40,12 @@ class ReferenceModel:
 
     # ---- main decoder --------------------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, state: SequenceState, chunked: bool = True, return_hidden: bool = False,
-                checkpoints: list[SequenceState] | None = None, taps: dict[int, torch.Tensor] | None = None):
+                checkpoints: list[SequenceState] | None = None, taps: dict[int, torch.Tensor] | None = None,
+                positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Consume ``tokens`` [T] at positions ``state.next_position ..``; ``state`` is advanced in place.
+
+        ``positions`` [3, T]: their MRoPE positions (a prompt with images), else the sequence indices in all rows.
+        ``embeds`` (rows [n], features [n, H]): those rows' token embeddings replaced (image features at the pads).
 
         Returns logits [T, V], or (logits, hidden [T, H]) with ``return_hidden`` (final-normed: the MTP input).
         With ``chunked`` the GDN layers use the 64-token parallel form, chunks aligned to this call's start; when
@@ -56,18 +60,18 @@ class ReferenceModel:
             raise ValueError("chunk-boundary checkpoints come from the chunked GDN form; pass chunked=True")
         start = state.next_position
         per_layer: dict[int, list[GDNState]] | None = None if checkpoints is None else {}
-        hidden = self._forward(tokens, state, chunked, per_layer, taps)
+        hidden = self._forward(tokens, state, chunked, per_layer, taps, positions, embeds)
         if checkpoints is not None:
             checkpoints.extend(self._boundary_states(state, start, hidden, per_layer))
         logits = self.logits(hidden)
         return (logits, hidden) if return_hidden else logits
 
     def decode_step(self, token: int | torch.Tensor, state: SequenceState, return_hidden: bool = False,
-                    taps: dict[int, torch.Tensor] | None = None):
+                    taps: dict[int, torch.Tensor] | None = None, positions: torch.Tensor | None = None):
         """One token through the step recurrence; returns logits [V] (and the hidden [H] with ``return_hidden``);
-        ``taps`` as for `prefill` ([1, H] each)."""
+        ``taps`` as for `prefill` ([1, H] each), ``positions`` [3, 1] too."""
         tokens = torch.as_tensor(token, dtype=torch.long).reshape(1)
-        hidden = self._forward(tokens, state, chunked=False, per_layer=None, taps=taps)
+        hidden = self._forward(tokens, state, chunked=False, per_layer=None, taps=taps, positions=positions)
         logits = self.logits(hidden)[0]
         return (logits, hidden[0]) if return_hidden else logits
 
@@ -76,17 +80,26 @@ class ReferenceModel:
         return F.linear(hidden, self.weights["lm_head.weight"])
 
     def _forward(self, tokens: torch.Tensor, state: SequenceState, chunked: bool,
-                 per_layer: dict[int, list[GDNState]] | None, taps: dict[int, torch.Tensor] | None = None
+                 per_layer: dict[int, list[GDNState]] | None, taps: dict[int, torch.Tensor] | None = None,
+                 positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> torch.Tensor:
         """Embed -> layers -> final norm; returns the final-normed hidden [T, H] and advances ``state``."""
         cfg = self.cfg
         _check_tokens(tokens, cfg.vocab_size)
         _check_state(cfg, state)
+        if positions is not None and tuple(positions.shape) != (3, tokens.numel()):
+            raise ValueError(f"positions of shape {tuple(positions.shape)} for {tokens.numel()} tokens; expected "
+                             f"[3, {tokens.numel()}]")
         x = self.weights["embed_tokens.weight"][tokens]  # [T, H]
+        if embeds is not None:
+            rows, features = embeds
+            x = x.clone()
+            x[rows] = features.to(x.dtype)
         for i, kind in enumerate(cfg.layer_types):
             lw = self.root.sub(f"layers.{i}")
             if kind == FULL:
-                mixer = partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=state.kv[i])
+                mixer = partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=state.kv[i],
+                                positions=positions)
             else:
                 sink = None if per_layer is None else per_layer.setdefault(i, [])
                 mixer = partial(gdn_mixer, w=lw.sub("linear_attn"), cfg=cfg, state=state.gdn[i], chunked=chunked,

@@ -75,6 +75,27 @@ def rope_frequencies(cfg: Qwen35Config, dtype: torch.dtype) -> tuple[torch.Tenso
     return _plain(dim, theta, dtype), 1.0
 
 
+def mrope_rows(pairs: int, section: tuple[int, ...]) -> torch.Tensor:
+    """Which position row (0 T, 1 H, 2 W) each of the ``pairs`` frequencies reads: interleaved, frequency i from H
+    when i % 3 == 1 and i < 3 * section[1], from W when i % 3 == 2 and i < 3 * section[2], else from T
+    (transformers' ``Qwen3_5TextRotaryEmbedding.recomposition_frequencies``)."""
+    rows = torch.zeros(pairs, dtype=torch.long)
+    for row in (1, 2):
+        rows[row:3 * section[row]:3] = row
+    return rows
+
+
+def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, section: tuple[int, ...],
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 2 * pairs] for 3-row MRoPE ``positions`` [3, T]; equal rows give exactly ``rope_cos_sin``."""
+    pairs = inv_freq.shape[0]
+    angles = positions.to(inv_freq.dtype)[:, :, None] * inv_freq  # [3, T, pairs]
+    rows = mrope_rows(pairs, section)
+    picked = angles.gather(0, rows.view(1, 1, pairs).expand(1, positions.shape[1], pairs))[0]  # [T, pairs]
+    emb = torch.cat([picked, picked], dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, 2 * pairs] = cat(f(angles), f(angles)) * scale for absolute ``positions`` [T]; the angles are

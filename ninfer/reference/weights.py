@@ -11,10 +11,11 @@ import torch
 
 from ninfer.artifact import Artifact, open_artifact
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+from ninfer.models.qwen3_5.params import MTP, TEXT, VISION, logical_parameters
 
 from .dflash import Drafter
 from .model import ReferenceModel
+from .vision import VisionTower
 
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _PER_EXPERT = re.compile(r"^(?P<base>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -34,6 +35,13 @@ def load_model(artifact_path: str | Path, features: tuple[str, ...] = (TEXT, MTP
     """A :class:`ReferenceModel` of the artifact's config and weights."""
     with open_artifact(artifact_path, features=features) as art:
         return ReferenceModel(art.config, _artifact_weights(art, dtype), dtype=dtype)
+
+
+def load_vision_tower(artifact_path: str | Path, dtype: torch.dtype = torch.float32) -> VisionTower:
+    """The artifact's vision tower (its Vision bindings only)."""
+    with open_artifact(artifact_path, features=(TEXT, VISION)) as art:
+        weights = {n: art.dequantize(n).to(dtype) for n, b in art.bindings.items() if b.feature == VISION}
+        return VisionTower(art.config.vision, weights, dtype)
 
 
 def _artifact_weights(art: Artifact, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ from .chat import chat_completions
 from .completions import completions
 from .errors import APIError
 from .guard import Guard
+from .media import MediaPolicy, acquire_messages
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .state import ServerState
 
@@ -140,9 +141,11 @@ def _tokens_of(state: ServerState, body: TokenizeRequest) -> list[int]:
         return fe.tokenizer.encode(body.prompt)
     kwargs = {**state.runtime.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
     try:
-        chat = fe.prepare_chat(ChatRequest(body.messages, tools=body.tools, tool_choice=body.tool_choice,
+        messages = acquire_messages(body.messages, MediaPolicy.from_options(state.runtime.options))
+        chat = fe.prepare_chat(ChatRequest(messages, tools=body.tools, tool_choice=body.tool_choice,
                                            response_format=body.response_format, chat_template_kwargs=kwargs,
                                            add_generation_prompt=body.add_generation_prompt))
     except RequestRejected as e:
         raise APIError.from_rejection(e) from None
-    return list(chat.prompt.token_ids)
+    media = chat.prompt.media  # an image's pads are counted and shown as the pad id, not its placeholder ids
+    return list(chat.prompt.token_ids) if media is None else media.model_ids(chat.prompt.token_ids)

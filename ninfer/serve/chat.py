@@ -17,6 +17,7 @@ from ninfer.frontend import ChatRequest
 
 from .errors import APIError
 from .events import Choices, choice_events
+from .media import MediaPolicy, acquire_messages
 from .requests import TokenText, check_result, delta_logprobs, finish_reason, sampling_params, usage
 from .schemas import ChatCompletionRequest
 from .sse import DONE, EventStream, error_event, event
@@ -27,7 +28,8 @@ from .submit import generation_request
 def _prepare(state: ServerState, body: ChatCompletionRequest):
     rt = state.runtime
     kwargs = {**rt.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
-    request = ChatRequest(body.messages, tools=body.tools, tool_choice=body.tool_choice,
+    messages = acquire_messages(body.messages, MediaPolicy.from_options(rt.options))
+    request = ChatRequest(messages, tools=body.tools, tool_choice=body.tool_choice,
                           response_format=body.response_format, parallel_tool_calls=body.parallel_tool_calls,
                           chat_template_kwargs=kwargs, add_generation_prompt=body.add_generation_prompt,
                           json_whitespace=body.json_whitespace or rt.options.json_whitespace)

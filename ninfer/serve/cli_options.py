@@ -23,6 +23,8 @@ def _opt(*decls: str, env: str, group: str, **kw: Any) -> Callable:
     return click.option(*decls, cls=GroupedOption, help_group=group, envvar=f"NINFER_{env}", show_envvar=True, **kw)
 
 
+_SECONDS_R = click.FloatRange(0, min_open=True)
+
 RUNTIME_OPTIONS = [
     _opt("--model", "-m", env="MODEL", group="ModelConfig", default=None,
          help="A .ninfer artifact or HF checkpoint dir, like the positional MODEL "
@@ -68,6 +70,21 @@ RUNTIME_OPTIONS = [
     _opt("--thinking-token-budget", env="THINKING_TOKEN_BUDGET", group="Frontend", type=click.IntRange(0),
          default=None, help="Reasoning tokens before a forced </think>, where a request sets none (default: no "
                             "limit)."),
+    _opt("--limit-mm-per-prompt", env="LIMIT_MM_PER_PROMPT", group="MultiModalConfig", default=None,
+         help='Images per prompt at most: a count or \'{"image": N}\' (default 8; 0: images are refused and the '
+              'vision tower is not loaded).'),
+    _opt("--allowed-local-media-path", env="ALLOWED_LOCAL_MEDIA_PATH", group="MultiModalConfig", default=None,
+         help="A directory image URLs may name files under (file:///DIR/x.png); nothing outside it, through .. or "
+              "symlinks, is read (default: no local files)."),
+    _opt("--allow-remote-media/--no-allow-remote-media", env="ALLOW_REMOTE_MEDIA", group="MultiModalConfig",
+         default=False, show_default=True, help="Fetch http(s) image URLs (with --media-fetch-timeout and "
+                                                "--media-max-bytes)."),
+    _opt("--media-max-bytes", env="MEDIA_MAX_BYTES", group="MultiModalConfig", type=click.IntRange(1),
+         default=20 << 20, show_default=True, help="Encoded bytes of one image at most."),
+    _opt("--media-max-pixels", env="MEDIA_MAX_PIXELS", group="MultiModalConfig", type=click.IntRange(1),
+         default=64 << 20, show_default=True, help="Decoded pixels of one image at most (checked before decoding)."),
+    _opt("--media-fetch-timeout", env="MEDIA_FETCH_TIMEOUT", group="MultiModalConfig", type=_SECONDS_R,
+         default=10.0, show_default=True, help="Seconds one remote image may take to fetch."),
     _opt("--program", env="PROGRAM", group="ninfer", type=click.Choice(["auto", "reference", "fast"]),
          default="auto", show_default=True, help="Which Program runs the model (auto: fast on a GPU, else "
                                                  "reference)."),
@@ -82,7 +99,8 @@ RUNTIME_KEYS = ("model", "program", "purpose", "served_model_name", "max_model_l
                 "gpu_memory_utilization", "enable_prefix_caching", "cache_device_share", "kv_offloading_size",
                 "concurrent_prefill", "speculative_config",
                 "default_chat_template_kwargs", "seed", "dtype", "no_progress", "generation_config", "json_whitespace",
-                "thinking_token_budget")
+                "thinking_token_budget", "limit_mm_per_prompt", "allowed_local_media_path", "allow_remote_media",
+                "media_max_bytes", "media_max_pixels", "media_fetch_timeout")
 
 
 def runtime_options(fn: Callable) -> Callable:
@@ -204,7 +222,7 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
 
     `purpose` is the command's own (generate and chat generate, score scores): a --purpose that says otherwise is
     refused rather than ignored. `announce` prints the ready line (serve prints its own, with the address)."""
-    from ninfer.wiring import RuntimeOptions, build_runtime, parse_json_option
+    from ninfer.wiring import RuntimeOptions, build_runtime, parse_image_limit, parse_json_option
 
     if purpose is not None and flags["purpose"] != purpose and _given("purpose"):
         command = click.get_current_context().info_name
@@ -223,7 +241,10 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
                                                        "--default-chat-template-kwargs") or {},
         seed=flags["seed"], dtype=flags["dtype"], generation_config=flags["generation_config"],
         json_whitespace=flags["json_whitespace"], thinking_token_budget=flags["thinking_token_budget"],
-        warmup=warmup, **extra)
+        limit_mm_per_prompt=parse_image_limit(flags["limit_mm_per_prompt"]),
+        allowed_local_media_path=flags["allowed_local_media_path"], allow_remote_media=flags["allow_remote_media"],
+        media_max_bytes=flags["media_max_bytes"], media_max_pixels=flags["media_max_pixels"],
+        media_fetch_timeout=flags["media_fetch_timeout"], warmup=warmup, **extra)
     rt = build_runtime(options, progress=show_progress(flags["no_progress"]),
                        report=lambda line: click.echo(line, err=True))
     if announce:

@@ -54,7 +54,8 @@ def generation_request(rt: Runtime, prompt: PreparedPrompt, sampling: SamplingPa
     seed = rt.request_seed(sampling.seed)
     return GenerationRequest(tuple(prompt.token_ids), session, max_tokens=budget, sampling=sampling,
                              seed=None if seed is None else resolve_seed(seed), session_key=session_key,
-                             capture_hints=tuple(b.length for b in prompt.boundaries), deadline=deadline)
+                             capture_hints=tuple(b.length for b in prompt.boundaries), deadline=deadline,
+                             media=prompt.media)
 
 
 def _with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParams:

@@ -18,12 +18,13 @@ def test_help_shows_the_positional_model_and_vllm_groups(run):
     assert "[MODEL] [INPUT]" in run("score", "--help").output
     out = run("serve", "--help").output
     sections = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert sections == ["ModelConfig:", "CacheConfig:", "SchedulerConfig:", "SpeculativeConfig:", "Frontend:",
-                        "ninfer:", "Options:"]
+    assert sections == ["ModelConfig:", "CacheConfig:", "SchedulerConfig:", "SpeculativeConfig:",
+                        "MultiModalConfig:", "Frontend:", "ninfer:", "Options:"]
     model_config = out.split("ModelConfig:")[1].split("CacheConfig:")[0]
     assert "--max-model-len" in model_config and "--served-model-name" in model_config
     assert "--max-num-seqs" in out.split("SchedulerConfig:")[1].split("SpeculativeConfig:")[0]
     assert "--port" in out.split("Frontend:")[1].split("ninfer:")[0]
+    assert "--allowed-local-media-path" in out.split("MultiModalConfig:")[1].split("Frontend:")[0]
 
 
 # The corrupted artifact fails at load with its own path, so each spelling below proves which model was taken.

@@ -9,10 +9,17 @@ With a speculative backend (`mtp_backend`, `dflash_backend`) every consumption o
 backend state (the MTP pairs it completes, the drafter context of its positions), so that state is a function of
 the consumed tokens like the rest of the live state: backups, checkpoints, replays and resumes carry it without a
 second bookkeeping. Drafting (`draft`) runs on a private copy.
+
+A sequence with images (`seq.media`) embeds the pad id at each placeholder, replaces those rows with the image's
+features from the vision tower, and rotates with the Frontend's MRoPE positions (index + rope_delta after the
+prompt). An image is encoded whole whenever a prefill piece reaches any of its pads (a resume from a checkpoint
+inside an image takes the rest of its rows); the last few encodings are kept, so an image spanning several pieces
+is encoded once.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import torch
@@ -20,6 +27,7 @@ import torch
 from ninfer.program_core import ActiveSequence, Drawn
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.state import SequenceState
+from ninfer.reference.vision import VisionTower
 from ninfer.sampling import RowContext, SamplingError, draw
 
 from .stores import KVPages, StateSlots
@@ -38,11 +46,45 @@ class Backend(Protocol):
               ) -> tuple[tuple[int, ...], list[torch.Tensor | None]]: ...
 
 
+FEATURE_CACHE = 4  # encoded images kept (an image's pads may span several prefill pieces)
+
+
 class ReferenceExecutor:
     def __init__(self, model: ReferenceModel, pages: KVPages, slots: StateSlots, eos_token_ids: tuple[int, ...],
-                 backup_slot: Callable[[int], int], backend: Backend | None = None):
+                 backup_slot: Callable[[int], int], backend: Backend | None = None, vision: VisionTower | None = None):
         self.model, self.pages, self.slots = model, pages, slots
         self.eos_token_ids, self.backup_slot, self.backend = eos_token_ids, backup_slot, backend
+        self.vision = vision
+        self._features: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    # ---- images ----------------------------------------------------------------------------------------------
+    def _image_features(self, img) -> torch.Tensor:
+        key = (img.digest, img.grid)
+        if key not in self._features:
+            if self.vision is None:
+                raise RuntimeError("a sequence with images reached a Program without the vision tower")
+            self._features[key] = self.vision.encode(torch.from_numpy(img.pixels), img.grid)
+            while len(self._features) > FEATURE_CACHE:
+                self._features.popitem(last=False)
+        self._features.move_to_end(key)
+        return self._features[key]
+
+    def _model_inputs(self, seq: ActiveSequence, start: int, tokens: Sequence[int]) -> dict:
+        """Model ids, MRoPE positions [3, T] and image rows of `tokens` at sequence indices start.. (only the ids
+        for a text sequence)."""
+        media = seq.media
+        if media is None:
+            return {"tokens": torch.tensor(tokens)}
+        end = start + len(tokens)
+        rows, feats = [], []
+        for img in media.images:
+            lo, hi = max(start, img.offset), min(end, img.end)
+            if lo < hi:
+                rows.append(torch.arange(lo - start, hi - start))
+                feats.append(self._image_features(img)[lo - img.offset:hi - img.offset])
+        embeds = (torch.cat(rows), torch.cat(feats)) if rows else None
+        return {"tokens": torch.tensor(media.model_ids(tokens)),
+                "positions": torch.from_numpy(media.positions_for(start, end)), "embeds": embeds}
 
     # ---- state between the stores and the model ----------------------------------------------------------
     def _state(self, seq: ActiveSequence, start: int) -> SequenceState:
@@ -71,15 +113,17 @@ class ReferenceExecutor:
         (`chunked=False`) is what a decode round runs, so a verified or replayed block equals the same tokens
         decoded one by one."""
         state, taps = self._state(seq, start), self._taps()
-        logits, hidden = self.model.prefill(torch.tensor(tokens), state, chunked=chunked, return_hidden=True,
-                                            taps=taps)
+        inputs = self._model_inputs(seq, start, tokens)
+        logits, hidden = self.model.prefill(inputs.pop("tokens"), state, chunked=chunked, return_hidden=True,
+                                            taps=taps, **inputs)
         self._write(seq, state, start, tokens, hidden, taps)
         return logits
 
     def _draw(self, seq: ActiveSequence, logits: torch.Tensor, position: int, mask: Any | None) -> Drawn:
         """Draw at absolute `position` from fp32 logits [V]; the row's RowFailure when the sampler cannot."""
         try:
-            return draw(logits, seq.params, seq.seed, position, prompt=seq.prompt, outputs=seq.outputs,
+            prompt = seq.prompt if seq.media is None else seq.media.model_ids(seq.prompt)
+            return draw(logits, seq.params, seq.seed, position, prompt=prompt, outputs=seq.outputs,
                         eos_token_ids=self.eos_token_ids, mask=mask)
         except SamplingError as e:
             return e.failure
@@ -96,7 +140,10 @@ class ReferenceExecutor:
         for seq, mask in zip(seqs, masks):
             self.slots.copy(seq.handle.slot, self.backup_slot(seq.row))
             state, taps = self._state(seq, seq.frontier), self._taps()
-            logits, hidden = self.model.decode_step(seq.pending, state, return_hidden=True, taps=taps)  # [V], [H]
+            positions = None if seq.media is None else torch.from_numpy(seq.media.positions_for(seq.frontier,
+                                                                                                seq.frontier + 1))
+            logits, hidden = self.model.decode_step(seq.pending, state, return_hidden=True, taps=taps,
+                                                    positions=positions)  # [V], [H]
             self._write(seq, state, seq.frontier, (seq.pending,), hidden[None], taps)
             drawn.append(self._draw(seq, logits, seq.frontier + 1, mask))
         return drawn

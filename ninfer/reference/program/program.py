@@ -15,6 +15,7 @@ from ninfer.program_core.speculative import (DRAFTER_METHODS, MissingBackendWeig
                                              SpeculativeConfigError)
 from ninfer.reference.dflash import Drafter
 from ninfer.reference.model import ReferenceModel
+from ninfer.reference.vision import VisionTower
 
 from .config import ReferenceProgramConfig
 from .dflash_backend import DFlashBackend
@@ -45,9 +46,13 @@ def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Dra
     return DFlashBackend(drafter, block, min(windows) if windows else None)
 
 
+NO_VISION_SPECULATIVE = "images are not served with a speculative backend (its drafts would need MRoPE positions)"
+
+
 class ReferenceProgram(Program):
     def __init__(self, model: ReferenceModel, config: ReferenceProgramConfig = ReferenceProgramConfig(),
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, vision: VisionTower | None = None):
+        """`vision`: the tower, which prepares the Vision feature (image prompts); without it they are refused."""
         cfg = model.cfg
         c = config.resolved(cfg)
         if model.dtype != c.dtype:
@@ -55,24 +60,29 @@ class ReferenceProgram(Program):
         self.model, self.drafter = model, drafter
         self.pages = KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
         backend = _backend(c.speculative, model, drafter)
+        if vision is not None and backend is not None:
+            raise ValueError(NO_VISION_SPECULATIVE)
+        no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,
-                                    draft_tokens=c.draft_tokens)
+                                    draft_tokens=c.draft_tokens, no_vision=no_vision)
         self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype,  # allocatable, then backups
                                  backend_empty=None if backend is None else backend.empty)
         super().__init__(c, self.pages.alloc, IdPool(c.usable_slots, "GDN state slot"),
                          HostTier(c.host_bytes, c.state_bytes(cfg), c.page_bytes(cfg)),
                          TensorStore(self.pages, self.states),
                          c.page_bytes(cfg), rows=IdPool(c.max_concurrency, "block-table row"))
-        self.executor = ReferenceExecutor(model, self.pages, self.states, c.eos_token_ids, c.backup_slot, backend)
+        self.executor = ReferenceExecutor(model, self.pages, self.states, c.eos_token_ids, c.backup_slot, backend,
+                                          vision)
 
     @classmethod
-    def from_artifact(cls, path: str | Path, config: ReferenceProgramConfig = ReferenceProgramConfig()):
-        """The Program over a .ninfer artifact's text weights, and its MTP head or drafter when the config
-        speculates."""
+    def from_artifact(cls, path: str | Path, config: ReferenceProgramConfig = ReferenceProgramConfig(),
+                      vision: bool = False):
+        """The Program over a .ninfer artifact's text weights, its MTP head or drafter when the config speculates,
+        and its vision tower with `vision` (the artifact must bind the Vision feature)."""
         from ninfer.artifact import open_artifact
         from ninfer.models.qwen3_5.params import MTP, TEXT
-        from ninfer.reference.weights import load_drafter, load_model
+        from ninfer.reference.weights import load_drafter, load_model, load_vision_tower
 
         spec = config.speculative
         features = (TEXT,)
@@ -88,7 +98,7 @@ class ReferenceProgram(Program):
         model = load_model(path, features=features, dtype=config.dtype)
         drafter = load_drafter(path, model, spec.method) if spec is not None and spec.method in DRAFTER_METHODS \
             else None
-        return cls(model, config, drafter)
+        return cls(model, config, drafter, load_vision_tower(path, config.dtype) if vision else None)
 
     def scoring(self) -> CausalScoring:
         """The CausalScoring core over this Program's model: temporary states only, no store is touched."""
