@@ -40,23 +40,6 @@ def model_config(moe: bool, smoke: bool) -> dict:
     return raw
 
 
-def write_checkpoint(out: Path, raw: dict, seed: int, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Peaked random weights as an HF checkpoint (fused experts keys, which the converter accepts)."""
-    from safetensors.torch import save_file
-
-    from ninfer.models.qwen3_5.config import Qwen35Config
-    from ninfer.testing.checkpoints import peaked_text_tensors
-
-    cfg = Qwen35Config.from_hf(raw)
-    tensors = {("lm_head.weight" if n == "lm_head.weight" else f"model.{n}"):
-               t.to(torch.float32 if n.endswith(("A_log", "dt_bias")) else dtype).contiguous()
-               for n, t in peaked_text_tensors(cfg, seed=seed).items()}
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(raw))
-    return out
-
-
 def _logits(path: Path, tokens: torch.Tensor) -> torch.Tensor:
     from ninfer.reference.weights import load_model
 
@@ -81,16 +64,17 @@ def _quantized_bytes(path: Path) -> int:
 
 def run(moe: bool, tokens: int, seed: int, smoke: bool, group_size: int) -> dict:
     from ninfer.convert.convert import convert_checkpoint
+    from ninfer.testing.quant_checkpoints import write_peaked_checkpoint
 
     raw = model_config(moe, smoke)
     ids = torch.randint(0, raw["vocab_size"], (tokens,), generator=torch.Generator().manual_seed(seed + 1))
     with tempfile.TemporaryDirectory() as tmp:
-        src = write_checkpoint(Path(tmp) / "src", raw, seed)
+        src = write_peaked_checkpoint(Path(tmp) / "src", raw, seed)
         base_path = convert_checkpoint(src, Path(tmp) / "bf16.ninfer", progress=False)
         base = _logits(base_path, ids)
         rows = {"bf16": {"linear_bytes": _quantized_bytes(base_path), "rel_rms": 0.0, "top1_agreement": 1.0}}
         # The scale of the numbers: the same random model with fp32 weights against its bf16 rounding.
-        f32 = convert_checkpoint(write_checkpoint(Path(tmp) / "f32", raw, seed, torch.float32),
+        f32 = convert_checkpoint(write_peaked_checkpoint(Path(tmp) / "f32", raw, seed, torch.float32),
                                  Path(tmp) / "f32.ninfer", progress=False)
         rows["fp32 (scale)"] = _compare(f32, ids, base)
         for recipe in RECIPES:

@@ -15,7 +15,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ninfer.testing.checkpoints import make_hf_checkpoint, read_checkpoint_tensors
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.testing.checkpoints import make_hf_checkpoint, peaked_text_tensors, read_checkpoint_tensors
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # Modules the writers leave in bf16, as the published checkpoints do.
@@ -189,4 +190,22 @@ def make_quantized_checkpoint(dir: str | Path, method: str, *, moe: bool = False
     config = json.loads((out / "config.json").read_text())
     config["quantization_config"] = quantization_config(method, opts)
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def write_peaked_checkpoint(out: str | Path, raw_config: dict[str, Any], seed: int = 0,
+                            dtype: torch.dtype = torch.bfloat16) -> Path:
+    """An HF checkpoint of any text geometry (``raw_config``, a text config.json dict) with
+    :func:`peaked_text_tensors` weights in ``dtype`` (A_log/dt_bias fp32; experts in the fused keys), for recipe
+    tests and quality reports on shapes the tiny transformers models do not have (e.g. 128-row-aligned heads)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    cfg = Qwen35Config.from_hf(raw_config)
+    tensors = {(n if n == "lm_head.weight" else f"model.{n}"):
+               t.to(torch.float32 if n.endswith(("A_log", "dt_bias")) else dtype).contiguous()
+               for n, t in peaked_text_tensors(cfg, seed=seed).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(raw_config))
     return out

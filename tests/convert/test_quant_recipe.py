@@ -85,6 +85,26 @@ def test_single_parents_form_where_views_align(bf16, tmp_path):
         assert gate[2].params == {"block": [128, 128]} and gate[2].planes[1].rows_per_entry == 128
 
 
+def test_fp8_single_parent_holds_q_k_v_in_order_where_blocks_align(tmp_path):
+    """Heads of 64 with 2 q and 2 kv heads: q_proj (query+gate) 256 rows, k 128, v 128, all 128-row aligned."""
+    from ninfer.testing.quant_checkpoints import write_peaked_checkpoint
+
+    raw = dict(model_type="qwen3_5_text", vocab_size=256, hidden_size=128, num_hidden_layers=4, num_attention_heads=2,
+               num_key_value_heads=2, head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2,
+               linear_key_head_dim=64, linear_value_head_dim=64, intermediate_size=256, mtp_num_hidden_layers=0)
+    src = write_peaked_checkpoint(tmp_path / "src", raw)
+    path = convert_checkpoint(src, tmp_path / "fp8.ninfer", quantize="fp8", progress=False)
+    with open_artifact(path) as art, open_artifact(convert_checkpoint(src, tmp_path / "b.ninfer", progress=False)) as ref:
+        views = [_parent(art, f"{ATTN}.{p}_proj.weight") for p in "qkv"]
+        assert {v[0] for v in views} == {f"{ATTN}.qkv_proj"}
+        assert [v[1] for v in views] == [(0, 256), (256, 384), (384, 512)]
+        assert views[0][2].shape == (512, 128) and views[0][2].planes[1].shape == (4, 1)
+        for p in "qkv":
+            name = f"{ATTN}.{p}_proj.weight"
+            assert [u.activation for u in art.uses_of(name)] == ["AllowA8"]
+            assert _rel(art.dequantize(name).numpy(), ref.dequantize(name).numpy()) < 0.05
+
+
 def test_keep_leaves_matching_modules_dense(bf16, tmp_path):
     path = _convert(bf16, tmp_path, "q4", keep=("layers.0.*", "*.down_proj.weight"))
     with open_artifact(path) as art:
