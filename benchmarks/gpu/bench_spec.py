@@ -62,15 +62,20 @@ MIN_SECONDS = {"0.8B": 30, "9B": 60, "35B-A3B": 90, "tiny": 1}
 # ---- forced drafts -------------------------------------------------------------------------------------------------
 class ForcedContinuation:
     """The backend's draft, run and then overridden by the target's precomputed greedy continuation with a wrong
-    token at index `accept` (every row then emits accept + 1 tokens). Rows whose committed outputs left the
-    continuation (a bf16 verify may pick another argmax than the plain step) keep the backend's drafts and count as
-    diverged."""
+    token at index `accept` (every row then emits accept + 1 tokens). The verify logits of a block are pinned at the
+    continuation's tokens up to the first wrong draft (one logit per position set to PIN, O(1)): a bf16 verify pass
+    may pick another argmax than the plain step at a near-tie, which would derail the forced pattern, and acceptance
+    still runs on those logits. Rows whose committed outputs left the continuation anyway keep the backend's drafts
+    and count as diverged."""
+
+    PIN = 1e4
 
     def __init__(self, program, continuations: dict[tuple[int, ...], list[int]], vocab: int, device: str):
-        self.real = program.executor.draft
+        ex = program.executor
+        self.real_draft, self.real_verify = ex.draft, ex.verify
         self.continuations, self.vocab, self.device = continuations, vocab, device
         self.reset(0)
-        program.executor.draft = self
+        ex.draft, ex.verify = self.draft, self.verify
 
     def reset(self, accept: int) -> None:
         self.accept, self.draft_s, self.calls, self.followed, self.diverged = accept, 0.0, 0, 0, 0
@@ -79,10 +84,17 @@ class ForcedContinuation:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def __call__(self, seqs, ctxs, ks):
+    def _continuation(self, seq, need: int) -> list[int] | None:
+        """The continuation after the committed outputs (`need` tokens of it), None once the row left it."""
+        cont, n = self.continuations.get(tuple(seq.prompt)), seq.num_outputs
+        if cont is None or len(cont) < n + need or seq.outputs != cont[:n]:
+            return None
+        return cont[n:n + need]
+
+    def draft(self, seqs, ctxs, ks):
         self._sync()
         t = time.perf_counter()
-        real = self.real(seqs, ctxs, ks)
+        real = self.real_draft(seqs, ctxs, ks)
         self._sync()
         self.draft_s += time.perf_counter() - t
         self.calls += 1
@@ -91,15 +103,25 @@ class ForcedContinuation:
     def _forced(self, seq, k: int, got):
         if not k:
             return got
-        cont, n = self.continuations.get(tuple(seq.prompt)), seq.num_outputs
-        if cont is None or len(cont) < n + k or seq.outputs != cont[:n]:
+        ahead = self._continuation(seq, k)
+        if ahead is None:
             self.diverged += 1
             return got
         self.followed += 1
-        drafts = list(cont[n:n + k])
+        drafts = list(ahead)
         if self.accept < k:
             drafts[self.accept] = (drafts[self.accept] + 1) % self.vocab
         return tuple(drafts), [None] * k  # greedy rows: acceptance needs no q
+
+    def verify(self, seqs, feds):
+        out = self.real_verify(seqs, feds)
+        for seq, fed, logits in zip(seqs, feds, out):  # logits [len(fed), V]: row i predicts output n + i
+            last = min(self.accept, len(fed) - 1)  # the first wrong draft's row, or the bonus row
+            ahead = self._continuation(seq, last + 1)
+            if ahead is not None:
+                for i, token in enumerate(ahead):
+                    logits[i, token] = self.PIN
+        return out
 
 
 # ---- driving the Engine --------------------------------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""bench_spec.py's forced acceptance holds even when the verify pass disagrees with the plain step's greedy
+continuation (a bf16 verify at a near-tie): the pinned logits keep every round at exactly the forced length, and
+every row on the continuation. Here the verify logits are replaced by noise, so nothing agrees by itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+import bench_spec as bs  # noqa: E402
+from runlog import Run  # noqa: E402
+
+
+def test_forced_lengths_survive_a_verify_that_agrees_with_nothing():
+    s = dataclasses.replace(bs.SMOKE, batches=(2,))
+    run = Run(120.0, None, s, "bench_spec.json")
+    gen = torch.Generator().manual_seed(3)
+    vocab = bs.config("tiny").vocab_size
+    prompts = {2: [bs.random_prompt(gen, s.prompt_len, vocab) for _ in range(2)]}
+    tokens = 1 + s.steps * (s.k + 1) + 2 * (s.k + 1)
+    continuations = bs.bench_autoregressive(run, "tiny", prompts, tokens, {})
+    program, engine = bs.build(s, "tiny", s.k)
+    real = program.executor.verify
+    noise = torch.Generator().manual_seed(4)
+    program.executor.verify = lambda seqs, feds: [torch.randn(lg.shape, generator=noise) for lg in real(seqs, feds)]
+    forced = bs.ForcedContinuation(program, continuations, vocab, "cpu")
+    try:
+        for L in range(1, s.k + 2):
+            forced.reset(L - 1)
+            timed = 1 + s.steps * L
+            trackers = bs.run_requests(engine, prompts[2], timed + s.k + 1 + L)
+            assert bs.steady(trackers, timed)["tokens_per_step"] == L
+            assert forced.diverged == 0 and forced.followed > 0
+            for p, t in zip(prompts[2], trackers):
+                assert t.tokens == continuations[tuple(p)][:len(t.tokens)]
+    finally:
+        bs.teardown(s, program, engine)
