@@ -7,6 +7,8 @@ fast kernels cannot run fails at start with its binding, object and format named
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -32,6 +34,8 @@ RECIPES = {
     "nvfp4": ("nvfp4", "nvfp4", {}),
     "nvfp4_rows": ("nvfp4", "nvfp4", {"global_rows": 1, "input_scale": True}),
 }
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
 PROGRAM = dict(max_concurrency=2, max_context=128, page_size=4, kv_pages=80, checkpoint_slots=2,
                dtype=torch.float32)
 
@@ -76,15 +80,15 @@ def write_quantized(path, cfg, weights, recipe: str, fused_qk: bool = False, a8:
 
 
 def _fast(path, kernels="naive"):
-    return FastProgram.from_artifact(path, budget_bytes=1 << 30, device="cpu", kernels=kernels, **PROGRAM)
+    return FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE, kernels=kernels, **PROGRAM)
 
 
 def _logits(program, tokens):
     """All prefill logits of one sequence on slot 0 / row 0 with pages 0.. (fast model) or a fresh state."""
     if isinstance(program, FastProgram):
         m = program.model
-        m.pools.block_tables[0] = torch.arange(m.plan.max_pages_per_seq, dtype=torch.int32)
-        return m.prefill(tokens, 0, 0, 0, all_logits=True)
+        m.pools.block_tables[0] = torch.arange(m.plan.max_pages_per_seq, dtype=torch.int32, device=DEVICE)
+        return m.prefill(tokens.to(DEVICE), 0, 0, 0, all_logits=True)
     model = program.model
     return model.prefill(tokens, model.new_state())
 

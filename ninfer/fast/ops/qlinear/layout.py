@@ -131,8 +131,6 @@ def unsupported(w: QuantWeight) -> str | None:
         return f"fp8 block columns {bc} (the kernels need a power of two >= 16)"
     if w.kind in (QKind.INT4, QKind.INT5, QKind.INT8) and (bc < 16 or bc & (bc - 1)):
         return f"group size {bc} (the kernels need a power of two >= 16)"
-    if len(w.shape) == 3 and w.block_rows > 1 and w.n % w.block_rows:
-        return f"fp8 block rows {w.block_rows} do not divide the expert rows {w.n}"
     return None
 
 
