@@ -8,7 +8,7 @@ Runs on a preparation worker (never the event loop). Sources:
   ``O_NOFOLLOW`` and must be a regular file, so a link swapped in after the check is not followed either. A
   ``file://`` URL with a host, a relative path, a query or a fragment is refused.
 - ``http(s)://`` only with ``--allow-remote-media``: fetched within ``--media-fetch-timeout`` (the whole fetch), no
-  redirects, and at most the byte limit read (a larger body is refused, whatever its Content-Length says).
+  redirects, and at most the byte limit read (a larger body is refused, with or without a Content-Length).
 
 Every refusal is an APIError 400 naming the content part (``param``) and the reason.
 """
