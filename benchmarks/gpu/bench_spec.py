@@ -209,7 +209,8 @@ def build(s: Settings, name: str, k: int):
         from ninfer.fast.memory import device_budget
         from ninfer.fast.program import FastProgram, FastProgramConfig
 
-        if s.device == "cuda":
+        if s.device == "cuda":  # the previous Program's frame is gone only now: free its pools for this budget
+            gc.collect()
             torch.cuda.empty_cache()
         settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
                                      speculative=spec)

@@ -52,6 +52,8 @@ def projections(spec: list[dict], k: int) -> list[dict]:
         at_k = expected_length(a, k)
         for B in sorted({r["B"] for r in spec}):
             rows = [r for r in spec if r["B"] == B]
+            if {r["L"] for r in rows} != set(range(1, k + 2)):
+                continue  # the deadline cut some lengths: no interpolation over a gap
             out.append({"anchor": name, "source": source, "reported_length": length, "reported_k": k_rep,
                         "per_position_rate": a, "length_at_k": at_k, "B": B,
                         "projected_tok_s": B * at_k * 1e3 / _step_ms_at(rows, at_k)})
