@@ -53,7 +53,8 @@ def _published_conv(x, dyn, base, gs):
 
 def _published(d: Drafter, raw: dict, taps: torch.Tensor, anchor: int, B: int, first: int) -> torch.Tensor:
     """The drafts' logits of one pass over [context positions first.. ; block] (positions of the context are
-    absolute: first .. first + T - 1; the block follows)."""
+    absolute: first .. first + T - 1; the block follows). Tolerances are 1e-4: transformers builds the RoPE angles
+    in fp32, the drafter in fp64 mode in fp64."""
     c, w, eps = d.cfg, d.root.weights, d.cfg.rms_norm_eps
     T = taps.shape[0]
     rot = Qwen3RotaryEmbedding(Qwen3Config(hidden_size=H, num_attention_heads=2, head_dim=c.head_dim,
@@ -109,7 +110,7 @@ def test_drafter_equals_the_published_forward(kind, window):
     first = 0 if window is None else 9 - window
     want = _published(d, raw, taps[first:], 3, 8, first)
     assert logits.shape == (7, V) and hidden.shape == (7, H)
-    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)  # transformers builds RoPE angles in fp32
+    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
     assert ctx.end == 9 and ctx.start == first and all(torch.equal(a.k, b) for a, b in zip(ctx.kv, before))
 
 
@@ -119,7 +120,7 @@ def test_a_shorter_block_reads_the_same_context():
     taps = torch.randn(5, len(d.cfg.target_layer_ids) * H, dtype=torch.float64)
     ctx = d.empty_context()
     d.extend(ctx, taps, 0, None)
-    torch.testing.assert_close(d.block(ctx, 1, 4)[0], _published(d, raw, taps, 1, 4, 0), rtol=1e-4, atol=1e-4)  # transformers builds RoPE angles in fp32
+    torch.testing.assert_close(d.block(ctx, 1, 4)[0], _published(d, raw, taps, 1, 4, 0), rtol=1e-4, atol=1e-4)
 
 
 def test_selector_scores_are_the_edge_formula():

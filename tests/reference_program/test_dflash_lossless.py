@@ -62,8 +62,8 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 @pytest.mark.parametrize("kind, seeds", [("dflash", SEEDS), ("dflash2", SEEDS),
                                          pytest.param("dflash2", 10 * SEEDS, marks=pytest.mark.slow)])
 def test_sampled_dflash_acceptance_is_lossless(model, marginals, kind, seeds):
-    """The 3000-seed DFlash2 run (-m slow, about 40 s of CPU) also sees a q that is not the selector's (statistic 12.5 at
-    300 seeds, below the critical value)."""
+    """The 3000-seed DFlash2 run (-m slow, about 40 s of CPU) also sees a q that is not the selector's (statistic
+    12.5 at 300 seeds, below the critical value)."""
     drafter = reference_drafter(model, kind, seed=9, selector_top_k=3)
     program = ReferenceProgram(model, ReferenceProgramConfig(
         max_concurrency=8, max_context=32, page_size=4, checkpoint_slots=2, dtype=torch.float64, eos_token_ids=(),

@@ -101,7 +101,8 @@ class MtpHead:
                 tokens: Sequence[Sequence[int]], hidden: Sequence[torch.Tensor]) -> None:
         """Row i consumed tokens[i] at starts[i].. with final-normed hidden[i] [T_i, H]: add the pairs this
         completes, (h_p, x_{p+1}) for p = starts[i]-1 .. starts[i]+T_i-2 (none for p < 0), to the MTP KV and store
-        h_{starts[i]+T_i-1}. The reference executor's `_advance_mtp`, batched over rows."""
+        h_{starts[i]+T_i-1}. The reference MTP backend's `advance` (`reference/program/mtp_backend.py`), batched
+        over rows."""
         dev = self.model.device
         h_in, x_in, firsts, lens = [], [], [], []
         for slot, start, toks, hid in zip(slots, starts, tokens, hidden):
