@@ -107,3 +107,15 @@ def test_fast_replicas_are_pinned_host_memory(make_fast, prompt_of):
     replica = program.host.entries[info.id.value]
     tensors = [*replica.state, *replica.pages]
     assert all(t.device.type == "cpu" and t.is_pinned() for t in tensors)
+
+
+def test_the_fast_program_measures_its_cost_facts_on_cuda(make_fast):
+    """On CUDA the cost model's facts are measured at start; elsewhere the Program reports the generic fallback."""
+    from ninfer.contracts import CostFacts
+
+    costs = make_fast().limits.costs
+    if ON_GPU:
+        assert costs.measured and costs.copy_bytes_per_s > 1e8 and costs.prefill_tokens_per_s > 10
+        assert 0 < costs.copy_latency_s < 0.1
+    else:
+        assert costs == CostFacts()
