@@ -25,7 +25,7 @@ RECIPES = {
 _SMALL = {"q4": {"group_size": 32}, "fp8": {"block": [32, 32]}}  # the tiny smoke shape's widths are 64
 
 
-def _planes(fmt: str, params: dict, shape: tuple[int, ...], std: float, gen, device) -> dict[str, torch.Tensor]:
+def random_planes(fmt: str, params: dict, shape: tuple[int, ...], std: float, gen, device) -> dict[str, torch.Tensor]:
     *lead, n, k = shape
     if fmt == "fp8_e4m3":
         br, bc = params["block"]
@@ -53,7 +53,7 @@ def random_quant(cfg: Qwen35Config, device, recipe: str, gain: float = 0.25, sma
         if spec.kind not in ("linear", "experts") or name == "lm_head.weight":
             return None
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
-        planes = _planes(fmt, params, spec.shape, gain * spec.shape[-1] ** -0.5, gen, device)
+        planes = random_planes(fmt, params, spec.shape, gain * spec.shape[-1] ** -0.5, gen, device)
         return from_planes(fmt, dtype, params, spec.shape, planes, a8)
 
     return quant

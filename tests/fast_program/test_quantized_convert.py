@@ -30,7 +30,7 @@ def _check(path, name, kernels="naive"):
     """All prefill logits of 37 tokens, then the same sequence's first 6 tokens decoded one by one from a fresh
     slot, on both Programs' models; returns the fast Program."""
     tokens = torch.arange(3, 40) % 500
-    fast = FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE, kernels=kernels, **PROGRAM)
+    fast = FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE, kernels="triton" if ON_GPU else kernels, **PROGRAM)
     m = fast.model
     m.pools.block_tables[0] = torch.arange(m.plan.max_pages_per_seq, dtype=torch.int32, device=DEVICE)
     got = m.prefill(tokens.to(DEVICE), 0, 0, 0, all_logits=True)

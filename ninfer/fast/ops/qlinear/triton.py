@@ -212,16 +212,17 @@ def _fp32_dot(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swiglu: bool = False,
-          splits: int | None = None) -> torch.Tensor:
+          splits: int | None = None, bw: int | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """x [M, K] (M <= 16, any row stride) @ dequant(w [N, K])^T -> [M, N] in x's dtype, fp32 accumulation; with
-    ``swiglu``, w = [gate | up] and the result is silu(gate) * up [M, N/2]. ``splits`` overrides split-K (tests)."""
+    ``swiglu``, w = [gate | up] and the result is silu(gate) * up [M, N/2]. ``splits``, ``bw`` (weight rows per
+    program), ``num_warps`` and ``num_stages`` override the shape heuristic (tests, benchmarks/gpu/bench_qgemv.py)."""
     M, K = x.shape
     R = w.n
     assert len(w.shape) == 2 and w.k == K and 1 <= M <= MAX_ROWS, f"qgemv: x {tuple(x.shape)}, w {w.shape}"
     x = x if x.stride(1) == 1 else x.contiguous()
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
-    bw = max(16, min(64, triton.next_power_of_2(4 * M)))
+    bw = bw or max(16, min(64, triton.next_power_of_2(4 * M)))
     bk = tile_k(w)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     if splits is None:
@@ -242,7 +243,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, 0, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind],
         HAS_ZERO=w.zeros is not None, BM=MAX_ROWS,
         BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
-        TOPK=1, A_PER_PAIR=False, HAS_PW=False, num_warps=4, num_stages=4)
+        TOPK=1, A_PER_PAIR=False, HAS_PW=False, num_warps=num_warps, num_stages=num_stages)
     return y
 
 
