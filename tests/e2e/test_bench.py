@@ -30,6 +30,21 @@ def test_bench_serve(live_server, tmp_path, endpoint):
     assert s["mean_ttft_ms"] < s["mean_e2el_ms"]
 
 
+def test_bench_agent_with_the_reuse_check(live_server, tmp_path):
+    """`ninfer bench agent` over loopback: the per-turn table, the reuse after unrelated requests and the targets'
+    verdicts, printed and saved."""
+    out = tmp_path / "agent.json"
+    result = CliRunner().invoke(main, ["bench", "agent", "--base-url", live_server.url, "--turns", "2",
+                                       "--concurrency", "1", "--tool-result-len", "4", "--max-tokens", "1",
+                                       "--unrelated", "3", "--seed", "5", "--save-result", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Agent Benchmark (1 conversation(s))" in result.output and "Agent Benchmark targets" in result.output
+    s = json.loads(out.read_text())
+    assert [r["turn"] for r in s["runs"]["1"]["turns"]] == [1, 2] and s["reuse"]["failed_unrelated"] == 0
+    assert s["reuse"]["reuse"] > 0.9 and len(s["targets"]) == 3
+    assert all(("PASS  " if t["pass"] else "FAIL  ") + t["target"] in result.output for t in s["targets"])
+
+
 def test_bench_reports_failures(live_server):
     result = CliRunner().invoke(main, ["bench", "serve", "--base-url", live_server.url, "--model", "nope",
                                        "--num-prompts", "2"])
