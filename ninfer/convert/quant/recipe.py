@@ -66,21 +66,34 @@ def _suffix(name: str) -> tuple[str, str]:
     return ".".join(parts[:cut]), ".".join(parts[cut:])
 
 
-def _values(src: HFSource, item: Item, expert: int | None) -> np.ndarray:
-    """fp32 values of a 2-D item, or of one expert's slab [rows, K] of an experts item."""
-    if expert is None:
-        return src.get(item.keys[0]).float().numpy()
-    if len(item.keys) == 1:
-        return src.get(item.keys[0])[expert].float().numpy()
-    per = len(item.keys) // item.shape[0]
-    keys = item.keys[expert * per:(expert + 1) * per]
-    return torch.cat([src.get(k) for k in keys]).float().numpy()
+class _Values:
+    """fp32 values of the recipe's items, one 2-D matrix or one expert's slab [rows, K] at a time. A fused 3-D
+    source tensor is read once and kept until the next one is asked for (its experts are packed in order)."""
+
+    def __init__(self, src: HFSource):
+        self.src = src
+        self._held: tuple[str, torch.Tensor] | None = None
+
+    def _whole(self, key: str) -> torch.Tensor:
+        if self._held is None or self._held[0] != key:
+            self._held = None  # drop the previous tensor before reading the next
+            self._held = (key, self.src.get(key))
+        return self._held[1]
+
+    def __call__(self, item: Item, expert: int | None) -> np.ndarray:
+        if expert is None:
+            return self.src.get(item.keys[0]).float().numpy()
+        if len(item.keys) == 1:
+            return self._whole(item.keys[0])[expert].float().numpy()
+        per = len(item.keys) // item.shape[0]
+        keys = item.keys[expert * per:(expert + 1) * per]
+        return torch.cat([self.src.get(k) for k in keys]).float().numpy()
 
 
-def _pack_part(src: HFSource, members: list[Item], fmt: str, dtype: str, params: Mapping[str, Any],
+def _pack_part(values: _Values, members: list[Item], fmt: str, dtype: str, params: Mapping[str, Any],
                expert: int | None) -> Part:
     def part() -> dict[str, np.ndarray]:
-        x = np.concatenate([_values(src, m, expert) for m in members], axis=0)
+        x = np.concatenate([values(m, expert) for m in members], axis=0)
         return get_format(fmt).pack(x, dtype, params)
     return part
 
@@ -94,16 +107,16 @@ def _check(rec: Recipe, item: Item, dtype: str, problems: list[str]) -> None:
         problems.append(f"tensor {item.name}: nvfp4 needs the input dim to be a multiple of 16, got {k}")
 
 
-def _object(src: HFSource, rec: Recipe, name: str, members: list[Item], dtype: str) -> QuantObject:
+def _object(values: _Values, rec: Recipe, name: str, members: list[Item], dtype: str) -> QuantObject:
     first = members[0]
     if len(first.shape) == 3:
         params = dict(rec.params)
-        parts = tuple(_pack_part(src, members, rec.format, dtype, rec.params, e) for e in range(first.shape[0]))
+        parts = tuple(_pack_part(values, members, rec.format, dtype, rec.params, e) for e in range(first.shape[0]))
         if rec.format == "nvfp4":
             params["global_rows"] = first.shape[1]  # one global scale per expert
     else:
         params = dict(rec.params)
-        parts = (_pack_part(src, members, rec.format, dtype, rec.params, None),)
+        parts = (_pack_part(values, members, rec.format, dtype, rec.params, None),)
     shape = (sum(m.shape[0] for m in members), *first.shape[1:]) if len(first.shape) == 2 else first.shape
     return QuantObject(name, first.feature, first.kind, tuple((m.name, m.shape[0]) for m in members), rec.format,
                        dtype, tuple(shape), params, rec.activation, parts)
@@ -112,6 +125,7 @@ def _object(src: HFSource, rec: Recipe, name: str, members: list[Item], dtype: s
 def apply_recipe(src: HFSource, plan: Plan, rec: Recipe, keep: tuple[str, ...]
                  ) -> tuple[list[Item], list[QuantObject], list[str]]:
     """Split the plan's items into those kept dense and the quantized objects replacing the others."""
+    values = _Values(src)
     problems = [f"--keep {p!r} matches no parameter the recipe quantizes" for p in keep
                 if not any(fnmatch.fnmatchcase(i.name, p) for i in plan.items if _quantizable(i))]
     chosen = {i.name: i for i in plan.items if _quantizable(i) and not any(fnmatch.fnmatchcase(i.name, p)
@@ -129,12 +143,13 @@ def apply_recipe(src: HFSource, plan: Plan, rec: Recipe, keep: tuple[str, ...]
                 continue  # a view would cut a scale block: store the members alone
             for m in members:
                 _check(rec, m, dtype_of[m.name], problems)
-            objects[members[0].name] = _object(src, rec, f"{prefix}.{parent}", members, dtype_of[members[0].name])
+            objects[members[0].name] = _object(values, rec, f"{prefix}.{parent}", members,
+                                               dtype_of[members[0].name])
             for m in members:
                 chosen.pop(m.name)
     for n, item in chosen.items():
         _check(rec, item, dtype_of[n], problems)
-        objects[n] = _object(src, rec, n, [item], dtype_of[n])
+        objects[n] = _object(values, rec, n, [item], dtype_of[n])
     quantized = {m for o in objects.values() for m, _ in o.members}
     dense = [i for i in plan.items if i.name not in quantized]
     order = {i.name: k for k, i in enumerate(plan.items)}
