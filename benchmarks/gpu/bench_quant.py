@@ -135,10 +135,11 @@ def print_table(r: dict) -> None:
             gib = (m.get("weight_bytes") or 0) / 2**30
             for d in m.get("decode", []):
                 frac = d["floor_ms"] / d["step_ms"] if math.isfinite(d.get("floor_ms", math.nan)) else None
-                print(f"{name:8} {recipe:6} {gib:11.2f} {d['B']:>2} {d['step_ms']:8.3f} {be._f(d.get('floor_ms'), '{:8.3f}')} "
-                      f"{be._f(frac, '{:8.0%}')} {d['tok_s']:7.0f}")
+                print(f"{name:8} {recipe:6} {gib:11.2f} {d['B']:>2} {d['step_ms']:8.3f} "
+                      f"{be._f(d.get('floor_ms'), '{:8.3f}')} {be._f(frac, '{:8.0%}')} {d['tok_s']:7.0f}")
             for p in m.get("prefill", []):
-                print(f"  {name:8} {recipe:6} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms {p['tok_s']:>8.0f} tok/s")
+                print(f"  {name:8} {recipe:6} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms "
+                      f"{p['tok_s']:>8.0f} tok/s")
     for t in r.get("targets", []):
         v = "-" if t["value"] is None else f"{t['value']:.3f}"
         op = "<=" if t["metric"].startswith("decode") else ">="

@@ -80,7 +80,8 @@ def write_quantized(path, cfg, weights, recipe: str, fused_qk: bool = False, a8:
 
 
 def _fast(path, kernels="naive"):
-    return FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE, kernels="triton" if ON_GPU else kernels, **PROGRAM)
+    return FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE,
+                                     kernels="triton" if ON_GPU else kernels, **PROGRAM)
 
 
 def _logits(program, tokens):

@@ -1,8 +1,8 @@
 """The fast Program on artifacts the converter writes (docs/quantization.md): every --quantize recipe from a bf16
 checkpoint and every import of a published layout, dense and MoE, against the reference Program on the same file.
 Prefill and decode logits within 1e-2 relative RMS (fp32: both dequantize exactly, so in practice ~1e-6), on the
-naive kernels; one recipe through the Triton kernels (interpreted on CPU: -m slow). FP8 artifacts allow A8, which the fast
-prefill takes (e4m3 activations, ~2% on this tiny model) and the reference never does: their prefill is held to 5e-2,
+naive kernels; one recipe through the Triton kernels (interpreted on CPU: -m slow). FP8 artifacts allow A8, which
+the fast prefill takes (e4m3 activations, ~2% on this tiny model) and the reference never does: their prefill is held to 5e-2,
 their decode (always A16) from a fresh sequence to 1e-2."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def _check(path, name, kernels="naive"):
     """All prefill logits of 37 tokens, then the same sequence's first 6 tokens decoded one by one from a fresh
     slot, on both Programs' models; returns the fast Program."""
     tokens = torch.arange(3, 40) % 500
-    fast = FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE, kernels="triton" if ON_GPU else kernels, **PROGRAM)
+    fast = FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE,
+                                     kernels="triton" if ON_GPU else kernels, **PROGRAM)
     m = fast.model
     m.pools.block_tables[0] = torch.arange(m.plan.max_pages_per_seq, dtype=torch.int32, device=DEVICE)
     got = m.prefill(tokens.to(DEVICE), 0, 0, 0, all_logits=True)

@@ -80,8 +80,9 @@ def _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, 
             w = codes.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
             s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
         else:
-            blocks = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_s + (k0 // 16 + tl.arange(0, BK // 16))[None, :],
-                             mask=valid[:, None], other=0.0).to(tl.float32)  # [BW, BK/16]
+            cols = k0 // 16 + tl.arange(0, BK // 16)
+            blocks = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_s + cols[None, :], mask=valid[:, None],
+                             other=0.0).to(tl.float32)  # [BW, BK/16]
             w = tl.reshape(tl.reshape(_e2m1(codes), (BW, BK // 16, 16)) * blocks[:, :, None], (BW, BK))
             s = tl.load(r_ptr + rows.to(tl.int64), mask=valid, other=0.0)
     return w, s
@@ -90,7 +91,8 @@ def _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, 
 @triton.jit
 def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, ids_ptr, pw_ptr, M, R, K, KB,
                   k_per, num_splits, half, BR, BC, stride_x, stride_d, stride_s, stride_z, stride_de, stride_se,
-                  stride_re, stride_ze, stride_y, KIND: tl.constexpr, HAS_ZERO: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                  stride_re, stride_ze, stride_y, KIND: tl.constexpr, HAS_ZERO: tl.constexpr, BM: tl.constexpr,
+                  BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                   SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr, PAIRS: tl.constexpr,
                   TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr):
     pid = tl.program_id(0)
@@ -272,7 +274,8 @@ def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, 
     _qgemv_kernel[(blocks, 1, P)](
         x, w.data, w.scales, rs, zs, y, y, y, ids.reshape(-1), pw, 1, R, K, w.data.shape[-1], K, 1, n_out,
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, sde, sse, sre, sze, y.stride(0), KIND=_KIND_ID[w.kind],
-        HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x),
+        HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu,
+        FP32_DOT=_fp32_dot(x),
         PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, num_warps=4, num_stages=4)
     return y
 
