@@ -126,3 +126,14 @@ def test_recipe_refusals_leave_nothing(bf16, tmp_path, kw, needle):
     with pytest.raises(ConversionError, match=needle.replace("*", r"\*").replace(".", r"\.")):
         convert_checkpoint(bf16[False], tmp_path / "m.ninfer", progress=False, **kw)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fused_experts_source_is_read_once_per_object(bf16, tmp_path, monkeypatch):
+    from ninfer.convert.hf_source import HFSource
+
+    reads: list[str] = []
+    get = HFSource.get
+    monkeypatch.setattr(HFSource, "get", lambda self, key: reads.append(key) or get(self, key))
+    _convert(bf16, tmp_path, "q4", moe=True)
+    experts = [k for k in reads if "mlp.experts." in k]
+    assert experts and len(experts) == len(set(experts))  # not once per expert
