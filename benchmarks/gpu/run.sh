@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
+#   bash benchmarks/gpu/run.sh vision   # vision tower tests (ops, fast tower vs reference) + bench_vision.py (< 2 min)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -101,6 +102,13 @@ run_agent() {
         ${OUT:+--out "$OUT"} || echo "bench_agent rc=$?"
 }
 
+run_vision() {
+    echo "== vision: the attention op and the fast tower against the reference, then the tower at the 9B geometry"
+    NINFER_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest tests/ops/test_vision_attention.py \
+        tests/fast_model/test_vision_tower.py -q -p no:cacheprovider || echo "vision tests rc=$?"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_vision.py ${OUT:+--out "$OUT"} || echo "bench_vision rc=$?"
+}
+
 case "$PART" in
     tests) run_tests ;;
     engine) run_engine ;;
@@ -109,5 +117,6 @@ case "$PART" in
     spec) run_spec ;;
     agent) run_agent ;;
     quant) run_quant ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent, quant)"; exit 2 ;;
+    vision) run_vision ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent, quant, vision)"; exit 2 ;;
 esac

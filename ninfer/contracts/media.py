@@ -77,10 +77,16 @@ class PromptMedia:
         return np.concatenate([head, np.broadcast_to(tail, (3, tail.size))], axis=1)
 
     def check(self, token_ids: Sequence[int]) -> str | None:
-        """Why these media do not fit ``token_ids`` (None when they do): every placeholder belongs to exactly one
-        image, each image's run is its placeholder ids, and the positions cover the prompt."""
+        """Why these media do not fit ``token_ids`` (None when they do): each image's grid is whole merge blocks
+        with one row of pixels per patch, every placeholder belongs to exactly one image, each image's run is its
+        placeholder ids, and the positions cover the prompt."""
         covered = 0
         for i, img in enumerate(self.images):
+            t, h, w = img.grid
+            if min(t, h, w) < 1 or h % img.merge or w % img.merge:
+                return f"image {i}: grid {img.grid} is not whole {img.merge}x{img.merge} merge blocks"
+            if np.ndim(img.pixels) != 2 or np.shape(img.pixels)[0] != t * h * w:
+                return f"image {i}: pixels of shape {np.shape(img.pixels)} for a {t}x{h}x{w} patch grid"
             if img.offset < covered or img.end > len(token_ids):
                 return f"image {i} (tokens {img.offset}..{img.end}) overlaps another or passes the prompt end"
             if tuple(token_ids[img.offset:img.end]) != placeholder_ids(img.digest, img.tokens):

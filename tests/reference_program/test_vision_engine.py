@@ -83,3 +83,14 @@ def test_a_program_without_the_tower_refuses_images(artifact, vision_prompt):
     ids[at] += 1  # one placeholder of another image
     with pytest.raises(RequestRejected, match="placeholder ids at 4..19 are not its own"):
         Engine(_program(artifact), threaded=False).submit(token_request(ids, 5, media=request.media))
+
+
+def test_inconsistent_media_is_refused_before_the_program_sees_it(artifact, vision_prompt):
+    import dataclasses
+
+    request, media = _request(vision_prompt, 5, [7])
+    img = media.images[0]
+    for bad in (dataclasses.replace(img, pixels=img.pixels[:-1]), dataclasses.replace(img, grid=(1, 3, 6))):
+        forged = dataclasses.replace(media, images=(bad,))
+        with pytest.raises(RequestRejected, match="image 0: (pixels of shape|grid)"):
+            Engine(_program(artifact), threaded=False).submit(token_request(request.prompt, 5, media=forged))
