@@ -48,6 +48,8 @@ class Kernels:
     linear_swiglu: Callable
     # (pool [L, S, ...], src [B], dst [B], dst_offset) -> None: pool[:, dst_offset + dst[b]] = pool[:, src[b]]
     slot_copy: Callable
+    # (x [N, H], dyn [N, taps, G], base [taps, H], block) -> [N, H]: DFlash2's convolution over packed blocks
+    dflash_conv: Callable
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
@@ -58,6 +60,7 @@ _GEMV_ROWS = 8
 def triton_kernels() -> Kernels:
     from ninfer.fast.ops import (gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention, prefill_attention,
                                  rmsnorm, rope_kv_write, slot_copy, swiglu)
+    from ninfer.fast.ops.dflash_conv import dflash_conv
     from ninfer.fast.ops.fp8_gemm.triton import fp8_gemm
     from ninfer.fast.ops.qlinear import QuantWeight, Segments
     from ninfer.fast.ops.qlinear import triton as qlinear
@@ -95,7 +98,7 @@ def triton_kernels() -> Kernels:
     return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
                    prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
-                   slot_copy.slot_copy)
+                   slot_copy.slot_copy, dflash_conv)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:
@@ -113,6 +116,7 @@ def _gemv_wins(x, w, fused: bool) -> bool:
 
 
 def naive_kernels() -> Kernels:
+    from ninfer.fast.ops.dflash_conv.naive import dflash_conv_naive
     from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
     from ninfer.fast.ops.gdn_decode.naive import gdn_decode_naive
     from ninfer.fast.ops.moe.naive import moe_experts_naive, moe_route_naive
@@ -152,7 +156,7 @@ def naive_kernels() -> Kernels:
 
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
                    gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, experts,
-                   linear, linear_swiglu, slot_copy_naive)
+                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive)
 
 
 def get_kernels(name: str) -> Kernels:

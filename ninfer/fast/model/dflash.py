@@ -1,0 +1,146 @@
+"""The DFlash / DFlash2 drafter on the device, eager, from the fast ops (docs/speculative.md, "DFlash on the fast
+Program"): the same math as `ninfer.reference.dflash`, over paged context K/V.
+
+    extend:  c = hidden_norm(fc(taps));  per layer: k_norm + RoPE of k_proj(c), v_proj(c) written at the positions'
+             page slots (`rope_kv_write`), so the context lives in pages of the drafter's own geometry
+    block:   [anchor, MASK x (B-1)] at positions F..F+B-1; per layer q/k/v of the block, the block's K/V written at
+             its slots (past the frontier: positions the next consumption rewrites before anything reads them), and
+             every block query attends to all F + B keys: `paged_decode_attention` with one row per query and
+             context length F + B is exactly the non-causal block attention; DFlash2's convolution (`dflash_conv`)
+             around both sublayers; final norm, the target's lm_head on slots 1..B-1
+
+The fast kernels' RMSNorm is zero-centred (``x / rms * (1 + w)``); the drafter's is Qwen3's plain one (``x / rms *
+w``), so its norm weights are stored as ``w - 1`` at load. Which pages hold the context (a slot's block table,
+shared prefixes, the window) is the caller's: this class only reads and writes the pages it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig
+
+from .kernels import Kernels
+
+
+@dataclass(frozen=True)
+class DrafterLayer:
+    input_norm: torch.Tensor  # [H], stored as w - 1 (see the module docstring)
+    q: torch.Tensor  # [nh * d, H]
+    k: torch.Tensor  # [nkv * d, H]
+    v: torch.Tensor
+    o: torch.Tensor  # [H, nh * d]
+    q_norm: torch.Tensor  # [d], w - 1
+    k_norm: torch.Tensor
+    post_norm: torch.Tensor  # [H], w - 1
+    gate_up: torch.Tensor  # [2I, H], gate rows first
+    down: torch.Tensor  # [H, I]
+    conv: tuple[torch.Tensor, ...] | None  # DFlash2: attention (base, projection), then MLP (base, projection)
+
+
+@dataclass(frozen=True)
+class DrafterWeights:
+    fc: torch.Tensor  # [H, n * H]
+    hidden_norm: torch.Tensor  # w - 1
+    layers: tuple[DrafterLayer, ...]
+    norm: torch.Tensor  # w - 1
+    selector: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # hidden_projection, predecessor, successor
+
+
+def load_drafter_weights(cfg: DrafterConfig, source: Callable[[str], torch.Tensor], dtype: torch.dtype,
+                         device: torch.device | str) -> DrafterWeights:
+    """The drafter's ``dflash.*`` tensors (``source(name)``) on `device` in `dtype`; norms as w - 1, gate|up fused."""
+    def get(name: str) -> torch.Tensor:
+        return source(PREFIX + name).to(device=device, dtype=dtype).contiguous()
+
+    def norm(name: str) -> torch.Tensor:
+        return (source(PREFIX + name).to(device=device, dtype=torch.float32) - 1.0).to(dtype)
+
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        conv = None
+        if cfg.kind == "dflash2":
+            conv = tuple(get(p + n) for n in ("attention_conv.base_kernel", "attention_conv.kernel_projection.weight",
+                                              "mlp_conv.base_kernel", "mlp_conv.kernel_projection.weight"))
+        layers.append(DrafterLayer(
+            norm(p + "input_layernorm.weight"), get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"),
+            get(p + "self_attn.v_proj.weight"), get(p + "self_attn.o_proj.weight"),
+            norm(p + "self_attn.q_norm.weight"), norm(p + "self_attn.k_norm.weight"),
+            norm(p + "post_attention_layernorm.weight"),
+            torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]), get(p + "mlp.down_proj.weight"),
+            conv))
+    selector = None
+    if cfg.kind == "dflash2":
+        selector = tuple(get("candidate_selector." + n) for n in
+                         ("hidden_projection.weight", "predecessor_codebook", "successor_codebook"))
+    return DrafterWeights(get("fc.weight"), norm("hidden_norm.weight"), tuple(layers), norm("norm.weight"), selector)
+
+
+class FastDrafter:
+    def __init__(self, cfg: DrafterConfig, weights: DrafterWeights, kernels: Kernels, embed: torch.Tensor,
+                 lm_head: torch.Tensor):
+        self.cfg, self.w, self.k, self.embed, self.lm_head = cfg, weights, kernels, embed, lm_head
+
+    def _kv_write(self, lw: DrafterLayer, x: torch.Tensor, q: torch.Tensor, positions: torch.Tensor,
+                  slots: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        """k_norm + RoPE of x's keys and its values into their page slots; q [T, nh, d] comes back normed and
+        rotated."""
+        c, T = self.cfg, x.shape[0]
+        k = self.k.linear(x, lw.k).view(T, c.num_key_value_heads, c.head_dim)
+        v = self.k.linear(x, lw.v).view(T, c.num_key_value_heads, c.head_dim)
+        return self.k.rope_kv_write(q, k, v, positions, slots, k_pages, v_pages, c.head_dim, c.rope_theta,
+                                    lw.q_norm, lw.k_norm, c.rms_norm_eps)
+
+    def extend(self, taps: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               k_pages: list[torch.Tensor], v_pages: list[torch.Tensor]) -> None:
+        """The context of T consumed positions from the target taps [T, n * H]: every layer's keys and values at
+        `slots` [T] (flat page slots, page * page_size + offset) of that layer's pages [P, page_size, nkv, d]."""
+        c = self.cfg
+        feats = self.k.rmsnorm(self.k.linear(taps.to(self.w.fc.dtype), self.w.fc), self.w.hidden_norm,
+                               c.rms_norm_eps, None)[0]  # [T, H]
+        no_queries = feats.new_zeros(feats.shape[0], 1, c.head_dim)  # the context has no queries to rotate
+        for lw, kp, vp in zip(self.w.layers, k_pages, v_pages):
+            self._kv_write(lw, feats, no_queries, positions, slots, kp, vp)
+
+    def block(self, anchor: int, frontier: int, table: torch.Tensor, block_size: int,
+              k_pages: list[torch.Tensor], v_pages: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over [anchor, MASK x (B-1)] at positions frontier..: the drafts' logits [B-1, V] fp32 and the
+        final-normed hidden [B-1, H]. `table` [max_pages] int32 names the pages of positions < frontier + B (the
+        context's, then any scratch pages the block's own K/V go to)."""
+        c, kern, B = self.cfg, self.k, block_size
+        dev = self.embed.device
+        ids = torch.tensor([anchor] + [c.mask_token_id] * (B - 1), device=dev)
+        positions = torch.arange(frontier, frontier + B, device=dev, dtype=torch.int32)
+        ps = k_pages[0].shape[1]
+        slots = table[(positions // ps).long()].long() * ps + (positions % ps).long()
+        tables = table[None].expand(B, -1).contiguous()  # one attention row per block query
+        lens = torch.full((B,), frontier + B, device=dev, dtype=torch.int32)
+        x = F.embedding(ids, self.embed).to(self.w.fc.dtype)  # [B, H]
+        for lw, kp, vp in zip(self.w.layers, k_pages, v_pages):
+            h = kern.rmsnorm(x, lw.input_norm, c.rms_norm_eps, None)[0]
+            attn_later = None
+            if lw.conv is not None:
+                h, attn_later = self._prepare(h, lw.conv[0], lw.conv[1])
+            q = kern.linear(h, lw.q).view(B, c.num_attention_heads, c.head_dim)
+            q = self._kv_write(lw, h, q, positions, slots, kp, vp)
+            a = kern.linear(kern.paged_decode_attention(q, kp, vp, tables, lens).reshape(B, -1), lw.o)
+            x = x + (a if attn_later is None else kern.dflash_conv(a, attn_later, lw.conv[0][1], B))
+            h = kern.rmsnorm(x, lw.post_norm, c.rms_norm_eps, None)[0]
+            mlp_later = None
+            if lw.conv is not None:
+                h, mlp_later = self._prepare(h, lw.conv[2], lw.conv[3])
+            m = kern.linear(kern.linear_swiglu(h, lw.gate_up), lw.down)
+            x = x + (m if mlp_later is None else kern.dflash_conv(m, mlp_later, lw.conv[2][1], B))
+        hidden = kern.rmsnorm(x, self.w.norm, c.rms_norm_eps, None)[0][1:]  # [B-1, H]
+        return F.linear(hidden, self.lm_head.to(hidden.dtype)).float(), hidden
+
+    def _prepare(self, h: torch.Tensor, base: torch.Tensor, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The convolved sublayer input and the finish side's coefficients [B, taps, G] (a strided view)."""
+        c = self.cfg
+        dyn = self.k.linear(h, proj).view(h.shape[0], 2, c.conv_kernel_size, c.conv_groups)
+        return self.k.dflash_conv(h, dyn[:, 0], base[0], h.shape[0]), dyn[:, 1]
