@@ -104,12 +104,14 @@ def bench_shape(name: str, N: int, K: int, results: list) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="9B")
+    ap.add_argument("--shapes", default=None, help="comma-separated projection names (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     results: list = []
     for model in args.models.split(","):
         for name, N, K in shapes(model):
-            bench_shape(f"{model}.{name}", N, K, results)
+            if args.shapes is None or name in args.shapes.split(","):
+                bench_shape(f"{model}.{name}", N, K, results)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_qgemv.json"), "w") as f:

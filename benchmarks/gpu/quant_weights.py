@@ -2,8 +2,9 @@
 with 128x128 block scales, int4 groups of 128, NVFP4), for the quantized benchmark: timing needs only finite values
 of a realistic magnitude, so the planes are random codes with scales that give projections std gain/sqrt(fan_in).
 
-Quantized, as the published checkpoints do: every projection of the text layers and the routed experts; the
-embedding, lm_head, router, norms, conv and fp32 parameters stay dense.
+Quantized as the converter's recipes do (docs/quantization.md): every projection of the text layers and the routed
+experts; the embedding, lm_head, router, shared-expert gate, GDN in_proj_b/in_proj_a, norms, conv and fp32
+parameters stay dense. (The q4 recipe's int5 v_proj is int4 here.)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ RECIPES = {
     "q4": ("int_group", "int4", {"group_size": 128}, False),
     "nvfp4": ("nvfp4", "nvfp4", {}, False),
 }
+_KEPT = ("in_proj_a.weight", "in_proj_b.weight", "shared_expert_gate.weight")
 _SMALL = {"q4": {"group_size": 32}, "fp8": {"block": [32, 32]}}  # the tiny smoke shape's widths are 64
 
 
@@ -50,7 +52,7 @@ def random_quant(cfg: Qwen35Config, device, recipe: str, gain: float = 0.25, sma
 
     def quant(name: str) -> QuantWeight | None:
         spec = specs[name]
-        if spec.kind not in ("linear", "experts") or name == "lm_head.weight":
+        if spec.kind not in ("linear", "experts") or name == "lm_head.weight" or name.endswith(_KEPT):
             return None
         gen = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
         planes = random_planes(fmt, params, spec.shape, gain * spec.shape[-1] ** -0.5, gen, device)
