@@ -199,6 +199,7 @@ class Runtime:
             self.engine.shutdown()
         if self.scorer is not None:
             self.scorer.shutdown()
+        self.frontend.close()
 
 
 def resolve_model_path(model: str | None, progress: bool = False,

@@ -83,6 +83,12 @@ class Frontend:
                 self._grammar = GrammarCompiler(self.tokenizer, compile_timeout=self._compile_timeout)
             return self._grammar
 
+    def close(self) -> None:
+        """Stop the grammar compiler's worker processes, if any were started."""
+        with self._grammar_lock:
+            if self._grammar is not None:
+                self._grammar.close()
+
     def prepare_chat(self, request: ChatRequest, *, max_tokens: int | None = None) -> PreparedChat:
         # Every message renders at least its role marker token: more messages than the context holds cannot fit,
         # and that is known before rendering, tokenizing and hashing them.

@@ -4,13 +4,16 @@ The compiler's cache is bounded (256 MiB by default), so repeated schemas compil
 distinct schemas cannot grow memory without limit. A schema XGrammar refuses is the request's problem:
 RequestRejected(UNREPRESENTABLE), before admission; so is one that compiles past the compile timeout. XGrammar's
 messages are cut to their user-facing part: the C++ source location it prefixes is none of the client's business.
+
+With a compile timeout (the server always has one) compiles run in killable worker processes (workers.py): a
+compile past the timeout is killed, not left to finish on a thread. Without one they run in this process.
 """
 
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import threading
+from collections import OrderedDict
 
 import xgrammar as xgr
 
@@ -21,6 +24,7 @@ from .compose import structural_tag
 from .options import StructuredOutputOptions
 from .state import GrammarState
 from .vocab import PADDED_VOCAB_SIZE, build_tokenizer_info
+from .workers import CompileFailed, CompilerWorkers, CompileTimeout, WorkerLost
 
 DEFAULT_CACHE_BYTES = 256 << 20
 # "[23:15:10] /project/cpp/json_schema_converter.cc:5082: " before XGrammar's message, and any other source location.
@@ -42,31 +46,43 @@ class GrammarCompiler:
                  compile_timeout: float | None = None):
         self.vocab_size = vocab_size
         self.info = build_tokenizer_info(tokenizer, vocab_size)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=True,
-                                            cache_limit_bytes=cache_limit_bytes)
         self.compile_timeout = compile_timeout
-        # XGrammar releases the GIL while it compiles but cannot be interrupted: a compile past the timeout keeps
-        # one of these threads until it ends, and its result is dropped. The Gateway's schema size bound keeps
-        # such compiles rare; the pool keeps them from taking more than its threads.
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="ninfer-grammar")
+        if compile_timeout is None:
+            self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=True,
+                                                cache_limit_bytes=cache_limit_bytes)
+            self.workers = None
+        else:
+            # One single-threaded XGrammar per worker process: at most `max_threads` cores compile at once.
+            self.workers = CompilerWorkers(self.info.serialize_json(), workers=max_threads, threads=1)
+            self._cache = _CompiledCache(cache_limit_bytes)
 
     def compile(self, options: StructuredOutputOptions, *, reasoning: bool) -> xgr.CompiledGrammar:
         try:
             # Building the tag may refuse too (a tool parameter the call grammar cannot spell).
             tag = structural_tag(options, reasoning=reasoning)
-            if self.compile_timeout is None:
+            if self.workers is None:
                 return self.compiler.compile_structural_tag(tag)
-            future = self._pool.submit(self.compiler.compile_structural_tag, tag)
-            try:
-                return future.result(timeout=self.compile_timeout)
-            except FutureTimeout:
-                future.cancel()
-                raise RequestRejected(RejectReason.UNREPRESENTABLE, "structured output did not compile within "
-                                      f"{self.compile_timeout:g} s (--grammar-compile-timeout); simplify the "
-                                      "schema") from None
-        except (RuntimeError, ValueError) as e:
+            return self._compile_in_worker(tag.model_dump_json())
+        except (RuntimeError, ValueError, CompileFailed) as e:
             raise RequestRejected(RejectReason.UNREPRESENTABLE,
                                   f"structured output cannot be compiled: {user_message(e)}") from e
+
+    def _compile_in_worker(self, key: str) -> xgr.CompiledGrammar:
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        try:
+            compiled_json = self.workers.compile(key, self.compile_timeout)
+        except CompileTimeout:
+            raise RequestRejected(RejectReason.UNREPRESENTABLE, "structured output did not compile within "
+                                  f"{self.compile_timeout:g} s (--grammar-compile-timeout); simplify the "
+                                  "schema") from None
+        except WorkerLost as e:
+            raise RequestRejected(RejectReason.UNREPRESENTABLE, f"structured output was not compiled: {e}; "
+                                  "retry, or simplify the schema") from None
+        compiled = xgr.CompiledGrammar.deserialize_json(compiled_json, self.info)
+        self._cache.put(key, compiled)
+        return compiled
 
     def new_state(self, options: StructuredOutputOptions, *, reasoning: bool) -> GrammarState | None:
         """A fresh GrammarState for one request, or None when nothing constrains its output."""
@@ -76,4 +92,36 @@ class GrammarCompiler:
 
     @property
     def cache_bytes(self) -> int:
-        return self.compiler.get_cache_size_bytes()
+        return self.compiler.get_cache_size_bytes() if self.workers is None else self._cache.bytes
+
+    def close(self) -> None:
+        """Kill the worker processes (a compile still running gets its request's error)."""
+        if self.workers is not None:
+            self.workers.close()
+
+
+class _CompiledCache:
+    """Compiled grammars by structural tag, least recently used first out, bounded by XGrammar's size estimate."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit, self.bytes = limit_bytes, 0
+        self._lock = threading.Lock()  # the preparation threads compile concurrently
+        self._entries: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+
+    def get(self, key: str) -> xgr.CompiledGrammar | None:
+        with self._lock:
+            compiled = self._entries.get(key)
+            if compiled is not None:
+                self._entries.move_to_end(key)
+            return compiled
+
+    def put(self, key: str, compiled: xgr.CompiledGrammar) -> None:
+        size = compiled.memory_size_bytes
+        with self._lock:
+            if size > self.limit or key in self._entries:
+                return
+            self._entries[key] = compiled
+            self.bytes += size
+            while self.bytes > self.limit:
+                _, dropped = self._entries.popitem(last=False)
+                self.bytes -= dropped.memory_size_bytes
