@@ -140,6 +140,13 @@ def test_a_worker_killed_mid_compile_fails_that_request_alone(small_runtime):
         assert after is not None
         pids = compiler.workers.pids()
         assert len(pids["idle"]) == 2 and victim not in pids["idle"] and not pids["busy"], pids
+        # XGrammar's own refusal comes back from the worker cleaned, and leaves the worker in service
+        bad = StructuredOutputOptions.create(response_format=schema({"type": "string", "pattern": "(("}))
+        with pytest.raises(RequestRejected, match="cannot be compiled") as e:
+            compiler.compile(bad, reasoning=False)
+        assert ".cc" not in e.value.message and compiler.workers.pids() == pids
+        d = StructuredOutputOptions.create(response_format=small("d"))
+        assert compiler.compile(d, reasoning=False) is compiler.compile(d, reasoning=False)  # the parent's cache
     finally:
         compiler.close()
     assert not any(alive(p) for p in pids["idle"]), "close() left worker processes"
