@@ -3,7 +3,7 @@
 Rendering, schema checks and tool-argument parsing recurse over JSON values, and a tokenizer takes only text that
 UTF-8 can encode (a Python str may hold lone UTF-16 surrogates, which JSON can spell as "\\ud800"). Input past
 either bound is a RequestRejected(UNREPRESENTABLE) naming where it sits, never a RecursionError or a TypeError.
-The Gateway applies the same depth to whole request bodies (ninfer/serve/body_checks.py).
+The Gateway applies the same depth to whole request bodies (ninfer/serve/body_checks.py, run by json_body.py).
 """
 
 from __future__ import annotations

@@ -17,11 +17,11 @@ from ninfer.contracts import RequestRejected
 from ninfer.frontend import ChatRequest
 
 from . import errors
-from .body_checks import checked_body
 from .chat import chat_completions
 from .completions import completions
 from .errors import APIError
 from .guard import Guard
+from .json_body import OffLoopRoute, checked_body
 from .media import MediaPolicy, acquire_messages
 from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .state import ServerState
@@ -40,6 +40,7 @@ def _links(links: dict) -> dict:
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="ninfer", description="OpenAI-compatible API of the ninfer engine", version="1",
                   dependencies=[Depends(checked_body)])
+    app.router.route_class = OffLoopRoute  # before any route: bodies parse on a thread (json_body.py)
     app.state.ninfer = state
     errors.install(app)
     app.add_middleware(Guard, state=state)
