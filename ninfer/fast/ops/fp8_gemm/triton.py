@@ -19,8 +19,9 @@ from ninfer.fast.ops.qlinear.layout import QuantWeight, a8_block
 
 E4M3_MAX = 448.0
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# (BM, BN, warps, stages); the first is the interpreter's fixed choice
-_TILES = ((32, 32, 4, 1), (128, 128, 8, 3), (128, 128, 4, 4), (64, 128, 4, 4), (128, 64, 4, 4), (128, 256, 8, 3))
+# (BM, BN, warps, stages); the first is the interpreter's fixed choice. Few, because each (N, K) autotunes at the
+# serve warm-up's prefill (and the choice then serves every prefill length)
+_TILES = ((32, 32, 4, 1), (128, 128, 8, 3), (128, 128, 4, 4), (128, 256, 8, 3))
 
 
 @triton.jit
@@ -52,8 +53,7 @@ def quantize_rows_fp8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.
 
 @triton.jit
 def _gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, o_ptr, M, N, K, BR, BC, nb_a, stride_a, stride_w, stride_ws,
-                 stride_o, MB, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32_DOT: tl.constexpr):
-    # MB (the row bucket) only keys the autotuner
+                 stride_o, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32_DOT: tl.constexpr):
     m = tl.program_id(0) * BM + tl.arange(0, BM)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     mm, mn = m < M, n < N
@@ -82,7 +82,7 @@ if _INTERPRET:
     _gemm = _gemm_kernel
 else:
     _gemm = triton.autotune([triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=st)
-                             for bm, bn, w, st in _TILES[1:]], key=["N", "K", "MB"])(_gemm_kernel)
+                             for bm, bn, w, st in _TILES[1:]], key=["N", "K"])(_gemm_kernel)
 
 
 def fp8_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
@@ -95,10 +95,9 @@ def fp8_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     N = w.n
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     bc = w.block_cols if w.block_cols < K else triton.cdiv(K, bk) * bk
-    bucket = min(triton.next_power_of_2(M), 4096)
     fixed = dict(BM=_TILES[0][0], BN=_TILES[0][1]) if _INTERPRET else {}
     grid = (triton.cdiv(M, fixed["BM"]), triton.cdiv(N, fixed["BN"])) if _INTERPRET else \
         (lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"])))
     _gemm[grid](xq, xs, w.data, w.scales, out, M, N, K, w.block_rows, bc, xs.shape[1], xq.stride(0),
-                w.data.stride(0), w.scales.stride(0), out.stride(0), bucket, BK=bk, FP32_DOT=_INTERPRET, **fixed)
+                w.data.stride(0), w.scales.stride(0), out.stride(0), BK=bk, FP32_DOT=_INTERPRET, **fixed)
     return out
