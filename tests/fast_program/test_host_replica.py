@@ -119,3 +119,40 @@ def test_the_fast_program_measures_its_cost_facts_on_cuda(make_fast):
         assert 0 < costs.copy_latency_s < 0.1
     else:
         assert costs == CostFacts()
+
+
+def test_through_the_engine_a_demoted_conversation_resumes_from_its_replica(make_fast, prompt_of):
+    """The fast Program behind the Engine: later conversations push an earlier one's checkpoints (state and KV
+    pages) to the host, its next turn resumes from the replica, the replica is promoted back, and the output
+    equals the cold run."""
+    from ninfer.engine.config import EngineConfig
+    from ninfer.engine.engine import Engine
+    from ninfer.testing.serving import assert_drained, cold
+    from ninfer.testing.sessions import token_request
+
+    program = make_fast(max_concurrency=1, checkpoint_slots=1)
+    engine = Engine(program, EngineConfig(max_concurrency=1, prefill_chunk=8, check_invariants=True), threaded=False)
+
+    def turns(seed: int, n: int) -> tuple[int, ...]:
+        """n turns; each next prompt drops the last 2 tokens (the turn boundary is before them) and adds 9."""
+        prompt = prompt_of(20, seed=seed)
+        for t in range(n):
+            engine.submit(token_request(prompt, 3, capture_hints=(len(prompt) - 2,)))
+            engine.run_until_idle()
+            last, prompt = prompt, prompt[:-2] + prompt_of(9, seed=seed * 100 + t)
+        return last
+
+    first = turns(7, 3)
+    for seed in range(8, 11):
+        turns(seed, 2)
+    assert program.resource_usage().host_checkpoints > 0
+    poison_free_pages(program)  # a page the replica failed to restore would keep NaN, not a stale right value
+    prompt = first[:-2] + prompt_of(5, seed=99)
+    handle = engine.submit(token_request(prompt, 3))
+    engine.run_until_idle()
+    result = handle.result(timeout=0)
+    stats = engine.core.resources.stats
+    assert result.usage.cached_prompt_tokens == len(first) - 2 and stats.host_resumes >= 1
+    assert stats.demotions > 0 and stats.promotions >= 1
+    assert result.token_ids == cold(make_fast, prompt, 3)
+    assert_drained(program)
