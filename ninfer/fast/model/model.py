@@ -80,11 +80,13 @@ class FastModel:
             self.kernels.slot_copy(pool, slot_ids, table_rows, backup_base)
 
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
-                all_logits: bool = False, return_hidden: bool = False):
+                all_logits: bool = False, return_hidden: bool = False, taps: dict[int, torch.Tensor] | None = None):
         """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The
         sequence's pages must already be in ``pools.block_tables[block_table_row]``. Long prompts run in pieces of
         at most ``plan.max_prefill_tokens``. Returns logits of the last token [V] fp32, or of all [T, V]; with
-        ``return_hidden`` also the final-normed hidden [T, H] (what the MTP head reads)."""
+        ``return_hidden`` also the final-normed hidden [T, H] (what the MTP head reads). A ``taps`` dict receives
+        every layer's output [T, H] by layer index (HF's ``hidden_states[i + 1]``, the last layer's final-normed):
+        what a DFlash drafter conditions on."""
         T = tokens.shape[0]
         if tokens.ndim != 1 or T == 0:
             raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
@@ -94,24 +96,30 @@ class FastModel:
         if start_pos == 0:
             self.pools.reset_slot(slot_id)
         piece = max(_GDN_CHUNK, self.plan.max_prefill_tokens // _GDN_CHUNK * _GDN_CHUNK)
-        outs, hiddens = [], []
+        outs, hiddens, pieces = [], [], []
         for s in range(0, T, piece):
+            sink: dict[int, torch.Tensor] | None = None if taps is None else {}
             hidden = self._layers(tokens[s:s + piece], self._prefill_inputs(min(piece, T - s), slot_id,
-                                                                             block_table_row, start_pos + s))
+                                                                             block_table_row, start_pos + s), sink)
+            if sink is not None:
+                pieces.append(sink)
             if all_logits:
                 outs.append(self.logits(hidden))
             if return_hidden:
                 hiddens.append(hidden)
+        if taps is not None:
+            taps.update({i: torch.cat([p[i] for p in pieces]) for i in pieces[0]})
         logits = torch.cat(outs) if all_logits else self.logits(hidden[-1:])[0]
         return (logits, torch.cat(hiddens)) if return_hidden else logits
 
     def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
-               starts: Sequence[int], lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+               starts: Sequence[int], lens: Sequence[int], taps: dict[int, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Multi-query decode: B blocks packed along tokens [N] (block i: lens[i] >= 1 tokens at positions
         starts[i].., on GDN slot slot_ids[i] and table row block_table_rows[i], whose pages must cover them), in
         one target pass: the GDN decode recurrence stepped over each block, attention with lens[i] queries per
         block, causal inside it. Advances the slots in place and writes K/V. Returns (logits [N, V] fp32, the
-        final-normed hidden [N, H])."""
+        final-normed hidden [N, H]); ``taps`` as for `prefill` ([N, H] each)."""
         if tokens.ndim != 1 or tokens.shape[0] != sum(lens) or min(lens, default=0) < 1 or \
                 not len(slot_ids) == len(block_table_rows) == len(starts) == len(lens):
             raise ValueError(f"verify takes {len(lens)} blocks of lens {list(lens)} >= 1 packed along a 1-D token "
@@ -119,7 +127,7 @@ class FastModel:
         if max(s + n for s, n in zip(starts, lens)) > self.plan.max_context:
             raise ValueError(f"positions up to {max(s + n for s, n in zip(starts, lens))} exceed the planned "
                              f"context {self.plan.max_context}")
-        hidden = self._layers(tokens, self._verify_inputs(slot_ids, block_table_rows, starts, lens))
+        hidden = self._layers(tokens, self._verify_inputs(slot_ids, block_table_rows, starts, lens), taps)
         return self.logits(hidden), hidden
 
     def _verify_inputs(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
@@ -150,8 +158,9 @@ class FastModel:
                           cu_seqlens=torch.tensor([0, n], **i32), prefix_lens=torch.tensor([start], **i32),
                           prefill_slot=slot)
 
-    def _layers(self, tokens: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H].
+    def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H] (and fills ``taps``).
 
         The residual stream h is carried by the fused norm: ``y, h = rmsnorm(delta, w, residual=h)`` adds the
         sublayer output and normalises in one kernel (h rounded to the activation dtype, as an unfused add)."""
@@ -168,7 +177,12 @@ class FastModel:
                 delta = gdn_mixer(k, cfg, lw.mixer, y, pools.conv[j], pools.ssm[j], step)
             y, h = k.rmsnorm(delta, lw.post_norm, eps, h)
             delta = ffn(k, cfg, lw.ffn, y)
-        return k.rmsnorm(delta, self.weights.final_norm, eps, h)[0]
+            if taps is not None:  # a new tensor: the next norm updates h in place
+                taps[i] = h + delta
+        hidden = k.rmsnorm(delta, self.weights.final_norm, eps, h)[0]
+        if taps is not None:
+            taps[cfg.num_hidden_layers - 1] = hidden
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in)."""
