@@ -118,5 +118,6 @@ case "$PART" in
     agent) run_agent ;;
     quant) run_quant ;;
     vision) run_vision ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent, quant, vision)"; exit 2 ;;
+    llamacpp) run_llamacpp ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent, quant, vision, llamacpp)"; exit 2 ;;
 esac
