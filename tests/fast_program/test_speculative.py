@@ -2,19 +2,19 @@
 errors, greedy equal to the autoregressive run (real MTP drafts and forced random acceptance lengths), the device
 MTP head's drafts equal to the reference Program's, abort and cancel restore (GDN slot, stored hidden, MTP KV,
 pages), a cut block equals the same tokens consumed plainly, sampled prefix hits equal the cold run, rows of one
-round accept different lengths, drained pools. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
+round accept different lengths, grammar rows per draft prefix, drained pools. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ninfer.contracts import BatchKind, ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import BatchKind, DraftMasks, ResourceChoice, RowDecision, TransitionKind
 from ninfer.fast.program import FastProgram
 from ninfer.program_core.speculative import MissingBackendWeights
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import assert_drained, in_turns, serve
-from ninfer.testing.sessions import token_request
+from ninfer.testing.sessions import TokenSession, token_request
 
 
 def test_mtp_without_mtp_weights_is_a_start_error(artifact):
@@ -175,3 +175,35 @@ def test_rows_of_one_round_accept_different_lengths(make_fast_spec, prompt_of):
         program.commit(batch.take(), [RowDecision(r.produced, False) for r in batch.rows])
         program.check_invariants()
     assert any(a != b for a, b in seen)
+
+
+class _ParitySession(TokenSession):
+    """A token 'grammar': output i must have the parity of i (the plain run reads `next_token_mask`, a speculative
+    round `draft_masks().fill(drafts)`, one row per draft prefix, as the Frontend's GrammarState gives them)."""
+
+    def __init__(self, max_tokens: int, vocab: int):
+        ids = torch.arange(vocab)
+        super().__init__(max_tokens, mask=lambda n: (ids % 2 == n % 2) & (ids != 0))
+
+    def draft_masks(self) -> DraftMasks:
+        n = len(self.tokens)
+        return DraftMasks(fill=lambda drafts: torch.stack([self.mask(n + i) for i in range(len(drafts) + 1)]))
+
+
+def test_grammar_rows_constrain_every_draft_prefix(make_fast_spec, prompt_of):
+    """Structured output under speculation: drafts that ignore the grammar (ForcedDrafts' teacher sees no mask) end
+    their block where the grammar forbids them; every output obeys it and equals the plain constrained run."""
+    from ninfer.engine.records import GenerationRequest
+
+    vocab = make_fast_spec(0).limits.vocab_size
+    prompts = _prompts(prompt_of)
+
+    def requests():
+        return [GenerationRequest(tuple(p), _ParitySession(14, vocab), 14) for p in prompts]
+    plain = serve(make_fast_spec(0), requests(), max_concurrency=2, prefill_chunk=9)
+    program = make_fast_spec(3, forced=True)
+    spec = serve(program, requests(), max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert all(t % 2 == i % 2 for r in spec for i, t in enumerate(r.token_ids))
+    assert sum(r.usage.accepted_draft_tokens for r in spec) > 0  # some blocks passed the grammar
+    assert_drained(program)
