@@ -44,5 +44,6 @@ class FastProgramConfig(ProgramConfig):
         return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
                            dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
-                           mtp=self.speculative is not None, weight_bytes_resident=weight_bytes,
+                           mtp=self.speculative is not None and self.speculative.method == "mtp",
+                           weight_bytes_resident=weight_bytes,
                            extra_workspace=extra_workspace)

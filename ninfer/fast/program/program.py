@@ -42,6 +42,9 @@ class FastProgram(Program):
         if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
                 plan.page_size != c.page_size or plan.max_context < c.max_context:
             raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
+        if c.speculative is not None and c.speculative.method != "mtp":
+            raise NotSupportedError(f"the fast Program has no {c.speculative.method} drafter yet (issue 12)").locate(
+                "method")
         if plan.mtp != (c.speculative is not None):
             raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
         if c.speculative is not None and model.mtp is None:
