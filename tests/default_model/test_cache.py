@@ -36,3 +36,15 @@ def test_failed_write_leaves_nothing_behind(tmp_path):
             raise RuntimeError("builder failed")
     assert dest.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_a_changed_converter_converts_again(tmp_path, monkeypatch):
+    """The conversion cache is keyed by the converter's code too: an upgraded ninfer never serves an artifact
+    that an older converter wrote for the same checkpoint files."""
+    from ninfer.convert import cached
+
+    (tmp_path / "config.json").write_text("{}")
+    before = cached.checkpoint_key(tmp_path)
+    assert cached.checkpoint_key(tmp_path) == before  # unchanged files and converter: the same artifact
+    monkeypatch.setattr(cached, "converter_digest", lambda: "another converter")
+    assert cached.checkpoint_key(tmp_path) != before
