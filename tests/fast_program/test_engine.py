@@ -187,9 +187,9 @@ def test_nan_logits_end_one_request_alone(make_reference, prompt_of):
     model = program.executor.model
     real, calls, rounds, poisoned_round = model.decode_step, [], [], []
 
-    def poisoned(token, state, return_hidden=False):
+    def poisoned(token, state, return_hidden=False, **kw):
         calls.append(token)
-        logits, hidden = real(token, state, return_hidden=True)
+        logits, hidden = real(token, state, return_hidden=True, **kw)
         if len(calls) == 5:
             poisoned_round.append(rounds[-1])
             logits = torch.full_like(logits, float("nan"))
