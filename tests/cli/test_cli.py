@@ -71,6 +71,21 @@ def test_generate_with_mtp_says_so_and_equals_the_plain_run(run):
     assert spec.stdout == plain.stdout
 
 
+def test_generate_with_dflash_says_so_and_equals_the_plain_run(run, default_model, tmp_path):
+    """The embedded model plus a random DFlash drafter (what `convert --drafter` stores): the ready line names the
+    backend and greedy output is the plain run's; without the drafter the start-up error names the method."""
+    from ninfer.testing.drafters import with_drafter
+
+    model = str(with_drafter(default_model, tmp_path / "d.ninfer", "dflash", block_size=8))
+    args = ("generate", "Hello", "-n", "6", "--no-think", "--temperature", "0", "--model", model, *SMALL)
+    plain = run(*args)
+    spec = run(*args, "--speculative-config", '{"method": "dflash", "num_speculative_tokens": 7}')
+    assert spec.exit_code == 0, spec.output
+    assert "speculative dflash (k=7)" in spec.stderr and spec.stdout == plain.stdout
+    bare = run("generate", "x", "--speculative-config", '{"method": "dflash2", "num_speculative_tokens": 7}', *SMALL)
+    assert bare.exit_code == 2 and "method: 'dflash2' needs a dflash2 drafter" in bare.stderr
+
+
 def test_env_vars_mirror_flags(run):
     result = run("generate", "x", "-n", "1", "--no-progress", env={"NINFER_MAX_MODEL_LEN": "128",
                                                                    "NINFER_SERVED_MODEL_NAME": "my-model"})
