@@ -1,5 +1,8 @@
 """Attention input preparation in plain fp32 torch: optional zero-centred q/k RMSNorm, partial NeoX RoPE on the first
-``rotary_dim`` dims of every head, and the write of the new keys/values into their KV-cache page slots."""
+``rotary_dim`` dims of every head, and the write of the new keys/values into their KV-cache page slots.
+
+Positions are one row [T] (text: MRoPE's three rows are equal), or the three MRoPE rows [3, T] of a prompt with
+images, each frequency taking its angle from the row ``mrope_rows`` assigns (interleaved by ``mrope_section``)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,23 @@ def _norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Ten
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+def mrope_rows(pairs: int, section) -> torch.Tensor:
+    """The position row (0 T, 1 H, 2 W) of each frequency: H where i % 3 == 1 and i < 3 * section[1], W where
+    i % 3 == 2 and i < 3 * section[2], else T (transformers' interleaved MRoPE)."""
+    rows = torch.zeros(pairs, dtype=torch.long)
+    for row in (1, 2):
+        rows[row:3 * section[row]:3] = row
+    return rows
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float, section=None) -> torch.Tensor:
     # x [T, heads, d] fp32; NeoX rotate_half on the first rotary_dim dims, the rest pass through
-    angles = positions.float()[:, None] * rope_inv_freq(rotary_dim, theta, x.device)[None, :]  # [T, rd/2]
+    inv = rope_inv_freq(rotary_dim, theta, x.device)
+    if positions.ndim == 2:  # [3, T]: each frequency reads its MRoPE row
+        rows = mrope_rows(rotary_dim // 2, section).to(x.device)
+        angles = positions.float()[rows].t() * inv[None, :]  # [T, rd/2]
+    else:
+        angles = positions.float()[:, None] * inv[None, :]  # [T, rd/2]
     cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None, :]
     sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None, :]
     rot = x[..., :rotary_dim]
@@ -30,12 +47,14 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: floa
 def rope_kv_write_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                         slot_mapping: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, rotary_dim: int,
                         theta: float, q_norm_weight: torch.Tensor | None = None,
-                        k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """q [T, nh, d], k/v [T, nkv, d], positions [T], slot_mapping [T] (flat slot = page * page_size + offset; -1
-    writes nothing). Writes rotated k and v into k_pages/v_pages [P, page_size, nkv, d]; returns the rotated q."""
+                        k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                        mrope_section=None) -> torch.Tensor:
+    """q [T, nh, d], k/v [T, nkv, d], positions [T] (or [3, T] with ``mrope_section``), slot_mapping [T] (flat slot
+    = page * page_size + offset; -1 writes nothing). Writes rotated k and v into k_pages/v_pages [P, page_size, nkv,
+    d]; returns the rotated q."""
     page_size = k_pages.shape[1]
-    qr = _rope(_norm(q.float(), q_norm_weight, eps), positions, rotary_dim, theta)
-    kr = _rope(_norm(k.float(), k_norm_weight, eps), positions, rotary_dim, theta)
+    qr = _rope(_norm(q.float(), q_norm_weight, eps), positions, rotary_dim, theta, mrope_section)
+    kr = _rope(_norm(k.float(), k_norm_weight, eps), positions, rotary_dim, theta, mrope_section)
     for t in range(q.shape[0]):
         slot = int(slot_mapping[t])
         if slot >= 0:
