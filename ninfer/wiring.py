@@ -312,8 +312,12 @@ def _vision_prompt(art, options: RuntimeOptions) -> VisionPrompt:
     from ninfer.frontend.image_processor import ImageProcessorConfig
 
     data = art.resource("preprocessor_config.json") if "preprocessor_config.json" in art.resources else None
-    processor = ImageProcessorConfig.from_json(data, art.config.vision)
-    return VisionPrompt(art.config.vision, processor, VisionLimits(options.limit_mm_per_prompt, options.media_max_pixels))
+    try:
+        processor = ImageProcessorConfig.from_json(data, art.config.vision)
+    except ValueError as e:  # json.JSONDecodeError included
+        raise WiringError(f"the model's image processor config is unusable: {e}") from None
+    limits = VisionLimits(options.limit_mm_per_prompt, options.media_max_pixels)
+    return VisionPrompt(art.config.vision, processor, limits)
 
 
 def _frontend(path: Path, options: RuntimeOptions, no_vision: str | None = "the Vision feature is not prepared"

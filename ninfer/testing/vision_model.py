@@ -33,12 +33,13 @@ def _vision_tensors(cfg: Qwen35Config, seed: int):
         yield spec.name, (1.0 + noise if layer_norm_scale else noise).to(torch.bfloat16)
 
 
-def build_vision_test_model(path: str | Path, seed: int = dm.SEED) -> Path:
+def build_vision_test_model(path: str | Path, seed: int = dm.SEED, preprocessor: dict | None = None) -> Path:
+    """The artifact at ``path``; ``preprocessor`` replaces the tiny processor constants."""
     from ninfer.artifact import write_artifact
 
     cfg = vision_test_config()
     resources = dm._resources()
-    resources["preprocessor_config.json"] = json.dumps(TINY_PREPROCESSOR, indent=2).encode("utf-8")
+    resources["preprocessor_config.json"] = json.dumps(preprocessor or TINY_PREPROCESSOR, indent=2).encode("utf-8")
     tensors = (*dm.random_tensors(cfg, seed), *_vision_tensors(cfg, seed + 1))
     return write_artifact(Path(path), cfg, iter(tensors), resources=resources,
                           metadata={"name": "ninfer-vision-test-random", "random_weights": True})

@@ -84,3 +84,13 @@ def test_image_limit_option():
     assert parse_image_limit('{"image": 3}') == 3 and parse_image_limit("5") == 5 and parse_image_limit(None) == 8
     with pytest.raises(WiringError, match="--limit-mm-per-prompt"):
         parse_image_limit('{"images": 3}')
+
+
+def test_an_unusable_processor_config_stops_the_start(tmp_path):
+    from ninfer.testing.checkpoints import TINY_PREPROCESSOR
+    from ninfer.testing.vision_model import build_vision_test_model
+
+    bad = build_vision_test_model(tmp_path / "bad.ninfer", preprocessor=dict(TINY_PREPROCESSOR, patch_size=14))
+    with pytest.raises(WiringError, match="image processor config is unusable: .*differ from the tower"):
+        build_runtime(RuntimeOptions(model=str(bad), program="reference", max_model_len=256, max_num_seqs=1,
+                                     warmup=False), progress=False)
