@@ -58,7 +58,10 @@ def _serve(conn: Connection) -> None:
             answer = ("ok", compiler.compile_structural_tag(tag).serialize_json())
         except Exception as e:  # noqa: BLE001 - XGrammar's refusal goes back as text; the worker stays usable
             answer = ("error", str(e))
-        conn.send(answer)
+        try:
+            conn.send(answer)
+        except OSError:
+            return  # the parent went away while this compiled
 
 
 class _Worker:
