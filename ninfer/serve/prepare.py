@@ -4,7 +4,8 @@ grammar compilation and the Engine submission that follows them.
 A preparation waits for a worker in a bounded backlog (beyond it the request gets 429 at once). While it waits or
 runs, the request's task watches its client and its deadline: a client that leaves, or a deadline that passes,
 ends the wait at once; a preparation that had not started never runs, and one already running finishes on its
-thread with its result handed to `discard` (the Engine handles it opened are closed), so it holds no capacity.
+thread with its result handed to `discard` (the Engine handles it opened are closed), so it holds no capacity. A
+grammar compile it is waiting for in a worker process is killed at once (grammar/workers.py's `cancellable`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
+
+from ninfer.frontend.grammar.workers import cancellable
 
 from .errors import APIError
 
@@ -47,7 +50,7 @@ class Preparer:
         try:
             return await self._wait(future, disconnected, deadline)
         except BaseException:
-            if not future.cancel() and discard is not None:
+            if not future.cancel():
                 job.abandon(discard)
             raise
 
@@ -78,19 +81,25 @@ class _Job:
         self.fn, self.deadline = fn, deadline
         self.lock = threading.Lock()
         self.finished, self.result, self.discard = False, None, None
+        self.cancel = threading.Event()  # set once the request went away
 
     def run(self):
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise _expired()  # it waited for a worker past its deadline: do not start it
-        result = self.fn()
+        with cancellable(self.cancel):
+            result = self.fn()
         with self.lock:
             self.finished, self.result, discard = True, result, self.discard
         if discard is not None:
             discard(result)  # before the pool counts it done: nothing it opened outlives the count
         return result
 
-    def abandon(self, discard: Callable) -> None:
-        """The request went away while this ran: its result is discarded, now or when it arrives."""
+    def abandon(self, discard: Callable | None) -> None:
+        """The request went away while this ran: its grammar compile ends, its result is discarded (if `discard`),
+        now or when it arrives."""
+        self.cancel.set()
+        if discard is None:
+            return
         with self.lock:
             ready, self.discard = self.finished, discard
         if ready:

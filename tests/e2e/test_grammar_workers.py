@@ -150,3 +150,43 @@ def test_a_worker_killed_mid_compile_fails_that_request_alone(small_runtime):
     finally:
         compiler.close()
     assert not any(alive(p) for p in pids["idle"]), "close() left worker processes"
+
+
+def test_a_client_that_leaves_kills_its_compile(small_runtime):
+    """The preparation pool cancels a running compile whose client went away: its worker process is killed within
+    a poll, long before the compile timeout, and the pool and the compiler are free for the next request."""
+    import asyncio
+
+    from ninfer.serve.errors import APIError
+    from ninfer.serve.prepare import Preparer
+
+    compiler = GrammarCompiler(small_runtime.frontend.tokenizer, compile_timeout=600.0, max_threads=1)
+    prep = Preparer(workers=1, backlog=0)
+    try:
+        compiler.compile(StructuredOutputOptions.create(response_format=small("w")), reasoning=False)
+        [victim] = compiler.workers.pids()["idle"]
+        leaves = time.monotonic() + 1.0
+
+        async def disconnected() -> bool:
+            return time.monotonic() > leaves
+
+        def prepare():
+            return compiler.compile(StructuredOutputOptions.create(response_format=schema(slow(40))),
+                                    reasoning=False)
+
+        async def request() -> None:
+            with pytest.raises(APIError) as e:
+                await prep.run(prepare, disconnected=disconnected)
+            assert e.value.status == 499
+
+        asyncio.run(request())
+        deadline = time.monotonic() + 30
+        while (alive(victim) or prep.pending) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(victim), "the compile of a request whose client left still runs"
+        assert prep.pending == 0
+        after = compiler.new_state(StructuredOutputOptions.create(response_format=small("e")), reasoning=False)
+        assert after is not None and victim not in compiler.workers.pids()["idle"]
+    finally:
+        prep.close()
+        compiler.close()

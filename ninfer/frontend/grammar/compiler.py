@@ -6,7 +6,8 @@ RequestRejected(UNREPRESENTABLE), before admission; so is one that compiles past
 messages are cut to their user-facing part: the C++ source location it prefixes is none of the client's business.
 
 With a compile timeout (the server always has one) compiles run in killable worker processes (workers.py): a
-compile past the timeout is killed, not left to finish on a thread. Without one they run in this process.
+compile past the timeout is killed, not left to finish on a thread, and so is one whose client went away
+(workers.cancellable). Without one they run in this process.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .compose import structural_tag
 from .options import StructuredOutputOptions
 from .state import GrammarState
 from .vocab import PADDED_VOCAB_SIZE, build_tokenizer_info
-from .workers import CompileFailed, CompilerWorkers, CompileTimeout, WorkerLost
+from .workers import CompileCancelled, CompileFailed, CompilerWorkers, CompileTimeout, WorkerLost
 
 DEFAULT_CACHE_BYTES = 256 << 20
 # "[23:15:10] /project/cpp/json_schema_converter.cc:5082: " before XGrammar's message, and any other source location.
@@ -77,6 +78,9 @@ class GrammarCompiler:
             raise RequestRejected(RejectReason.UNREPRESENTABLE, "structured output did not compile within "
                                   f"{self.compile_timeout:g} s (--grammar-compile-timeout); simplify the "
                                   "schema") from None
+        except CompileCancelled:
+            raise RequestRejected(RejectReason.CANCELLED, "the client went away while its structured output "
+                                  "compiled") from None
         except WorkerLost as e:
             raise RequestRejected(RejectReason.UNREPRESENTABLE, f"structured output was not compiled: {e}; "
                                   "retry, or simplify the schema") from None

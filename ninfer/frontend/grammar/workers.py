@@ -21,9 +21,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 BOOT_TIMEOUT_S = 120.0  # a worker that is not ready by then is killed; the request gets its error
+CANCEL_POLL_S = 0.1  # how often a cancellable compile looks at its cancel event
+_scope = threading.local()
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -37,6 +41,21 @@ class WorkerLost(Exception):
 
 class CompileFailed(Exception):
     """XGrammar refused the grammar inside the worker; the message is XGrammar's."""
+
+
+class CompileCancelled(Exception):
+    """The compile's cancel event was set (its client went away); its worker was killed."""
+
+
+@contextmanager
+def cancellable(event: threading.Event):
+    """Compiles this thread starts inside the block end, their worker killed, once `event` is set (the Gateway's
+    preparation pool sets it when the request's client leaves)."""
+    _scope.event = event
+    try:
+        yield
+    finally:
+        _scope.event = None
 
 
 def _serve(conn: Connection) -> None:
@@ -88,14 +107,25 @@ class _Worker:
             self._await_ready()
         try:
             self.conn.send(tag_json)
-            if timeout is not None and not self.conn.poll(timeout):
-                raise CompileTimeout()
+            self._await_answer(timeout, getattr(_scope, "event", None))
             kind, payload = self.conn.recv()
         except (EOFError, OSError):
             raise WorkerLost(self._ended()) from None
         if kind == "error":
             raise CompileFailed(payload)
         return payload
+
+    def _await_answer(self, timeout: float | None, cancel: threading.Event | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            wait = left if cancel is None else (CANCEL_POLL_S if left is None else min(left, CANCEL_POLL_S))
+            if self.conn.poll(wait):
+                return
+            if cancel is not None and cancel.is_set():
+                raise CompileCancelled()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise CompileTimeout()
 
     def _await_ready(self) -> None:
         try:
@@ -140,7 +170,7 @@ class CompilerWorkers:
         self._closed = False
 
     def compile(self, tag_json: str, timeout: float | None) -> str:
-        """The CompiledGrammar's JSON; raises CompileTimeout, WorkerLost or CompileFailed."""
+        """The CompiledGrammar's JSON; raises CompileTimeout, CompileCancelled, WorkerLost or CompileFailed."""
         with self._slots:
             worker = self._take()
             try:
@@ -149,7 +179,7 @@ class CompilerWorkers:
                 self._give_back(worker)  # XGrammar answered: the worker is fine
                 raise
             except BaseException:
-                self._replace(worker)  # timed out, died, or this thread was interrupted mid-compile
+                self._replace(worker)  # timed out, cancelled, died, or this thread was interrupted mid-compile
                 raise
             self._give_back(worker)
             return result
