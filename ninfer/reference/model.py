@@ -6,6 +6,7 @@ explicit in a :class:`SequenceState` that the caller owns, clones and resumes.
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from typing import Mapping
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
-from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+from ninfer.models.qwen3_5.params import MTP, TEXT, layer_of, logical_parameters
 
 from .attention import gated_attention
 from .gdn import CHUNK, gdn_mixer
@@ -28,12 +29,26 @@ class ReferenceModel:
     """Qwen3.5 forward passes over explicit state. ``dtype`` is the activation/weight dtype (fp32 default, fp64 for
     the exact mode); gates, norms and the recurrent state S always run in at least fp32."""
 
+    stages = None  # (StagePlan, StageLink) of a model cut into pipeline stages (`placed`), else None
+
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32):
         self.cfg = cfg
         self.dtype = dtype
         self.has_mtp = cfg.mtp_num_hidden_layers > 0 and any(k.startswith("mtp.") for k in weights)
         self.weights = _prepare_weights(cfg, weights, dtype, self.has_mtp)
         self.root = Scope(self.weights, "")
+
+    def placed(self, plan, link) -> "ReferenceModel":
+        """This model cut into `plan`'s pipeline stages (`ninfer.pipeline.StagePlan`): each layer's weights on its
+        rank's device, the embedding, final norm, head and MTP head on rank 0's, and the residual passed through
+        `link` (a `StageLink`) at every stage boundary and from the last stage back to rank 0. A new model object
+        over the same (or moved) tensors; this one is unchanged."""
+        staged = copy.copy(self)
+        staged.weights = {name: w.to(plan.devices[0 if layer_of(name) is None else plan.rank_of(layer_of(name))])
+                          for name, w in self.weights.items()}
+        staged.root = Scope(staged.weights, "")
+        staged.stages = (plan, link)
+        return staged
 
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg, self.dtype)
@@ -95,7 +110,10 @@ class ReferenceModel:
             rows, features = embeds
             x = x.clone()
             x[rows] = features.to(x.dtype)
+        rank = 0
         for i, kind in enumerate(cfg.layer_types):
+            if self.stages is not None and self.stages[0].rank_of(i) != rank:  # the residual to the next stage
+                x, rank = self.stages[1].pass_on(x, rank, self.stages[0].rank_of(i)), self.stages[0].rank_of(i)
             lw = self.root.sub(f"layers.{i}")
             if kind == FULL:
                 mixer = partial(gated_attention, w=lw.sub("self_attn"), cfg=cfg, cache=state.kv[i],
@@ -107,6 +125,8 @@ class ReferenceModel:
             x = decoder_layer(x, lw, cfg, mixer)
             if taps is not None:
                 taps[i] = x
+        if rank:  # back from the last stage: the final norm and the head run on rank 0
+            x = self.stages[1].pass_on(x, rank, 0)
         hidden = zc_rms_norm(x, self.weights["norm.weight"], cfg.rms_norm_eps)
         if taps is not None:
             taps[cfg.num_hidden_layers - 1] = hidden

@@ -13,6 +13,7 @@ import torch
 
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.pipeline import StageError, StagePlan, plan_stages
 from ninfer.program_core import ProgramConfig
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
@@ -24,6 +25,9 @@ class ReferenceProgramConfig(ProgramConfig):
     """kv_pages None: room for every lane at full context, twice over (checkpoints share it)."""
 
     dtype: torch.dtype = torch.float32  # activations, KV and conv windows; S stays fp32 (fp64 in fp64 mode)
+    # pipeline stages (docs/pipeline.md): one per device, all CPU here; layers per stage, None: balanced by bytes
+    devices: tuple[str, ...] = ("cpu",)
+    stage_layers: tuple[int, ...] | None = None
 
     def resolved(self, cfg: Qwen35Config) -> "ReferenceProgramConfig":
         """Every None filled in and every range checked; the Program keeps only a resolved config."""
@@ -35,7 +39,18 @@ class ReferenceProgramConfig(ProgramConfig):
             pages = 2 * self.max_concurrency * self.pages_for(self.max_context)
         if pages < 1:
             raise ValueError(f"kv_pages must be >= 1, got {pages}")
-        return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos)
+        if any(d != "cpu" for d in self.devices):
+            raise StageError(f"--devices {','.join(self.devices)}: the reference Program's stages run on the CPU "
+                             f"(cpu,cpu,...); CUDA devices are the fast Program's")
+        features = ("text", "mtp") if self.speculative is not None and self.speculative.method == "mtp" else ("text",)
+        plan = plan_stages(cfg, tuple(self.devices), self.stage_layers, self.dtype_name, features)
+        return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos, devices=plan.devices,
+                                   stage_layers=plan.layers)
+
+    @property
+    def stage_plan(self) -> StagePlan:
+        """The resolved config's pipeline stages (one stage: the whole model on the CPU)."""
+        return StagePlan(self.devices, self.stage_layers)
 
     @property
     def dtype_name(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ninfer.contracts import ProgramLimits
+from ninfer.pipeline import PeerLink
 from ninfer.program_core import HostTier, IdPool, Program
 from ninfer.program_core.speculative import (DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig,
                                              SpeculativeConfigError)
@@ -22,6 +23,7 @@ from .dflash_backend import DFlashBackend
 from .executor import ReferenceExecutor
 from .mtp_backend import MTPBackend
 from .scoring import CausalScoring
+from .stages import StagedPages, StagedSlots
 from .stores import KVPages, StateSlots, TensorStore
 
 
@@ -57,8 +59,13 @@ class ReferenceProgram(Program):
         c = config.resolved(cfg)
         if model.dtype != c.dtype:
             raise ValueError(f"model dtype {model.dtype} differs from the Program's {c.dtype}")
+        self.stage_plan, self.link = c.stage_plan, None
+        if self.stage_plan.stages > 1:  # pipeline stages (docs/pipeline.md): weights, KV planes and GDN slots per rank
+            self.link = PeerLink(self.stage_plan.devices)
+            model = model.placed(self.stage_plan, self.link)
         self.model, self.drafter = model, drafter
-        self.pages = KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
+        self.pages = StagedPages(cfg, self.stage_plan, c.kv_pages, c.page_size, c.dtype) if self.link else \
+            KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
         backend = _backend(c.speculative, model, drafter)
         if vision is not None and backend is not None:
             raise ValueError(NO_VISION_SPECULATIVE)
@@ -66,8 +73,10 @@ class ReferenceProgram(Program):
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
-        self.states = StateSlots(cfg, c.usable_slots + c.max_concurrency, c.dtype,  # allocatable, then backups
-                                 backend_empty=None if backend is None else backend.empty)
+        slots, empty = c.usable_slots + c.max_concurrency, None if backend is None else backend.empty
+        # allocatable, then backups
+        self.states = StagedSlots(cfg, self.stage_plan, slots, c.dtype, empty) if self.link else \
+            StateSlots(cfg, slots, c.dtype, backend_empty=empty)
         super().__init__(c, self.pages.alloc, IdPool(c.usable_slots, "GDN state slot"),
                          HostTier(c.host_bytes, c.state_bytes(cfg), c.page_bytes(cfg)),
                          TensorStore(self.pages, self.states),

@@ -22,13 +22,16 @@ class KVPages:
     """K/V storage by page: k[p, layer, kv_head, offset, d] holds position `j * page_size + offset` of the
     sequence whose block table names page p at index j."""
 
-    def __init__(self, cfg: Qwen35Config, num_pages: int, page_size: int, dtype: torch.dtype):
-        self.layers = tuple(cfg.attention_layers)
+    def __init__(self, cfg: Qwen35Config, num_pages: int, page_size: int, dtype: torch.dtype,
+                 layers: tuple[int, ...] | None = None, alloc: PageAllocator | None = None, device: str = "cpu"):
+        """`layers` (default: every attention layer), `alloc` and `device`: one pipeline stage's plane over the
+        allocator all planes share (`stages.StagedPages`)."""
+        self.layers = tuple(cfg.attention_layers) if layers is None else layers
         self.page_size = page_size
         shape = (num_pages, len(self.layers), cfg.num_key_value_heads, page_size, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
-        self.alloc = PageAllocator(num_pages)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.alloc = PageAllocator(num_pages) if alloc is None else alloc
 
     def gather(self, table: list[int], length: int) -> dict[int, KVCache]:
         """Positions < length of the block table as contiguous per-layer caches [nkv, length, d]."""
@@ -68,17 +71,19 @@ class StateSlots:
     backend that backend's state (anything with `clone()`: the MTP state, the drafter's context)."""
 
     def __init__(self, cfg: Qwen35Config, total: int, dtype: torch.dtype,
-                 backend_empty: Callable[[], Any] | None = None):
-        self.layers = tuple(cfg.linear_layers)
+                 backend_empty: Callable[[], Any] | None = None, layers: tuple[int, ...] | None = None,
+                 device: str = "cpu"):
+        """`layers` (default: every GDN layer) and `device`: one pipeline stage's slots (`stages.StagedSlots`)."""
+        self.layers = tuple(cfg.linear_layers) if layers is None else layers
         # a slot also holds the backend's state: a checkpoint, a backup and a host replica are complete only with
         # the backend's state at the same frontier
         self._backend_empty = backend_empty
         self.backend: list[Any | None] = [None] * total
         n, K = len(self.layers), cfg.linear_conv_kernel_dim
         s_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        self.conv = torch.zeros(total, n, cfg.conv_dim, K - 1, dtype=dtype)  # [slots, n, conv_dim, K-1]
+        self.conv = torch.zeros(total, n, cfg.conv_dim, K - 1, dtype=dtype, device=device)  # [slots, n, conv_dim, K-1]
         self.recurrent = torch.zeros(total, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                                     cfg.linear_value_head_dim, dtype=s_dtype)  # [slots, n, HV, dk, dv]
+                                     cfg.linear_value_head_dim, dtype=s_dtype, device=device)  # [slots, n, HV, dk, dv]
 
     def load(self, slot: int) -> dict[int, GDNState]:
         """A private copy of the slot's state, for the model to advance."""
