@@ -34,6 +34,8 @@ class StepInputs:
     prefill_slot: int | None = None  # prefill: the sequence's GDN slot as a host int
     # multi-query decode: step j of every block still that long, as (token rows [b_j] long, their slots [b_j] int32)
     gdn_steps: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with images
+    rope_positions: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -82,8 +84,12 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
     q, gate = qg[..., :d], qg[..., d:]  # [T, nh, d] views
     kk = qkv[:, 2 * nh * d:(2 * nh + nkv) * d].view(T, nkv, d)
     v = qkv[:, (2 * nh + nkv) * d:].view(T, nkv, d)
-    q = k.rope_kv_write(q, kk, v, step.positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
-                        cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps)
+    if step.rope_positions is None:
+        q = k.rope_kv_write(q, kk, v, step.positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
+                            cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps)
+    else:
+        q = k.rope_kv_write(q, kk, v, step.rope_positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
+                            cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps, mrope_section=cfg.mrope_section)
     if step.cu_seqlens is not None:  # prefill, or multi-query decode: causal inside each packed block
         o = k.prefill_attention(q, k_pages, v_pages, step.block_table, step.cu_seqlens, step.prefix_lens, T)
     else:

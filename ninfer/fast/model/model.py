@@ -80,13 +80,15 @@ class FastModel:
             self.kernels.slot_copy(pool, slot_ids, table_rows, backup_base)
 
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
-                all_logits: bool = False, return_hidden: bool = False, taps: dict[int, torch.Tensor] | None = None):
+                all_logits: bool = False, return_hidden: bool = False, taps: dict[int, torch.Tensor] | None = None,
+                rope_positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The
         sequence's pages must already be in ``pools.block_tables[block_table_row]``. Long prompts run in pieces of
         at most ``plan.max_prefill_tokens``. Returns logits of the last token [V] fp32, or of all [T, V]; with
         ``return_hidden`` also the final-normed hidden [T, H] (what the MTP head reads). A ``taps`` dict receives
         every layer's output [T, H] by layer index (HF's ``hidden_states[i + 1]``, the last layer's final-normed):
-        what a DFlash drafter conditions on."""
+        what a DFlash drafter conditions on. A prompt with images passes its MRoPE ``rope_positions`` [3, T] and
+        ``embeds`` (rows [n] long, features [n, H]): those rows' embeddings replaced by the image features."""
         T = tokens.shape[0]
         if tokens.ndim != 1 or T == 0:
             raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
@@ -99,8 +101,10 @@ class FastModel:
         outs, hiddens, pieces = [], [], []
         for s in range(0, T, piece):
             sink: dict[int, torch.Tensor] | None = None if taps is None else {}
-            hidden = self._layers(tokens[s:s + piece], self._prefill_inputs(min(piece, T - s), slot_id,
-                                                                             block_table_row, start_pos + s), sink)
+            step = self._prefill_inputs(min(piece, T - s), slot_id, block_table_row, start_pos + s)
+            if rope_positions is not None:
+                step.rope_positions = rope_positions[:, s:s + piece].contiguous()
+            hidden = self._layers(tokens[s:s + piece], step, sink, _piece_rows(embeds, s, piece))
             if sink is not None:
                 pieces.append(sink)
             if all_logits:
@@ -158,8 +162,8 @@ class FastModel:
                           cu_seqlens=torch.tensor([0, n], **i32), prefix_lens=torch.tensor([start], **i32),
                           prefill_slot=slot)
 
-    def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None
-                ) -> torch.Tensor:
+    def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,
+                embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H] (and fills ``taps``).
 
         The residual stream h is carried by the fused norm: ``y, h = rmsnorm(delta, w, residual=h)`` adds the
@@ -167,6 +171,8 @@ class FastModel:
         cfg, k, pools = self.cfg, self.kernels, self.pools
         eps = cfg.rms_norm_eps
         h = F.embedding(tokens, self.weights.embed)  # [T, H]
+        if embeds is not None:
+            h[embeds[0]] = embeds[1].to(h.dtype)  # image features at the pads
         delta = None
         for i, (kind, lw) in enumerate(zip(cfg.layer_types, self.weights.layers)):
             y, h = k.rmsnorm(h, lw.input_norm, eps) if delta is None else k.rmsnorm(delta, lw.input_norm, eps, h)
@@ -190,3 +196,12 @@ class FastModel:
         if isinstance(lm_head, torch.Tensor):
             return F.linear(hidden, lm_head).float()
         return self.kernels.linear(hidden, lm_head).float()
+
+
+def _piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):
+    """The (rows, features) of ``embeds`` inside the prefill piece [start, start + n), rows relative to it."""
+    if embeds is None:
+        return None
+    rows, feats = embeds
+    inside = (rows >= start) & (rows < start + n)
+    return (rows[inside] - start, feats[inside]) if bool(inside.any()) else None
