@@ -17,6 +17,9 @@ class EngineConfig:
     # Share of the Program's KV pages inactive checkpoints may hold; past it the lowest-valued are deleted
     # (1.0: only admissions displace them).
     cache_device_share: float = 1.0
+    # Launch the next plain decode round before the host settles this one (docs/engine.md "Async scheduling"),
+    # when the Program supports it (`launch_ahead`)
+    async_scheduling: bool = False
     check_invariants: bool = False  # run every check_invariants() after each boundary (tests, debugging)
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ninfer.contracts import (ROW_FAILURE_TEXT, EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow,
                               RequestState, RowDecision)
 
+from .ahead import launch_next_round
 from .rules import accepted_fits_budget, budget_room
 from .scheduler import Unit
 
@@ -90,10 +91,13 @@ class UnitRunner:
                 masks = [r.request.session.draft_masks() for r in recs]
             else:
                 masks = [r.request.session.next_token_mask() for r in recs]
-            batch = program.decode([r.handle for r in recs], masks if any(m is not None for m in masks) else None)
-            self._commit(batch, recs, forced=False)
+            masked = any(m is not None for m in masks)
+            batch = program.decode([r.handle for r in recs], masks if masked else None)
+            # a masked round's next masks depend on the tokens just drawn: it stays synchronous
+            self._commit(batch, recs, forced=False, ahead=not masked and not program.limits.draft_tokens)
 
-    def _commit(self, batch: PendingBatch, recs: Sequence["RequestRecord"], *, forced: bool) -> None:
+    def _commit(self, batch: PendingBatch, recs: Sequence["RequestRecord"], *, forced: bool,
+                ahead: bool = False) -> None:
         self.core.pending = batch  # unconsumed until commit; the failure cleanup aborts it if anything raises
         if len(batch.rows) != len(recs):
             raise EngineFailure(f"{batch.kind.value} returned {len(batch.rows)} rows for {len(recs)} sequences")
@@ -101,6 +105,8 @@ class UnitRunner:
         batch.check_decisions(decisions)
         self.core.program.commit(batch.take(), decisions)
         self.core.pending = None
+        if ahead and self.core.config.async_scheduling:
+            launch_next_round(self.core, recs, previews, decisions)
         for row, rec, preview, decision in zip(batch.rows, recs, previews, decisions):
             self._after_commit(rec, row, preview, decision)
 

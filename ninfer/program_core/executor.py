@@ -32,6 +32,9 @@ class ModelExecutor(Protocol):
         """For every row: save the committed state into `backup_slot(row)`, consume the pending token at the
         frontier in place, and draw the token at frontier + 1."""
 
+    # optional: launch(seqs, masks) -> a call returning decode's draws. `decode` without the wait, for the step
+    # launched ahead (`ahead.py`); an executor without it runs the step at launch time.
+
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         """Consume forced tokens at the frontier in place (no draw); the core has backed the state up."""
 

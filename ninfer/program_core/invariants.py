@@ -30,6 +30,7 @@ def resource_usage(prog: "ProgramCore") -> ResourceUsage:
 
 def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows: list[int]) -> None:
     pages_for = prog.config.pages_for
+    ahead = set(getattr(prog, "ahead_handles", tuple)())  # a step launched ahead holds its next position's page
     for slot, seq in prog.seqs.items():
         assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
@@ -39,7 +40,8 @@ def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows:
         assert [f for f, _ in seq.captures] == sorted({f for f, _ in seq.captures}), f"{seq.handle}: captures unordered"
         assert all(f > seq.frontier for f, _ in seq.captures), f"{seq.handle}: prefill passed a reserved capture"
         rows.extend([seq.row] if seq.row is not None else [])
-        assert len(seq.table) == pages_for(seq.frontier), f"{seq.handle}: block table does not cover the frontier"
+        covered = pages_for(seq.frontier + (seq.handle in ahead))
+        assert len(seq.table) == covered, f"{seq.handle}: block table does not cover the frontier"
         assert seq.reserve_left >= 0, f"{seq.handle}: negative reservation"
         assert len(seq.table) + seq.reserve_left <= pages_for(len(seq.prompt) + seq.max_new), \
             f"{seq.handle}: holds more than its full-growth commitment"

@@ -7,17 +7,19 @@ reserved for, whose state is captured there), and the final chunk's batch holds 
 GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step takes
 are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
 abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short replays the
-kept tokens from the backup. The reference and fast Programs subclass this and supply only their store and
-executor.
+kept tokens from the backup. With async scheduling a plain decode step may be launched ahead of its `decode` call
+(`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this and supply
+only their store and executor.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, RowDecision, RowFailure,
-                              SequenceHandle)
+from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, ResourceResult, RowDecision,
+                              RowFailure, RunningTransaction, SequenceHandle)
 
+from . import ahead as ahead_step
 from .core import ProgramCore
 from .execution import Provisional, capture_cuts, capture_due, grow, prefill_end, restore, validate_commit
 from .executor import ModelExecutor
@@ -26,8 +28,40 @@ from .speculation import rollback, speculative_round
 
 class Program(ProgramCore):
     executor: ModelExecutor  # set by the subclass before serving
+    _ahead: ahead_step.Ahead | None = None  # the decode step launched ahead, not yet adopted by `decode`
+    ahead_launched = ahead_adopted = 0  # steps launched ahead, and of them those a `decode` adopted
 
+    # ---- the step launched ahead (async scheduling) --------------------------------------------------------
+    def launch_ahead(self, handles: Sequence[SequenceHandle]) -> bool:
+        """Launch the plain decode step of `handles` now, unmasked; the next `decode` of exactly these rows adopts
+        it. False (nothing launched) with a speculative backend: its rounds stay synchronous."""
+        self.discard_ahead()
+        if self.config.draft_tokens:
+            return False
+        self._ahead = ahead_step.launch(self, handles)
+        self.ahead_launched += 1
+        return True
+
+    def discard_ahead(self) -> None:
+        """Roll back the step launched ahead, if any: every row's committed state and reservation come back."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead_step.discard(self, ahead)
+
+    def ahead_handles(self) -> tuple[SequenceHandle, ...]:
+        return () if self._ahead is None else self._ahead.handles
+
+    def advance(self, txn: RunningTransaction) -> ResourceResult | None:
+        self.discard_ahead()  # a transition may change a mapping the launched step reads
+        return super().advance(txn)
+
+    def abort(self, txn: RunningTransaction) -> ResourceResult:
+        self.discard_ahead()
+        return super().abort(txn)
+
+    # ---- model transactions ----------------------------------------------------------------------------------
     def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
+        self.discard_ahead()
         seq = self.sequence(handle)
         n = len(seq.prompt)
         end = prefill_end(seq, max_tokens)
@@ -45,19 +79,26 @@ class Program(ProgramCore):
     def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
         if masks is not None and len(masks) != len(handles):
             raise EngineFailure(f"{len(masks)} masks for {len(handles)} decode rows")
-        seqs = [self.sequence(h) for h in handles]
-        if any(s.pending is None for s in seqs):
-            raise EngineFailure("decode of a sequence before its prompt finished")
-        if self.config.draft_tokens:
-            return speculative_round(self, seqs, masks or [None] * len(seqs))
-        provisional = tuple(Provisional((s.pending,), grow(self, s, s.frontier + 1)) for s in seqs)
+        if self._ahead is not None and ahead_step.matches(self._ahead, handles, masks):
+            ahead, self._ahead = self._ahead, None
+            self.ahead_adopted += 1
+            seqs, provisional, drawn = [self.sequence(h) for h in handles], ahead.provisional, ahead.collect()
+        else:
+            self.discard_ahead()
+            seqs = [self.sequence(h) for h in handles]
+            if any(s.pending is None for s in seqs):
+                raise EngineFailure("decode of a sequence before its prompt finished")
+            if self.config.draft_tokens:
+                return speculative_round(self, seqs, masks or [None] * len(seqs))
+            provisional = tuple(Provisional((s.pending,), grow(self, s, s.frontier + 1)) for s in seqs)
+            drawn = self.executor.decode(seqs, masks or [None] * len(seqs))
         # a failed row keeps its Provisional: the Engine drops it, and commit restores its slot and pages
-        drawn = self.executor.decode(seqs, masks or [None] * len(seqs))
         rows = [_row(h, s.frontier + 1, d) for h, s, d in zip(handles, seqs, drawn)]
         return PendingBatch(BatchKind.DECODE, tuple(rows), self.resource_revision, payload=provisional)
 
     def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
         """Forced tokens: no sampling, no RNG position consumed beyond the tokens themselves."""
+        self.discard_ahead()
         seq = self.sequence(handle)
         if not tokens or seq.pending is None:
             raise EngineFailure(f"control of {handle} needs a finished prompt and a non-empty suffix")
@@ -70,6 +111,7 @@ class Program(ProgramCore):
 
     def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
         """Validate every row first, then apply: the batch is committed whole or not at all."""
+        self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
         seqs = validate_commit(self, batch, decisions)
         prefill_batch = batch.kind is BatchKind.PREFILL
         counted = []
@@ -91,6 +133,7 @@ class Program(ProgramCore):
 
     def abort_pending(self, batch: PendingBatch) -> None:
         """Every row back to its committed state: prefill rows hold nothing provisional, stepped rows are restored."""
+        self.discard_ahead()
         if batch.kind is BatchKind.PREFILL or batch.payload is None:
             return
         for row, prov in zip(batch.rows, batch.payload):

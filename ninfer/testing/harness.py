@@ -37,7 +37,7 @@ from ninfer.engine.records import GenerationRequest
 from ninfer.sampling import SamplingParams
 
 from .faults import FAULTABLE, MODES, FaultyProgram
-from .sessions import TokenSession
+from .sessions import AlternateMask, TokenSession
 from .tracking import FakeClock, ProgramFactory, Stamped, Tracked, solo_tokens
 from .watch import ProgramWatch
 
@@ -59,6 +59,8 @@ class EngineMachine(RuleBasedStateMachine):
     fault_modes: tuple[str, ...] = MODES
     fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4)
     session_keys: tuple[str | None, ...] = (None, "a", "b")
+    async_scheduling = False  # launch decode rounds ahead (docs/engine.md "Async scheduling")
+    grammar_rows = False  # some requests constrain every other output token (`AlternateMask`)
 
     @initialize(chunk=st.integers(1, 9), concurrent=st.booleans(),
                 caching=st.sampled_from([True, True, True, False]), queue_bound=st.integers(0, 4),
@@ -71,7 +73,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.program = FaultyProgram(type(self).factory(), self.watch)
         self.config = EngineConfig(max_concurrency=self.max_concurrency, queue_bound=queue_bound, prefill_chunk=chunk,
                                    concurrent_prefill=concurrent, prefix_caching=caching, check_invariants=True,
-                                   max_cached_checkpoints=cache_cap)
+                                   max_cached_checkpoints=cache_cap, async_scheduling=self.async_scheduling)
         self.engine = Engine(self.program, self.config, threaded=False, clock=self.clock)
         self.tracked: list[Tracked] = []
         self.by_rid: dict[int, Tracked] = {}
@@ -130,8 +132,9 @@ class EngineMachine(RuleBasedStateMachine):
           timeout=st.one_of(st.none(), st.floats(0.5, 10)))
     def submit(self, data, prefix, suffix, max_tokens, deadline, seed, think, timeout):
         session = data.draw(st.sampled_from(self.session_keys))
+        grammar = self.grammar_rows and data.draw(st.booleans())
         self._submit(prefix + tuple(suffix), max_tokens, session, deadline, seed, think, timeout,
-                     hints=(len(prefix),))
+                     hints=(len(prefix),), grammar=grammar)
 
     @precondition(lambda self: any(t.result is not None for t in self.tracked))
     @rule(data=st.data(), suffix=st.lists(st.integers(1, 90), min_size=1, max_size=8),
@@ -145,9 +148,11 @@ class EngineMachine(RuleBasedStateMachine):
         head = prev.request.prompt + prev.result.token_ids if dropped is None else prev.request.prompt[:-dropped]
         self._submit(head + tuple(suffix), max_tokens, prev.request.session_key, None, seed, None, None)
 
-    def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout, hints=()):
+    def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout, hints=(), grammar=False):
         box: list[Tracked] = []
-        out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p))
+        mask = AlternateMask(self.program.limits.vocab_size) if grammar else None
+        out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p),
+                           mask=mask)
         turn = (len(prompt) - 2,)  # where a next turn that drops this one's reasoning diverges
         req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else SamplingParams(temperature=0.7),
                                 seed=seed if seed is not None else 0, session_key=session_key,
@@ -318,6 +323,10 @@ class EngineMachine(RuleBasedStateMachine):
         stats = self.engine.core.resources.stats
         event(f"demoted to a host replica: {stats.demotions > 0}")
         event(f"promoted from a host replica: {stats.promotions > 0}")
+        if self.async_scheduling:
+            inner = self.program.inner
+            launched, adopted = getattr(inner, "ahead_launched", 0), getattr(inner, "ahead_adopted", 0)
+            event(f"steps launched ahead: adopted {adopted > 0}, discarded {launched > adopted}")
         if self.engine.available:
             usage = self.program.inner.resource_usage()
             assert usage.active_sequences == 0 and usage.reserved_pages == 0 and usage.sequence_pages == 0, usage
@@ -334,7 +343,8 @@ class EngineMachine(RuleBasedStateMachine):
         if result.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH) or result.error:
             return
         think = self.budgets.get(t.rid)
-        key = (t.request.prompt, t.request.max_tokens, t.request.seed, t.request.sampling, think)
+        key = (t.request.prompt, t.request.max_tokens, t.request.seed, t.request.sampling, think,
+               t.request.session.mask is not None)
         if key not in self.solo_cache:
             cls = type(self)
             solo = cls.oracle if cls.oracle is not None and t.request.sampling is None else cls.factory
@@ -345,11 +355,15 @@ class EngineMachine(RuleBasedStateMachine):
 def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, faults: bool = True,
                         fault_methods: tuple[str, ...] = FAULTABLE, fault_modes: tuple[str, ...] = MODES,
                         fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4),
-                        session_keys: tuple[str | None, ...] = (None, "a", "b"), oracle: ProgramFactory | None = None):
+                        session_keys: tuple[str | None, ...] = (None, "a", "b"), oracle: ProgramFactory | None = None,
+                        async_scheduling: bool = False, grammar_rows: bool = False):
     """The Engine state machine over Programs made by `factory` (one fresh Program per example); the fault and
     session-key arguments narrow what it draws (a targeted hunt); with `oracle`, greedy requests must also equal
-    their solo run on the oracle's Program (speculation on vs off)."""
+    their solo run on the oracle's Program (speculation on vs off); with `async_scheduling` the Engine launches
+    decode rounds ahead, and every request must still equal its solo run on a synchronous Engine; with
+    `grammar_rows` some requests are masked at every other output token (rounds that fall back to synchronous)."""
     return type("EngineMachine", (EngineMachine,), {
         "factory": staticmethod(factory), "max_concurrency": max_concurrency, "faults": faults,
         "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants,
-        "session_keys": session_keys, "oracle": None if oracle is None else staticmethod(oracle)})
+        "session_keys": session_keys, "oracle": None if oracle is None else staticmethod(oracle),
+        "async_scheduling": async_scheduling, "grammar_rows": grammar_rows})

@@ -97,3 +97,19 @@ def token_request(prompt, max_tokens: int = 6, *, think_budget: int | None = Non
     from ninfer.engine.records import GenerationRequest
 
     return GenerationRequest(tuple(prompt), TokenSession(max_tokens, think_budget=think_budget), max_tokens, **kw)
+
+
+class AlternateMask:
+    """A grammar stand-in for `TokenSession(mask=...)`: every other sampled output token (the 2nd, 4th, ...) is
+    limited to a fixed set that holds the stop id 0, the others are unconstrained, so a batch's rounds alternate
+    between masked and unmasked."""
+
+    def __init__(self, vocab: int, allowed: Sequence[int] = (0, 3, 5, 8, 13)):
+        import torch
+
+        self.allowed = torch.zeros(vocab, dtype=torch.bool)  # [V]
+        self.allowed[[t % vocab for t in allowed]] = True
+
+    def __call__(self, count: int) -> Any:
+        return self.allowed if count % 2 == 1 else None
+

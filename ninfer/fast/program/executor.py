@@ -60,11 +60,16 @@ class FastExecutor:
         return drawn
 
     def decode(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[Drawn]:
+        return self.launch(seqs, masks)()
+
+    def launch(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> Callable[[], list[Drawn]]:
+        """Queue the decode graph without waiting for it; the returned call waits and reads the draws (the one
+        host sync of a step). Async scheduling holds it across the Engine's host work."""
         pos = [s.frontier for s in seqs]
         variant = self.sampler.prepare(_sample_rows(seqs, masks))  # positions frontier + 1
         self.runner.run_lists(([s.pending for s in seqs], [s.handle.slot for s in seqs], [s.row for s in seqs],
                                [p + 1 for p in pos], pos), variant=variant)
-        return self.sampler.collect()
+        return self.sampler.collect
 
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         if self.mtp is None:

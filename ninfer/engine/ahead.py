@@ -1,0 +1,55 @@
+"""Async scheduling: after a decode round is committed, launch the round the next boundary will run, so the device
+computes it while the host commits the sessions, publishes and runs that boundary (docs/engine.md "Async
+scheduling").
+
+Only a prediction is made here; correctness never rests on it. The Program holds the launched step as provisional
+state that no one can see: the next `decode` of exactly these rows adopts it, and any other mutating call (a
+transition's advance, a prefill, a control step, a different or masked round) first rolls it back. A wrong
+prediction costs one discarded device step, so the Engine launches only when the next boundary will, as far as
+it can tell now, run the same round: every row continues unmasked, and nothing is waiting to be settled, admitted,
+prefilled or forced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ninfer.contracts import RequestState, RowDecision
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+    from .records import RequestRecord
+
+
+def launch_next_round(core: "EngineCore", recs: Sequence["RequestRecord"], previews: Sequence[Any],
+                      decisions: Sequence[RowDecision]) -> bool:
+    """Right after `Program.commit` of an unmasked decode round: launch the same rows' next step when the next
+    boundary is predicted to run exactly that round. True when a step was launched."""
+    launch = getattr(core.program, "launch_ahead", None)
+    if launch is None or not _rows_continue(core, recs, previews, decisions) or not _quiet(core):
+        return False
+    return bool(launch([r.handle for r in recs]))
+
+
+def _rows_continue(core: "EngineCore", recs: Sequence["RequestRecord"], previews: Sequence[Any],
+                   decisions: Sequence[RowDecision]) -> bool:
+    """Every row stays decode-ready: drawn and previewed, accepted, not terminal, needing no forced control, not
+    cancelled and not past its deadline (each of those ends or moves the row at the next boundary)."""
+    now = core.clock()
+    for rec, p, d in zip(recs, previews, decisions):
+        if p is None or d.accepted == 0 or d.terminal or p.needs_control or rec.cancel_requested:
+            return False
+        if rec.request.deadline is not None and now > rec.request.deadline:
+            return False
+    return True
+
+
+def _quiet(core: "EngineCore") -> bool:
+    """Nothing the next boundary would do before its unit calls the Program: no open transition, no settlement
+    (a terminal request, a pending capture), no admission attempt, no staged prefill or forced control."""
+    sched = core.scheduler
+    if core.txn is not None or core.cancel_all or sched.staged_prefill or sched.control_ready:
+        return False
+    if sched.waiting and sched.admission_dirty:
+        return False
+    return not any(r.state is RequestState.TERMINAL_PENDING or r.capture_pending for r in core.records.values())

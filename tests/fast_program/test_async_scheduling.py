@@ -1,0 +1,155 @@
+"""Async scheduling on the fast Program (naive kernels on CPU, Triton and CUDA graphs on the GPU): the planted
+bugs the property harness must catch, each breaking one rule of docs/engine.md "Async scheduling", and direct
+checks of the launched step's adoption and rollback.
+
+The machine is test_properties.py's `Async` (two lanes, tight pools, masked rows, cancellations, deadlines,
+faults); the hunt is derandomized so each mutant meets the same schedules."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from ninfer.contracts import OutputDelta
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.engine import Engine
+from ninfer.engine.records import GenerationRequest
+from ninfer.engine.units import UnitRunner
+from ninfer.program_core import ahead as ahead_step
+from ninfer.testing.sessions import TokenSession
+
+
+@functools.cache
+def _props():
+    spec = importlib.util.spec_from_file_location("_fast_program_properties",
+                                                  pathlib.Path(__file__).with_name("test_properties.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+HUNT = settings(max_examples=150, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+                phases=[Phase.generate], suppress_health_check=list(HealthCheck), print_blob=False)
+
+
+# ---- planted bugs ------------------------------------------------------------------------------------------
+def discard_keeps_the_step(prog, ahead):
+    """The launched step is dropped without restoring the rows' committed GDN state (pages still go back)."""
+    for h, prov in zip(ahead.handles, ahead.provisional):
+        seq = prog.sequence(h)
+        for p in reversed(prov.grown):
+            seq.table.pop()
+            prog.alloc.unref(p)
+            seq.reserve_left += 1
+
+
+_end_cancelled = UnitRunner.end_cancelled
+
+
+def publish_ahead_token_of_cancelled(self, cancelled):
+    """A cancelled row's launched-ahead token is published as if it had been committed."""
+    inner = getattr(self.core.program, "inner", self.core.program)
+    launched = inner._ahead
+    for rid in sorted(cancelled):
+        rec = self.core.records.get(rid)
+        if launched is not None and rec is not None and rec.handle in launched.handles:
+            drawn = launched.collect()[launched.handles.index(rec.handle)]
+            if isinstance(drawn, tuple):
+                rec.events.put(OutputDelta(rid, (drawn[0],), (drawn[0],)))
+    return _end_cancelled(self, cancelled)
+
+
+def matches_ignoring_masks(launched, handles, masks):
+    """A masked round adopts the step that was launched unmasked."""
+    return tuple(handles) == launched.handles
+
+
+_launch = ahead_step.launch
+
+
+def launch_at_stale_frontier(prog, handles):
+    """The step is launched one position short (as if before the commit had moved the frontier)."""
+    for h in handles:
+        prog.sequence(h).frontier -= 1
+    try:
+        return _launch(prog, handles)
+    finally:
+        for h in handles:
+            prog.sequence(h).frontier += 1
+
+
+MUTANTS = {
+    "discard_keeps_the_step": ((ahead_step, "discard", discard_keeps_the_step), ("output depends on the schedule",)),
+    "publish_ahead_token_of_cancelled": ((UnitRunner, "end_cancelled", publish_ahead_token_of_cancelled),
+                                         ("delta published before commit", "streamed tokens differ")),
+    "matches_ignoring_masks": ((ahead_step, "matches", matches_ignoring_masks), ("output depends on the schedule",)),
+    "launch_at_stale_frontier": ((ahead_step, "launch", launch_at_stale_frontier),
+                                 ("output depends on the schedule", "engine failed", "does not cover")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_harness_catches_async_mutant(name, monkeypatch):
+    (owner, attr, bug), symptoms = MUTANTS[name]
+    monkeypatch.setattr(owner, attr, bug)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - any failure of the harness, checked by its message
+        run_state_machine_as_test(_props().Async, settings=HUNT)
+    assert any(s in str(caught.value) for s in symptoms), f"{name}: caught for another reason: " \
+                                                         f"{type(caught.value).__name__}: {str(caught.value)[:400]}"
+
+
+def test_the_unmutated_hunt_passes():
+    run_state_machine_as_test(_props().Async, settings=settings(HUNT, max_examples=40))
+
+
+# ---- direct checks -------------------------------------------------------------------------------------------
+def _run(async_scheduling: bool, prompts, max_tokens=9):
+    program = _props()._program()
+    engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
+                                          async_scheduling=async_scheduling), threaded=False)
+    handles = [engine.submit(GenerationRequest(p, TokenSession(max_tokens, stop_ids=()), max_tokens))
+               for p in prompts]
+    engine.run_until_idle()
+    return [h.result(timeout=0).token_ids for h in handles], program
+
+
+def test_launched_rounds_are_adopted_and_equal_the_synchronous_run():
+    prompts = [(3, 5, 7, 9), (2, 4, 6, 8, 10, 12)]
+    sync, sync_program = _run(False, prompts)
+    overlapped, program = _run(True, prompts)
+    assert overlapped == sync and all(len(t) == 9 for t in sync)
+    assert sync_program.ahead_launched == 0
+    # both rows decode together for 8 rounds; every round but the last (a row ends) is launched ahead
+    assert program.ahead_adopted >= 6 and program.ahead_launched == program.ahead_adopted
+    assert program.resource_usage().active_sequences == 0 and program.ahead_handles() == ()
+
+
+def test_a_discarded_step_restores_the_committed_state():
+    program = _props()._program()
+    engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
+                                          async_scheduling=True), threaded=False)
+    first = engine.submit(GenerationRequest((3, 5, 7, 9), TokenSession(12, stop_ids=()), 12))
+    for _ in range(200):
+        engine.step()
+        if program.ahead_handles():
+            break
+    assert program.ahead_handles(), "no step was launched ahead"
+    # a new request: its admission's transition rolls the launched step back before anything else runs
+    second = engine.submit(GenerationRequest((2, 4, 6), TokenSession(5, stop_ids=()), 5))
+    engine.step()
+    assert program.ahead_launched > program.ahead_adopted  # rolled back; check_invariants held at each boundary
+    engine.run_until_idle()
+    alone, _ = _run(False, [(3, 5, 7, 9)], max_tokens=12)
+    assert first.result(timeout=0).token_ids == alone[0]
+    assert len(second.result(timeout=0).token_ids) == 5
+
+
+def test_speculative_rounds_stay_synchronous():
+    program = _props()._speculative()
+    assert program.launch_ahead([]) is False and program.ahead_handles() == ()
+
