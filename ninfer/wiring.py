@@ -59,6 +59,9 @@ class RuntimeOptions:
     cache_device_share: float = 1.0  # share of the KV pool inactive checkpoints may hold
     kv_offloading_size: float = 4.0  # GiB of host memory for checkpoint replicas
     concurrent_prefill: bool = False
+    # launch decode rounds ahead of the host's commit (docs/engine.md "Async scheduling"); None: on for the fast
+    # Program only (the reference Program has no device queue to overlap)
+    async_scheduling: bool | None = None
     speculative_config: Mapping[str, Any] | None = None
     default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     seed: int | None = None
@@ -282,7 +285,7 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
     else:
         if options.warmup:
             warmup(program, frontend, options)
-        rt.engine = Engine(program, _engine_config(options))
+        rt.engine = Engine(program, _engine_config(options, async_default=kind == "fast"))
     bar.update(1)
     bar.close()
     rt.load_seconds = time.monotonic() - start
@@ -349,11 +352,14 @@ def _frontend(path: Path, options: RuntimeOptions, no_vision: str | None = "the 
                     no_vision=no_vision or ""), facts
 
 
-def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None) -> EngineConfig:
+def _engine_config(options: RuntimeOptions, *, prefix_caching: bool | None = None,
+                   async_default: bool = False) -> EngineConfig:
     caching = options.enable_prefix_caching if prefix_caching is None else prefix_caching
+    overlap = async_default if options.async_scheduling is None else options.async_scheduling
     return EngineConfig(max_concurrency=options.max_num_seqs, prefix_caching=caching,
                         queue_bound=options.max_queued_requests, queue_timeout=options.queue_timeout,
-                        concurrent_prefill=options.concurrent_prefill, cache_device_share=options.cache_device_share)
+                        concurrent_prefill=options.concurrent_prefill, cache_device_share=options.cache_device_share,
+                        async_scheduling=overlap)
 
 
 def _speculative(options: RuntimeOptions) -> SpeculativeConfig | None:

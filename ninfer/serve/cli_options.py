@@ -58,6 +58,10 @@ RUNTIME_OPTIONS = [
     _opt("--concurrent-prefill/--no-concurrent-prefill", env="CONCURRENT_PREFILL", group="SchedulerConfig",
          default=False, show_default=True,
          help="Admit a request while another is still prefilling (several staged prefills at once)."),
+    _opt("--async-scheduling/--no-async-scheduling", env="ASYNC_SCHEDULING", group="SchedulerConfig", default=None,
+         help="Launch the next decode round on the device before the host has committed the current one "
+              "(host/GPU overlap; masked and speculative rounds stay synchronous). Default: on for the fast "
+              "Program."),
     _opt("--speculative-config", env="SPECULATIVE_CONFIG", group="SpeculativeConfig", default=None,
          help='JSON, e.g. \'{"method":"mtp","num_speculative_tokens":3}\' (k in 1..7; both Programs), or method '
               '"dflash" / "dflash2" with k in 1..15 (block k+1) and an optional "draft_window_size" (reference '
@@ -98,7 +102,7 @@ RUNTIME_OPTIONS = [
 
 RUNTIME_KEYS = ("model", "program", "purpose", "served_model_name", "max_model_len", "max_num_seqs",
                 "gpu_memory_utilization", "enable_prefix_caching", "cache_device_share", "kv_offloading_size",
-                "concurrent_prefill", "speculative_config",
+                "concurrent_prefill", "async_scheduling", "speculative_config",
                 "default_chat_template_kwargs", "seed", "dtype", "no_progress", "generation_config", "json_whitespace",
                 "thinking_token_budget", "limit_mm_per_prompt", "allowed_local_media_path", "allow_remote_media",
                 "media_max_bytes", "media_max_pixels", "media_fetch_timeout")
@@ -237,6 +241,7 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
         max_num_seqs=flags["max_num_seqs"], gpu_memory_utilization=flags["gpu_memory_utilization"],
         enable_prefix_caching=flags["enable_prefix_caching"], cache_device_share=flags["cache_device_share"],
         kv_offloading_size=flags["kv_offloading_size"], concurrent_prefill=flags["concurrent_prefill"],
+        async_scheduling=flags["async_scheduling"],
         speculative_config=parse_json_option(flags["speculative_config"], "--speculative-config"),
         default_chat_template_kwargs=parse_json_option(flags["default_chat_template_kwargs"],
                                                        "--default-chat-template-kwargs") or {},

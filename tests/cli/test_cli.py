@@ -18,6 +18,7 @@ def test_help_lists_commands_and_env_vars(run):
                  "--gpu-memory-utilization", "--api-key", "--no-enable-prefix-caching", "--speculative-config",
                  "--default-chat-template-kwargs", "--seed", "--purpose", "--program", "--model-id",
                  "--concurrent-prefill", "--cache-device-share", "--kv-offloading-size", "NINFER_CONCURRENT_PREFILL",
+                 "--async-scheduling", "--no-async-scheduling", "NINFER_ASYNC_SCHEDULING",
                  "NINFER_CACHE_DEVICE_SHARE", "NINFER_KV_OFFLOADING_SIZE", "NINFER_PORT", "NINFER_MAX_NUM_SEQS"):
         assert flag in serve_help, flag
 

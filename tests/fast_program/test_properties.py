@@ -79,6 +79,7 @@ TestSpeculativeFastEngine = Speculative.TestCase
 # "Async scheduling"); every request must equal its solo run on a synchronous Engine. Some requests are masked at
 # every other token, so masked rounds fall back to synchronous and a launched step meets a masked round.
 Async = make_engine_machine(_program, max_concurrency=2, async_scheduling=True, grammar_rows=True)
-Async.TestCase.settings = settings(settings.default, max_examples=max(_CI_EXAMPLES, settings.default.max_examples // 20),
+Async.TestCase.settings = settings(settings.default,
+                                   max_examples=max(_CI_EXAMPLES, settings.default.max_examples // 20),
                                    stateful_step_count=30)
 TestAsyncFastEngine = Async.TestCase

@@ -25,6 +25,21 @@ def test_warmup_leaves_no_checkpoint_or_sequence():
         fresh.close()
 
 
+def test_async_scheduling_defaults_to_the_fast_program_only():
+    """--async-scheduling unset: on for the fast Program, off for the reference one; either flag wins."""
+    from ninfer.wiring import _engine_config
+
+    assert _engine_config(RuntimeOptions(), async_default=True).async_scheduling is True
+    assert _engine_config(RuntimeOptions(), async_default=False).async_scheduling is False
+    assert _engine_config(RuntimeOptions(async_scheduling=False), async_default=True).async_scheduling is False
+    assert _engine_config(RuntimeOptions(async_scheduling=True), async_default=False).async_scheduling is True
+    fresh = build_runtime(RuntimeOptions(max_model_len=128, max_num_seqs=1, program="reference"), progress=False)
+    try:
+        assert fresh.engine.core.config.async_scheduling is False
+    finally:
+        fresh.close()
+
+
 def test_bad_runtime_options_name_the_flag():
     for options, flag in ((RuntimeOptions(max_num_seqs=9), "--max-num-seqs"),
                           (RuntimeOptions(program="gpu"), "--program"),
