@@ -20,12 +20,15 @@ HI = [{"role": "user", "content": "hi"}]
 def test_bodies_are_parsed_on_the_parser_thread(client, monkeypatch):
     """Every JSON route's body goes through parse_body on the parser thread; Starlette's own Request.json (which
     FastAPI would await on the event loop) is never called."""
-    threads, on_loop = [], []
+    threads, on_loop, validated = [], [], []
     parse = json_body.parse_body
 
-    def recording(body: bytes):
+    def recording(body: bytes, field):
         threads.append(threading.current_thread().name)
-        return parse(body)
+        assert field is not None  # every route here takes one body model: it is validated on the thread too
+        value, error = parse(body, field)
+        validated.append(type(value).__name__)
+        return value, error
 
     async def loop_json(self):
         on_loop.append(self.url.path)
@@ -40,6 +43,8 @@ def test_bodies_are_parsed_on_the_parser_thread(client, monkeypatch):
                        headers={"content-type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_encoding"
     assert len(threads) == 4 and all(t.startswith("ninfer-body") for t in threads), threads
+    # the refused body stays a dict: the check's refusal comes before validation
+    assert validated == ["ChatCompletionRequest", "CompletionRequest", "TokenizeRequest", "dict"], validated
     assert on_loop == []
 
 
