@@ -37,8 +37,8 @@ class Watch:
         ex = program.executor
         prefill, verify = ex.prefill, ex.verify
 
-        def watched_prefill(seq, start, end):
-            out = prefill(seq, start, end)
+        def watched_prefill(seq, start, end, captures=()):
+            out = prefill(seq, start, end, captures)
             self.logits[(tuple(seq.prompt), start, tuple(seq.prompt[start:end]))] = out.detach().float().cpu()[None]
             return out
 

@@ -34,11 +34,10 @@ def prefill_end(seq: ActiveSequence, max_tokens: int) -> int:
     return min(n, seq.frontier + max_tokens)
 
 
-def capture_cuts(seq: ActiveSequence, start: int, end: int) -> list[int]:
-    """The reserved capture frontiers strictly inside a prefill piece [start, end): where the piece is cut so that
-    the state there can be captured (one at `end` needs no cut; one inside is another model call, which is why the
-    ResourceManager asks for few)."""
-    return [f for f, _ in seq.captures if start < f < end]
+def capture_cuts(seq: ActiveSequence, start: int, end: int) -> list[tuple[int, int]]:
+    """The reserved captures (frontier, slot) strictly inside a prefill piece [start, end): the executor fills
+    their slots within the piece's one model call (one at `end` is the live state after it: `capture_due`)."""
+    return [(f, s) for f, s in seq.captures if start < f < end]
 
 
 # ---- pages and backups ---------------------------------------------------------------------------------------
@@ -80,6 +79,19 @@ def capture_due(prog: "ProgramCore", seq: ActiveSequence) -> None:
         for p in seq.table:
             prog.alloc.ref(p)
         seq.snapshots.append(Checkpoint(tuple(seq.tokens), list(seq.table), slot))
+
+
+def capture_filled(prog: "ProgramCore", seq: ActiveSequence, filled: Sequence[tuple[int, int]]) -> None:
+    """Record the captures the executor filled inside the prefill piece just consumed (`capture_cuts`): the
+    tokens before each frontier, and the pages covering the positions below it shared by reference."""
+    for frontier, slot in filled:
+        if not seq.captures or seq.captures[0] != (frontier, slot) or frontier > seq.frontier:
+            raise EngineFailure(f"{seq.handle}: capture ({frontier}, slot {slot}) filled out of order")
+        seq.captures.pop(0)
+        table = seq.table[:prog.config.pages_for(frontier)]
+        for p in table:
+            prog.alloc.ref(p)
+        seq.snapshots.append(Checkpoint(tuple(seq.tokens[:frontier]), table, slot))
 
 
 # ---- commit --------------------------------------------------------------------------------------------------

@@ -21,9 +21,12 @@ Drawn = "tuple[int, tuple[float, tuple] | None] | RowFailure"
 
 
 class ModelExecutor(Protocol):
-    def prefill(self, seq: ActiveSequence, start: int, end: int) -> Any:
+    def prefill(self, seq: ActiveSequence, start: int, end: int, captures: Sequence[tuple[int, int]] = ()) -> Any:
         """Consume prompt[start:end] at positions start.. on the live state (slot, pages) in place; returns the
-        distribution at `end` in whatever form `draw_first` takes (fp32 logits [V])."""
+        distribution at `end` in whatever form `draw_first` takes (fp32 logits [V]). `captures` (frontier, slot),
+        frontiers ascending strictly inside (start, end): within the same one model call, the complete state after
+        the tokens before each frontier (GDN state and any backend state; KV is paged) is written into its slot,
+        equal to what the live slot would hold had the prefill been cut there."""
 
     def draw_first(self, seq: ActiveSequence, logits: Any, mask: Any | None) -> Drawn:
         """The first output token at position len(prompt), from what the last `prefill` returned."""

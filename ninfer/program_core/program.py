@@ -1,8 +1,9 @@
 """Program: the whole Program protocol over a `PhysicalStore` and a `ModelExecutor`, for both Programs.
 
 The resource side is `ProgramCore`'s; this adds the model transactions. Prompt tokens are not provisional: a
-prefill chunk writes KV and GDN state at once (cut at each capture frontier the ResourceManager chose and a slot was
-reserved for, whose state is captured there), and the final chunk's batch holds only the sampled first token. Decode
+prefill chunk writes KV and GDN state at once in one model call, which also fills the slot of every capture frontier
+inside it (those the ResourceManager chose and a slot was reserved for), and the final chunk's batch holds only the
+sampled first token. Decode
 (a speculative round when a backend runs: `speculation.py`) and control step the live state in place: the committed
 GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step takes
 are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
@@ -21,7 +22,8 @@ from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow
 
 from . import ahead as ahead_step
 from .core import ProgramCore
-from .execution import Provisional, capture_cuts, capture_due, grow, prefill_end, restore, validate_commit
+from .execution import (Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end, restore,
+                        validate_commit)
 from .executor import ModelExecutor
 from .speculation import rollback, speculative_round
 
@@ -64,13 +66,13 @@ class Program(ProgramCore):
         self.discard_ahead()
         seq = self.sequence(handle)
         n = len(seq.prompt)
-        end = prefill_end(seq, max_tokens)
-        cuts = [seq.frontier, *capture_cuts(seq, seq.frontier, end), end]
-        for a, b in zip(cuts, cuts[1:]):
-            grow(self, seq, b)
-            logits = self.executor.prefill(seq, a, b)
-            seq.tokens.extend(seq.prompt[a:b])
-            capture_due(self, seq)
+        start, end = seq.frontier, prefill_end(seq, max_tokens)
+        inner = capture_cuts(seq, start, end)
+        grow(self, seq, end)
+        logits = self.executor.prefill(seq, start, end, inner)  # one model call, the inner captures filled
+        seq.tokens.extend(seq.prompt[start:end])
+        capture_filled(self, seq, inner)
+        capture_due(self, seq)
         if end < n:
             return None
         return PendingBatch(BatchKind.PREFILL, (_row(handle, n, self.executor.draw_first(seq, logits, mask)),),

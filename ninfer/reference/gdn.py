@@ -8,7 +8,7 @@ Per value head j with key head ``j // (HV / HK)``, decay ``alpha = exp(g)`` and 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -93,22 +93,34 @@ def _chunk_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     return o, S
 
 
+def chunk_ends(T: int, cuts: Sequence[int] = (), chunk: int = CHUNK) -> list[int]:
+    """End offsets of the chunks of a T-token call: every `chunk` tokens from its start, restarting at each cut
+    (ascending, strictly inside (0, T)); the last is T."""
+    ends = []
+    for a, b in zip([0, *cuts], [*cuts, T]):
+        ends.extend(range(min(a + chunk, b), b, chunk))
+        ends.append(b)
+    return ends
+
+
 def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       S: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """Chunked gated delta rule, chunks aligned to the start of this call (the last one may be short).
+                       S: torch.Tensor, chunk: int = CHUNK, cuts: Sequence[int] = ()
+                       ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Chunked gated delta rule, chunks aligned to the start of this call and restarting at each cut (the last
+    one of each stretch may be short), so the state at a cut is exactly the one a call ending there reaches.
 
     Same shapes as :func:`recurrent_delta_rule`. Returns (o, final S, [S after each chunk that ends before T]).
     """
     T = q.shape[0]
     q, k, v = (x.transpose(0, 1) for x in (q, k, v))  # [HV, T, *]
     g, beta = g.transpose(0, 1), beta.transpose(0, 1)  # [HV, T]
-    outs, boundaries = [], []
-    for s in range(0, T, chunk):
-        e = min(s + chunk, T)
+    outs, boundaries, s = [], [], 0
+    for e in chunk_ends(T, cuts, chunk):
         o, S = _chunk_step(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], S)
         outs.append(o)
         if e < T:
             boundaries.append(S.clone())
+        s = e
     return torch.cat(outs, dim=1).transpose(0, 1), S, boundaries
 
 
@@ -127,11 +139,12 @@ def _split_heads(mc: torch.Tensor, cfg: Qwen35Config) -> tuple[torch.Tensor, tor
 
 
 def gdn_mixer(x: torch.Tensor, w: Scope, cfg: Qwen35Config, state: GDNState, chunked: bool,
-              boundaries: list[GDNState] | None = None) -> torch.Tensor:
+              boundaries: list[GDNState] | None = None, cuts: Sequence[int] = ()) -> torch.Tensor:
     """One GDN mixer (``w`` scoped at ``<layer>.linear_attn``); x [T, H] -> [T, H]; ``state`` advanced in place.
 
-    With ``chunked`` the 64-token parallel form runs (chunks aligned to this call's start) and, when
-    ``boundaries`` is a list, the (conv window, S) at every interior chunk boundary is appended to it.
+    With ``chunked`` the 64-token parallel form runs (chunks aligned to this call's start, restarting at each of
+    ``cuts``) and, when ``boundaries`` is a list, the (conv window, S) at every interior chunk boundary
+    (`chunk_ends`) is appended to it.
     """
     T = x.shape[0]
     HV, dv, K = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
@@ -140,9 +153,9 @@ def gdn_mixer(x: torch.Tensor, w: Scope, cfg: Qwen35Config, state: GDNState, chu
     g, beta = gates(F.linear(x, w["in_proj_a.weight"]), F.linear(x, w["in_proj_b.weight"]), w["A_log"], w["dt_bias"])
     S0 = state.recurrent.to(q.dtype)
     if chunked:
-        o, S, inner = chunked_delta_rule(q, k, v, g, beta, S0)
+        o, S, inner = chunked_delta_rule(q, k, v, g, beta, S0, cuts=cuts)
         if boundaries is not None:
-            ends = range(CHUNK, T, CHUNK)
+            ends = chunk_ends(T, cuts)[:-1]
             boundaries.extend(GDNState(full[:, e:e + K - 1].clone(), s) for e, s in zip(ends, inner))
     else:
         o, S = recurrent_delta_rule(q, k, v, g, beta, S0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from functools import partial
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.models.qwen3_5.params import MTP, TEXT, layer_of, logical_parameters
 
 from .attention import gated_attention
-from .gdn import CHUNK, gdn_mixer
+from .gdn import chunk_ends, gdn_mixer
 from .layer import decoder_layer
 from .mtp import mtp_hidden
 from .norms import zc_rms_norm
@@ -56,7 +56,8 @@ class ReferenceModel:
     # ---- main decoder --------------------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, state: SequenceState, chunked: bool = True, return_hidden: bool = False,
                 checkpoints: list[SequenceState] | None = None, taps: dict[int, torch.Tensor] | None = None,
-                positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None):
+                positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+                at: Sequence[int] | None = None):
         """Consume ``tokens`` [T] at positions ``state.next_position ..``; ``state`` is advanced in place.
 
         ``positions`` [3, T]: their MRoPE positions (a prompt with images), else the sequence indices in all rows.
@@ -65,7 +66,9 @@ class ReferenceModel:
         Returns logits [T, V], or (logits, hidden [T, H]) with ``return_hidden`` (final-normed: the MTP input).
         With ``chunked`` the GDN layers use the 64-token parallel form, chunks aligned to this call's start; when
         ``checkpoints`` is a list, a complete state at every interior chunk boundary (positions start+64,
-        start+128, ... < start+T) is appended to it, taken from the chunked form's boundary states. When ``taps``
+        start+128, ... < start+T) is appended to it, taken from the chunked form's boundary states; with ``at``
+        (offsets ascending strictly inside (0, T)) the chunks restart at each of them and only their states are
+        appended, each equal to the state a prefill ending there reaches. When ``taps``
         is a dict, it receives every layer's output [T, H] by layer index (HF's ``hidden_states[i + 1]``: the last
         layer's is the final-normed one), what a drafter conditions on.
         """
@@ -73,11 +76,16 @@ class ReferenceModel:
             raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
         if checkpoints is not None and not chunked:
             raise ValueError("chunk-boundary checkpoints come from the chunked GDN form; pass chunked=True")
+        cuts = tuple(at or ())
+        if at is not None and (checkpoints is None or list(cuts) != sorted(set(cuts)) or
+                               any(not 0 < c < tokens.numel() for c in cuts)):
+            raise ValueError(f"checkpoint offsets {list(cuts)} need a checkpoints list and must ascend strictly "
+                             f"inside (0, {tokens.numel()})")
         start = state.next_position
         per_layer: dict[int, list[GDNState]] | None = None if checkpoints is None else {}
-        hidden = self._forward(tokens, state, chunked, per_layer, taps, positions, embeds)
+        hidden = self._forward(tokens, state, chunked, per_layer, taps, positions, embeds, cuts)
         if checkpoints is not None:
-            checkpoints.extend(self._boundary_states(state, start, hidden, per_layer))
+            checkpoints.extend(self._boundary_states(state, start, hidden, per_layer, cuts, at is not None))
         logits = self.logits(hidden)
         return (logits, hidden) if return_hidden else logits
 
@@ -96,8 +104,8 @@ class ReferenceModel:
 
     def _forward(self, tokens: torch.Tensor, state: SequenceState, chunked: bool,
                  per_layer: dict[int, list[GDNState]] | None, taps: dict[int, torch.Tensor] | None = None,
-                 positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> torch.Tensor:
+                 positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 cuts: Sequence[int] = ()) -> torch.Tensor:
         """Embed -> layers -> final norm; returns the final-normed hidden [T, H] and advances ``state``."""
         cfg = self.cfg
         _check_tokens(tokens, cfg.vocab_size)
@@ -121,7 +129,7 @@ class ReferenceModel:
             else:
                 sink = None if per_layer is None else per_layer.setdefault(i, [])
                 mixer = partial(gdn_mixer, w=lw.sub("linear_attn"), cfg=cfg, state=state.gdn[i], chunked=chunked,
-                                boundaries=sink)
+                                boundaries=sink, cuts=cuts)
             x = decoder_layer(x, lw, cfg, mixer)
             if taps is not None:
                 taps[i] = x
@@ -135,10 +143,14 @@ class ReferenceModel:
         return hidden
 
     def _boundary_states(self, state: SequenceState, start: int, hidden: torch.Tensor,
-                         per_layer: dict[int, list[GDNState]]) -> list[SequenceState]:
-        """Assemble complete checkpoints at the interior chunk boundaries of the prefill that just ran."""
+                         per_layer: dict[int, list[GDNState]], cuts: Sequence[int], only_cuts: bool
+                         ) -> list[SequenceState]:
+        """Assemble complete checkpoints at the interior chunk boundaries of the prefill that just ran (at the
+        cuts only, when asked)."""
         out = []
-        for n, offset in enumerate(range(CHUNK, hidden.shape[0], CHUNK)):
+        for n, offset in enumerate(chunk_ends(hidden.shape[0], cuts)[:-1]):
+            if only_cuts and offset not in cuts:
+                continue
             pos = start + offset
             out.append(SequenceState(
                 gdn={i: states[n] for i, states in per_layer.items()},

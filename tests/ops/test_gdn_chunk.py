@@ -1,12 +1,13 @@
 """gdn_chunk kernels vs the token-by-token recurrence: partial last chunks, T < C, initial state or none, GVA
-grouping, odd head dims, every chunk-boundary state; and the prefill conv vs its naive form, continuing from a
+grouping, odd head dims, every chunk-boundary state, chunks restarting at cuts (the state at a cut equals a call
+split there); and the prefill conv vs its naive form, continuing from a
 window, with an in-place window update."""
 
 import pytest
 import torch
 
 from _device import DEVICE, IO_DTYPES, ON_GPU
-from ninfer.fast.ops.gdn_chunk import (conv_window_at, gdn_chunk, gdn_chunk_naive, gdn_conv_prefill,
+from ninfer.fast.ops.gdn_chunk import (chunk_ends, conv_window_at, gdn_chunk, gdn_chunk_naive, gdn_conv_prefill,
                                        gdn_conv_prefill_naive)
 from ninfer.testing.numerics import assert_close
 
@@ -74,6 +75,39 @@ def test_gdn_chunk_resumes_from_its_own_checkpoint():
     assert_close("gdn_chunk.resumed_states", st_ref, torch.cat([st1, st2]), _tol(torch.float32))
 
 
+# (T, chunk, cuts): a cut on and off the chunk grid, at the first and the last token, two cuts in one chunk
+CUT_SHAPES = ([(1000, 64, (1, 64, 100, 999)), (200, 64, (130, 131))] if ON_GPU
+              else [(37, 16, (1, 5, 36)), (40, 16, (16, 17, 30)), (70, 64, (63,))])
+
+
+def test_chunk_ends():
+    assert chunk_ends(130, 64) == [64, 128, 130]
+    assert chunk_ends(130, 64, (10, 64)) == [10, 64, 128, 130]
+    assert chunk_ends(40, 16, (16, 17, 30)) == [16, 17, 30, 40]
+    for bad in ((0,), (40,), (5, 5), (9, 3)):
+        with pytest.raises(ValueError, match="cuts"):
+            chunk_ends(40, 16, bad)
+
+
+@pytest.mark.parametrize("T,chunk,cuts", CUT_SHAPES)
+def test_gdn_chunk_cuts(T, chunk, cuts):
+    # one call with cuts: y as without cuts, one state per chunk of the restarted grid, and the state at each cut
+    # equal to the final state of a call that ends there (the checkpoint a cut piece would have captured)
+    HK, HV, dk, dv = (16, 32, 128, 128) if ON_GPU else (1, 2, 20, 12)
+    x, w = _inputs(T, HK, HV, dk, dv, torch.float32)
+    kw = dict(num_k_heads=HK, head_k_dim=dk, head_v_dim=dv, chunk_size=chunk)
+    s0 = 0.2 * torch.randn(HV, dk, dv, device=DEVICE)
+    ends = chunk_ends(T, chunk, cuts)
+    y_ref, st_ref = gdn_chunk_naive(**x, **w, initial_state=s0, cuts=cuts, **kw)
+    y, st = gdn_chunk(**x, **w, initial_state=s0, cuts=cuts, **kw)
+    assert st.shape[0] == st_ref.shape[0] == len(ends)
+    assert_close("gdn_chunk.cut_y", y_ref, y, _tol(torch.float32))
+    assert_close("gdn_chunk.cut_states", st_ref, st, _tol(torch.float32))
+    for c in cuts:
+        _, st_head = gdn_chunk(**{n: t[:c] for n, t in x.items()}, **w, initial_state=s0, **kw)
+        assert_close(f"gdn_chunk.state_at_{c}", st_head[-1], st[ends.index(c)], _tol(torch.float32))
+
+
 @pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
 @pytest.mark.parametrize("window_out", ["in_place", "new", "given"])
 @pytest.mark.parametrize("T,C", [(1, 40), (2, 70), (37, 130), (100, 136)] if not ON_GPU
@@ -97,11 +131,15 @@ def test_gdn_conv_prefill(T, C, window_out, dtype):
         assert torch.equal(window, old) and win.data_ptr() != window.data_ptr()
 
 
-def test_conv_window_at_matches_a_split_prefill():
+@pytest.mark.parametrize("end", [1, 2, 3, 7])
+def test_conv_window_at_matches_a_split_prefill(end):
+    # inside the incoming window's reach (end < K-1) and past it
     m = torch.randn(9, 6, device=DEVICE)
     window = torch.randn(6, 3, device=DEVICE)
     weight = torch.randn(6, 1, 4, device=DEVICE)
     out_ref, _ = gdn_conv_prefill_naive(m, window, weight)
-    mid = conv_window_at(m, window, 2)
-    out_tail, _ = gdn_conv_prefill(m[2:].contiguous(), mid, weight)
-    assert_close("gdn_conv_prefill.resumed", out_ref[2:], out_tail, 1e-5)
+    _, win_head = gdn_conv_prefill_naive(m[:end], window, weight)
+    mid = conv_window_at(m, window, end)
+    assert torch.equal(mid, win_head)
+    out_tail, _ = gdn_conv_prefill(m[end:].contiguous(), mid, weight)
+    assert_close("gdn_conv_prefill.resumed", out_ref[end:], out_tail, 1e-5)

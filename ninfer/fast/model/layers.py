@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.fast.ops.gdn_chunk.naive import chunk_ends, conv_window_at
 from ninfer.models.qwen3_5.config import Qwen35Config
 
 from .kernels import Kernels
@@ -32,6 +33,8 @@ class StepInputs:
     cu_seqlens: torch.Tensor | None = None  # prefill: [2] int32
     prefix_lens: torch.Tensor | None = None  # prefill: [1] int32, tokens already cached
     prefill_slot: int | None = None  # prefill: the sequence's GDN slot as a host int
+    # prefill: (offset 0 < o < T, slot) of each checkpoint inside the piece, whose GDN state goes into that slot
+    captures: tuple[tuple[int, int], ...] = ()
     # multi-query decode: step j of every block still that long, as (token rows [b_j] long, their slots [b_j] int32)
     gdn_steps: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with images
@@ -40,6 +43,9 @@ class StepInputs:
     @property
     def is_prefill(self) -> bool:
         return self.prefill_slot is not None
+
+
+GDN_CHUNK = 64  # the ops' default chunk size: the grid their chunk states sit on
 
 
 def _split_gdn(proj: torch.Tensor, cfg: Qwen35Config):
@@ -66,9 +72,16 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, y: torch.Tensor, con
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
         return k.linear(out, w.out_proj)
-    slot = step.prefill_slot
+    slot, cuts = step.prefill_slot, [c for c, _ in step.captures]
+    for c, cap in step.captures:  # the window at a checkpoint: the K-1 inputs before it, read before it advances
+        conv[cap].copy_(conv_window_at(mixed, conv[slot], c))
     qkv = k.gdn_conv_prefill(mixed, conv[slot], w.conv)  # [T, C]; the slot's window advances in place
-    out, states = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm[slot], **dims)
+    # chunks restart at each checkpoint, so its S is one of the chunk states: no second model call
+    out, states = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm[slot], **dims, cuts=cuts)
+    if cuts:
+        ends = chunk_ends(mixed.shape[0], GDN_CHUNK, cuts)
+        for c, cap in step.captures:
+            ssm[cap].copy_(states[ends.index(c)])
     ssm[slot].copy_(states[-1])
     return k.linear(out, w.out_proj)
 

@@ -21,12 +21,9 @@ from ninfer.fast.memory import MemoryPlan, Pools, allocate_pools
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 
 from .kernels import Kernels, get_kernels
-from .layers import StepInputs, attention_mixer, ffn, gdn_mixer
+from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer
 from .mtp import MtpHead
 from .weights import FastWeights, Source, load_fast_weights
-
-# prefill pieces stay multiples of the GDN chunk so chunk boundaries sit at fixed offsets from the piece start
-_GDN_CHUNK = 64
 
 
 def check_mtp(cfg: Qwen35Config, mtp: bool) -> None:
@@ -81,30 +78,45 @@ class FastModel:
 
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
                 all_logits: bool = False, return_hidden: bool = False, taps: dict[int, torch.Tensor] | None = None,
-                rope_positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None):
+                rope_positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+                captures: Sequence[tuple[int, int]] = ()):
         """Consume tokens [T] of one sequence at positions start_pos.. (start_pos 0 resets its GDN slot). The
         sequence's pages must already be in ``pools.block_tables[block_table_row]``. Long prompts run in pieces of
         at most ``plan.max_prefill_tokens``. Returns logits of the last token [V] fp32, or of all [T, V]; with
         ``return_hidden`` also the final-normed hidden [T, H] (what the MTP head reads). A ``taps`` dict receives
         every layer's output [T, H] by layer index (HF's ``hidden_states[i + 1]``, the last layer's final-normed):
         what a DFlash drafter conditions on. A prompt with images passes its MRoPE ``rope_positions`` [3, T] and
-        ``embeds`` (rows [n] long, features [n, H]): those rows' embeddings replaced by the image features."""
+        ``embeds`` (rows [n] long, features [n, H]): those rows' embeddings replaced by the image features.
+        ``captures`` (frontier, slot), frontiers strictly inside (start_pos, start_pos + T) and ascending: the GDN
+        state (conv window and S of every GDN layer) after the tokens before each frontier is written into its slot
+        during this one pass (KV is paged: nothing to copy), equal to the state a prefill ending there leaves."""
         T = tokens.shape[0]
         if tokens.ndim != 1 or T == 0:
             raise ValueError(f"prefill takes a non-empty 1-D token tensor, got shape {tuple(tokens.shape)}")
         if start_pos < 0 or start_pos + T > self.plan.max_context:
             raise ValueError(f"positions {start_pos}..{start_pos + T} exceed the planned context "
                              f"{self.plan.max_context}")
+        frontiers = [f for f, _ in captures]
+        if frontiers != sorted(set(frontiers)) or any(not start_pos < f < start_pos + T for f in frontiers):
+            raise ValueError(f"capture frontiers {frontiers} must ascend strictly inside ({start_pos}, "
+                             f"{start_pos + T})")
         if start_pos == 0:
             self.pools.reset_slot(slot_id)
-        piece = max(_GDN_CHUNK, self.plan.max_prefill_tokens // _GDN_CHUNK * _GDN_CHUNK)
+        # pieces stay multiples of the GDN chunk so chunk boundaries sit at fixed offsets from the call's start
+        piece = max(GDN_CHUNK, self.plan.max_prefill_tokens // GDN_CHUNK * GDN_CHUNK)
         outs, hiddens, pieces = [], [], []
         for s in range(0, T, piece):
+            n, at = min(piece, T - s), start_pos + s
+            for f, cap in captures:
+                if f == at:  # on a piece boundary: the live state between two pieces
+                    self.pools.conv[:, cap].copy_(self.pools.conv[:, slot_id])
+                    self.pools.ssm[:, cap].copy_(self.pools.ssm[:, slot_id])
+            inner = tuple((f - at, cap) for f, cap in captures if at < f < at + n)
             sink: dict[int, torch.Tensor] | None = None if taps is None else {}
-            step = self._prefill_inputs(min(piece, T - s), slot_id, block_table_row, start_pos + s)
+            step = self._prefill_inputs(n, slot_id, block_table_row, at, inner)
             if rope_positions is not None:
-                step.rope_positions = rope_positions[:, s:s + piece].contiguous()
-            hidden = self._layers(tokens[s:s + piece], step, sink, _piece_rows(embeds, s, piece))
+                step.rope_positions = rope_positions[:, s:s + n].contiguous()
+            hidden = self._layers(tokens[s:s + n], step, sink, _piece_rows(embeds, s, n))
             if sink is not None:
                 pieces.append(sink)
             if all_logits:
@@ -151,7 +163,8 @@ class FastModel:
                           slot_ids=torch.tensor(slots, **i32), block_table=table, cu_seqlens=torch.tensor(cu, **i32),
                           prefix_lens=torch.tensor(starts, **i32), gdn_steps=steps)
 
-    def _prefill_inputs(self, n: int, slot: int, row: int, start: int) -> StepInputs:
+    def _prefill_inputs(self, n: int, slot: int, row: int, start: int,
+                        captures: tuple[tuple[int, int], ...] = ()) -> StepInputs:
         dev, ps = self.device, self.plan.page_size
         table = self.pools.block_tables[row:row + 1]  # [1, max_pages]
         pos = torch.arange(start, start + n, device=dev, dtype=torch.int32)
@@ -160,7 +173,7 @@ class FastModel:
         return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
                           slot_ids=torch.tensor([slot], **i32), block_table=table,
                           cu_seqlens=torch.tensor([0, n], **i32), prefix_lens=torch.tensor([start], **i32),
-                          prefill_slot=slot)
+                          prefill_slot=slot, captures=captures)
 
     def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

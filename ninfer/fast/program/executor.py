@@ -43,16 +43,23 @@ class FastExecutor:
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
 
-    def prefill(self, seq: ActiveSequence, start: int, end: int) -> torch.Tensor:
-        tokens = seq.prompt[start:end]
+    def prefill(self, seq: ActiveSequence, start: int, end: int,
+                captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
+        tokens, slot = seq.prompt[start:end], seq.handle.slot
         if self.mtp is None:
-            return self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, start)  # [V] fp32
-        logits, hidden = self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, start,
-                                            return_hidden=True)
-        piece = self.model.plan.max_prefill_tokens  # the MTP layer runs in the model's prefill pieces too
-        for s in range(0, len(tokens), piece):
-            self.mtp.advance([seq.handle.slot], [seq.row], [start + s], [tokens[s:s + piece]],
-                             [hidden[s:s + piece]])
+            return self.model.prefill(self._tokens(tokens), slot, seq.row, start, captures=captures)  # [V] fp32
+        logits, hidden = self.model.prefill(self._tokens(tokens), slot, seq.row, start, return_hidden=True,
+                                            captures=captures)
+        # the MTP layer advances segment by segment up to each capture, whose slot then takes the stored hidden,
+        # and in the model's prefill pieces inside a segment: the calls a prefill cut at the captures would make
+        piece = self.model.plan.max_prefill_tokens
+        bounds = [start, *(f for f, _ in captures), end]
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            for s in range(a, b, piece):
+                e = min(s + piece, b)
+                self.mtp.advance([slot], [seq.row], [s], [tokens[s - start:e - start]], [hidden[s - start:e - start]])
+            if i < len(captures):
+                self.mtp.hidden[captures[i][1]].copy_(self.mtp.hidden[slot])
         return logits
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:

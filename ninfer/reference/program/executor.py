@@ -97,26 +97,41 @@ class ReferenceExecutor:
         return {} if self.backend is not None and self.backend.wants_taps else None
 
     def _write(self, seq: ActiveSequence, state: SequenceState, start: int, tokens: Sequence[int],
-               hidden: torch.Tensor, taps: dict[int, torch.Tensor] | None) -> None:
+               hidden: torch.Tensor, taps: dict[int, torch.Tensor] | None,
+               captures: Sequence[tuple[int, int]] = (), at: Sequence[SequenceState] = ()) -> None:
         """The positions consumed from `start`, the advanced GDN state and (with a backend) the backend state back
-        into the stores; hidden [T, H] is the target's final-normed output over `tokens`, taps its layers'."""
+        into the stores; hidden [T, H] is the target's final-normed output over `tokens`, taps its layers'. Each
+        capture (frontier, slot) gets the GDN state `at` its frontier and the backend state there: the backend
+        advances segment by segment between the captures, as a prefill cut at them would."""
         slot = seq.handle.slot
         self.pages.write(seq.table, state.kv, start, state.next_position)
         self.slots.store(slot, state.gdn)
-        if self.backend is not None:
-            bstate = self.slots.load_backend(slot)
-            self.backend.advance(bstate, tokens, start, hidden, taps)
+        for (_, cap), ck in zip(captures, at):
+            self.slots.store(cap, ck.gdn)
+        bstate = None if self.backend is None else self.slots.load_backend(slot)
+        bounds = [start, *(f for f, _ in captures), start + len(tokens)]
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            if bstate is not None:
+                part = None if taps is None else {n: t[a - start:b - start] for n, t in taps.items()}
+                self.backend.advance(bstate, tokens[a - start:b - start], a, hidden[a - start:b - start], part)
+            if i < len(captures):
+                self.slots.store_backend(captures[i][1], None if bstate is None else bstate.clone())
+        if bstate is not None:
             self.slots.store_backend(slot, bstate)
 
-    def _run(self, seq: ActiveSequence, start: int, tokens: Sequence[int], chunked: bool) -> torch.Tensor:
+    def _run(self, seq: ActiveSequence, start: int, tokens: Sequence[int], chunked: bool,
+             captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
         """Consume `tokens` at positions start.. on the live state in place; logits [T, V]. The step recurrence
         (`chunked=False`) is what a decode round runs, so a verified or replayed block equals the same tokens
-        decoded one by one."""
+        decoded one by one. `captures` (frontier, slot) inside the tokens (chunked only): their slots get the
+        state at the frontier, the model's chunks restarting there."""
         state, taps = self._state(seq, start), self._taps()
         inputs = self._model_inputs(seq, start, tokens)
+        at: list[SequenceState] | None = [] if captures else None
         logits, hidden = self.model.prefill(inputs.pop("tokens"), state, chunked=chunked, return_hidden=True,
-                                            taps=taps, **inputs)
-        self._write(seq, state, start, tokens, hidden, taps)
+                                            taps=taps, checkpoints=at, at=[f - start for f, _ in captures] or None,
+                                            **inputs)
+        self._write(seq, state, start, tokens, hidden, taps, captures, at or ())
         return logits
 
     def _draw(self, seq: ActiveSequence, logits: torch.Tensor, position: int, mask: Any | None) -> Drawn:
@@ -129,8 +144,9 @@ class ReferenceExecutor:
             return e.failure
 
     # ---- ModelExecutor -------------------------------------------------------------------------------------
-    def prefill(self, seq: ActiveSequence, start: int, end: int) -> torch.Tensor:
-        return self._run(seq, start, seq.prompt[start:end], chunked=True)[-1]  # [V]
+    def prefill(self, seq: ActiveSequence, start: int, end: int,
+                captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
+        return self._run(seq, start, seq.prompt[start:end], chunked=True, captures=captures)[-1]  # [V]
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         return self._draw(seq, logits, len(seq.prompt), mask)

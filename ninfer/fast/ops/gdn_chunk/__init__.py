@@ -1,4 +1,4 @@
-from .naive import conv_window_at, gdn_chunk_naive, gdn_conv_prefill_naive
+from .naive import chunk_ends, conv_window_at, gdn_chunk_naive, gdn_conv_prefill_naive
 from .triton import gdn_chunk, gdn_conv_prefill
 
-__all__ = ["conv_window_at", "gdn_chunk", "gdn_chunk_naive", "gdn_conv_prefill", "gdn_conv_prefill_naive"]
+__all__ = ["chunk_ends", "conv_window_at", "gdn_chunk", "gdn_chunk_naive", "gdn_conv_prefill", "gdn_conv_prefill_naive"]

@@ -8,15 +8,21 @@
            writes V_new (into the o buffer) and S after every chunk (the checkpoint states; the last is the final
            state).
 3. output  (chunk, value head, dv block), parallel: O = exp(gamma) Q S_in + ((Q K^T) * D) V_new, over V_new.
-q/k are l2-normalised on every load (cheaper than a round trip through memory). All math is fp32, and tl.dot on fp32
+Chunks are BT tokens from the call's first token; with ``cuts`` (``VAR``) they restart at every cut, read from a
+host-built table of chunk starts, so a checkpoint inside a prefill piece is one of the chunk states (no second
+call). q/k are l2-normalised on every load (cheaper than a round trip through memory). All math is fp32, and tl.dot on fp32
 operands runs as TF32 on the GPU (3xTF32 bought no accuracy on ill-conditioned chunks and cost 25%).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import triton
 import triton.language as tl
+
+from .naive import chunk_ends
 
 
 @triton.jit
@@ -67,6 +73,18 @@ def _next_window(m_ptr, win_ptr, c, mc, T, stride_m, K: tl.constexpr, BJ: tl.con
 
 
 @triton.jit
+def _chunk_span(cu_ptr, n, T, BT: tl.constexpr, VAR: tl.constexpr):
+    # [t0, t1) of chunk n: BT tokens from the start, or (VAR) the host's table of chunk starts cu [NT + 1]
+    if VAR:
+        t0 = tl.load(cu_ptr + n)
+        t1 = tl.load(cu_ptr + n + 1)
+    else:
+        t0 = n * BT
+        t1 = tl.minimum(t0 + BT, T)
+    return t0, t1
+
+
+@triton.jit
 def _load_rows(qkv_ptr, t, mt, col0, stride_qkv, KB: tl.constexpr, kb: tl.constexpr, DK: tl.constexpr):
     # columns [kb*KB, (kb+1)*KB) of one q/k head for rows t, in fp32: [BT, KB]
     kk = kb * KB + tl.arange(0, KB)
@@ -76,17 +94,18 @@ def _load_rows(qkv_ptr, t, mt, col0, stride_qkv, KB: tl.constexpr, kb: tl.conste
 
 
 @triton.jit
-def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr,
+def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, cu_ptr,
                        T, stride_qkv, stride_a, stride_b,
                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                        KB: tl.constexpr, NKB: tl.constexpr, VB: tl.constexpr, NVB: tl.constexpr,
-                       SUB: tl.constexpr):
+                       SUB: tl.constexpr, VAR: tl.constexpr):
     n = tl.program_id(0)
     hv = tl.program_id(1)
     k_col = HK * DK + (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
-    t = n * BT + o_t
-    mt = t < T
+    t0, t1 = _chunk_span(cu_ptr, n, T, BT, VAR)
+    t = t0 + o_t
+    mt = t < t1
     # gates; padded tail steps get g = 0, beta = 0 so they leave S untouched
     a = tl.load(a_ptr + t * stride_a + hv, mask=mt, other=0.0).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
     softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
@@ -139,9 +158,9 @@ def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr
 
 
 @triton.jit
-def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_ptr, T, NT, stride_qkv,
+def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_ptr, cu_ptr, T, NT, stride_qkv,
                         HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr):
+                        BK: tl.constexpr, BV: tl.constexpr, VAR: tl.constexpr):
     # program (value head, dv block), sequential over chunks with S [BK, BV] in registers: two dots a chunk,
     # V_new = U - W S and S = e^gamma_C S + K^T (kd * V_new), kd = the prep pass's l2norm x decay row scale.
     # Reads U and states[0], writes V_new (to vn) and states[1:]: rerunning it gives the same result (autotuning)
@@ -156,12 +175,13 @@ def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_p
     s_off = hv * DK * DV + kk[:, None] * DV + vv[None, :]
     s_mask = mk[:, None] & mv[None, :]
     S = tl.load(states_ptr + s_off, mask=s_mask, other=0.0)  # states[0]: the initial state
-    g_last = tl.load(gam_ptr + (tl.minimum(BT, T) - 1) * HV + hv)
+    g_last = tl.load(gam_ptr + (_chunk_span(cu_ptr, 0, T, BT, VAR)[1] - 1) * HV + hv)
     for n in range(NT):
         # the next chunk's total decay, loaded a chunk ahead (a dependent scalar load would stall every chunk)
-        g_next = tl.load(gam_ptr + (tl.minimum(n * BT + 2 * BT, T) - 1) * HV + hv)
-        t = n * BT + o_t
-        mt = t < T
+        g_next = tl.load(gam_ptr + (_chunk_span(cu_ptr, tl.minimum(n + 1, NT - 1), T, BT, VAR)[1] - 1) * HV + hv)
+        t0, t1 = _chunk_span(cu_ptr, n, T, BT, VAR)
+        t = t0 + o_t
+        mt = t < t1
         kmask = mt[:, None] & mk[None, :]
         w = tl.load(w_ptr + (t[:, None] * HV + hv) * DK + kk[None, :], mask=kmask, other=0.0)  # [BT, BK]
         k = tl.load(qkv_ptr + t[:, None] * stride_qkv + k_col + kk[None, :], mask=kmask, other=0.0)
@@ -184,15 +204,16 @@ _chunk_state_tuned = triton.autotune([triton.Config({"BV": bv}, num_warps=4, num
 
 
 @triton.jit
-def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, states_ptr, o_ptr, T, stride_qkv, scale,
+def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, states_ptr, o_ptr, cu_ptr, T, stride_qkv, scale,
                          HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                         KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr):
+                         KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, VAR: tl.constexpr):
     n = tl.program_id(0)
     hv = tl.program_id(1)
     q_col = (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
-    t = n * BT + o_t
-    mt = t < T
+    t0, t1 = _chunk_span(cu_ptr, n, T, BT, VAR)
+    t = t0 + o_t
+    mt = t < t1
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     mv = vv < DV
     # raw Q K^T and Q S_in (S_in = states[n], the state entering chunk n) with the row norms, over dk blocks
@@ -264,12 +285,12 @@ def gdn_conv_prefill(m: torch.Tensor, window: torch.Tensor, conv_weight: torch.T
 def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
               dt_bias: torch.Tensor, norm_weight: torch.Tensor, initial_state: torch.Tensor | None,
               num_k_heads: int, head_k_dim: int, head_v_dim: int, eps: float = 1e-6,
-              chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+              chunk_size: int = 64, cuts: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule + gated RMSNorm for one sequence (same contract as ``gdn_chunk_naive``).
 
     qkv [T, conv_dim] post-conv, z [T, HV*dv], a/b [T, HV], initial_state [HV, dk, dv] fp32 or None.
-    Returns (y [T, HV*dv] in qkv's dtype, states [ceil(T/C), HV, dk, dv] fp32, S after each chunk; states[-1] is
-    the final state). Chunks are aligned to this call's first token.
+    Returns (y [T, HV*dv] in qkv's dtype, states [len(chunk_ends(T, C, cuts)), HV, dk, dv] fp32, S after each
+    chunk; states[-1] is the final state). Chunks are aligned to this call's first token and restart at each cut.
     """
     T = qkv.shape[0]
     HV = a.shape[1]
@@ -277,7 +298,13 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     assert qkv.stride(1) == 1 and z.stride(1) == 1 and HV % HK == 0 and qkv.shape[1] == 2 * HK * DK + HV * DV
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0 and DK <= 128
     BT = chunk_size
-    NT = triton.cdiv(T, BT)
+    var = bool(cuts)
+    if var:  # the chunk starts, then T: [NT + 1] int32 (one small host-to-device copy, only with cuts)
+        ends = chunk_ends(T, BT, cuts)
+        cu = torch.tensor([0, *ends], dtype=torch.int32, device=qkv.device)
+        NT = len(ends)
+    else:
+        NT = triton.cdiv(T, BT)
     BK, BV_full = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
     KB, VB = min(BK, 64), min(BV_full, 64)
     f32 = dict(device=qkv.device, dtype=torch.float32)
@@ -291,19 +318,21 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     else:
         states[0].copy_(initial_state)
     o = torch.empty(T, HV, DV, **f32)
+    if not var:
+        cu = gam  # never read without VAR
     dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, KB=KB, NKB=BK // KB)
-    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, kd, w, u, T, qkv.stride(0), a.stride(0), b.stride(0),
-                                 **dims, VB=VB, NVB=BV_full // VB, SUB=BT // 4, num_warps=4)
-    state_args = (qkv, gam, kd, w, u, states, o, T, NT, qkv.stride(0))
-    state_dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, BK=BK)
+    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, kd, w, u, cu, T, qkv.stride(0), a.stride(0),
+                                 b.stride(0), **dims, VB=VB, NVB=BV_full // VB, SUB=BT // 4, VAR=var, num_warps=4)
+    state_args = (qkv, gam, kd, w, u, states, o, cu, T, NT, qkv.stride(0))
+    state_dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, BK=BK, VAR=var)
     if qkv.is_cuda:
         _chunk_state_tuned[lambda meta: (HV, triton.cdiv(DV, meta["BV"]))](*state_args, **state_dims)
     else:
         BV = min(BV_full, 32)
         _chunk_state_kernel[(HV, triton.cdiv(DV, BV))](*state_args, **state_dims, BV=BV)
     # V_new sits in o; each output program reads its V_new block before writing its o block over it
-    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, o, states, o, T, qkv.stride(0), DK ** -0.5, **dims,
-                                                        BV=VB, num_warps=4)
+    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, o, states, o, cu, T, qkv.stride(0), DK ** -0.5,
+                                                        **dims, BV=VB, VAR=var, num_warps=4)
     y = qkv.new_empty(T, HV * DV)
     _gated_norm_kernel[(T,)](o, z, norm_weight, y, z.stride(0), y.stride(0), eps, HV=HV, DV=DV,
                              BH=triton.next_power_of_2(HV), BV=BV_full, num_warps=4)

@@ -1,0 +1,117 @@
+"""Captures inside a prefill piece, on both Programs (with and without the MTP backend): the piece stays one model
+call, whose checkpoints equal those a prefill cut at the same frontiers captures (every resume from them yields the
+same tokens and logprobs, and equals the cold run)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.sampling import SamplingParams
+from ninfer.testing.serving import run_transition as run
+
+GREEDY = SamplingParams(temperature=0.0, logprobs=2)
+TOL = 1e-5
+CAPTURES = (45, 13, 30)  # the prompt end, then two frontiers off the page (4) and chunk (64) grids
+
+
+@pytest.fixture(params=["reference", "fast", "reference_mtp", "fast_mtp"])
+def make(request, make_fast, make_reference, make_fast_spec, make_reference_spec):
+    return {"reference": make_reference, "fast": make_fast, "reference_mtp": lambda: make_reference_spec(2),
+            "fast_mtp": lambda: make_fast_spec(2)}[request.param]
+
+
+def count_prefills(prog) -> list[tuple[int, int]]:
+    """Every executor prefill call as (start, end), recorded as it happens."""
+    calls, prefill = [], prog.executor.prefill
+
+    def counted(seq, start, end, captures=()):
+        calls.append((start, end))
+        return prefill(seq, start, end, captures)
+    prog.executor.prefill = counted
+    return calls
+
+
+def materialize(prog, prompt, rid, source=None, captures=()):
+    return run(prog, ResourceChoice(TransitionKind.MATERIALIZE, request_id=rid, prompt=tuple(prompt),
+                                    max_new_tokens=8, source=source, sampling=GREEDY, captures=captures))
+
+
+def generate(prog, handle, n, pieces):
+    """Prefill in the given piece sizes (the last one ends the prompt), then decode: n (token, logprob) pairs."""
+    for size in pieces:
+        batch = prog.prefill(handle, size)
+    out = []
+    while True:
+        row = batch.rows[0]
+        take = min(len(row.tokens), n - len(out))
+        prog.commit(batch.take(), [RowDecision(take, len(out) + take == n)])
+        out += [(t, lp) for t, lp in zip(row.tokens[:take], row.logprobs[:take])]
+        prog.check_invariants()
+        if len(out) == n:
+            return out
+        batch = prog.decode([handle])
+
+
+def checkpoints(prog, prompt, pieces):
+    """Serve `prompt` in `pieces` with CAPTURES reserved, publish them: {frontier: checkpoint id}."""
+    r = materialize(prog, prompt, 1, captures=CAPTURES)
+    assert sorted(r.captures) == sorted(CAPTURES)
+    generate(prog, r.handle, 1, pieces)
+    published = run(prog, ResourceChoice(TransitionKind.CAPTURE, handle=r.handle)).published
+    run(prog, ResourceChoice(TransitionKind.RELEASE, handle=r.handle))
+    return {info.tokens: info.id for info in published}
+
+
+def flat(x) -> list[torch.Tensor]:
+    """Every tensor of a store's slot state (tensors, GDN states, the MTP backend's KV and hidden), in order."""
+    if isinstance(x, torch.Tensor):
+        return [x.float()]
+    if dataclasses.is_dataclass(x):
+        x = [getattr(x, f.name) for f in dataclasses.fields(x)]
+    elif isinstance(x, dict):
+        x = [x[k] for k in sorted(x)]
+    return [t for item in (x if isinstance(x, (list, tuple)) else ()) for t in flat(item)]
+
+
+def assert_same_state(a, b):
+    assert [t.shape for t in a] == [t.shape for t in b]
+    # fp32 projections over different row counts round differently: ~1e-5 on S
+    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
+
+
+def assert_same(got, want):
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want)) < TOL
+
+
+def test_a_capture_inside_a_piece_equals_one_captured_by_cutting(make, prompt_of):
+    prompt = prompt_of(45, seed=21)
+    one, cut = make(), make()
+    one_calls, cut_calls = count_prefills(one), count_prefills(cut)
+    mid = checkpoints(one, prompt, [64])
+    assert one_calls == [(0, 45)]  # one model call for the whole prompt, the two inner captures filled in it
+    by_cut = checkpoints(cut, prompt, [13, 17, 15])
+    assert cut_calls == [(0, 13), (13, 30), (30, 45)]
+    assert sorted(mid) == sorted(by_cut) == sorted(CAPTURES)
+    for f in CAPTURES:  # the checkpoints' whole slot state (GDN, MTP hidden or backend state) is the cut one's
+        assert_same_state(*(flat(p.store.load_slot(p.ckpts[ids[f]].slot)) for p, ids in ((one, mid), (cut, by_cut))))
+    cold = make()
+    for rid, f in enumerate(sorted(CAPTURES), start=2):
+        resumed = prompt[:f] + prompt_of(6, seed=f)
+        got = []
+        for prog, ids in ((one, mid), (cut, by_cut)):
+            r = materialize(prog, resumed, rid, source=ids[f])
+            assert r.reused_tokens == f
+            got.append(generate(prog, r.handle, 5, [64]))
+            run(prog, ResourceChoice(TransitionKind.RELEASE, handle=r.handle))
+        r = materialize(cold, resumed, rid)
+        want = generate(cold, r.handle, 5, [64])
+        run(cold, ResourceChoice(TransitionKind.RELEASE, handle=r.handle))
+        assert_same(got[0], got[1])
+        assert_same(got[0], want)
+    for prog in (one, cut, cold):
+        prog.check_invariants()
