@@ -97,8 +97,8 @@ class Worth:
 def capture_candidates(prompt_len: int, reused: int, hints: tuple[int, ...]) -> dict[int, Retention]:
     """Frontiers of one prompt worth a capture: its end, the Frontend's turn boundaries, and the deepest chunk
     boundary short of the end (a prompt diverging in its last chunk resumes there); only past the reused part.
-    A prompt whose end is itself a chunk boundary gets no extra chunk capture: a capture inside a prefill piece cuts
-    it into another model call, and the end capture already serves every prompt that extends this one."""
+    A prompt whose end is itself a chunk boundary gets no extra chunk capture: the end capture already serves every
+    prompt that extends this one, and another would hold a state slot for little."""
     out: dict[int, Retention] = {}
     chunk = prompt_len // CHUNK * CHUNK
     if reused < chunk < prompt_len:

@@ -56,8 +56,8 @@ def test_greedy_from_artifact_equals_reference(artifact, make_reference, prompt_
                                                           (140, 130, 64, 128)])
 def test_prefix_hit_equals_cold_run(make_fast, prompt_of, base_len, keep, chunk, reused):
     """A short prompt resumes from its prompt-end checkpoint (at 13 with its partial page copied); a long one that
-    diverges later resumes from a 64-token boundary checkpoint: 64 inside a chunk (one extra cut), 128 at a chunk
-    end."""
+    diverges later resumes from a 64-token boundary checkpoint: 64 inside a chunk (filled within the chunk's one
+    model call), 128 at a chunk end."""
     base = prompt_of(base_len, seed=11)
     second = base[:keep] + prompt_of(9, seed=12)
     program = make_fast()
