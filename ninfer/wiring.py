@@ -83,6 +83,10 @@ class RuntimeOptions:
     media_max_bytes: int = 20 << 20
     media_max_pixels: int = 64 << 20
     media_fetch_timeout: float = 10.0
+    # pipeline stages (docs/pipeline.md): one torch device per stage (None: the Program's one device) and the layers
+    # per stage (None: balanced by bytes), parsed by `ninfer.pipeline.parse_devices` / `parse_stage_layers`
+    devices: tuple[str, ...] | None = None
+    stage_layers: tuple[int, ...] | None = None
 
     def check(self) -> None:
         if self.program not in PROGRAMS:
@@ -377,13 +381,17 @@ def _speculative(options: RuntimeOptions) -> SpeculativeConfig | None:
 def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str,
                   speculative: SpeculativeConfig | None, vision: bool = False):
     host_bytes = int(options.kv_offloading_size * (1 << 30))
+    devices = options.devices
     if kind == "fast":
         from ninfer.fast.program import FastProgram
 
+        if devices is not None and len(devices) > 1:
+            _refuse_fast_stages(path, options, speculative)
         try:
             return FastProgram.from_artifact(path, max_concurrency=options.max_num_seqs, max_context=max_context,
                                              gpu_memory_utilization=options.gpu_memory_utilization,
-                                             speculative_config=options.speculative_config, host_bytes=host_bytes)
+                                             speculative_config=options.speculative_config, host_bytes=host_bytes,
+                                             device=None if devices is None else devices[0])
         except MissingBackendWeights as e:
             raise WiringError(str(e)) from None
     import torch
@@ -392,11 +400,32 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
 
     dtype = torch.float64 if options.dtype == "float64" else torch.float32
     config = ReferenceProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context, dtype=dtype,
-                                    host_bytes=host_bytes, speculative=speculative)
+                                    host_bytes=host_bytes, speculative=speculative, devices=devices or ("cpu",),
+                                    stage_layers=options.stage_layers)
     try:
         return ReferenceProgram.from_artifact(path, config, vision=vision)
     except SpeculativeConfigError as e:  # MissingBackendWeights, or a drafter trained for a shorter block
         raise WiringError(str(e)) from None
+
+
+def _refuse_fast_stages(path: Path, options: RuntimeOptions, speculative: SpeculativeConfig | None) -> None:
+    """Several CUDA stages: the plan and every device's capacity are checked (a device that cannot hold its
+    stages is named with its bytes), then refused, since the fast Program runs one device so far (issue 16)."""
+    from ninfer.artifact import open_artifact
+    from ninfer.fast.program.config import FastProgramConfig
+    from ninfer.pipeline import plan_stages
+    from ninfer.pipeline.budgets import device_budgets, stage_kv_pages
+
+    with open_artifact(path) as art:
+        cfg = art.config
+    mtp = speculative is not None and speculative.method == "mtp"
+    plan = plan_stages(cfg, options.devices, options.stage_layers, "bfloat16", ("text", "mtp") if mtp else ("text",))
+    base = FastProgramConfig(max_concurrency=options.max_num_seqs)
+    pages, _ = stage_kv_pages(cfg, plan, device_budgets(plan.devices, options.gpu_memory_utilization),
+                              page_size=base.page_size, slots=base.usable_slots + base.max_concurrency, with_mtp=mtp)
+    raise UnavailableError(f"--devices {','.join(options.devices)}: the stages {plan.layers} fit ({pages} KV pages "
+                           f"per device), but the fast Program runs one device so far (issue 16)").locate(
+        "--devices", hint="--program reference --devices cpu,cpu runs the pipeline stages on the CPU")
 
 
 WARMUP_PROMPT = "Warm up."

@@ -18,8 +18,8 @@ import click
 from ninfer.errors import ExitCode, NinferError, UnavailableError, one_line, render
 
 # vLLM's help groups, in its order; the ninfer-only flags last.
-HELP_GROUPS = ("ModelConfig", "CacheConfig", "SchedulerConfig", "SpeculativeConfig", "MultiModalConfig", "Frontend",
-               "Sampling", "ninfer")
+HELP_GROUPS = ("ModelConfig", "CacheConfig", "ParallelConfig", "SchedulerConfig", "SpeculativeConfig",
+               "MultiModalConfig", "Frontend", "Sampling", "ninfer")
 DEBUG_ENV = "NINFER_DEBUG"
 
 

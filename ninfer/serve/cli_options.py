@@ -14,6 +14,7 @@ from click.core import ParameterSource
 
 from ninfer.engine.config import EngineConfig
 from ninfer.errors import UsageError
+from ninfer.pipeline import parse_devices, parse_stage_layers
 from ninfer.serve import limits as L
 
 from .cli_command import GroupedOption
@@ -62,6 +63,12 @@ RUNTIME_OPTIONS = [
          help="Launch the next decode round on the device before the host has committed the current one "
               "(host/GPU overlap; masked and speculative rounds stay synchronous). Default: on for the fast "
               "Program."),
+    _opt("--devices", env="DEVICES", group="ParallelConfig", default=None,
+         help="Pipeline stages, one per device: the model is cut by layers, rank 0 keeps the embedding, head, "
+              "sampling and MTP (docs/pipeline.md). CUDA ordinals (0,1) or cpu,cpu (the reference Program's "
+              "stages). Default: one device."),
+    _opt("--stage-layers", env="STAGE_LAYERS", group="ParallelConfig", default=None,
+         help="Layers per stage with --devices, e.g. 20,20 (default: balanced by weight bytes)."),
     _opt("--speculative-config", env="SPECULATIVE_CONFIG", group="SpeculativeConfig", default=None,
          help='JSON, e.g. \'{"method":"mtp","num_speculative_tokens":3}\' (k in 1..7; both Programs), or method '
               '"dflash" / "dflash2" with k in 1..15 (block k+1) and an optional "draft_window_size" (reference '
@@ -102,7 +109,7 @@ RUNTIME_OPTIONS = [
 
 RUNTIME_KEYS = ("model", "program", "purpose", "served_model_name", "max_model_len", "max_num_seqs",
                 "gpu_memory_utilization", "enable_prefix_caching", "cache_device_share", "kv_offloading_size",
-                "concurrent_prefill", "async_scheduling", "speculative_config",
+                "concurrent_prefill", "async_scheduling", "speculative_config", "devices", "stage_layers",
                 "default_chat_template_kwargs", "seed", "dtype", "no_progress", "generation_config", "json_whitespace",
                 "thinking_token_budget", "limit_mm_per_prompt", "allowed_local_media_path", "allow_remote_media",
                 "media_max_bytes", "media_max_pixels", "media_fetch_timeout")
@@ -250,12 +257,22 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
         limit_mm_per_prompt=parse_image_limit(flags["limit_mm_per_prompt"]),
         allowed_local_media_path=flags["allowed_local_media_path"], allow_remote_media=flags["allow_remote_media"],
         media_max_bytes=flags["media_max_bytes"], media_max_pixels=flags["media_max_pixels"],
-        media_fetch_timeout=flags["media_fetch_timeout"], warmup=warmup, **extra)
+        media_fetch_timeout=flags["media_fetch_timeout"], devices=_devices(flags), warmup=warmup,
+        stage_layers=None if flags["stage_layers"] is None else parse_stage_layers(flags["stage_layers"]), **extra)
     rt = build_runtime(options, progress=show_progress(flags["no_progress"]),
                        report=lambda line: click.echo(line, err=True))
     if announce:
         click.echo(rt.summary(), err=True)
     return rt
+
+
+def _devices(flags: dict) -> tuple[str, ...] | None:
+    """--devices parsed once; --stage-layers without it is refused (there is one stage)."""
+    if flags["devices"] is None:
+        if flags["stage_layers"] is not None:
+            raise UsageError("--stage-layers cuts the model across --devices; with one device there is one stage")
+        return None
+    return parse_devices(flags["devices"])
 
 
 def _given(name: str) -> bool:

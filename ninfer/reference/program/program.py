@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ninfer.contracts import ProgramLimits
-from ninfer.pipeline import PeerLink
+from ninfer.pipeline.link import PeerLink
 from ninfer.program_core import HostTier, IdPool, Program
 from ninfer.program_core.speculative import (DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig,
                                              SpeculativeConfigError)

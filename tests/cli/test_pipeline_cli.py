@@ -1,0 +1,31 @@
+"""`--devices` and `--stage-layers` (docs/pipeline.md): the embedded model cut into CPU stages generates what one
+stage generates (plain and with MTP); bad device lists and splits fail at start, naming the flag."""
+
+from __future__ import annotations
+
+from cli_helpers import SMALL
+
+GREEDY = ("generate", "Hello", "-n", "6", "--no-think", "--temperature", "0")
+
+
+def test_cpu_stages_generate_what_one_stage_generates(run):
+    plain = run(*GREEDY, *SMALL)
+    staged = run(*GREEDY, "--devices", "cpu,cpu", *SMALL)
+    split = run(*GREEDY, "--devices", "cpu,cpu,cpu", "--stage-layers", "1,2,1", *SMALL)
+    mtp = run(*GREEDY, "--devices", "cpu,cpu", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}',
+              *SMALL)
+    for r in (plain, staged, split, mtp):
+        assert r.exit_code == 0, r.output
+    assert staged.stdout == plain.stdout == split.stdout == mtp.stdout
+
+
+def test_bad_device_lists_and_splits_fail_cleanly(run):
+    cases = [(("--devices", "0,gpu"), "'gpu' is not a device"),
+             (("--stage-layers", "2,2"), "with one device there is one stage"),
+             (("--devices", "cpu,cpu", "--stage-layers", "9,1"), "must be >= 1 layer each and sum to"),
+             (("--devices", "cpu,cpu", "--stage-layers", "a,b"), "comma-separated layer counts"),
+             (("--devices", "0,0", "--program", "reference"), "the reference Program's stages run on the CPU")]
+    for flags, message in cases:
+        r = run("generate", "x", *flags, *SMALL)
+        assert r.exit_code == 2 and message in r.stderr, (flags, r.stderr)
+    assert "--devices" in run("serve", "--help").output
