@@ -4,8 +4,10 @@ Engine sees, host overhead, scheduling and sampling included.
 Per model: decode time per step at B = 1, 2, 4, 8 with 512- and 8192-token contexts (B requests decoding together,
 timed between the Engine's own output events); time to first token and prefill throughput at 2048 and 8192 tokens;
 time to first token for an 8192-token prompt whose first 8000 tokens hit the checkpoint a previous request
-retained; how many 32k-token sequences the planned pools hold, and 8 of them decoding at once; peak device memory.
-The Engine runs unthreaded (the caller steps it) so every interval is one or more whole worker boundaries.
+retained; how many 32k-token sequences the planned pools hold, and 8 of them decoding at once; peak device memory;
+the device's idle time between decode steps at B = 1..8 with async scheduling off and on (`step_gaps.py`, issue
+14's target <= 30 us). The Engine runs unthreaded (the caller steps it) so every interval is one or more whole
+worker boundaries; async scheduling is on (as `ninfer serve` runs the fast Program) unless NINFER_BENCH_ASYNC=0.
 
 Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadline-s 240] [--out DIR]
      python benchmarks/gpu/bench_engine.py --smoke   # the same code paths on a CPU: tiny shape, naive kernels
@@ -13,6 +15,7 @@ Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadlin
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import statistics
@@ -25,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlog import Run, bench_arguments, print_problems  # noqa: E402
 from shapes import config, random_source  # noqa: E402
+from step_gaps import StepGaps  # noqa: E402
 
 from ninfer.contracts import GenerationResult, GenerationStart, OutputDelta  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
@@ -42,6 +46,7 @@ class Settings:
     device: str = "cuda"
     kernels: str = "triton"
     batches: tuple[int, ...] = (1, 2, 4, 8)
+    idle_batches: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     contexts: tuple[int, ...] = (512, 8192)
     decode_tokens: int = 48
     prefill: tuple[int, ...] = (2048, 8192)
@@ -56,7 +61,7 @@ class Settings:
         return self.long_context
 
 
-SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), contexts=(16, 40), decode_tokens=6, prefill=(64, 100),
+SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1, 2), contexts=(16, 40), decode_tokens=6, prefill=(64, 100),
                  hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, budget_bytes=1 << 30)
 # skip a model when less than this many seconds are left (weights, compiles, graphs, the long-context part)
 MIN_SECONDS = {"0.8B": 40, "9B": 70, "35B-A3B": 100, "tiny": 1}
@@ -150,6 +155,35 @@ def bench_decode(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
             run.save()
 
 
+def bench_idle(run: Run, engine: Engine, program: FastProgram, vocab: int, entry: dict) -> None:
+    """Device idle between consecutive decode steps while B requests (512-token prompts) decode together, with
+    async scheduling off, then on (the same Engine; only the flag is swapped between runs, when it is idle)."""
+    s, gen, gaps = run.s, torch.Generator().manual_seed(5), StepGaps(program)
+    rows = entry.setdefault("idle", [])
+    config = engine.core.config
+    ctx = s.contexts[0]
+    for overlap in (False, True):
+        engine.core.config = dataclasses.replace(config, async_scheduling=overlap)
+        for B in s.idle_batches:
+            if run.left() < 10:
+                run.results["skipped"].append(f"idle B={B} async={overlap} (deadline)")
+                continue
+            trackers = [submit(engine, random_prompt(gen, ctx, vocab), s.decode_tokens) for _ in range(B)]
+
+            def window():  # only the stretch where all B decode: from the last first token to the first end
+                if not gaps.recording and all(t.token_times for t in trackers) and not gaps.marks:
+                    gaps.start()
+                elif gaps.recording and any(t.result is not None for t in trackers):
+                    gaps.recording = False
+
+            gaps.marks = []
+            drive(engine, trackers, window)
+            ms, _ = steady_step_ms(trackers)
+            rows.append({"B": B, "async": overlap, "step_ms": ms, **gaps.stop()})
+            run.save()
+    engine.core.config = config
+
+
 def bench_prefill(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
     """Time to first token of one request alone (max_tokens 1); a warm-up of the same length first compiles
     whatever that length needs. Every prompt starts with fresh random tokens, so nothing hits a checkpoint."""
@@ -215,7 +249,9 @@ def build(run: Run, name: str) -> tuple[FastProgram, Engine, dict]:
     program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
                                 kernels=s.kernels)
     plan = program.model.plan
-    engine = Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=s.prefill_chunk), threaded=False)
+    overlap = os.environ.get("NINFER_BENCH_ASYNC", "1") != "0"
+    engine = Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=s.prefill_chunk,
+                                          async_scheduling=overlap), threaded=False)
     info = {"build_s": time.monotonic() - t, "weight_bytes": program.model.weights.nbytes,
             "plan_bytes": plan.total_bytes, "kv_bytes": plan.kv_bytes, "state_bytes": plan.state_bytes}
     return program, engine, info
@@ -240,6 +276,7 @@ def bench_model(run: Run, name: str) -> None:
 def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry: dict) -> None:
     vocab = program.limits.vocab_size
     parts = {"decode": lambda: bench_decode(run, engine, vocab, entry),
+             "idle": lambda: bench_idle(run, engine, program, vocab, entry),
              "prefill": lambda: bench_prefill(run, engine, vocab, entry),
              "prefix hit": lambda: bench_prefix_hit(run, engine, vocab, entry),
              "long": lambda: bench_long(run, engine, program, vocab, entry)}
@@ -268,6 +305,12 @@ def print_table(r: dict) -> None:
         for d in m.get("decode", []):
             print(f"{name:8} {d['ctx']:>5} {d['B']:>2} {d['step_ms']:8.2f} {d['step_ms'] / d['B']:9.3f} "
                   f"{d['tok_s']:7.0f} {d['tpot_ms']:8.2f}")
+    for name, m in r.get("models", {}).items():
+        for d in m.get("idle", []):
+            unit = "device" if d["device_events"] else "host (no CUDA)"
+            print(f"  {name:8} B={d['B']} async {'on ' if d['async'] else 'off'}: step {d['step_ms']:.3f} ms, idle "
+                  f"between steps ({unit}) median {d['gap_us_median']:.1f} us, p90 {d['gap_us_p90']:.1f}, max "
+                  f"{d['gap_us_max']:.1f} over {d['steps']} steps (target <= 30 us)")
     for name, m in r.get("models", {}).items():
         for p in m.get("prefill", []):
             print(f"  {name:8} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms  {p['tok_s']:>8.0f} tok/s")

@@ -6,7 +6,7 @@
 # .whl (benchmarks/gpu/fetch_wheels.sh) and .carry/default.ninfer for the e2e tests and fla.
 #
 #   bash benchmarks/gpu/run.sh tests    # ops, fast model, fast Program (+ property harness), oracle diff, e2e serve
-#   bash benchmarks/gpu/run.sh engine   # bench_engine.py then bench_fast.py: 0.8B, 9B, 35B-A3B
+#   bash benchmarks/gpu/run.sh engine   # bench_engine.py (with idle between decode steps, async off/on) then bench_fast.py
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
 #   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B

@@ -36,6 +36,9 @@ def test_bench_engine_smoke(tmp_path):
     assert tiny["prefix_hit"]["reused"] == tiny["prefix_hit"]["prefix"]  # the retained checkpoint was hit
     assert tiny["prefix_hit"]["cold_reused"] == 0
     assert tiny["long"]["peak_active"] == tiny["long"]["lanes"]  # every long sequence ran at once
+    idle = {(d["B"], d["async"]): d for d in tiny["idle"]}
+    assert set(idle) == {(1, False), (2, False), (1, True), (2, True)}
+    assert all(d["steps"] >= 2 and d["gap_us_median"] >= 0 and _positive(d["step_ms"]) for d in idle.values())
 
 
 def test_bench_fast_smoke(tmp_path):
