@@ -21,6 +21,7 @@ from ninfer.engine.engine import Engine
 from ninfer.engine.records import GenerationRequest
 from ninfer.engine.units import UnitRunner
 from ninfer.program_core import ahead as ahead_step
+from ninfer.sampling import SamplingParams
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.sessions import TokenSession
 
@@ -193,3 +194,30 @@ def _cancel_with_a_round_in_flight():
     assert len(result.token_ids) < 10
     alone, _ = _run(False, [(3, 5, 7)], max_tokens=10)
     assert kept.result(timeout=0).token_ids == alone[0]
+
+
+def test_penalties_bias_min_tokens_and_logprobs_overlap_exactly():
+    """Rows whose draws read the device's per-sequence tables (output counts, bias, min_tokens) and ask for
+    logprobs: the launched round samples after the commit updated the counts, so it equals the synchronous run."""
+    params = [SamplingParams(temperature=0.9, presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.3,
+                             logit_bias=((5, 3.0), (7, -2.0)), logprobs=2),
+              SamplingParams(temperature=0.0, min_tokens=6, logprobs=0)]
+
+    def run(overlap: bool):
+        program = _props()._program()
+        engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
+                                              async_scheduling=overlap), threaded=False)
+        handles = [engine.submit(GenerationRequest(p, TokenSession(10, stop_ids=(0,), min_tokens=q.min_tokens), 10,
+                                                   sampling=q, seed=3 + i))
+                   for i, (p, q) in enumerate(zip([(3, 5, 7, 9), (2, 4, 6, 8, 10)], params))]
+        engine.run_until_idle()
+        out = []
+        for h in handles:
+            events = list(h.events())
+            lps = [lp for e in events if isinstance(e, OutputDelta) and e.logprobs for lp in e.logprobs]
+            out.append((events[-1].token_ids, lps))
+        return out, program
+
+    sync, _ = run(False)
+    overlapped, program = run(True)
+    assert overlapped == sync and program.ahead_adopted > 0
