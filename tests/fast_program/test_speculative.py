@@ -6,6 +6,8 @@ round accept different lengths, grammar rows per draft prefix, drained pools. CP
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -13,8 +15,11 @@ from ninfer.contracts import BatchKind, DraftMasks, ResourceChoice, RowDecision,
 from ninfer.fast.program import FastProgram
 from ninfer.program_core.speculative import MissingBackendWeights
 from ninfer.sampling import SamplingParams
+from ninfer.testing.numerics import assert_close
 from ninfer.testing.serving import assert_drained, in_turns, serve
 from ninfer.testing.sessions import TokenSession, token_request
+
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 
 
 def test_mtp_without_mtp_weights_is_a_start_error(artifact):
@@ -141,10 +146,12 @@ def test_a_cut_block_replays_only_the_kept_tokens(make_fast_spec, prompt_of):
     r = _start(ref, tuple(seq.tokens), max_new=4)
     rs = ref.sequence(r)
     assert rs.frontier == seq.frontier
-    tol = dict(atol=1e-3, rtol=1e-3)  # chunked prefill against stepped decode: rounding only
-    for a, b in zip(_slot_state(ref, r.slot) + _mtp_kv(ref, rs, rs.frontier - 1),
-                    _slot_state(program, h.slot) + _mtp_kv(program, seq, seq.frontier - 1)):
-        torch.testing.assert_close(a, b, **tol)
+    # chunked prefill against stepped decode: rounding only (on the GPU fp32 GEMMs and tl.dot round as TF32)
+    tol = 1e-2 if ON_GPU else 1e-4
+    names = ("conv window", "S", "stored hidden", "MTP K", "MTP V")
+    for name, a, b in zip(names, _slot_state(ref, r.slot) + _mtp_kv(ref, rs, rs.frontier - 1),
+                          _slot_state(program, h.slot) + _mtp_kv(program, seq, seq.frontier - 1)):
+        assert_close(name, a, b, tol)
 
 
 @pytest.mark.parametrize("base_len, reused", [(12, 12), (100, 64)])
