@@ -161,7 +161,7 @@ SERVE_OPTIONS = [
          help="response_format plus tools as compact JSON at most (else 400 schema_too_large)."),
     _opt("--grammar-compile-timeout", env="GRAMMAR_COMPILE_TIMEOUT", group="Frontend", type=_SECONDS,
          default=L.COMPILE_TIMEOUT_S, show_default=True,
-         help="Seconds one structured-output grammar may compile (else 400)."),
+         help="Seconds one structured-output grammar may compile (else 400; its worker process is killed)."),
     _opt("--shutdown-timeout", env="SHUTDOWN_TIMEOUT", group="Frontend", type=click.FloatRange(0),
          default=L.SHUTDOWN_TIMEOUT_S, show_default=True,
          help="On SIGTERM, seconds in-flight requests may finish before they are cancelled."),
