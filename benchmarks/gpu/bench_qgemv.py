@@ -5,7 +5,11 @@ projections at M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, w
 Each case is timed inside a CUDA graph of back-to-back calls cycling through weight copies larger than the L2
 cache, so every call streams its weight from HBM. Printed: us per call and TB/s of the bytes really stored.
 
-Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--out DIR]   # ~30-60 s on an H200
+``--gemm M`` times the prefill side instead: per projection at M rows, bf16 cuBLAS, the A8 ``fp8_gemm`` (and its
+activation quantization alone), dequantize-then-cuBLAS per recipe, and ``torch._scaled_mm``'s blockwise FP8 (1x128
+activations x 128x128 weights) in the scale layouts cuBLAS may take, each with its error against the naive A8.
+
+Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--shapes ...] [--gemm 8192] [--out DIR]
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def bench_shape(name: str, N: int, K: int, results: list) -> None:
                 if best is None or us < best[0]:
                     best = (us, cfg)
             row[f"{recipe}_default_tb_s"] = one.nbytes / row.get(f"{recipe}_default_us", float("nan")) / 1e6
+            best = best or (float("nan"), None)
             row[f"{recipe}_best"] = {"us": best[0], "config": best[1], "tb_s": one.nbytes / best[0] / 1e6}
         results.append(row)
         print(f"{name:14} M={M} N={N:6} K={K:6} bf16 {bf16:7.1f} us | " + " | ".join(
@@ -101,14 +106,83 @@ def bench_shape(name: str, N: int, K: int, results: list) -> None:
     torch.cuda.empty_cache()
 
 
+def _cuda_us(fn, iters: int = 10) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def _scaled_mm_variants(xq, xs, w):
+    """torch._scaled_mm with 1x128 activation and 128x128 weight scales, in the scale layouts cuBLAS may want."""
+    ws = w.scales
+    pad = (-ws.shape[1]) % 4
+    ws4 = torch.nn.functional.pad(ws, (0, pad)) if pad else ws
+    return {"a_outer_b_t": lambda: torch._scaled_mm(xq, w.data.t(), xs.t().contiguous().t(), ws.t(),
+                                                    out_dtype=torch.bfloat16),
+            "a_outer_b_pad4_t": lambda: torch._scaled_mm(xq, w.data.t(), xs.t().contiguous().t(), ws4.t(),
+                                                         out_dtype=torch.bfloat16),
+            "a_row_b_t": lambda: torch._scaled_mm(xq, w.data.t(), xs, ws.t().contiguous(),
+                                                  out_dtype=torch.bfloat16)}
+
+
+def bench_gemm(model: str, M: int, results: list) -> None:
+    """Prefill GEMMs at M rows: bf16 cuBLAS, the A8 Triton fp8_gemm (and its activation quantization alone),
+    dequantize-then-cuBLAS for each recipe, and torch._scaled_mm's blockwise FP8 where this torch has it."""
+    from ninfer.fast.ops.fp8_gemm.triton import fp8_gemm, quantize_rows_fp8
+    from ninfer.fast.ops.qlinear.naive import qlinear_a8_naive
+    from ninfer.fast.ops.qlinear.triton import qlinear
+    for name, N, K in shapes(model):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
+        flops = 2 * M * N * K
+        row = {"shape": f"{model}.{name}", "M": M, "N": N, "K": K, "bf16_us": _cuda_us(lambda: F.linear(x, dense))}
+        del dense
+        for recipe, (fmt, dtype, params, _) in RECIPES.items():
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            w = from_planes(fmt, dtype, params, (N, K), random_planes(fmt, params, (N, K), K ** -0.5, gen, "cuda"),
+                            recipe == "fp8")
+            row[f"{recipe}_dequant_gemm_us"] = _cuda_us(lambda: qlinear(x, w))
+            if recipe != "fp8":
+                continue
+            row["fp8_gemm_us"] = _cuda_us(lambda: fp8_gemm(x, w))
+            row["fp8_quant_us"] = _cuda_us(lambda: quantize_rows_fp8(x, 128))
+            xq, xs = quantize_rows_fp8(x[:256], 128)
+            ref = qlinear_a8_naive(x[:256].float(), w).float()
+            got = fp8_gemm(x[:256], w).float()
+            row["fp8_gemm_rel_err"] = ((got - ref).norm() / ref.norm()).item()
+            xq, xs = quantize_rows_fp8(x, 128)
+            for v, fn in _scaled_mm_variants(xq, xs, w).items():
+                try:
+                    out = fn()[:256].float()
+                    row[f"scaled_mm_{v}_rel_err"] = ((out - ref).norm() / ref.norm()).item()
+                    row[f"scaled_mm_{v}_us"] = _cuda_us(fn)
+                except Exception as exc:  # noqa: BLE001 - this torch/cuBLAS may lack the recipe or layout
+                    row[f"scaled_mm_{v}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        results.append(row)
+        print(f"{row['shape']:16} M={M} N={N} K={K}: bf16 {row['bf16_us']:.0f} us ({flops / row['bf16_us'] / 1e6:.0f}"
+              f" TFLOP/s) | " + " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in row.items() if k not in ("shape", "M", "N", "K", "bf16_us")),
+              flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="9B")
     ap.add_argument("--shapes", default=None, help="comma-separated projection names (default: all)")
+    ap.add_argument("--gemm", type=int, default=0, help="instead: the prefill GEMMs at this many rows")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     results: list = []
-    for model in args.models.split(","):
+    for model in args.models.split(",") if args.gemm else ():
+        bench_gemm(model, args.gemm, results)
+    for model in () if args.gemm else args.models.split(","):
         for name, N, K in shapes(model):
             if args.shapes is None or name in args.shapes.split(","):
                 bench_shape(f"{model}.{name}", N, K, results)

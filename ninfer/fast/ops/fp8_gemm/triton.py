@@ -25,37 +25,48 @@ _TILES = ((32, 32, 4, 1), (128, 128, 8, 3), (128, 128, 4, 4), (128, 256, 8, 3))
 
 
 @triton.jit
-def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, nb, BC: tl.constexpr):
+def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, nb, BC: tl.constexpr, NB: tl.constexpr):
+    # one program per (row, NB blocks of BC columns): [NB, BC] tiles, amax per block
     m = tl.program_id(0).to(tl.int64)
-    kb = tl.program_id(1)
-    k = kb * BC + tl.arange(0, BC)
+    b = tl.program_id(1) * NB + tl.arange(0, NB)
+    k = b[:, None] * BC + tl.arange(0, BC)[None, :]  # [NB, BC]
     x = tl.load(x_ptr + m * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(x / s, -448.0), 448.0)
+    s = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12) / 448.0  # [NB]
+    q = tl.minimum(tl.maximum(x / s[:, None], -448.0), 448.0)
     # round to e4m3's 3 mantissa bits (nearest, ties to even) in fp32 first, so the cast is exact: the Triton
     # interpreter's own fp8 cast drops the carry into the exponent (126.8 -> 64)
     bits = q.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
     q = bits.to(tl.float32, bitcast=True)
     tl.store(q_ptr + m * stride_q + k, q.to(q_ptr.dtype.element_ty), mask=k < K)
-    tl.store(s_ptr + m * nb + kb, s)
+    tl.store(s_ptr + m * nb + b, s, mask=b < nb)
 
 
 def quantize_rows_fp8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (e4m3 [M, K], fp32 scales [M, ceil(K/block)]), each block's amax mapped onto 448."""
     M, K = x.shape
     nb = triton.cdiv(K, block)
+    per = min(triton.next_power_of_2(nb), max(1, 4096 // block))  # blocks per program: about 4096 elements
     q = torch.empty(M, K, device=x.device, dtype=torch.float8_e4m3fn)
     s = torch.empty(M, nb, device=x.device, dtype=torch.float32)
-    _quant_kernel[(M, nb)](x, q, s, K, x.stride(0), q.stride(0), nb, BC=block)
+    _quant_kernel[(M, triton.cdiv(nb, per))](x, q, s, K, x.stride(0), q.stride(0), nb, BC=block, NB=per)
     return q, s
 
 
 @triton.jit
 def _gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, o_ptr, M, N, K, BR, BC, nb_a, stride_a, stride_w, stride_ws,
-                 stride_o, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32_DOT: tl.constexpr):
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
+                 stride_o, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32_DOT: tl.constexpr,
+                 GROUP: tl.constexpr):
+    # programs walk GROUP row tiles down one column of weight tiles before moving on, so each weight tile is read
+    # from HBM once and from L2 by the rest of its group
+    pid = tl.program_id(0)
+    grid_m, grid_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    first = (pid // (GROUP * grid_n)) * GROUP
+    rows = tl.minimum(grid_m - first, GROUP)
+    pid_m = first + (pid % (GROUP * grid_n)) % rows
+    pid_n = (pid % (GROUP * grid_n)) // rows
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
     mm, mn = m < M, n < N
     kk = tl.arange(0, BK)
     a_rows = a_ptr + m[:, None].to(tl.int64) * stride_a
@@ -96,8 +107,8 @@ def fp8_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     bc = w.block_cols if w.block_cols < K else triton.cdiv(K, bk) * bk
     fixed = dict(BM=_TILES[0][0], BN=_TILES[0][1]) if _INTERPRET else {}
-    grid = (triton.cdiv(M, fixed["BM"]), triton.cdiv(N, fixed["BN"])) if _INTERPRET else \
-        (lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"])))
+    grid = (triton.cdiv(M, fixed["BM"]) * triton.cdiv(N, fixed["BN"]),) if _INTERPRET else \
+        (lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),))
     _gemm[grid](xq, xs, w.data, w.scales, out, M, N, K, w.block_rows, bc, xs.shape[1], xq.stride(0),
-                w.data.stride(0), w.scales.stride(0), out.stride(0), BK=bk, FP32_DOT=_INTERPRET, **fixed)
+                w.data.stride(0), w.scales.stride(0), out.stride(0), BK=bk, FP32_DOT=_INTERPRET, GROUP=8, **fixed)
     return out

@@ -41,58 +41,68 @@ def _e2m1(c):
 
 
 @triton.jit
-def _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND: tl.constexpr, HAS_ZERO: tl.constexpr):
-    """The zero code of each row's group at column k0 [BW] fp32: stored, or 2^(b-1) (symmetric)."""
-    if HAS_ZERO:
-        return tl.load(z_ptr + rows.to(tl.int64) * stride_z + k0 // BC, mask=valid, other=0).to(tl.float32)
-    return tl.full(rows.shape, 8.0 if KIND == 1 else (16.0 if KIND == 2 else 128.0), tl.float32)
+def _blocks(ptr, rows, valid, k0, K, BC, stride, SB: tl.constexpr, NSB: tl.constexpr):
+    """Per row, the plane entries of the NSB column blocks of SB columns from k0 (entry (k0 + j*SB) // BC): [BW, NSB]
+    fp32. SB divides BC, or BC >= K (one entry per row)."""
+    start = k0 + tl.arange(0, NSB) * SB
+    mask = valid[:, None] & (start < K)[None, :]
+    # no `other`: one call serves fp32, fp16/bf16, e4m3 and uint8 planes
+    v = tl.load(ptr + rows[:, None].to(tl.int64) * stride + (start // BC)[None, :], mask=mask)
+    return tl.where(mask, v.to(tl.float32), 0.0)
 
 
 @triton.jit
-def _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z,
-          KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZERO: tl.constexpr):
-    """Weight rows ``rows`` [BW], columns k0..k0+BK: (values [BW, BK] fp32 exact in bf16, row scale [BW] fp32).
-    Int codes come back minus their zero code (|u - z| <= 255: exact in bf16)."""
-    d_rows = d_ptr + rows[:, None].to(tl.int64) * stride_d  # [BW, 1]
-    if KIND == 0:
-        k = k0 + tl.arange(0, BK)
-        mask = valid[:, None] if EVEN_K else valid[:, None] & (k < K)[None, :]
-        w = tl.load(d_rows + k[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + (rows // BR).to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0)
-    elif KIND == 2:
+def _scaled(v, s, BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
+    """v [BW, BK] times s [BW, BK/SB], each entry of s over its SB columns."""
+    return tl.reshape(tl.reshape(v, (BW, BK // SB, SB)) * s[:, :, None], (BW, BK))
+
+
+@triton.jit
+def _codes(d_ptr, d_rows, valid, k0, KB, KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr):
+    """The stored codes of columns k0..k0+BK as int32 [BW, BK] (int4/NVFP4 nibbles, int5 bit fields, int8 bytes)."""
+    if KIND == 2:
         # int5: code e at bits [5e, 5e + 5) of the row's little-endian bit stream
         bit = (k0 + tl.arange(0, BK)) * 5
         byte = bit >> 3
         lo = tl.load(d_rows + byte[None, :], mask=valid[:, None], other=0).to(tl.int32)
         hi = tl.load(d_rows + byte[None, :] + 1, mask=valid[:, None] & (byte + 1 < KB)[None, :], other=0)
-        u = ((lo | (hi.to(tl.int32) << 8)) >> (bit & 7)[None, :]) & 31
-        w = u.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
-        s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
-    elif KIND == 4:
-        u = tl.load(d_rows + (k0 + tl.arange(0, BK))[None, :], mask=valid[:, None], other=0)
-        w = u.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
-        s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
+        return ((lo | (hi.to(tl.int32) << 8)) >> (bit & 7)[None, :]) & 31
+    if KIND == 4:
+        return tl.load(d_rows + (k0 + tl.arange(0, BK))[None, :], mask=valid[:, None], other=0).to(tl.int32)
+    b = tl.load(d_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=valid[:, None], other=0).to(tl.int32)
+    return tl.reshape(tl.join(b & 15, b >> 4), (BW, BK))  # element 2j is the low nibble of byte j
+
+
+@triton.jit
+def _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z,
+          KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
+          HAS_ZERO: tl.constexpr):
+    """Weight rows ``rows`` [BW], columns k0..k0+BK, dequantized to fp32 [BW, BK] in the format's order:
+    e4m3 * scale, (u - z) * s, e2m1 * (e4m3 scale * global). SB: the columns one scale entry covers in the tile."""
+    d_rows = d_ptr + rows[:, None].to(tl.int64) * stride_d  # [BW, 1]
+    if KIND == 0:
+        k = k0 + tl.arange(0, BK)
+        mask = valid[:, None] if EVEN_K else valid[:, None] & (k < K)[None, :]
+        w = tl.load(d_rows + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        return _scaled(w, _blocks(s_ptr, rows // BR, valid, k0, K, BC, stride_s, SB, BK // SB), BW, BK, SB)
+    codes = _codes(d_ptr, d_rows, valid, k0, KB, KIND, BW, BK)
+    if KIND == 3:
+        g = tl.load(r_ptr + rows.to(tl.int64), mask=valid, other=0.0)
+        s = _blocks(s_ptr, rows, valid, k0, K, 16, stride_s, 16, BK // 16) * g[:, None]
+        return _scaled(_e2m1(codes), s, BW, BK, 16)
+    if HAS_ZERO:
+        z = _blocks(z_ptr, rows, valid, k0, K, BC, stride_z, SB, BK // SB)
     else:
-        b = tl.load(d_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=valid[:, None], other=0)
-        b = b.to(tl.int32)
-        codes = tl.reshape(tl.join(b & 15, b >> 4), (BW, BK))  # element 2j is the low nibble of byte j
-        if KIND == 1:
-            w = codes.to(tl.float32) - _zero(z_ptr, rows, valid, k0, BC, stride_z, KIND, HAS_ZERO)[:, None]
-            s = tl.load(s_ptr + rows.to(tl.int64) * stride_s + k0 // BC, mask=valid, other=0.0).to(tl.float32)
-        else:
-            cols = k0 // 16 + tl.arange(0, BK // 16)
-            blocks = tl.load(s_ptr + rows[:, None].to(tl.int64) * stride_s + cols[None, :], mask=valid[:, None],
-                             other=0.0).to(tl.float32)  # [BW, BK/16]
-            w = tl.reshape(tl.reshape(_e2m1(codes), (BW, BK // 16, 16)) * blocks[:, :, None], (BW, BK))
-            s = tl.load(r_ptr + rows.to(tl.int64), mask=valid, other=0.0)
-    return w, s
+        z = tl.full((BW, BK // SB), 8.0 if KIND == 1 else (16.0 if KIND == 2 else 128.0), tl.float32)
+    u = tl.reshape(tl.reshape(codes.to(tl.float32), (BW, BK // SB, SB)) - z[:, :, None], (BW, BK))
+    return _scaled(u, _blocks(s_ptr, rows, valid, k0, K, BC, stride_s, SB, BK // SB), BW, BK, SB)
 
 
 @triton.jit
 def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, ids_ptr, pw_ptr, M, R, K, KB,
                   k_per, num_splits, half, BR, BC, stride_x, stride_d, stride_s, stride_z, stride_de, stride_se,
                   stride_re, stride_ze, stride_y, KIND: tl.constexpr, HAS_ZERO: tl.constexpr, BM: tl.constexpr,
-                  BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                  BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
                   SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr, PAIRS: tl.constexpr,
                   TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr):
     pid = tl.program_id(0)
@@ -124,18 +134,12 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr
         k = k0 + kk
         mx = mask_m[:, None] if EVEN_K else mask_m[:, None] & (k < K)[None, :]
         x = tl.load(x_rows + k[None, :], mask=mx, other=0.0)  # [BM, BK]
-        w, s = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND,
-                     BW, BK, EVEN_K, HAS_ZERO)
+        w = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND, BW,
+                  BK, SB, EVEN_K, HAS_ZERO)
         if FP32_DOT:
-            part = tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+            acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
         else:
-            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
-        if KIND == 3:
-            acc += part
-        else:
-            acc += part * s[None, :]
-    if KIND == 3:
-        acc *= s[None, :]
+            acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
     if HAS_PW:
         acc *= tl.load(pw_ptr + p)
     if SPLIT:
@@ -170,27 +174,29 @@ def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr,
 
 @triton.jit
 def _dequant_kernel(d_ptr, s_ptr, r_ptr, z_ptr, o_ptr, R, K, KB, BR, BC, stride_d, stride_s, stride_z, stride_o,
-                    KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                    HAS_ZERO: tl.constexpr):
+                    KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr,
+                    EVEN_K: tl.constexpr, HAS_ZERO: tl.constexpr):
     rows = tl.program_id(0) * BW + tl.arange(0, BW)
     valid = rows < R
     k0 = tl.program_id(1) * BK
-    w, s = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND, BW,
-                 BK, EVEN_K, HAS_ZERO)
+    w = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND, BW, BK,
+              SB, EVEN_K, HAS_ZERO)
     k = k0 + tl.arange(0, BK)
-    tl.store(o_ptr + rows[:, None].to(tl.int64) * stride_o + k[None, :], (w * s[:, None]).to(o_ptr.dtype.element_ty),
+    tl.store(o_ptr + rows[:, None].to(tl.int64) * stride_o + k[None, :], w.to(o_ptr.dtype.element_ty),
              mask=valid[:, None] & (k < K)[None, :])
 
 
-def tile_k(w: QuantWeight) -> int:
-    """The K tile: never across two scale blocks of the columns, and whole bytes of packed codes."""
+def tile_k(w: QuantWeight, bw: int) -> tuple[int, int]:
+    """(BK, SB): the K tile, about 8192 weight elements a tile so the decoded fp32 tile stays in registers, whole bytes
+    of packed codes and (but for fp8's masked tail) dividing K; and the columns one scale entry covers inside it."""
     K, bc = w.k, w.block_cols
+    cap = max(16, min(512, 8192 // bw))
     if w.kind == QKind.FP8:
-        # one column block (per-row scales, or a block as wide as K) leaves the tile free
-        return min(256, triton.next_power_of_2(K)) if bc >= K else min(bc, 128)
-    if w.kind == QKind.NVFP4:
-        return min(256, K & -K)
-    return min(bc, 256)
+        bk = min(cap, triton.next_power_of_2(K))
+        # one column block (per-row scales, or a block as wide as K): one scale entry per tile
+        return bk, (bk if bc >= K else min(bc, bk))
+    bk = min(cap // 2 if w.kind == QKind.INT5 else cap, K & -K)
+    return bk, (16 if w.kind == QKind.NVFP4 else min(bc, bk))
 
 
 def _strides(w: QuantWeight) -> tuple[int, ...]:
@@ -225,7 +231,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
     bw = bw or max(16, min(64, triton.next_power_of_2(4 * M)))
-    bk = tile_k(w)
+    bk, sb = tile_k(w, bw)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     if splits is None:
         splits = max(1, min(triton.cdiv(2 * _num_sms(x.device), blocks), triton.cdiv(K, bk), _MAX_SPLITS))
@@ -244,7 +250,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
         x, w.data, w.scales, rs, zs, y, part, arrivals, y, y, M, R, K, w.data.shape[-1], k_per, splits, n_out,
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, 0, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind],
         HAS_ZERO=w.zeros is not None, BM=MAX_ROWS,
-        BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
+        BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
         TOPK=1, A_PER_PAIR=False, HAS_PW=False, num_warps=num_warps, num_stages=num_stages)
     return y
 
@@ -262,7 +268,7 @@ def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, 
     n_out = R // 2 if swiglu else R
     y = torch.empty(P, n_out, device=x.device, dtype=out_dtype or x.dtype)
     bw = 32 if swiglu else 16
-    bk = tile_k(w)
+    bk, sb = tile_k(w, bw)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     if w.perm is not None:
         # act-order: each pair's activation row gathered in its expert's stored column order
@@ -274,7 +280,7 @@ def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, 
     _qgemv_kernel[(blocks, 1, P)](
         x, w.data, w.scales, rs, zs, y, y, y, ids.reshape(-1), pw, 1, R, K, w.data.shape[-1], K, 1, n_out,
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, sde, sse, sre, sze, y.stride(0), KIND=_KIND_ID[w.kind],
-        HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu,
+        HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu,
         FP32_DOT=_fp32_dot(x),
         PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, num_warps=4, num_stages=4)
     return y
@@ -286,7 +292,8 @@ def dequantize(w: QuantWeight, dtype: torch.dtype, start: int = 0, stop: int | N
     stop = w.n if stop is None else stop
     K = w.k
     out = torch.empty(stop - start, K, device=w.device, dtype=dtype)
-    bw, bk = 32, tile_k(w)
+    bw = 32
+    bk, sb = tile_k(w, bw)
     sd, ss, sz, _, _, _, _ = _strides(w)
     assert start % w.block_rows == 0, "dequantize: a row chunk starts on a scale block boundary"
     d, s = w.data[start:stop], w.scales[start // w.block_rows:]
@@ -294,7 +301,7 @@ def dequantize(w: QuantWeight, dtype: torch.dtype, start: int = 0, stop: int | N
     z = w.zeros[start:stop] if w.zeros is not None else s
     _dequant_kernel[(triton.cdiv(stop - start, bw), triton.cdiv(K, bk))](
         d, s, r, z, out, stop - start, K, w.data.shape[-1], w.block_rows, w.block_cols, sd, ss, sz, out.stride(0),
-        KIND=_KIND_ID[w.kind], BW=bw, BK=bk, EVEN_K=K % bk == 0, HAS_ZERO=w.zeros is not None)
+        KIND=_KIND_ID[w.kind], BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, HAS_ZERO=w.zeros is not None)
     return out
 
 
