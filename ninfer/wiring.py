@@ -170,6 +170,7 @@ class Runtime:
     scorer: CausalScoreCore | None = None
     load_seconds: float = 0.0
     speculative: str | None = None  # the speculative backend that runs ("mtp (k=3)"), None: plain decoding
+    stages: str | None = None  # pipeline stages that run ("cpu,cpu: 2,2 layers"), None: one device
     _seeds: random.Random = field(default_factory=random.Random)
 
     @property
@@ -196,6 +197,7 @@ class Runtime:
         lanes = f"{self.options.max_num_seqs} lanes" if self.engine is not None else "serial scoring"
         cache = "prefix cache on" if self.options.enable_prefix_caching and self.engine is not None else "no cache"
         spec = f" | speculative {self.speculative}" if self.speculative else ""
+        spec += f" | stages {self.stages}" if self.stages else ""
         sampling = f" | {self.sampling_defaults.describe()}" if self.engine is not None else ""
         return (f"ready: {self.name} ({self.weights}) | {self.purpose} on the {self.program_kind} Program | "
                 f"context {self.max_context} | {lanes} | {cache}{spec}{sampling} | loaded in "
@@ -279,6 +281,9 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
                  facts.sampling_defaults, _seeds=random.Random(options.seed))
     program = _load_program(path, options, frontend.max_context, kind, speculative, vision=frontend.vision is not None)
     rt.speculative = program.limits.speculative
+    if kind == "reference" and program.stage_plan.stages > 1:
+        plan = program.stage_plan
+        rt.stages = f"{','.join(plan.devices)}: {','.join(map(str, plan.layers))} layers"
     bar.update(1)
     if options.purpose == "scoring":
         if kind != "reference":

@@ -17,6 +17,7 @@ def test_cpu_stages_generate_what_one_stage_generates(run):
     for r in (plain, staged, split, mtp):
         assert r.exit_code == 0, r.output
     assert staged.stdout == plain.stdout == split.stdout == mtp.stdout
+    assert "stages cpu,cpu,cpu: 1,2,1 layers" in split.stderr and "stages" not in plain.stderr
 
 
 def test_bad_device_lists_and_splits_fail_cleanly(run):

@@ -175,3 +175,20 @@ def test_a_checkpoint_missing_one_stages_state_is_caught(monkeypatch, owner, met
     monkeypatch.setattr(owner, method, _last_rank_skipped(method, ranks))
     with pytest.raises(AssertionError, match=r"rank 1's (GDN slots|KV plane) differ|=="):
         _equal_runs()
+
+
+def test_dflash_over_two_stages_equals_one_stage_plain():
+    """The drafter conditions on taps of layers that run on both stages; its greedy output is the plain run's."""
+    import dataclasses
+
+    from ninfer.testing.drafters import reference_drafter
+    from ninfer.testing.serving import serve
+
+    plain = _program()
+    config = dataclasses.replace(plain.config, speculative=SpeculativeConfig("dflash", 3), devices=("cpu", "cpu"),
+                                 stage_layers=None)
+    staged = ReferenceProgram(_model(), config, reference_drafter(_model(), "dflash"))
+    prompts = [tuple(range(3, 20)), (5, 9, 2, 7, 7, 1)]
+    want = [r.token_ids for r in serve(plain, [token_request(p, 10) for p in prompts], max_concurrency=2)]
+    got = [r.token_ids for r in serve(staged, [token_request(p, 10) for p in prompts], max_concurrency=2)]
+    assert got == want and staged.link.passes > 0
