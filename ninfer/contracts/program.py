@@ -32,6 +32,38 @@ class CostFacts:
 
 
 @dataclass(frozen=True)
+class PrefillCosts:
+    """The seed's prefill_signature: what prefill and a plain decode step cost on this hardware and model
+    configuration (`signature` names both), for the Scheduler's chunk sizing (engine/chunking.py). A piece of t
+    tokens from frontier f takes ``fixed_s + t * token_s + t * (f + t / 2) * pair_s`` seconds (the last term:
+    attention over the keys before each token); one plain decode step at B rows ``decode_step_s[B - 1]``. The
+    defaults are the generic fallback of a Program that measured nothing (`measured` False): the Scheduler then
+    runs fixed chunks (docs/engine.md); the fast Program measures its own at start on CUDA."""
+
+    signature: str = "generic"
+    fixed_s: float = 0.0
+    token_s: float = 5e-4  # 2,000 tokens/s, as CostFacts' fallback
+    pair_s: float = 0.0
+    decode_step_s: tuple[float, ...] = ()  # B = 1, 2, ..; empty: not measured (no plain decode graphs)
+    max_piece: int = 8192  # the most tokens one prefill call runs as one piece
+    measured: bool = False
+
+    def __post_init__(self) -> None:
+        if min(self.fixed_s, self.token_s, self.pair_s, *self.decode_step_s) < 0 or self.max_piece < 1:
+            raise ValueError(f"PrefillCosts need non-negative costs and a positive piece, got {self}")
+
+    def piece_s(self, tokens: int, frontier: int) -> float:
+        """Predicted seconds of one prefill call of `tokens` tokens starting at `frontier`."""
+        return self.fixed_s + tokens * self.token_s + tokens * (frontier + tokens / 2) * self.pair_s
+
+    def step_s(self, rows: int) -> float | None:
+        """A plain decode step's seconds at `rows` rows (the widest measured B past them); None if unmeasured."""
+        if not self.decode_step_s or rows < 1:
+            return None
+        return self.decode_step_s[min(rows, len(self.decode_step_s)) - 1]
+
+
+@dataclass(frozen=True)
 class ProgramLimits:
     """Facts fixed when the Program starts; the Engine sizes its lanes and queue from them."""
 
@@ -44,6 +76,7 @@ class ProgramLimits:
     speculative: str | None = None
     draft_tokens: int = 0
     costs: CostFacts = CostFacts()  # what a replica copy and a prefilled token cost (the generic fallback here)
+    prefill: PrefillCosts = PrefillCosts()  # what a prefill piece and a decode step cost (chunk sizing)
     # Why image prompts are refused (None: the Vision feature is prepared and a request may carry PromptMedia).
     no_vision: str | None = "the Vision feature is not prepared"
 

@@ -9,7 +9,11 @@ from dataclasses import dataclass
 class EngineConfig:
     max_concurrency: int = 4  # active lanes, 1..8, fixed at start
     queue_bound: int = 64  # waiting requests beyond the lanes before submit says "overloaded"
-    prefill_chunk: int = 512  # prompt tokens per prefill unit (one lane's chunk per worker boundary)
+    # prompt tokens per prefill unit (one lane's chunk per worker boundary); None: sized from the Program's
+    # measured PrefillCosts so decoding rows keep their inter-token time within prefill_itl_ratio plain steps
+    # (engine/chunking.py; 512 without measured costs)
+    prefill_chunk: int | None = None
+    prefill_itl_ratio: float = 2.5
     concurrent_prefill: bool = False  # admit while another request is still in staged prefill
     prefix_caching: bool = True
     queue_timeout: float | None = None  # default seconds a request may wait before admission
@@ -27,8 +31,12 @@ class EngineConfig:
             raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
         if self.queue_bound < 0:
             raise ValueError(f"queue_bound must be >= 0, got {self.queue_bound}")
-        if self.prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None: from the Program's costs), got "
+                             f"{self.prefill_chunk}")
+        if not self.prefill_itl_ratio > 1.0:
+            raise ValueError(f"prefill_itl_ratio must be > 1 (a decode step plus a chunk), got "
+                             f"{self.prefill_itl_ratio}")
         if self.max_cached_checkpoints is not None and self.max_cached_checkpoints < 0:
             raise ValueError(f"max_cached_checkpoints must be >= 0, got {self.max_cached_checkpoints}")
         if not 0.0 < self.cache_device_share <= 1.0:

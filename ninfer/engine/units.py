@@ -18,6 +18,7 @@ from ninfer.contracts import (ROW_FAILURE_TEXT, EngineFailure, FinishReason, Out
                               RequestState, RowDecision)
 
 from .ahead import launch_next_round
+from .chunking import prefill_chunk
 from .rules import accepted_fits_budget, budget_room
 from .scheduler import Unit
 
@@ -79,7 +80,10 @@ class UnitRunner:
         elif unit.kind == "prefill":
             rec = recs[0]
             remaining = program.prompt_remaining(rec.handle)
-            chunk = min(self.core.config.prefill_chunk, remaining)  # one lane's chunk per boundary
+            config = self.core.config
+            chunk, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining,
+                                     len(self.core.scheduler.decode_ready), config.prefill_chunk,
+                                     config.prefill_itl_ratio)  # one lane's chunk per boundary
             # Only the chunk that finishes the prompt samples, so only it needs the grammar's mask.
             mask = rec.request.session.next_token_mask() if chunk == remaining else None
             batch = program.prefill(rec.handle, chunk, mask)

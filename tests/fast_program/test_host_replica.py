@@ -121,6 +121,32 @@ def test_the_fast_program_measures_its_cost_facts_on_cuda(make_fast):
         assert costs == CostFacts()
 
 
+def test_the_fast_program_measures_its_prefill_signature_on_cuda(make_fast):
+    """The chunk sizing's PrefillCosts: on CUDA measured at start (a plain decode step per B, a prefill model that
+    predicts a timed piece within 3x: the tiny model's pieces are mostly launch latency); elsewhere the generic
+    fallback."""
+    import time
+
+    from ninfer.contracts import PrefillCosts
+
+    program = make_fast()
+    costs = program.limits.prefill
+    if not ON_GPU:
+        assert costs == PrefillCosts()
+        return
+    assert costs.measured and costs.signature != "generic" and costs.max_piece == program.model.plan.max_prefill_tokens
+    assert len(costs.decode_step_s) == program.limits.max_concurrency and all(0 < s < 0.1 for s in costs.decode_step_s)
+    model, plan = program.model, program.model.plan
+    ids = torch.zeros(192, dtype=torch.long, device=model.device)
+    model.prefill(ids, plan.dummy_slot, plan.dummy_row, 0)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.prefill(ids, plan.dummy_slot, plan.dummy_row, 64)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t
+    assert took / 3 < costs.piece_s(192, 64) < 3 * took, (took, costs)
+
+
 def test_through_the_engine_a_demoted_conversation_resumes_from_its_replica(make_fast, prompt_of):
     """The fast Program behind the Engine: later conversations push an earlier one's checkpoints (state and KV
     pages) to the host, its next turn resumes from the replica, the replica is promoted back, and the output

@@ -1,7 +1,10 @@
-"""The fast Program's physical costs for the context cache's cost model, measured once at start on CUDA (after the
-prefill warm-up, on the dummy slot, row and page, so no live state is touched): prefill throughput of one piece,
+"""The fast Program's physical costs, measured once at start on CUDA (after the prefill warm-up, on the dummy slot,
+row and page, so no live state is touched). For the context cache's cost model: prefill throughput of one piece,
 and a pinned host-to-device copy of one GDN slot's state (the bulk of a short replica) and of one KV page (the
-fixed cost of a copy). Off CUDA the Program reports the generic fallback (`CostFacts()`, docs/context-cache.md).
+fixed cost of a copy). For the Scheduler's chunk sizing (the prefill_signature, `PrefillCosts`): three timed
+prefill pieces fit the fixed, per-token and attention cost, and a replay of each captured decode graph times the
+plain step per B. Off CUDA the Program reports the generic fallbacks (`CostFacts()`, `PrefillCosts()`:
+docs/context-cache.md, docs/engine.md).
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from typing import Callable
 
 import torch
 
-from ninfer.contracts import CostFacts
+from ninfer.contracts import CostFacts, PrefillCosts
+from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 
 from .stores import DeviceState
 
 MEASURE_TOKENS = 2048  # the timed prefill piece (at most the Program's own piece and context)
+SHORT_TOKENS = 256  # the short timed piece: mostly the fixed cost and the projections
+DEEP_FRONTIER = 4096  # the short piece again this deep: the attention term
 
 
 def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFacts:
@@ -30,6 +36,37 @@ def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFact
     nbytes = sum(t.numel() * t.element_size() for t in state)
     return CostFacts(copy_bytes_per_s=nbytes / max(bulk - latency, 1e-7), copy_latency_s=latency,
                      prefill_tokens_per_s=len(ids) / prefill, measured=True)
+
+
+def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, signature: str) -> PrefillCosts:
+    """Fit ``fixed + t * token + t * (f + t / 2) * pair`` to three prefill pieces on the dummy slot and row (t =
+    256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the dummy row's every entry is
+    the dummy page, so a deep piece reads real-sized attention over it), and time one replay of each captured
+    greedy decode graph (B = 1..max_batch) on the dummy rows it was captured with."""
+    device, plan = model.device, model.plan
+    long_t, short_t = min(tokens, MEASURE_TOKENS), min(tokens, SHORT_TOKENS)
+    deep = max(0, min(DEEP_FRONTIER, plan.max_context - short_t))
+
+    def piece(t: int, f: int) -> float:
+        ids = torch.zeros(t, dtype=torch.long, device=device)
+        return _best(device, lambda: model.prefill(ids, plan.dummy_slot, plan.dummy_row, f), repeats=2)
+
+    t_short, t_long, t_deep = piece(short_t, 0), piece(long_t, 0), piece(short_t, deep)
+    pair = max(0.0, (t_deep - t_short) / (short_t * deep)) if deep else 0.0
+    # the two frontier-0 pieces, less their in-piece attention t^2/2 * pair, give the fixed and per-token costs
+    a, b = t_short - short_t ** 2 / 2 * pair, t_long - long_t ** 2 / 2 * pair
+    token = max(0.0, (b - a) / (long_t - short_t)) if long_t > short_t else max(0.0, a / short_t)
+    steps = tuple(_best(device, graph.replay) for graph in _greedy_graphs(runner))
+    return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
+                        decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True)
+
+
+def _greedy_graphs(runner: DecodeGraphRunner) -> list:
+    """The captured greedy decode graphs for B = 1, 2, .. while they exist (none without plain decode graphs)."""
+    graphs = []
+    while (len(graphs) + 1, "greedy") in runner.graphs:
+        graphs.append(runner.graphs[len(graphs) + 1, "greedy"])
+    return graphs
 
 
 def _best(device: torch.device, fn: Callable[[], object], repeats: int = 3) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ninfer.contracts import CostFacts, ProgramLimits
+from ninfer.contracts import CostFacts, PrefillCosts, ProgramLimits
 from ninfer.errors import DoesNotFitError, NotSupportedError, UnavailableError
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.memory import allocate_pools
@@ -30,7 +30,7 @@ from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeCo
 
 from . import invariants
 from .config import FastProgramConfig
-from .costs import measure_costs
+from .costs import measure_costs, measure_prefill
 from .executor import FastExecutor
 from .stores import DeviceState
 
@@ -62,19 +62,22 @@ class FastProgram(Program):
         # the decode graph starts with each row's backup copy (live slot -> the backup slot of its table row)
         self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler,
                                         backup_base=c.backup_slot(0))
-        costs = CostFacts()  # the generic fallback off CUDA
+        costs, prefill = CostFacts(), PrefillCosts()  # the generic fallbacks off CUDA
+        piece = min(c.max_prefill_tokens, c.max_context)
         if self.runner.use_graphs:
-            _warm_prefill(model, min(c.max_prefill_tokens, c.max_context))
-            costs = measure_costs(model, self.store, min(c.max_prefill_tokens, c.max_context))
-        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
-                                    speculative=None if c.speculative is None else c.speculative.name,
-                                    draft_tokens=c.draft_tokens)
+            _warm_prefill(model, piece)
+            costs = measure_costs(model, self.store, piece)
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         # eager on the same buffers elsewhere. A speculative round is eager (FastExecutor.verify): no plain decode
         # graph would ever run
         if c.speculative is None:
             self.runner.capture()
         self.sampler.capture()
+        if self.runner.use_graphs:
+            prefill = measure_prefill(model, self.runner, piece, _signature(model))
+        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
+                                    prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
+                                    draft_tokens=c.draft_tokens)
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot)
 
     @classmethod
@@ -138,6 +141,14 @@ class FastProgram(Program):
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)
+
+
+def _signature(model: FastModel) -> str:
+    """The prefill_signature's key: the hardware class and the model configuration the costs were measured for."""
+    cfg, plan = model.cfg, model.plan
+    return (f"{torch.cuda.get_device_name(model.device)} | {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}"
+            f"{', MoE' if cfg.is_moe else ''}, {model.kernels.name} kernels, {plan.dtype} | piece "
+            f"{plan.max_prefill_tokens}")
 
 
 def _warm_prefill(model: FastModel, tokens: int) -> None:

@@ -1,0 +1,48 @@
+"""How many prompt tokens one prefill unit runs: the Scheduler's chunk sizing over the Program's `PrefillCosts`
+(the seed's prefill_signature). Pure Python: the Program reports the physics once at start, this decides.
+
+The Scheduler alternates a prefill chunk with each decode round when both have work, so a decoding row waits one
+decode step plus one chunk between its tokens. With rows decoding, a chunk is the largest multiple of the GDN chunk
+(64 tokens) whose predicted time keeps that wait within ``itl_ratio`` plain steps (with `MARGIN` left for the
+prediction's error); with none decoding it is the Program's largest piece (one-piece prefill throughput). Without
+measured costs (the generic fallback: the reference Program, a CPU) chunks are `FALLBACK_CHUNK` tokens, as an
+explicit `EngineConfig.prefill_chunk` always is.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ninfer.contracts import PrefillCosts
+
+GRID = 64  # the GDN chunk: chunks of whole GDN chunks keep a piece's chunk grid aligned to its start
+FALLBACK_CHUNK = 512  # tokens per chunk without measured costs
+MARGIN = 0.8  # share of the ITL budget a chunk's predicted time may use
+
+
+class ChunkVerdict(Enum):
+    FIXED = "fixed"  # an explicit chunk size, or no measured costs: that many tokens
+    WHOLE = "whole"  # nothing decodes: the Program's largest piece
+    ITL = "itl"  # sized so each decoding row's inter-token time stays within the bound
+    FLOOR = "floor"  # even one GDN chunk overruns the bound: one GDN chunk (decode still alternates with it)
+
+
+def prefill_chunk(costs: PrefillCosts, remaining: int, frontier: int, decode_rows: int, fixed: int | None,
+                  itl_ratio: float) -> tuple[int, ChunkVerdict]:
+    """Prompt tokens for the next prefill unit of a prompt with `remaining` tokens left from `frontier`, while
+    `decode_rows` requests are decode-ready, and why."""
+    if remaining < 1:
+        raise ValueError(f"a prefill chunk of a consumed prompt (remaining {remaining})")
+    step = costs.step_s(decode_rows) if decode_rows else None
+    if fixed is not None or not costs.measured or (decode_rows and step is None):
+        return min(fixed or FALLBACK_CHUNK, remaining), ChunkVerdict.FIXED
+    largest = max(GRID, costs.max_piece // GRID * GRID)
+    if not decode_rows:
+        return min(largest, remaining), ChunkVerdict.WHOLE
+    budget = MARGIN * (itl_ratio - 1.0) * step
+    if costs.piece_s(min(remaining, largest), frontier) <= budget:
+        return min(remaining, largest), ChunkVerdict.ITL
+    fits = [t for t in range(GRID, min(remaining, largest) + 1, GRID) if costs.piece_s(t, frontier) <= budget]
+    if not fits:
+        return min(GRID, remaining), ChunkVerdict.FLOOR
+    return fits[-1], ChunkVerdict.ITL

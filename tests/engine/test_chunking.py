@@ -1,0 +1,107 @@
+"""Prefill chunk sizing over the Program's PrefillCosts (engine/chunking.py): the verdicts, the ITL bound they keep
+on a measured cost model shaped like the 9B's on the H200, and the chunks the Engine actually asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ninfer.contracts import PrefillCosts
+from ninfer.engine.chunking import FALLBACK_CHUNK, GRID, MARGIN, ChunkVerdict, prefill_chunk
+from ninfer.engine.records import GenerationRequest
+from ninfer.testing.sessions import TokenSession, token_request
+from ninfer.testing.toy_program import ToyProgram
+
+# 9B bf16 on the H200 (docs/performance.md): ~38k prefill tokens/s, ~1 ms fixed per piece, 5.4 / 6.3 ms steps
+NINE_B = PrefillCosts(signature="test 9B", fixed_s=1e-3, token_s=1 / 38e3, pair_s=1e-9,
+                      decode_step_s=(5.4e-3, 5.6e-3, 5.8e-3, 5.9e-3, 6.0e-3, 6.1e-3, 6.2e-3, 6.3e-3), measured=True)
+
+
+def test_fixed_and_fallback():
+    assert prefill_chunk(NINE_B, 9000, 0, 3, 100, 2.5) == (100, ChunkVerdict.FIXED)  # explicit: always that
+    assert prefill_chunk(NINE_B, 40, 0, 3, 100, 2.5) == (40, ChunkVerdict.FIXED)
+    assert prefill_chunk(PrefillCosts(), 9000, 0, 3, None, 2.5) == (FALLBACK_CHUNK, ChunkVerdict.FIXED)
+    no_steps = dataclasses.replace(NINE_B, decode_step_s=())  # measured prefill, no plain decode graphs
+    assert prefill_chunk(no_steps, 9000, 0, 2, None, 2.5) == (FALLBACK_CHUNK, ChunkVerdict.FIXED)
+    assert prefill_chunk(no_steps, 9000, 0, 0, None, 2.5) == (8192, ChunkVerdict.WHOLE)
+    with pytest.raises(ValueError, match="consumed"):
+        prefill_chunk(NINE_B, 0, 10, 0, None, 2.5)
+
+
+def test_nothing_decoding_runs_the_largest_piece():
+    assert prefill_chunk(NINE_B, 20000, 0, 0, None, 2.5) == (8192, ChunkVerdict.WHOLE)
+    assert prefill_chunk(NINE_B, 300, 0, 0, None, 2.5) == (300, ChunkVerdict.WHOLE)
+    odd = dataclasses.replace(NINE_B, max_piece=1000)
+    assert prefill_chunk(odd, 20000, 0, 0, None, 2.5) == (960, ChunkVerdict.WHOLE)  # whole GDN chunks
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("frontier", [0, 4096, 30000])
+def test_decoding_rows_bound_the_chunk(rows, frontier):
+    chunk, verdict = prefill_chunk(NINE_B, 9000, frontier, rows, None, 2.5)
+    budget = MARGIN * 1.5 * NINE_B.step_s(rows)
+    assert verdict is ChunkVerdict.ITL and chunk % GRID == 0
+    assert NINE_B.piece_s(chunk, frontier) <= budget < NINE_B.piece_s(chunk + GRID, frontier)  # the largest
+
+
+def test_deeper_frontiers_and_wider_batches_size_differently():
+    sizes = [prefill_chunk(NINE_B, 9000, f, 8, None, 2.5)[0] for f in (0, 8192, 30000)]
+    assert sizes[0] > sizes[1] > sizes[2]  # attention over the keys before the chunk grows with the frontier
+    assert prefill_chunk(NINE_B, 9000, 0, 1, None, 2.5)[0] <= prefill_chunk(NINE_B, 9000, 0, 8, None, 2.5)[0]
+    assert prefill_chunk(NINE_B, 9000, 0, 8, None, 2.5)[0] < prefill_chunk(NINE_B, 9000, 0, 8, None, 4.0)[0]
+
+
+def test_a_short_rest_runs_whole_and_a_tiny_budget_runs_one_gdn_chunk():
+    assert prefill_chunk(NINE_B, 100, 0, 8, None, 2.5) == (100, ChunkVerdict.ITL)
+    slow = dataclasses.replace(NINE_B, fixed_s=20e-3)  # the fixed cost alone is over the budget
+    assert prefill_chunk(slow, 9000, 0, 8, None, 2.5) == (GRID, ChunkVerdict.FLOOR)
+    assert prefill_chunk(slow, 10, 0, 8, None, 2.5) == (10, ChunkVerdict.FLOOR)
+
+
+def test_an_8192_token_prompt_beside_decoding_rows_keeps_every_gap_within_the_bound():
+    """The issue's case on the model: 8 rows decode while an 8192-token prompt prefills; each gap a decoding row
+    sees is one step plus one chunk. Every gap stays within 2.5 steps; with nothing decoding it is one piece."""
+    frontier, gaps, step = 0, [], NINE_B.step_s(8)
+    while frontier < 8192:
+        chunk, _ = prefill_chunk(NINE_B, 8192 - frontier, frontier, 8, None, 2.5)
+        gaps.append(step + NINE_B.piece_s(chunk, frontier))
+        frontier += chunk
+    assert max(gaps) <= 2.5 * step and len(gaps) > 1
+    assert prefill_chunk(NINE_B, 8192, 0, 0, None, 2.5) == (8192, ChunkVerdict.WHOLE)
+
+
+def prompt(n: int) -> list[int]:
+    return [1 + i % 90 for i in range(n)]  # inside the toy vocabulary
+
+
+def test_the_engine_asks_for_the_sized_chunks(make_engine):
+    """Through the Engine over a Program reporting measured costs: a prompt alone runs whole; a prompt beside a
+    decoding request runs in the ITL-bounded chunks; an explicit prefill_chunk overrides both."""
+    costs = PrefillCosts(fixed_s=1e-4, token_s=1e-5, decode_step_s=(1e-3, 1e-3), max_piece=192, measured=True)
+    asked = []
+
+    def program():
+        prog = ToyProgram(max_concurrency=2)
+        prog.limits = dataclasses.replace(prog.limits, prefill=costs)
+        prefill = prog.prefill
+        prog.prefill = lambda handle, n, mask=None: asked.append(n) or prefill(handle, n, mask)
+        return prog
+    eng, _ = make_engine(program(), max_concurrency=2)
+    eng.submit(token_request(prompt(199), 3))
+    eng.run_until_idle()
+    assert asked == [192, 7]  # the Program's largest piece, then the rest
+    asked.clear()
+    eng, _ = make_engine(program(), max_concurrency=2)
+    eng.submit(GenerationRequest((95, 94, 93, 92), TokenSession(40, stop_ids=()), 40))  # never stops early
+    for _ in range(4):  # the first request is decoding
+        eng.step()
+    eng.submit(token_request(prompt(199), 3))
+    eng.run_until_idle()
+    # 0.8 * 1.5 ms budget: 1e-4 + t * 1e-5 <= 1.2e-3 -> t <= 110: 64 tokens a chunk, and a rest of 71 at once
+    assert asked == [4, 64, 64, 71]
+    asked.clear()
+    eng, _ = make_engine(program(), max_concurrency=2, prefill_chunk=50)
+    eng.submit(token_request(prompt(119), 3))
+    eng.run_until_idle()
+    assert asked == [50, 50, 19]
