@@ -30,3 +30,24 @@ def test_bad_device_lists_and_splits_fail_cleanly(run):
         r = run("generate", "x", *flags, *SMALL)
         assert r.exit_code == 2 and message in r.stderr, (flags, r.stderr)
     assert "--devices" in run("serve", "--help").output
+
+
+def test_cuda_stages_are_planned_per_device_then_refused(default_model, monkeypatch):
+    """`--devices 0,1` on the fast Program: the plan and each device's capacity are checked with the real capacity
+    queries (budgets stand in for the GPUs here), then the start is refused until the fast Program runs stages."""
+    import pytest
+
+    from ninfer.errors import UnavailableError
+    from ninfer.pipeline import StageCapacityError
+    from ninfer.pipeline import budgets
+    from ninfer.wiring import RuntimeOptions, _refuse_fast_stages
+
+    options = RuntimeOptions(devices=("cuda:0", "cuda:1"))
+    monkeypatch.setattr(budgets, "device_budgets", lambda devices, utilization: [1 << 30, 1 << 30])
+    with pytest.raises(UnavailableError, match=r"fit \(\d+ KV pages per device\).*one device so far") as fits:
+        _refuse_fast_stages(default_model, options, None)
+    assert fits.value.where == "--devices"
+    monkeypatch.setattr(budgets, "device_budgets", lambda devices, utilization: [1 << 30, 1000])
+    with pytest.raises(StageCapacityError, match=r"cuda:0 \(ranks 0\): \d+ bytes.*cuda:1 \(ranks 1\): \d+ bytes .* "
+                                                 r"1000 available"):
+        _refuse_fast_stages(default_model, options, None)
