@@ -12,9 +12,16 @@ Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
     ssm          [n_gdn, slots + 1, HV, dk, dv]              fp32
     block_tables [max_seqs + 1, max_pages_per_seq]           int32; row ``max_seqs`` points only at the dummy page
     mtp_hidden   [slots + 1, H]                               act dtype; only with the MTP head (``plan.mtp``)
+    dk, dv       [n_draft, num_pages + 1 + scratch, page_size, nkv', d']   act dtype; only with a DFlash drafter
 
 With the MTP head the k/v pools hold one more layer (index ``n_attn``): the MTP layer's KV, paged in the same
 block table (docs/speculative.md), and each slot keeps the target's last final-normed hidden beside its GDN state.
+
+With a DFlash drafter (``plan.drafter``) every page also holds the drafter's context K/V in its own geometry
+(``dk``/``dv``: its layers, KV heads and head dim), indexed by the same block table (position p at page position
+p), so prefix sharing, ``copy_page`` and host replicas carry it with the target's KV. Pages ``num_pages + 1 ..``
+of ``dk``/``dv`` are scratch: ``plan.scratch_pages`` per block-table row, where a draft block's own K/V go (the
+partial page at the frontier copied in first), so drafting never writes a sequence's pages.
 
 The dummy page/slot/row let CUDA-graph warm-up and capture run the real decode without touching live state.
 """
@@ -30,6 +37,7 @@ from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_byt
                                             kv_bytes_per_token_all_layers,
                                             kv_pages_for_tokens, weight_bytes)
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.drafter import DrafterConfig, drafter_parameters
 from ninfer.models.qwen3_5.params import MTP, TEXT
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -51,6 +59,13 @@ class MemoryPlan:
     table_bytes: int
     workspace_bytes: int
     mtp: bool = False  # the MTP head's weights, KV layer and per-slot hidden are planned
+    drafter: tuple[int, int, int] | None = None  # a DFlash drafter's (layers, nkv, head_dim): its KV in every page
+    scratch_pages: int = 0  # drafter pages per block-table row for a draft block's own K/V
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one KV page (the target's layers, the MTP layer's and the drafter's context)."""
+        return self.kv_bytes // (self.num_pages + 1)
 
     @property
     def total_bytes(self) -> int:
@@ -100,15 +115,37 @@ def sampling_bytes(vocab: int, max_batch: int) -> int:
     return (max_batch + 1) * (8 * vocab + 12 * words) + max_batch * 68 * vocab + 4 * vocab
 
 
+def drafter_page_bytes(drafter: DrafterConfig, page_size: int, act: int) -> int:
+    """A page's share of the drafter's context K/V: every drafter layer's K and V of page_size positions."""
+    return 2 * drafter.num_hidden_layers * page_size * drafter.num_key_value_heads * drafter.head_dim * act
+
+
+def drafter_workspace_bytes(cfg: Qwen35Config, drafter: DrafterConfig, tokens: int, max_seqs: int, act: int) -> int:
+    """Transients of the drafter: the target taps a prefill piece keeps (every layer's output, ``FastModel``'s
+    taps) and the context projection over it, or one block pass for every row (activations, fp32 logits)."""
+    H, n = cfg.hidden_size, len(drafter.target_layer_ids)
+    prefill = tokens * act * (cfg.num_hidden_layers * H + n * H + 4 * H)
+    rows = max_seqs * drafter.block_size
+    block = rows * (act * (2 * drafter.intermediate_size + 6 * H) + 4 * 2 * cfg.vocab_size)
+    return max(prefill, block)
+
+
+def scratch_pages_per_row(drafter: DrafterConfig, page_size: int) -> int:
+    """Pages that hold a block of block_size positions starting anywhere in a page."""
+    return -(-(page_size - 1 + drafter.block_size) // page_size)
+
+
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
                 max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
-                extra_workspace: int = 0) -> MemoryPlan:
+                extra_workspace: int = 0, drafter: DrafterConfig | None = None) -> MemoryPlan:
     """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
     (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits. ``mtp``
     adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot. A quantized model
     passes the bytes its loaded weights really hold (``weight_bytes_resident``, the MTP head's included) and its
-    dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``."""
+    dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``.
+    ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
+    transients."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -123,6 +160,14 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
     page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name, with_mtp=mtp)
+    scratch = 0
+    if drafter is not None:
+        act = torch.finfo(dtype).bits // 8
+        w += act * sum(p.numel for p in drafter_parameters(drafter).values())
+        page_bytes += drafter_page_bytes(drafter, page_size, act)
+        scratch = scratch_pages_per_row(drafter, page_size)
+        work += drafter_workspace_bytes(cfg, drafter, max_prefill_tokens, max_seqs, act) + \
+            max_seqs * scratch * drafter_page_bytes(drafter, page_size, act)
     left = budget_bytes - w - state - tables - work - page_bytes  # the dummy page is always there
     fit = max(left, 0) // page_bytes
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
@@ -133,7 +178,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
-                      workspace_bytes=work, mtp=mtp)
+                      workspace_bytes=work, mtp=mtp, scratch_pages=scratch,
+                      drafter=None if drafter is None else (drafter.num_hidden_layers, drafter.num_key_value_heads,
+                                                            drafter.head_dim))
 
 
 @dataclass
@@ -146,6 +193,16 @@ class Pools:
     ssm: torch.Tensor  # [n_gdn, slots + 1, HV, dk, dv] fp32
     block_tables: torch.Tensor  # [max_seqs + 1, max_pages_per_seq] int32
     mtp_hidden: torch.Tensor | None = None  # [slots + 1, H]: h_{t-1} of the slot's sequence (MTP head only)
+    dk: torch.Tensor | None = None  # [n_draft, num_pages + 1 + rows * scratch, page_size, nkv', d'] (DFlash only)
+    dv: torch.Tensor | None = None
+
+    def page_pools(self) -> tuple[torch.Tensor, ...]:
+        """Every pool indexed by page id along dim 1 (the drafter's context K/V included)."""
+        return (self.k, self.v) if self.dk is None else (self.k, self.v, self.dk, self.dv)
+
+    def scratch_page(self, row: int, j: int) -> int:
+        """Drafter page j of block-table row `row`'s scratch (a draft block's own K/V)."""
+        return self.plan.num_pages + 1 + row * self.plan.scratch_pages + j
 
     def reset_slot(self, slot: int) -> None:
         """A fresh sequence starts from a zero conv window and a zero S (and no stored hidden)."""
@@ -164,8 +221,14 @@ def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | s
     HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     tables = torch.zeros(plan.max_seqs + 1, plan.max_pages_per_seq, dtype=torch.int32, device=device)
     tables[plan.dummy_row] = plan.dummy_page
+    draft = {}
+    if plan.drafter is not None:
+        n_draft, nkv, d = plan.drafter
+        shape = (n_draft, P + plan.max_seqs * plan.scratch_pages, ps, nkv, d)
+        draft = dict(dk=torch.zeros(shape, dtype=plan.dtype, device=device),
+                     dv=torch.zeros(shape, dtype=plan.dtype, device=device))
     return Pools(
-        plan=plan,
+        plan=plan, **draft,
         k=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
         v=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
         conv=torch.zeros(n_gdn, plan.slots + 1, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=plan.dtype,

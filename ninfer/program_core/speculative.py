@@ -75,3 +75,20 @@ class SpeculativeConfig:
         """What the ready line and /v1/models report."""
         window = "" if self.draft_window_size is None else f", window {self.draft_window_size}"
         return f"{self.method} (k={self.num_speculative_tokens}{window})"
+
+
+def drafter_fit(spec: SpeculativeConfig, drafter: Any | None) -> tuple[int, int | None]:
+    """A DFlash method's (block size, draft window) over the model's drafter (a `DrafterConfig` or None), or the
+    start-up error naming the field: no drafter of that kind, or a block longer than it was trained for. The window
+    is the smaller of `draft_window_size` and the drafter's own `sliding_window` (None: neither is set)."""
+    if drafter is None or drafter.kind != spec.method:
+        has = "" if drafter is None else f" (this model carries a {drafter.kind} drafter)"
+        raise MissingBackendWeights(spec.method, f"a {spec.method} drafter (dflash.* weights; convert with "
+                                                 f"--drafter){has}")
+    block = spec.num_speculative_tokens + 1
+    if block > drafter.block_size:
+        raise SpeculativeConfigError("num_speculative_tokens", f"{spec.num_speculative_tokens} drafts need a block "
+                                                               f"of {block}; the drafter was trained for blocks of "
+                                                               f"{drafter.block_size}")
+    windows = [w for w in (spec.draft_window_size, drafter.sliding_window) if w is not None]
+    return block, min(windows) if windows else None

@@ -49,7 +49,8 @@ def test_fast_drafter_equals_the_reference(kind, kernels):
         slots = table[(pos // PS).long()].long() * PS + (pos % PS).long()
         fast.extend(taps[lo:hi].to(DEVICE), pos, slots, k_pages, v_pages)
     want_logits, want_hidden = ref.block(ctx, anchor=7, block_size=8)
-    logits, hidden = fast.block(7, 11, table, 8, k_pages, v_pages)
+    logits, hidden = fast.block([7], [11], table[None], 8, k_pages, v_pages)
+    logits, hidden = logits[0], hidden[0]
     tol = 1e-2 if ON_GPU else 1e-5
     assert_close("drafter logits", want_logits, logits, tol)
     assert_close("drafter hidden", want_hidden, hidden, tol)

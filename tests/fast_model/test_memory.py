@@ -49,3 +49,27 @@ def test_pools_have_the_planned_geometry_and_a_dummy_row():
     pools.conv.fill_(1.0)
     pools.reset_slot(1)
     assert pools.ssm[:, 1].eq(0).all() and pools.conv[:, 1].eq(0).all() and pools.ssm[:, 0].eq(1).all()
+
+
+def test_a_drafter_adds_its_weights_its_context_in_every_page_and_scratch():
+    """Every page holds the drafter's context K/V in its own geometry (3 layers, 2 KV heads of 8 here, not the
+    target's), each row gets scratch pages for a block starting anywhere in a page, and its weights count."""
+    from ninfer.fast.memory import drafter_page_bytes, drafter_workspace_bytes, scratch_pages_per_row
+    from ninfer.models.qwen3_5.drafter import DrafterConfig, drafter_parameters
+    from ninfer.testing.drafters import drafter_hf_config
+
+    cfg = tiny_config()
+    drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, "dflash2", layers=3, num_key_value_heads=2,
+                                                      num_attention_heads=4, head_dim=8, block_size=16))
+    kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128)
+    plain, plan = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, drafter=drafter, **kw)
+    assert drafter_page_bytes(drafter, 4, 4) == 2 * 3 * 4 * 2 * 8 * 4
+    assert plan.page_bytes == plain.page_bytes + drafter_page_bytes(drafter, 4, 4)
+    assert plan.weight_bytes == plain.weight_bytes + 4 * sum(p.numel for p in drafter_parameters(drafter).values())
+    assert scratch_pages_per_row(drafter, 4) == 5 and plan.scratch_pages == 5  # 3 + 16 positions
+    assert plan.workspace_bytes == plain.workspace_bytes + 3 * 5 * drafter_page_bytes(drafter, 4, 4) + \
+        drafter_workspace_bytes(cfg, drafter, 128, 3, 4)
+    pools = allocate_pools(cfg, plan, DEVICE)
+    assert pools.dk.shape == (3, plan.num_pages + 1 + 3 * 5, 4, 2, 8) and pools.dv.shape == pools.dk.shape
+    assert len(pools.page_pools()) == 4 and pools.scratch_page(2, 4) == plan.num_pages + 1 + 14
+    assert plain.drafter is None and allocate_pools(cfg, plain, DEVICE).dk is None

@@ -127,3 +127,43 @@ def make_reference_spec(mtp_reference_model):
         return ReferenceProgram(mtp_reference_model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
                                                                                "speculative": spec}))
     return make
+
+
+@pytest.fixture(scope="session")
+def make_fast_dflash(tiny):
+    """make_fast_dflash(kind, k, forced=False, window=None, **config): the fast Program over `tiny` with a random
+    `kind` drafter (block 16, seed 1: the reference's `reference_drafter`) drafting k tokens (k=0: no backend);
+    `forced` puts ForcedDrafts in front of the drafter (the drafter context is still advanced)."""
+    from ninfer.models.qwen3_5.drafter import DrafterConfig
+    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
+    from ninfer.testing.speculation import ForcedDrafts
+
+    cfg, weights = tiny
+    teacher = ReferenceModel(cfg, weights, dtype=torch.float32)
+
+    def make(kind: str, k: int, forced: bool = False, window: int | None = None, **kw) -> FastProgram:
+        drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, kind))
+        source = {**weights, **drafter_tensors(drafter, 1)}
+        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
+                                      "speculative": SpeculativeConfig(kind, k, window) if k else None})
+        program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
+                                    kernels="triton" if ON_GPU else "naive", drafter=drafter)
+        return ForcedDrafts(teacher).install(program) if forced else program
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_reference_dflash(tiny):
+    """The reference Program over the same weights and drafter (k=0: no backend)."""
+    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.testing.drafters import reference_drafter
+
+    cfg, weights = tiny
+    model = ReferenceModel(cfg, weights, dtype=torch.float32)
+
+    def make(kind: str, k: int, window: int | None = None, **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig(kind, k, window) if k else None
+        return ReferenceProgram(model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec}),
+                                reference_drafter(model, kind) if k else None)
+    return make

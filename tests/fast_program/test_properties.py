@@ -1,7 +1,9 @@
 """The Engine property harness against the fast Program on the tiny fp32 model (eos 0): random schedules with
 shared prefixes, session turns, cancellations, deadlines, thinking budgets and injected faults; schedule invariance
 against solo runs, and every page and slot not held by a checkpoint free again at teardown. The speculative twin
-runs the MTP backend (k = 3) behind ForcedDrafts, every greedy request equal to its solo run without the backend.
+runs the MTP backend (k = 3) behind ForcedDrafts, every greedy request equal to its solo run without the backend;
+the DFlash twins run DFlash2 (k = 7, a draft window of 12) behind ForcedDrafts (the drafter context still advanced)
+and DFlash (k = 15) with its real drafts.
 
 Tight pools (2 lanes of at most 16 pages, 40 pages, 2 checkpoint slots) make pressure and victims common. On CPU
 the naive kernels run (the Triton interpreter would take hours here); on the GPU the Triton kernels."""
@@ -58,6 +60,21 @@ def _speculative() -> FastProgram:
     return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig("mtp", 3)))
 
 
+def _dflash(kind: str, k: int, window: int | None, forced: bool) -> FastProgram:
+    from ninfer.models.qwen3_5.drafter import DrafterConfig
+    from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
+
+    conf, cfg, weights = _conftest()
+    drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, kind))
+    source = {**weights, **drafter_tensors(drafter, 1)}
+    config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
+                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
+                               speculative=SpeculativeConfig(kind, k, window))
+    program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
+                                kernels="triton" if conf.ON_GPU else "naive", drafter=drafter)
+    return ForcedDrafts(ReferenceModel(cfg, weights, dtype=torch.float32)).install(program) if forced else program
+
+
 Machine = make_engine_machine(_program, max_concurrency=2)
 # CI: 60 examples on CPU (~10 s with the naive kernels), 15 on the GPU (each example builds Programs and captures
 # their decode graphs); the soak profile (5,000) gives 250 here.
@@ -83,3 +100,14 @@ Async.TestCase.settings = settings(settings.default,
                                    max_examples=max(_CI_EXAMPLES, settings.default.max_examples // 20),
                                    stateful_step_count=30)
 TestAsyncFastEngine = Async.TestCase
+
+# 15 examples each on CPU (a DFlash round runs the drafter, and ForcedDrafts its teacher), 5 on the GPU
+_dflash_settings = settings(settings.default, max_examples=max(5 if _conftest()[0].ON_GPU else 15,
+                                                               settings.default.max_examples // 80),
+                            stateful_step_count=30)
+DFlash2 = make_engine_machine(lambda: _dflash("dflash2", 7, 12, True), max_concurrency=2, oracle=lambda: _program())
+DFlash2.TestCase.settings = _dflash_settings
+TestDFlash2FastEngine = DFlash2.TestCase
+DFlash = make_engine_machine(lambda: _dflash("dflash", 15, None, False), max_concurrency=2, oracle=lambda: _program())
+DFlash.TestCase.settings = _dflash_settings
+TestDFlashFastEngine = DFlash.TestCase

@@ -25,3 +25,20 @@ def test_paged_decode_attention(lengths, nh, nkv, d, page_size, num_splits, dtyp
     ref = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
     out = paged_decode_attention(q, k_pages, v_pages, table, ctx, num_splits=num_splits)
     assert_close("paged_decode_attention", ref, out, 1e-2 if dtype == torch.bfloat16 else (2e-3 if ON_GPU else 1e-5))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["splits1", "splits3"])
+def test_first_keys_bound_the_window(num_splits):
+    """first_keys [B]: each row attends to keys first..context-1 only (a draft window), equal to the naive form
+    and to attention over the window's keys alone."""
+    lengths, first = [40, 9, 300, 5], [13, 0, 250, 5]  # the last row has no keys in its window
+    k_pages, v_pages, table = random_paged_cache(lengths, 2, 32, 8, torch.float32, DEVICE)
+    q = torch.randn(len(lengths), 4, 32, device=DEVICE)
+    ctx = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    fk = torch.tensor(first, dtype=torch.int32, device=DEVICE)
+    ref = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx, first_keys=fk)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, k_pages, v_pages, table, ctx, num_splits=num_splits, out=out, first_keys=fk)
+    assert_close("windowed paged_decode_attention", ref, out, 2e-3 if ON_GPU else 1e-5)
+    full = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
+    assert not torch.allclose(ref[0], full[0]) and torch.equal(ref[1], full[1]) and not ref[3].any()

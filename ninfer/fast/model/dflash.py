@@ -3,10 +3,10 @@ Program"): the same math as `ninfer.reference.dflash`, over paged context K/V.
 
     extend:  c = hidden_norm(fc(taps));  per layer: k_norm + RoPE of k_proj(c), v_proj(c) written at the positions'
              page slots (`rope_kv_write`), so the context lives in pages of the drafter's own geometry
-    block:   [anchor, MASK x (B-1)] at positions F..F+B-1; per layer q/k/v of the block, the block's K/V written at
+    block:   R rows' [anchor, MASK x (B-1)] at positions F_r..F_r+B-1, packed; per layer q/k/v of the block, the block's K/V written at
              its slots (past the frontier: positions the next consumption rewrites before anything reads them), and
-             every block query attends to all F + B keys: `paged_decode_attention` with one row per query and
-             context length F + B is exactly the non-causal block attention; DFlash2's convolution (`dflash_conv`)
+             every block query attends to all F + B keys (from the window's first key): `paged_decode_attention` with
+             one row per query and context length F + B is exactly the non-causal block attention; DFlash2's convolution (`dflash_conv`)
              around both sublayers; final norm, the target's lm_head on slots 1..B-1
 
 The fast kernels' RMSNorm is zero-centred (``x / rms * (1 + w)``); the drafter's is Qwen3's plain one (``x / rms *
@@ -107,40 +107,48 @@ class FastDrafter:
         for lw, kp, vp in zip(self.w.layers, k_pages, v_pages):
             self._kv_write(lw, feats, no_queries, positions, slots, kp, vp)
 
-    def block(self, anchor: int, frontier: int, table: torch.Tensor, block_size: int,
-              k_pages: list[torch.Tensor], v_pages: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over [anchor, MASK x (B-1)] at positions frontier..: the drafts' logits [B-1, V] fp32 and the
-        final-normed hidden [B-1, H]. `table` [max_pages] int32 names the pages of positions < frontier + B (the
-        context's, then any scratch pages the block's own K/V go to)."""
-        c, kern, B = self.cfg, self.k, block_size
+    def block(self, anchors: list[int], frontiers: list[int], tables: torch.Tensor, block_size: int,
+              k_pages: list[torch.Tensor], v_pages: list[torch.Tensor], first_keys: list[int] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over [anchor, MASK x (B-1)] at positions frontier.. for each of R rows: the drafts' logits
+        [R, B-1, V] fp32 and the final-normed hidden [R, B-1, H]. `tables` [R, max_pages] int32 names each row's
+        pages of positions < frontier + B (the context's, then the scratch pages the block's own K/V go to);
+        `first_keys` [R] the first context key each row attends to (a draft window; None: 0)."""
+        c, kern, B, R = self.cfg, self.k, block_size, len(anchors)
         dev = self.embed.device
-        ids = torch.tensor([anchor] + [c.mask_token_id] * (B - 1), device=dev)
-        positions = torch.arange(frontier, frontier + B, device=dev, dtype=torch.int32)
+        i32 = dict(device=dev, dtype=torch.int32)
+        ids = torch.tensor([t for a in anchors for t in [a] + [c.mask_token_id] * (B - 1)], device=dev)  # [R * B]
+        positions = torch.tensor([f + j for f in frontiers for j in range(B)], **i32)
         ps = k_pages[0].shape[1]
-        slots = table[(positions // ps).long()].long() * ps + (positions % ps).long()
-        tables = table[None].expand(B, -1).contiguous()  # one attention row per block query
-        lens = torch.full((B,), frontier + B, device=dev, dtype=torch.int32)
-        x = F.embedding(ids, self.embed).to(self.w.fc.dtype)  # [B, H]
+        rows = torch.arange(R, device=dev).repeat_interleave(B)
+        slots = tables[rows, (positions // ps).long()].long() * ps + (positions % ps).long()
+        q_tables = tables[rows].contiguous()  # one attention row per block query
+        lens = torch.tensor([f + B for f in frontiers for _ in range(B)], **i32)
+        first = None if first_keys is None else torch.tensor([f for f in first_keys for _ in range(B)], **i32)
+        x = F.embedding(ids, self.embed).to(self.w.fc.dtype)  # [R * B, H]
         for lw, kp, vp in zip(self.w.layers, k_pages, v_pages):
             h = kern.rmsnorm(x, lw.input_norm, c.rms_norm_eps, None)[0]
             attn_later = None
             if lw.conv is not None:
-                h, attn_later = self._prepare(h, lw.conv[0], lw.conv[1])
-            q = kern.linear(h, lw.q).view(B, c.num_attention_heads, c.head_dim)
+                h, attn_later = self._prepare(h, lw.conv[0], lw.conv[1], B)
+            q = kern.linear(h, lw.q).view(R * B, c.num_attention_heads, c.head_dim)
             q = self._kv_write(lw, h, q, positions, slots, kp, vp)
-            a = kern.linear(kern.paged_decode_attention(q, kp, vp, tables, lens).reshape(B, -1), lw.o)
+            a = kern.paged_decode_attention(q, kp, vp, q_tables, lens, first_keys=first)
+            a = kern.linear(a.reshape(R * B, -1), lw.o)
             x = x + (a if attn_later is None else kern.dflash_conv(a, attn_later, lw.conv[0][1], B))
             h = kern.rmsnorm(x, lw.post_norm, c.rms_norm_eps, None)[0]
             mlp_later = None
             if lw.conv is not None:
-                h, mlp_later = self._prepare(h, lw.conv[2], lw.conv[3])
+                h, mlp_later = self._prepare(h, lw.conv[2], lw.conv[3], B)
             m = kern.linear(kern.linear_swiglu(h, lw.gate_up), lw.down)
             x = x + (m if mlp_later is None else kern.dflash_conv(m, mlp_later, lw.conv[2][1], B))
-        hidden = kern.rmsnorm(x, self.w.norm, c.rms_norm_eps, None)[0][1:]  # [B-1, H]
+        hidden = kern.rmsnorm(x, self.w.norm, c.rms_norm_eps, None)[0].view(R, B, -1)[:, 1:]  # [R, B-1, H]
         return F.linear(hidden, self.lm_head.to(hidden.dtype)).float(), hidden
 
-    def _prepare(self, h: torch.Tensor, base: torch.Tensor, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The convolved sublayer input and the finish side's coefficients [B, taps, G] (a strided view)."""
+    def _prepare(self, h: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, block: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The convolved sublayer input and the finish side's coefficients [N, taps, G] (a strided view); h [N, H]
+        is blocks of `block` rows packed."""
         c = self.cfg
         dyn = self.k.linear(h, proj).view(h.shape[0], 2, c.conv_kernel_size, c.conv_groups)
-        return self.k.dflash_conv(h, dyn[:, 0], base[0], h.shape[0]), dyn[:, 1]
+        return self.k.dflash_conv(h, dyn[:, 0], base[0], block), dyn[:, 1]

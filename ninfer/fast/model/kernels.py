@@ -34,7 +34,7 @@ class Kernels:
     gdn_conv_prefill: Callable
     # same arguments as gdn_chunk_naive -> (y, states)
     gdn_chunk: Callable
-    # (q, k_pages, v_pages, block_table, context_lens) -> [B, nh, d]
+    # (q, k_pages, v_pages, block_table, context_lens, first_keys=None) -> [B, nh, d]
     paged_decode_attention: Callable
     # (q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen) -> [T, nh, d]
     prefill_attention: Callable
@@ -50,6 +50,8 @@ class Kernels:
     slot_copy: Callable
     # (x [N, H], dyn [N, taps, G], base [taps, H], block) -> [N, H]: DFlash2's convolution over packed blocks
     dflash_conv: Callable
+    # (unary [R, K], cand [R, K], proj [R, r], prev [R], pred [V, r], succ [V, r]) -> fp32 [R, K]: a selector step
+    dflash_select: Callable
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
@@ -61,6 +63,7 @@ def triton_kernels() -> Kernels:
     from ninfer.fast.ops import (gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention, prefill_attention,
                                  rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
+    from ninfer.fast.ops.dflash_select import dflash_select
     from ninfer.fast.ops.fp8_gemm.triton import fp8_gemm
     from ninfer.fast.ops.qlinear import QuantWeight, Segments
     from ninfer.fast.ops.qlinear import triton as qlinear
@@ -98,7 +101,7 @@ def triton_kernels() -> Kernels:
     return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
                    prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
-                   slot_copy.slot_copy, dflash_conv)
+                   slot_copy.slot_copy, dflash_conv, dflash_select)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:
@@ -117,6 +120,7 @@ def _gemv_wins(x, w, fused: bool) -> bool:
 
 def naive_kernels() -> Kernels:
     from ninfer.fast.ops.dflash_conv.naive import dflash_conv_naive
+    from ninfer.fast.ops.dflash_select.naive import dflash_select_naive
     from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
     from ninfer.fast.ops.gdn_decode.naive import gdn_decode_naive
     from ninfer.fast.ops.moe.naive import moe_experts_naive, moe_route_naive
@@ -156,7 +160,7 @@ def naive_kernels() -> Kernels:
 
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
                    gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, experts,
-                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive)
+                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive)
 
 
 def get_kernels(name: str) -> Kernels:

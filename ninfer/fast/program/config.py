@@ -16,6 +16,7 @@ import torch
 
 from ninfer.fast.memory import MemoryPlan, plan_memory
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.program_core import ProgramConfig
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -36,14 +37,15 @@ class FastProgramConfig(ProgramConfig):
         return dataclasses.replace(self, eos_token_ids=eos)
 
     def plan(self, cfg: Qwen35Config, budget_bytes: int, weight_bytes: int | None = None,
-             extra_workspace: int = 0) -> MemoryPlan:
+             extra_workspace: int = 0, drafter: DrafterConfig | None = None) -> MemoryPlan:
         """The memory plan: rows = lanes, slots = allocatable + one backup per row, the MTP head when the config
         speculates; MemoryError when one max_context sequence does not fit the budget. ``weight_bytes`` /
         ``extra_workspace``: a quantized model's resident text-weight bytes and dequantization transient
-        (``plan_memory``)."""
+        (``plan_memory``); ``drafter``: the DFlash drafter a DFlash method runs (its weights, context pages and
+        scratch)."""
         return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
                            dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
                            mtp=self.speculative is not None and self.speculative.method == "mtp",
                            weight_bytes_resident=weight_bytes,
-                           extra_workspace=extra_workspace)
+                           extra_workspace=extra_workspace, drafter=drafter)

@@ -9,6 +9,10 @@ row backed up, then every row's [pending, drafts] in one multi-query target pass
 acceptance is the host's `ninfer.sampling.accept` in the core. Every consumption of tokens (prefill, verify, feed)
 also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and
 `feed` runs the decode recurrence (`FastModel.verify`), so a replayed block equals the same tokens decoded.
+
+With the DFlash backend (`dflash`, `dflash_backend.FastDFlashBackend`) the same consumptions ask the model for the
+target taps and write the drafter context of their positions into the drafter's pages; `draft` is its one batched
+block pass (and DFlash2's selector walk).
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import torch
 
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
+from ninfer.fast.model.layers import GDN_CHUNK
 from ninfer.fast.sampling import DeviceSampler, SampleRow
 from ninfer.program_core import ActiveSequence, Drawn
 from ninfer.sampling import RowContext, SamplingError, draw_draft
 
+from .dflash_backend import FastDFlashBackend
 from .stores import DeviceState
 
 
@@ -34,11 +40,12 @@ def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) ->
 
 class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
-                 backup_slot: Callable[[int], int]):
+                 backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
-        self.mtp = model.mtp  # the speculative backend's head (None: plain decoding)
+        self.mtp = model.mtp  # the speculative backend's head (None: plain decoding or DFlash)
+        self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
 
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         return torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
@@ -46,6 +53,8 @@ class FastExecutor:
     def prefill(self, seq: ActiveSequence, start: int, end: int,
                 captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
         tokens, slot = seq.prompt[start:end], seq.handle.slot
+        if self.dflash is not None:
+            return self._prefill_dflash(seq, start, tokens, captures)
         if self.mtp is None:
             return self.model.prefill(self._tokens(tokens), slot, seq.row, start, captures=captures)  # [V] fp32
         logits, hidden = self.model.prefill(self._tokens(tokens), slot, seq.row, start, return_hidden=True,
@@ -61,6 +70,24 @@ class FastExecutor:
             if i < len(captures):
                 self.mtp.hidden[captures[i][1]].copy_(self.mtp.hidden[slot])
         return logits
+
+    def _prefill_dflash(self, seq: ActiveSequence, start: int, tokens: Sequence[int],
+                        captures: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """Prefill in the model's own pieces, each piece's taps turned into drafter context at once (so the taps of
+        every layer are held for one piece only, as the memory plan counts them); a capture on a piece boundary
+        takes the live slot there, one inside a piece is the model's. The context is paged: captures copy nothing
+        of it."""
+        slot, piece = seq.handle.slot, max(GDN_CHUNK, self.model.plan.max_prefill_tokens // GDN_CHUNK * GDN_CHUNK)
+        for s in range(0, len(tokens), piece):
+            at, n = start + s, min(piece, len(tokens) - s)
+            for f, cap in captures:
+                if f == at:
+                    self.store.copy_slot(slot, cap)
+            taps: dict[int, torch.Tensor] = {}
+            logits = self.model.prefill(self._tokens(tokens[s:s + n]), slot, seq.row, at, taps=taps,
+                                        captures=[(f, c) for f, c in captures if at < f < at + n])
+            self.dflash.advance([seq.row], [at], [n], taps)
+        return logits  # [V] fp32 of the last token
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
@@ -79,14 +106,16 @@ class FastExecutor:
         return self.sampler.collect
 
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
-        if self.mtp is None:
+        if self.mtp is None and self.dflash is None:
             self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier)
             return
         self._step([seq], [tuple(tokens)])
 
-    # ---- speculative backend (MTP) -------------------------------------------------------------------------
+    # ---- speculative backend (MTP, DFlash) -----------------------------------------------------------------
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
               ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
+        if self.dflash is not None:
+            return self.dflash.draft(seqs, ctxs, ks)
         qs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
         drafted: list[list[int]] = [[] for _ in seqs]
 
@@ -112,12 +141,17 @@ class FastExecutor:
         return list(torch.split(logits, [len(f) for f in feds]))
 
     def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> torch.Tensor:
-        """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the MTP state following; logits
+        """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the backend's state following; logits
         [N, V] fp32."""
         slots, rows, starts = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
         lens = [len(f) for f in feds]
-        logits, hidden = self.model.verify(self._tokens([t for f in feds for t in f]), slots, rows, starts, lens)
-        self.mtp.advance(slots, rows, starts, feds, list(torch.split(hidden, lens)))
+        taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
+        logits, hidden = self.model.verify(self._tokens([t for f in feds for t in f]), slots, rows, starts, lens,
+                                           taps=taps)
+        if self.mtp is not None:
+            self.mtp.advance(slots, rows, starts, feds, list(torch.split(hidden, lens)))
+        if self.dflash is not None:
+            self.dflash.advance(rows, starts, lens, taps)
         return logits
 
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:

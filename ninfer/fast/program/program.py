@@ -15,43 +15,62 @@ from typing import Any, Mapping
 import torch
 
 from ninfer.contracts import CostFacts, PrefillCosts, ProgramLimits
-from ninfer.errors import DoesNotFitError, NotSupportedError, UnavailableError
+from ninfer.errors import DoesNotFitError, UnavailableError
 from ninfer.fast.graph_runner import DecodeGraphRunner
-from ninfer.fast.memory import allocate_pools
+from ninfer.fast.memory import allocate_pools, scratch_pages_per_row
 from ninfer.fast.model import FastModel
+from ninfer.fast.model.dflash import FastDrafter, load_drafter_weights
 from ninfer.fast.model.model import check_mtp
 from ninfer.fast.model.quantized import artifact_quant
 from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.models.qwen3_5.pages import PageAllocator
 from ninfer.program_core import HostTier, IdPool, Program
-from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig
+from ninfer.program_core.speculative import DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig, drafter_fit
 
 from . import invariants
 from .config import FastProgramConfig
 from .costs import measure_costs, measure_prefill
+from .dflash_backend import FastDFlashBackend
 from .executor import FastExecutor
 from .stores import DeviceState
 
 
+def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None) -> FastDFlashBackend | None:
+    """The DFlash backend the config names over the plan's drafter pools, or the start-up error naming the field
+    (the reference Program's checks: `drafter_fit`)."""
+    spec, plan = c.speculative, model.plan
+    if spec is None or spec.method not in DRAFTER_METHODS:
+        if drafter is not None or plan.drafter is not None:
+            raise ValueError("a drafter (or drafter pools) given to a Program whose config runs no DFlash method")
+        return None
+    block, window = drafter_fit(spec, None if drafter is None else drafter.cfg)
+    d = drafter.cfg
+    if plan.drafter != (d.num_hidden_layers, d.num_key_value_heads, d.head_dim) or \
+            plan.scratch_pages != scratch_pages_per_row(d, plan.page_size):
+        raise ValueError(f"the model's memory plan {plan} was not made for this drafter ({d})")
+    return FastDFlashBackend(drafter, model.pools, block, window)
+
+
 class FastProgram(Program):
-    def __init__(self, model: FastModel, config: FastProgramConfig):
+    def __init__(self, model: FastModel, config: FastProgramConfig, drafter: FastDrafter | None = None):
+        """`drafter`: the DFlash / DFlash2 drafter a DFlash method runs (`FastProgram.build` loads it)."""
         cfg, plan = model.cfg, model.plan
         c = config.resolved(cfg)
         if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
                 plan.page_size != c.page_size or plan.max_context < c.max_context:
             raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
-        if c.speculative is not None and c.speculative.method != "mtp":
-            raise NotSupportedError(f"the fast Program has no {c.speculative.method} drafter yet (issue 12)").locate(
-                "method")
-        if plan.mtp != (c.speculative is not None):
+        mtp = c.speculative is not None and c.speculative.method == "mtp"
+        if plan.mtp != mtp:
             raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
-        if c.speculative is not None and model.mtp is None:
+        if mtp and model.mtp is None:
             raise MissingBackendWeights(c.speculative.method, "the MTP head's weights (mtp.*)")
+        dflash = _dflash(c, model, drafter)
         self.model = model
         self.device = model.device
-        state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.kv_bytes // (plan.num_pages + 1)
+        state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.page_bytes
         super().__init__(c, PageAllocator(plan.num_pages), IdPool(c.usable_slots, "GDN state slot"),
                          HostTier(c.host_bytes, state_bytes, page_bytes), DeviceState(model.pools),
                          page_bytes, rows=IdPool(c.max_concurrency, "block-table row"))
@@ -78,14 +97,16 @@ class FastProgram(Program):
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens)
-        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot)
+        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
-              device: torch.device | str, kernels: str = "triton", quant=None) -> "FastProgram":
+              device: torch.device | str, kernels: str = "triton", quant=None,
+              drafter: DrafterConfig | None = None) -> "FastProgram":
         """Plan the budget, load the weights (`source(logical_name) -> tensor`), allocate the pools once. With
         `quant(logical_name) -> QuantWeight | None` (quantized parameters) the weights load first and the plan
-        counts their resident bytes and dequantization transient."""
+        counts their resident bytes and dequantization transient. `drafter`: the model's DFlash drafter config
+        (its ``dflash.*`` weights come from `source`), loaded when the config runs a DFlash method."""
         if not cfg.plain_rope:
             # rope_kv_write derives its frequencies from (rotary_dim, theta) alone
             raise UnavailableError(f"the fast Program's kernels compute unscaled RoPE over an even rotary dimension; "
@@ -98,14 +119,24 @@ class FastProgram(Program):
             raise UnavailableError("the fast Program's attention has no projection biases").locate(
                 "attention_bias", hint="run it on --program reference")
         config = config.resolved(cfg)
+        spec = config.speculative
+        if spec is None or spec.method not in DRAFTER_METHODS:
+            drafter = None
+        else:
+            drafter_fit(spec, drafter)
+            if drafter.attention_bias:
+                raise UnavailableError("the fast Program's drafter has no projection biases").locate(
+                    "attention_bias", hint="run it on --program reference")
         if quant is None:
-            return cls(FastModel.build(cfg, source, config.plan(cfg, budget_bytes), device, kernels), config)
-        mtp = config.speculative is not None
-        check_mtp(cfg, mtp)
-        weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant)
-        act = torch.finfo(config.dtype).bits // 8
-        plan = config.plan(cfg, budget_bytes, weights.nbytes, quant_workspace_bytes(weights, act))
-        return cls(FastModel(cfg, weights, allocate_pools(cfg, plan, device), kernels), config)
+            model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes, drafter=drafter), device, kernels)
+        else:
+            mtp = spec is not None and spec.method == "mtp"
+            check_mtp(cfg, mtp)
+            weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant)
+            act = torch.finfo(config.dtype).bits // 8
+            plan = config.plan(cfg, budget_bytes, weights.nbytes, quant_workspace_bytes(weights, act), drafter)
+            model = FastModel(cfg, weights, allocate_pools(cfg, plan, device), kernels)
+        return cls(model, config, None if drafter is None else _load_drafter(model, drafter, source))
 
     @classmethod
     def from_artifact(cls, path: str | Path, *, max_concurrency: int, max_context: int,
@@ -119,10 +150,6 @@ class FastProgram(Program):
         from ninfer.models.qwen3_5.params import MTP, TEXT
 
         spec = SpeculativeConfig.parse(speculative_config)
-        if spec is not None and spec.method != "mtp":
-            raise NotSupportedError(f"the fast Program has no {spec.method} drafter yet (issue 12); start without "
-                                    f"--speculative-config, with method mtp, or on --program reference "
-                                    f"(docs/speculative.md)").locate("method")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if budget_bytes is None:
             budget_bytes = _device_budget(gpu_memory_utilization, device)
@@ -130,14 +157,17 @@ class FastProgram(Program):
                                      **config)
         features = (TEXT,)
         if spec is not None:
+            want = MTP if spec.method == "mtp" else spec.method
             with open_artifact(path) as art:
-                if MTP not in art.available_features:
-                    raise MissingBackendWeights(spec.method, "the MTP head's weights (mtp.*)")
-            features = (TEXT, MTP)
+                if want not in art.available_features:
+                    what = "the MTP head's weights (mtp.*)" if spec.method == "mtp" else \
+                        f"a {spec.method} drafter (dflash.* weights; convert with --drafter)"
+                    raise MissingBackendWeights(spec.method, what)
+            features = (TEXT, want)
         with open_artifact(path, features=features) as art:
             quant, names = artifact_quant(art, device, art.config.tie_word_embeddings)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
-                             kernels=kernels, quant=quant if names else None)
+                             kernels=kernels, quant=quant if names else None, drafter=art.drafter)
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)
@@ -149,6 +179,16 @@ def _signature(model: FastModel) -> str:
     return (f"{torch.cuda.get_device_name(model.device)} | {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}"
             f"{', MoE' if cfg.is_moe else ''}, {model.kernels.name} kernels, {plan.dtype} | piece "
             f"{plan.max_prefill_tokens}")
+
+
+def _load_drafter(model: FastModel, drafter: DrafterConfig, source) -> FastDrafter:
+    """The drafter's weights on the model's device, over the target's embedding and lm_head."""
+    lm_head = model.weights.lm_head
+    if not isinstance(lm_head, torch.Tensor):
+        raise UnavailableError("the fast DFlash drafter drafts through a dense lm_head; this model's is "
+                               "quantized").locate("lm_head", hint="run it on --program reference")
+    weights = load_drafter_weights(drafter, source, model.plan.dtype, model.device)
+    return FastDrafter(drafter, weights, model.kernels, model.weights.embed, lm_head)
 
 
 def _warm_prefill(model: FastModel, tokens: int) -> None:

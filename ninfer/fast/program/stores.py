@@ -16,7 +16,7 @@ PAGE_CHUNK = 64  # pages per gather or scatter of a host replica: 16 MiB of K (o
 class DeviceState:
     """The device copies (a `PhysicalStore`): GDN slots (conv windows and S of every GDN layer, and with the MTP
     head the stored hidden h_{t-1}: the backend's slot state moves with the GDN state), KV pages (every attention
-    layer's, the MTP layer's included), block-table rows."""
+    layer's, the MTP layer's included, and a DFlash drafter's context K/V: `Pools.page_pools`), block-table rows."""
 
     def __init__(self, pools: Pools):
         self.pools = pools
@@ -45,17 +45,19 @@ class DeviceState:
             self.pools.mtp_hidden[slot].copy_(state[2])
 
     def copy_page(self, src: int, dst: int) -> None:
-        self.pools.k[:, dst].copy_(self.pools.k[:, src])  # [n_attn, page_size, nkv, d]
-        self.pools.v[:, dst].copy_(self.pools.v[:, src])
+        for pool in self.pools.page_pools():
+            pool[:, dst].copy_(pool[:, src])  # [n_layers, page_size, nkv, d]
 
-    def load_pages(self, pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host copies of these pages' K and V, each [len(pages), n_attn, page_size, nkv, d] (page-major, so each
-        chunk's copy is one contiguous DMA), pinned on CUDA; PAGE_CHUNK pages at a time so the device temporary
-        stays small."""
-        return self._gather(self.pools.k, pages), self._gather(self.pools.v, pages)
+    def load_pages(self, pages: list[int]) -> tuple[torch.Tensor, ...]:
+        """Host copies of these pages in every page pool (K and V, then the drafter's K and V), each
+        [len(pages), n_layers, page_size, nkv, d] (page-major, so each chunk's copy is one contiguous DMA), pinned on
+        CUDA; PAGE_CHUNK pages at a time so the device temporary stays small."""
+        return tuple(self._gather(pool, pages) for pool in self.pools.page_pools())
 
-    def store_pages(self, pages: list[int], data: tuple[torch.Tensor, torch.Tensor]) -> None:
-        for pool, host in zip((self.pools.k, self.pools.v), data):
+    def store_pages(self, pages: list[int], data: tuple[torch.Tensor, ...]) -> None:
+        pools = self.pools.page_pools()
+        assert len(data) == len(pools), f"a replica of {len(data)} page pools for {len(pools)}"
+        for pool, host in zip(pools, data):
             for i in range(0, len(pages), PAGE_CHUNK):
                 idx = torch.tensor(pages[i:i + PAGE_CHUNK], dtype=torch.long, device=pool.device)
                 chunk = host[i:i + PAGE_CHUNK].to(pool.device, non_blocking=True)  # [c, n_attn, ps, nkv, d]

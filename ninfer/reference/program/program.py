@@ -13,7 +13,7 @@ from ninfer.contracts import ProgramLimits
 from ninfer.pipeline.link import PeerLink
 from ninfer.program_core import HostTier, IdPool, Program
 from ninfer.program_core.speculative import (DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig,
-                                             SpeculativeConfigError)
+                                             drafter_fit)
 from ninfer.reference.dflash import Drafter
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.vision import VisionTower
@@ -35,17 +35,8 @@ def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Dra
         if not model.has_mtp:
             raise MissingBackendWeights(spec.method, "the MTP head's weights (mtp.*)")
         return MTPBackend(model)
-    if drafter is None or drafter.cfg.kind != spec.method:
-        has = "" if drafter is None else f" (this model carries a {drafter.cfg.kind} drafter)"
-        raise MissingBackendWeights(spec.method, f"a {spec.method} drafter (dflash.* weights; convert with "
-                                                 f"--drafter){has}")
-    block = spec.num_speculative_tokens + 1
-    if block > drafter.cfg.block_size:
-        raise SpeculativeConfigError("num_speculative_tokens", f"{spec.num_speculative_tokens} drafts need a block "
-                                                               f"of {block}; the drafter was trained for blocks of "
-                                                               f"{drafter.cfg.block_size}")
-    windows = [w for w in (spec.draft_window_size, drafter.cfg.sliding_window) if w is not None]
-    return DFlashBackend(drafter, block, min(windows) if windows else None)
+    block, window = drafter_fit(spec, None if drafter is None else drafter.cfg)
+    return DFlashBackend(drafter, block, window)
 
 
 NO_VISION_SPECULATIVE = "images are not served with a speculative backend (its drafts would need MRoPE positions)"

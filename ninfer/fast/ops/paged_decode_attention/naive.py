@@ -15,19 +15,22 @@ def gather_pages(pages: torch.Tensor, block_table_row: torch.Tensor, length: int
 
 def paged_decode_attention_naive(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                                  block_table: torch.Tensor, context_lens: torch.Tensor,
-                                 scale: float | None = None) -> torch.Tensor:
+                                 scale: float | None = None, first_keys: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, nh, d] (already normed and rotated); context_lens [B] counts the keys to attend to (the current token
-    included). Query head h reads KV head h // (nh / nkv). A row with context 0 yields zeros. Returns [B, nh, d]."""
+    included); first_keys [B] (optional) the first key each row attends to (a sliding window: keys
+    first..context-1). Query head h reads KV head h // (nh / nkv). A row with no keys yields zeros. Returns
+    [B, nh, d]."""
     B, nh, d = q.shape
     nkv = k_pages.shape[2]
     scale = d ** -0.5 if scale is None else scale
     out = torch.zeros(B, nh, d, dtype=torch.float32, device=q.device)
     for b in range(B):
         n = int(context_lens[b])
-        if n == 0:
+        f = 0 if first_keys is None else int(first_keys[b])
+        if n <= f:
             continue
-        k = gather_pages(k_pages, block_table[b], n).float().repeat_interleave(nh // nkv, 1)  # [n, nh, d]
-        v = gather_pages(v_pages, block_table[b], n).float().repeat_interleave(nh // nkv, 1)
+        k = gather_pages(k_pages, block_table[b], n)[f:].float().repeat_interleave(nh // nkv, 1)  # [n - f, nh, d]
+        v = gather_pages(v_pages, block_table[b], n)[f:].float().repeat_interleave(nh // nkv, 1)
         probs = torch.softmax(torch.einsum("hd,nhd->hn", q[b].float(), k) * scale, dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", probs, v)
     return out.to(q.dtype)

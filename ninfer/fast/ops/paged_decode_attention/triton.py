@@ -17,10 +17,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, o_ptr, po_ptr, lse_ptr, scale,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, first_ptr, o_ptr, po_ptr, lse_ptr, scale,
                    stride_qb, stride_qh, stride_page, stride_tok, stride_kvh, stride_bt, stride_ob, stride_oh,
                    G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr):
+                   BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, HAS_FIRST: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -32,9 +32,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, o_ptr, po_ptr, lse_ptr,
     heads = kvh * G + g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=mg[:, None] & md[None, :],
                 other=0.0)  # [BG, BD]
-    # splits share the live context evenly (in whole key blocks), however large the block table is
-    split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BN) * BN
-    start = sp * split_len
+    first = 0
+    if HAS_FIRST:  # a sliding window: keys first..ctx-1 only
+        first = tl.load(first_ptr + b)
+    # splits share the live key range evenly (in whole key blocks), however large the block table is
+    split_len = tl.cdiv(tl.cdiv(tl.maximum(ctx - first, 0), NUM_SPLITS), BN) * BN
+    start = first + sp * split_len
     end = tl.minimum(start + split_len, ctx)
     m_i = tl.full([BG], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BG], dtype=tl.float32)
@@ -102,9 +105,10 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float | None = None, num_splits: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, first_keys: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, nh, d]; k_pages, v_pages [P, page_size, nkv, d]; block_table [B, max_pages] int32; context_lens [B]
-    int32 (keys per sequence, the current token included; 0 yields zeros). Returns [B, nh, d] in q's dtype.
+    int32 (keys per sequence, the current token included; 0 yields zeros); first_keys [B] int32 (optional) the
+    first key each row attends to (a sliding window). Returns [B, nh, d] in q's dtype.
     ``num_splits`` defaults to ``choose_num_splits`` over the block table's capacity."""
     B, nh, D = q.shape
     _, page, nkv, _ = k_pages.shape
@@ -122,10 +126,11 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         po = lse = out
     BG, BD = max(16, triton.next_power_of_2(G)), triton.next_power_of_2(D)
     _decode_kernel[(B, nkv, ns)](
-        q, k_pages, v_pages, block_table, context_lens, out, po, lse, scale,
+        q, k_pages, v_pages, block_table, context_lens, context_lens if first_keys is None else first_keys, out, po,
+        lse, scale,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
         out.stride(0), out.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD, BN=BN,
-        num_warps=4, num_stages=2)
+        HAS_FIRST=first_keys is not None, num_warps=4, num_stages=2)
     if ns > 1:
         _merge_kernel[(B, nh)](po, lse, out, out.stride(0), out.stride(1), NH=nh, D=D, NUM_SPLITS=ns,
                                BS=triton.next_power_of_2(ns), BD=BD)

@@ -1,0 +1,124 @@
+"""The DFlash / DFlash2 backend of the fast Program (docs/speculative.md, "DFlash on the fast Program"): the
+drafter's context K/V in the plan's drafter page pools, advanced with every consumption, and one batched block pass
+per round.
+
+The context of position p lives at page position p of the sequence's own block table in ``pools.dk``/``pools.dv``
+(the drafter's geometry), so it is a function of the consumed tokens exactly like the target's KV: every read is
+bounded by the frontier (positions at and past it are rewritten before they are read), prefix sharing and
+``copy_page`` carry it, and host replicas of pages include it (`DeviceState`). Nothing of it is in the GDN slot, so
+backups, rollbacks and aborts need nothing extra. A draft block's own K/V go to the row's scratch pages
+(``Pools.scratch_page``): the frontier's partial page is copied in first, so drafting writes no page of any
+sequence. A draft window W is a first-key bound (keys max(0, F - W)..), the reference's "last W positions".
+
+Drafting: one `FastDrafter.block` for all rows of the round; DFlash draws slot j's draft from its own logits, DFlash2
+walks the candidate selector (`dflash_select`, all rows per slot) from the pending token. Both draw on the host with
+`draw_draft`, as the reference backend does, so greedy rows take the argmax and sampled rows carry q. Eager: the
+host builds the tables and the walk copies each slot's scores to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ninfer.fast.memory import Pools
+from ninfer.fast.model.dflash import FastDrafter
+from ninfer.program_core import ActiveSequence
+from ninfer.sampling import RowContext, SamplingError, draw_draft
+
+
+class FastDFlashBackend:
+    def __init__(self, drafter: FastDrafter, pools: Pools, block_size: int, window: int | None):
+        """block_size: the pass's length (num_speculative_tokens + 1); window: context positions a block sees
+        (None: all)."""
+        if pools.dk is None:
+            raise ValueError("the memory plan has no drafter page pools (plan_memory(..., drafter=cfg))")
+        self.drafter, self.pools, self.block_size, self.window = drafter, pools, block_size, window
+        self.layers = drafter.cfg.target_layer_ids
+        self.page_size = pools.plan.page_size
+        self.k_pages, self.v_pages = list(pools.dk), list(pools.dv)  # per drafter layer [P', ps, nkv', d']
+
+    def advance(self, rows: Sequence[int], starts: Sequence[int], lens: Sequence[int],
+                taps: dict[int, torch.Tensor]) -> None:
+        """Rows consumed lens[i] tokens at starts[i].. (packed along the taps' rows, [sum(lens), H] each): their
+        context K/V into the rows' pages."""
+        dev, ps = self.pools.k.device, self.page_size
+        pos = torch.tensor([s + j for s, n in zip(starts, lens) for j in range(n)], device=dev)  # [N]
+        row = torch.tensor([r for r, n in zip(rows, lens) for _ in range(n)], device=dev)
+        slots = self.pools.block_tables[row, pos // ps].long() * ps + pos % ps
+        feats = torch.cat([taps[i] for i in self.layers], dim=-1)  # [N, n_taps * H]
+        self.drafter.extend(feats, pos.to(torch.int32), slots, self.k_pages, self.v_pages)
+
+    def _tables(self, seqs: Sequence[ActiveSequence]) -> torch.Tensor:
+        """Each row's pages for positions < F + B: its context pages, then its scratch pages, the partial page at
+        the frontier copied into the first one (so the block's K/V land beside the context keys of that page)."""
+        ps, B = self.page_size, self.block_size
+        width = max(-(-(s.frontier + B) // ps) for s in seqs)
+        out = []
+        for s in seqs:
+            full, partial = divmod(s.frontier, ps)
+            scratch = [self.pools.scratch_page(s.row, j) for j in range(self.pools.plan.scratch_pages)]
+            if partial:
+                for pool in (self.pools.dk, self.pools.dv):
+                    pool[:, scratch[0]].copy_(pool[:, s.table[full]])  # [n_draft, ps, nkv', d']
+            row = list(s.table[:full]) + scratch
+            out.append((row + [scratch[-1]] * width)[:width])  # entries past F + B are never read
+        return torch.tensor(out, dtype=torch.int32, device=self.pools.k.device)  # [R, width]
+
+    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
+              ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
+        """Up to ks[i] drafts for row i from one block pass over all rows with room; nothing but the scratch pages
+        is written."""
+        out: list[tuple[tuple[int, ...], list[torch.Tensor | None]]] = [((), []) for _ in seqs]
+        live = [i for i, k in enumerate(ks) if k]
+        if not live:
+            return out
+        rows = [seqs[i] for i in live]
+        first = None if self.window is None else [max(0, s.frontier - self.window) for s in rows]
+        logits, hidden = self.drafter.block([s.pending for s in rows], [s.frontier for s in rows], self._tables(rows),
+                                            self.block_size, self.k_pages, self.v_pages, first)  # [R, B-1, V/H]
+        drafts: list[list[int]] = [[] for _ in live]
+        qs: list[list[torch.Tensor | None]] = [[] for _ in live]
+        going = list(range(len(live)))  # rows still drafting
+        walk = self._walk(logits, hidden) if self.drafter.cfg.kind == "dflash2" else None
+        host = logits.cpu() if walk is None else None  # [R, B-1, V]: one host copy of every slot (DFlash)
+        previous = [s.pending for s in rows]
+        for j in range(max(ks[i] for i in live)):
+            z = host[:, j] if walk is None else walk(j, going, [previous[n] for n in going])
+            keep = []
+            for m, n in enumerate(going):
+                i = live[n]
+                try:
+                    x, q = draw_draft(z[n if walk is None else m], ctxs[i], seqs[i].frontier + 1 + j, drafts[n])
+                except SamplingError:
+                    continue  # a draft distribution that cannot be drawn from ends the drafts, not the request
+                drafts[n].append(x)
+                qs[n].append(q)
+                previous[n] = x
+                if len(drafts[n]) < ks[i]:
+                    keep.append(n)
+            going = keep
+            if not going:
+                break
+        for n, i in enumerate(live):
+            out[i] = (tuple(drafts[n]), qs[n])
+        return out
+
+    def _walk(self, logits: torch.Tensor, hidden: torch.Tensor):
+        """DFlash2's selector over the block: walk(j, rows, previous) gives slot j's scores [len(rows), V] on the
+        host after each row's previous token (-inf outside the slot's top-K candidates)."""
+        proj_w, pred, succ = self.drafter.w.selector
+        K = min(self.drafter.cfg.selector_top_k, logits.shape[-1])
+        unary, cand = torch.topk(logits, K, dim=-1)  # [R, B-1, K]
+        proj = torch.nn.functional.linear(hidden, proj_w)  # [R, B-1, r]
+        vocab, dev = logits.shape[-1], logits.device
+
+        def walk(j: int, rows: list[int], previous: list[int]) -> torch.Tensor:
+            sel = torch.tensor(rows, device=dev)
+            scores = self.drafter.k.dflash_select(unary[sel, j].contiguous(), cand[sel, j].contiguous(),
+                                                  proj[sel, j].contiguous(), torch.tensor(previous, device=dev),
+                                                  pred, succ)  # [n, K] fp32
+            z = torch.full((len(rows), vocab), float("-inf"), device=dev)
+            return z.scatter_(1, cand[sel, j], scores).cpu()
+        return walk

@@ -1,0 +1,208 @@
+"""The fast Program with the DFlash / DFlash2 backends (the twins of tests/reference_program/test_dflash.py):
+start-up errors name the field, greedy equals the autoregressive run (real drafts and forced acceptance lengths,
+with and without a draft window), the drafts equal the reference Program's on the same weights, the drafter context
+in the pages after prefill chunks, verified blocks, rollbacks and aborts equals the context built from scratch over
+the committed tokens, drafting writes no page, host replicas of pages carry the context, and a sampled prefix hit
+equals the cold run. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.fast.program import FastProgram
+from ninfer.program_core.speculation import row_context
+from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfigError
+from ninfer.sampling import SamplingParams
+from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.sessions import token_request
+
+
+def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash):
+    with pytest.raises(MissingBackendWeights, match="'dflash' needs a dflash drafter") as e:
+        FastProgram.from_artifact(artifact, max_concurrency=1, max_context=64, budget_bytes=1 << 30,
+                                  speculative_config={"method": "dflash", "num_speculative_tokens": 7})
+    assert e.value.field == "method"
+    program = make_fast_dflash("dflash", 15)
+    assert (program.limits.speculative, program.limits.draft_tokens) == ("dflash (k=15)", 15)
+    assert program.model.plan.drafter is not None and program.model.pools.dk is not None
+    assert make_fast_dflash("dflash", 0).model.pools.dk is None
+
+
+def test_the_reference_checks_apply(tiny):
+    from ninfer.fast.program import FastProgramConfig
+    from ninfer.models.qwen3_5.drafter import DrafterConfig
+    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
+
+    cfg, weights = tiny
+    block8 = DrafterConfig.from_hf(drafter_hf_config(cfg, "dflash", block_size=8))
+    source = {**weights, **drafter_tensors(block8, 1)}.__getitem__
+
+    def build(kind, k):
+        config = FastProgramConfig(max_concurrency=1, max_context=64, page_size=4, kv_pages=40,
+                                   dtype=torch.float32, speculative=SpeculativeConfig(kind, k))
+        return FastProgram.build(cfg, source, config, budget_bytes=1 << 30, device="cpu", kernels="naive",
+                                 drafter=block8)
+    with pytest.raises(MissingBackendWeights, match="carries a dflash drafter"):
+        build("dflash2", 7)
+    with pytest.raises(SpeculativeConfigError, match="trained for blocks of 8") as e:
+        build("dflash", 15)
+    assert e.value.field == "num_speculative_tokens"
+    assert build("dflash", 7).limits.draft_tokens == 7
+
+
+def _prompts(prompt_of):
+    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(make_fast_dflash, prompt_of):
+    return [r.token_ids for r in serve(make_fast_dflash("dflash", 0), [token_request(p, 12) for p in
+                                                                      _prompts(prompt_of)],
+                                       max_concurrency=2, prefill_chunk=9)]
+
+
+@pytest.mark.parametrize("kind, k, forced, window", [("dflash", 15, False, None), ("dflash2", 15, False, None),
+                                                     ("dflash", 7, True, None), ("dflash2", 7, True, 6),
+                                                     ("dflash2", 3, True, None)])
+def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, plain_greedy, kind, k, forced,
+                                                  window):
+    program = make_fast_dflash(kind, k, forced=forced, window=window)
+    spec = serve(program, [token_request(p, 12) for p in _prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == plain_greedy
+    if forced:
+        assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
+    assert_drained(program)
+
+
+def _recording(program):
+    """Wrap the program's drafter: every row's drafts, in call order."""
+    seen, draft = [], program.executor.draft
+
+    def record(seqs, ctxs, ks):
+        out = draft(seqs, ctxs, ks)
+        seen.extend(d for d, _ in out)
+        return out
+    program.executor.draft = record
+    return seen
+
+
+@pytest.mark.parametrize("kind, window", [("dflash", None), ("dflash2", None), ("dflash2", 7)])
+def test_device_drafts_equal_the_reference_programs(make_fast_dflash, make_reference_dflash, prompt_of, kind,
+                                                    window):
+    """The same requests (greedy and sampled) through both Programs with the real drafter: the same drafts at every
+    round (two rows batched in one block pass, the context in pages, the window as a first-key bound, the selector
+    walk) and the same tokens and accepted counts."""
+    prompts = _prompts(prompt_of)
+    runs = []
+    for program in (make_fast_dflash(kind, 7, window=window), make_reference_dflash(kind, 7, window=window)):
+        drafts = _recording(program)
+        reqs = [token_request(p, 14, **({} if i % 2 else dict(sampling=SamplingParams(temperature=0.8), seed=3 + i)))
+                for i, p in enumerate(prompts)]
+        out = serve(program, reqs, max_concurrency=2, prefill_chunk=9)
+        runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
+    (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
+    assert len(fast_drafts) > 10 and sum(len(d) for d in fast_drafts) > 40
+    assert fast_drafts == ref_drafts
+    assert fast_out == ref_out
+
+
+def _start(program, prompt, max_new=40):
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
+                                                    max_new_tokens=max_new)))
+    h = program.advance(txn).handle
+    while (batch := program.prefill(h, 7)) is None:  # chunks of 7: the context is built in pieces
+        pass
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return h
+
+
+def _context(program, seq, n):
+    """The drafter's K and V of positions 0..n-1 of `seq`, read through its block table: [layers, n, nkv, d]."""
+    pools, ps = program.model.pools, program.model.plan.page_size
+    pos = torch.arange(n)
+    flat = torch.tensor(seq.table)[pos // ps] * ps + pos % ps
+    return [pool.flatten(1, 2)[:, flat.to(pool.device)].cpu() for pool in (pools.dk, pools.dv)]
+
+
+def _assert_same_context(program, seq, fresh):
+    """The context of seq's consumed positions equals a fresh Program's after prefilling them as one prompt."""
+    h = _start(fresh, tuple(seq.tokens[:seq.frontier]), max_new=2)
+    ref = fresh.sequence(h)
+    assert ref.frontier == seq.frontier
+    for a, b in zip(_context(program, seq, seq.frontier), _context(fresh, ref, ref.frontier)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_drafter_context_follows_the_committed_tokens(make_fast_dflash, prompt_of, kind):
+    """Rounds that accept all, some (a rollback replays the kept tokens) or none of their drafts, a cut block and
+    an aborted round: after each commit the context in the pages is exactly the one built from scratch."""
+    program = make_fast_dflash(kind, 5, forced=True)
+    h = _start(program, prompt_of(17, seed=3))
+    seq = program.sequence(h)
+    for i in range(8):
+        batch = program.decode([h])
+        if i == 3:
+            program.abort_pending(batch.take())
+        elif i == 7:  # the Engine's terminal rule cuts the last block after one token
+            program.commit(batch.take(), [RowDecision(1, True)])
+        else:
+            program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
+        _assert_same_context(program, seq, make_fast_dflash(kind, 5, max_concurrency=1))
+        program.check_invariants()
+    assert any(n not in (0, m) for n, m in program.executor.draft.forced)  # a partial acceptance was replayed
+
+
+def test_drafting_writes_no_page(make_fast_dflash, prompt_of):
+    program = make_fast_dflash("dflash2", 15)
+    h = _start(program, prompt_of(9, seed=8))
+    seq = program.sequence(h)
+    pools, plan = program.model.pools, program.model.plan
+    before = [p[:, :plan.num_pages + 1].clone() for p in (pools.dk, pools.dv)]
+    one = program.executor.draft([seq], [row_context(program, seq)], [15])
+    two = program.executor.draft([seq], [row_context(program, seq)], [15])
+    assert one[0][0] == two[0][0] and len(one[0][0]) == 15
+    for b, p in zip(before, (pools.dk, pools.dv)):
+        assert torch.equal(b, p[:, :plan.num_pages + 1])
+
+
+def test_page_copies_and_host_replicas_carry_the_context(make_fast_dflash, prompt_of):
+    program = make_fast_dflash("dflash", 7)
+    h = _start(program, prompt_of(13, seed=9))
+    seq = program.sequence(h)
+    pools, spare = program.model.pools, program.model.plan.num_pages - 1  # a page no sequence holds
+    assert spare not in seq.table
+    program.store.copy_page(seq.table[-1], spare)  # what a resume does with the partial page at its frontier
+    for pool in (pools.dk, pools.dv):
+        assert pool[:, seq.table[-1]].abs().sum() > 0 and torch.equal(pool[:, spare], pool[:, seq.table[-1]])
+    want = _context(program, seq, seq.frontier)
+    replica = program.store.load_pages(list(seq.table))
+    assert len(replica) == 4  # target K, V, drafter K, V
+    for pool in (program.model.pools.dk, program.model.pools.dv):
+        pool.fill_(float("nan"))
+    program.store.store_pages(list(seq.table), replica)
+    for a, b in zip(want, _context(program, seq, seq.frontier)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind, window, base_len, reused", [("dflash", None, 12, 12), ("dflash", None, 14, 14),
+                                                            ("dflash2", None, 100, 64),
+                                                            ("dflash2", 10, 100, 64)])
+def test_sampled_prefix_hit_with_dflash_equals_the_cold_run(make_fast_dflash, prompt_of, kind, window, base_len,
+                                                            reused):
+    """Sampled tokens depend on the drafts, and the drafts on the drafter context: a resumed request equals the
+    cold run only when the shared and copied pages carried the context of its frontier."""
+    base = prompt_of(base_len, seed=11)
+    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    program = make_fast_dflash(kind, 7, window=window)
+    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
+                      max_concurrency=2, prefill_chunk=48)
+    assert hit[0].usage.cached_prompt_tokens == reused
+    (cold,) = serve(make_fast_dflash(kind, 7, window=window), [token_request(second, 10, **sampled)],
+                    max_concurrency=1, prefix_caching=False)
+    assert hit[0].token_ids == cold.token_ids
+    assert_drained(program, published=True)
