@@ -109,11 +109,11 @@ def test_device_drafts_equal_the_reference_programs(make_fast_dflash, make_refer
     assert fast_out == ref_out
 
 
-def _start(program, prompt, max_new=40):
+def _start(program, prompt, max_new=40, chunk=7):
     txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
                                                     max_new_tokens=max_new)))
     h = program.advance(txn).handle
-    while (batch := program.prefill(h, 7)) is None:  # chunks of 7: the context is built in pieces
+    while (batch := program.prefill(h, chunk)) is None:  # chunks of 7: the context is built in pieces
         pass
     program.commit(batch.take(), [RowDecision(1, False)])
     return h
@@ -154,6 +154,14 @@ def test_drafter_context_follows_the_committed_tokens(make_fast_dflash, prompt_o
         _assert_same_context(program, seq, make_fast_dflash(kind, 5, max_concurrency=1))
         program.check_invariants()
     assert any(n not in (0, m) for n, m in program.executor.draft.forced)  # a partial acceptance was replayed
+
+
+def test_a_prefill_in_model_pieces_builds_the_same_context(make_fast_dflash, prompt_of):
+    """One 150-token chunk through a plan whose prefill piece is 64: three model calls, each piece's taps turned
+    into context, equal to the context built in chunks of 7."""
+    program = make_fast_dflash("dflash2", 7, max_prefill_tokens=64)
+    h = _start(program, prompt_of(150, seed=4), chunk=200)
+    _assert_same_context(program, program.sequence(h), make_fast_dflash("dflash2", 7, max_concurrency=1))
 
 
 def test_drafting_writes_no_page(make_fast_dflash, prompt_of):
