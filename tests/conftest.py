@@ -1,6 +1,7 @@
 """Hypothesis profiles: `ci` (default, a few minutes in all) and `soak` (long, for release gating).
 
-Select with HYPOTHESIS_PROFILE=soak.
+Select with HYPOTHESIS_PROFILE=soak; NINFER_SOAK_EXAMPLES sets its example budget (benchmarks/soak.sh runs many
+seeds of it in parallel).
 """
 
 import os
@@ -12,7 +13,8 @@ if os.environ.get("NINFER_TEST_DEVICE") != "cuda":
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-settings.register_profile("soak", deadline=None, max_examples=5000, stateful_step_count=120,
+settings.register_profile("soak", deadline=None, max_examples=int(os.environ.get("NINFER_SOAK_EXAMPLES", "5000")),
+                          stateful_step_count=120,
                           suppress_health_check=list(HealthCheck), print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=20)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
