@@ -4,7 +4,10 @@ Engine sees, host overhead, scheduling and sampling included.
 Per model: decode time per step at B = 1, 2, 4, 8 with 512- and 8192-token contexts (B requests decoding together,
 timed between the Engine's own output events); time to first token and prefill throughput at 2048 and 8192 tokens;
 time to first token for an 8192-token prompt whose first 8000 tokens hit the checkpoint a previous request
-retained; how many 32k-token sequences the planned pools hold, and 8 of them decoding at once; peak device memory;
+retained, and once more with each phase of it timed (`prefill_phases.py`); the inter-token latency of 7 decoding
+rows while an 8192-token prompt prefills beside them in chunks sized from the Program's measured PrefillCosts
+(issue 14's target: p99 <= 2.5 plain steps, the prompt's prefill throughput >= 95% of one piece alone); how many
+32k-token sequences the planned pools hold, and 8 of them decoding at once; peak device memory;
 the device's idle time between decode steps at B = 1..8 with async scheduling off and on (`step_gaps.py`, issue
 14's target <= 30 us). The Engine runs unthreaded (the caller steps it) so every interval is one or more whole
 worker boundaries; async scheduling is on (as `ninfer serve` runs the fast Program) unless NINFER_BENCH_ASYNC=0.
@@ -28,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlog import Run, bench_arguments, print_problems  # noqa: E402
 from shapes import config, random_source  # noqa: E402
+from prefill_phases import PhaseTimer, itl_report  # noqa: E402
 from step_gaps import StepGaps  # noqa: E402
 
 from ninfer.contracts import GenerationResult, GenerationStart, OutputDelta  # noqa: E402
@@ -54,6 +58,8 @@ class Settings:
     long_context: int = 32768
     long_tokens: int = 64  # more than the prefill boundaries of the other 7 prompts (4 chunks each)
     prefill_chunk: int = 8192
+    itl_prompt: int = 8192  # the long prompt prefilled beside LANES - 1 decoding rows (chunks from PrefillCosts)
+    itl_tokens: int = 256  # each decoding row's output: outlasts the long prompt's prefill
     budget_bytes: int | None = None  # None: 90% of the free device memory
 
     @property
@@ -62,7 +68,8 @@ class Settings:
 
 
 SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1, 2), contexts=(16, 40), decode_tokens=6, prefill=(64, 100),
-                 hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, budget_bytes=1 << 30)
+                 hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, itl_prompt=100, itl_tokens=24,
+                 budget_bytes=1 << 30)
 # skip a model when less than this many seconds are left (weights, compiles, graphs, the long-context part)
 MIN_SECONDS = {"0.8B": 40, "9B": 70, "35B-A3B": 100, "tiny": 1}
 
@@ -199,9 +206,11 @@ def bench_prefill(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
         rows.append({"T": T, "ttft_ms": tracker.ttft * 1e3, "tok_s": T / tracker.ttft, "reused": tracker.reused})
 
 
-def bench_prefix_hit(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
+def bench_prefix_hit(run: Run, engine: Engine, program: FastProgram, vocab: int, entry: dict) -> None:
     """The seed's prefix reuse: request A (the first `prefix` tokens) ends and its prompt-end checkpoint is
-    retained; request B (the same prefix, then new tokens) resumes from it. Compared with B's prompt cold."""
+    retained; request B (the same prefix, then new tokens) resumes from it. Compared with B's prompt cold. Then
+    one more hit with the PhaseTimer installed: where B's time goes (restore copies, admission, the suffix
+    prefill, the first draw), each phase synchronized, so its TTFT is reported apart."""
     gen = torch.Generator().manual_seed(3)
     prefix, total = run.s.hit
     for _ in range(2):  # the first round compiles what a resumed prefill needs; the second is timed
@@ -213,6 +222,50 @@ def bench_prefix_hit(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
     drive(engine, [cold])
     entry["prefix_hit"] = {"prefix": prefix, "prompt": total, "reused": hit.reused, "ttft_ms": hit.ttft * 1e3,
                            "cold_ttft_ms": cold.ttft * 1e3, "cold_reused": cold.reused}
+    shared = random_prompt(gen, prefix, vocab)
+    drive(engine, [submit(engine, shared, 1)])
+    timer = PhaseTimer(program).install()
+    try:
+        hit = submit(engine, shared + random_prompt(gen, total - prefix, vocab), 1)
+        drive(engine, [hit])
+    finally:
+        timer.uninstall()
+    entry["prefix_hit"].update(phases=timer.report(), phased_ttft_ms=hit.ttft * 1e3, phased_reused=hit.reused)
+
+
+def bench_itl(run: Run, engine: Engine, program: FastProgram, vocab: int, entry: dict) -> None:
+    """Inter-token latency of LANES - 1 decoding rows while another request prefills `itl_prompt` tokens, with the
+    chunks sized from the Program's PrefillCosts (prefill_chunk None: docs/engine.md): the p99 gap against the same
+    rows' plain step (target <= prefill_itl_ratio), and the long prompt's prefill throughput against the same
+    prompt prefilled alone (target >= 95%)."""
+    s, gen, config = run.s, torch.Generator().manual_seed(6), engine.core.config
+    engine.core.config = dataclasses.replace(config, prefill_chunk=None)
+    asked, prefill = [], program.prefill
+    program.prefill = lambda handle, n, mask=None: asked.append(n) or prefill(handle, n, mask)
+    try:
+        for _ in range(2):  # the first compiles; the second is the one-piece baseline (nothing decodes: WHOLE)
+            alone = submit(engine, random_prompt(gen, s.itl_prompt, vocab), 1)
+            drive(engine, [alone])
+        decoders = [submit(engine, random_prompt(gen, s.contexts[0], vocab), s.itl_tokens) for _ in range(LANES - 1)]
+        long: list[Tracker] = []
+        mark = [0]
+
+        def on_step():
+            if long:
+                long[0].poll(time.perf_counter())
+            elif all(len(t.token_times) >= 8 for t in decoders):
+                mark[0] = len(asked)
+                long.append(submit(engine, random_prompt(gen, s.itl_prompt, vocab), 1))
+        drive(engine, decoders, on_step)
+        drive(engine, long)
+    finally:
+        engine.core.config = config
+        del program.prefill
+    chunks = asked[mark[0]:]  # the long prompt's chunks (the decoders prefilled before it was submitted)
+    entry["itl"] = {"prompt": s.itl_prompt, "decoding": LANES - 1, "chunks": chunks,
+                    "costs": dataclasses.asdict(program.limits.prefill),
+                    **itl_report([t.token_times for t in decoders], long[0].submitted, long[0].token_times[0],
+                                 s.itl_prompt, s.itl_prompt / alone.ttft, config.prefill_itl_ratio)}
 
 
 def bench_long(run: Run, engine: Engine, program: FastProgram, vocab: int, entry: dict) -> None:
@@ -278,7 +331,8 @@ def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry:
     parts = {"decode": lambda: bench_decode(run, engine, vocab, entry),
              "idle": lambda: bench_idle(run, engine, program, vocab, entry),
              "prefill": lambda: bench_prefill(run, engine, vocab, entry),
-             "prefix hit": lambda: bench_prefix_hit(run, engine, vocab, entry),
+             "prefix hit": lambda: bench_prefix_hit(run, engine, program, vocab, entry),
+             "itl": lambda: bench_itl(run, engine, program, vocab, entry),
              "long": lambda: bench_long(run, engine, program, vocab, entry)}
     for part, fn in parts.items():
         if run.left() < 15:
@@ -318,6 +372,8 @@ def print_table(r: dict) -> None:
         if h:
             print(f"  {name:8} TTFT {h['prompt']} tokens with a {h['prefix']}-token checkpoint hit: "
                   f"{h['ttft_ms']:.1f} ms (reused {h['reused']}); cold {h['cold_ttft_ms']:.1f} ms")
+            print_phases(h)
+        print_itl(name, m.get("itl"))
         lg = m.get("long")
         if lg:
             print(f"  {name:8} {lg['context']}-token sequences: pools hold {lg['fit_by_pages']} by KV pages, "
@@ -329,6 +385,28 @@ def print_table(r: dict) -> None:
               f"{gib('state_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
               f"{gib('peak_allocated_bytes')} GiB, build {_f(m.get('build_s'), '{:.1f}')} s")
     print_problems(r)
+
+
+def print_phases(h: dict) -> None:
+    if "phases" not in h:
+        return
+    print(f"    phases of a hit, each synchronized (TTFT {h['phased_ttft_ms']:.1f} ms, reused {h['phased_reused']}); "
+          f"nested: the store's copies inside advance and prefill, model prefill and first draw inside prefill")
+    for name, p in h["phases"].items():
+        dev = f", device {p['device_ms']:7.2f} ms" if "device_ms" in p else ""
+        print(f"      {name:14} {p['calls']:>3} calls  host {p['host_ms']:7.2f} ms{dev}")
+
+
+def print_itl(name: str, d: dict | None) -> None:
+    if not d:
+        return
+    verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+    sizes = sorted(set(d["chunks"]))
+    print(f"  {name:8} ITL while a {d['prompt']}-token prompt prefills beside {d['decoding']} decoding rows: p99 "
+          f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, plain step {d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
+          f"(target <= {d['target']}x) {verdict(d['itl_pass'])}; {len(d['chunks'])} chunks of {sizes[0]}.."
+          f"{sizes[-1]} tokens; its prefill {d['prefill_tok_s']:.0f} tok/s against {d['alone_tok_s']:.0f} alone "
+          f"({_f(d['throughput_share'])}, target >= 0.95) {verdict(d['throughput_pass'])}")
 
 
 def main() -> int:

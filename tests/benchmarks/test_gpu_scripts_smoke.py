@@ -35,6 +35,12 @@ def test_bench_engine_smoke(tmp_path):
     assert all(_positive(d["step_ms"]) for d in tiny["decode"])
     assert tiny["prefix_hit"]["reused"] == tiny["prefix_hit"]["prefix"]  # the retained checkpoint was hit
     assert tiny["prefix_hit"]["cold_reused"] == 0
+    phases = tiny["prefix_hit"]["phases"]  # the timed hit: its transitions, the suffix prefill and its first draw
+    assert tiny["prefix_hit"]["phased_reused"] == 64 and phases["model prefill"]["calls"] == 1
+    assert all(_positive(phases[p]["host_ms"]) for p in ("advance", "prefill", "model prefill", "first draw"))
+    itl = tiny["itl"]  # no measured costs on the CPU: one fixed chunk covers the 100-token prompt
+    assert itl["chunks"] == [100] and itl["gaps"] >= itl["decoding"] and not itl["costs"]["measured"]
+    assert all(_positive(itl[k]) for k in ("plain_step_ms", "p99_ms", "prefill_tok_s", "alone_tok_s"))
     assert tiny["long"]["peak_active"] == tiny["long"]["lanes"]  # every long sequence ran at once
     idle = {(d["B"], d["async"]): d for d in tiny["idle"]}
     assert set(idle) == {(1, False), (2, False), (1, True), (2, True)}
