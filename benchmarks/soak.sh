@@ -18,6 +18,7 @@ FILES=("$@")
                                 tests/fast_program/test_properties.py)
 export HYPOTHESIS_PROFILE=soak PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 for f in "${FILES[@]}"; do
+    rm -f "$LOGS/$(basename "$f" .py)"-*.log
     for i in $(seq 1 "$JOBS"); do
         # SIGINT at the time limit: pytest stops between examples and still prints the boundary count
         timeout -s INT -k 60 "${SOAK_TIMEOUT_S:-1800}" "$PY" -m pytest -q -p no:cacheprovider "$f" --hypothesis-seed="$i" \
