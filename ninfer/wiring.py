@@ -279,7 +279,7 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
     name = options.served_model_name or facts.name or path.stem
     rt = Runtime(options, name, path, facts.random_weights, kind, frontend, frontend.max_context, facts.weights,
                  facts.sampling_defaults, _seeds=random.Random(options.seed))
-    program = _load_program(path, options, frontend.max_context, kind, speculative, vision=frontend.vision is not None)
+    program = _load_program(path, options, frontend.max_context, kind, speculative, vision=frontend.vision)
     rt.speculative = program.limits.speculative
     if kind == "reference" and program.stage_plan.stages > 1:
         plan = program.stage_plan
@@ -313,8 +313,6 @@ def vision_refusal(path: Path, options: RuntimeOptions, kind: str, speculative: 
         return "the scoring purpose takes text only"
     if options.limit_mm_per_prompt == 0:
         return "this server takes no images (--limit-mm-per-prompt 0)"
-    if kind == "fast":
-        return "the fast Program has no vision tower yet; serve images with --program reference (issue 15)"
     if speculative is not None:
         return "images are not served with --speculative-config (the MTP head's MRoPE is not built)"
     return None
@@ -384,7 +382,7 @@ def _speculative(options: RuntimeOptions) -> SpeculativeConfig | None:
 
 
 def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: str,
-                  speculative: SpeculativeConfig | None, vision: bool = False):
+                  speculative: SpeculativeConfig | None, vision: VisionPrompt | None = None):
     host_bytes = int(options.kv_offloading_size * (1 << 30))
     devices = options.devices
     if kind == "fast":
@@ -392,11 +390,14 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
 
         if devices is not None and len(devices) > 1:
             _refuse_fast_stages(path, options, speculative)
+        # the tower's workspace is sized by the largest image the processor makes (patches of 16 x 16 pixels)
+        patches = 0 if vision is None else vision.processor.max_pixels // vision.processor.patch_size ** 2
         try:
             return FastProgram.from_artifact(path, max_concurrency=options.max_num_seqs, max_context=max_context,
                                              gpu_memory_utilization=options.gpu_memory_utilization,
                                              speculative_config=options.speculative_config, host_bytes=host_bytes,
-                                             device=None if devices is None else devices[0])
+                                             device=None if devices is None else devices[0],
+                                             vision_patches=patches)
         except MissingBackendWeights as e:
             raise WiringError(str(e)) from None
     import torch
@@ -408,7 +409,7 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
                                     host_bytes=host_bytes, speculative=speculative, devices=devices or ("cpu",),
                                     stage_layers=options.stage_layers)
     try:
-        return ReferenceProgram.from_artifact(path, config, vision=vision)
+        return ReferenceProgram.from_artifact(path, config, vision=vision is not None)
     except SpeculativeConfigError as e:  # MissingBackendWeights, or a drafter trained for a shorter block
         raise WiringError(str(e)) from None
 

@@ -2,8 +2,12 @@
 ``FastVisionTower`` at the 9B checkpoint's tower geometry (depth 27, hidden 1152, 16 heads of 72, MLP 4304, out
 4096), random bf16 weights. Prints ms per encode (median of timed runs after a warm-up), the matrix FLOPs, the FLOP
 floor at the measured bf16 GEMM rate (perf-anchors.md: ~790 TFLOP/s on the H200) and the ratio to it (issue 15's
-target: within 2x), and the same for a 512x512 and a 1536x1024 image. Not through the Engine: the fast Program's
-image prefill is not built yet (docs/vision.md).
+target: within 2x), and the same for a 512x512 and a 1536x1024 image.
+
+Then through the Engine (issue 15's TTFT): the fast Program on the 9B text shape (random bf16 weights, one lane,
+graphs captured) with that tower, one request of 1024x1024 image (1024 merged tokens) plus 64 text tokens, cold
+(each repeat a new image digest, so nothing is reused): time to first token, median of the repeats after a warm-up
+request, next to the same prompt's TTFT with the image's tokens as plain text (the encode's share).
 
 Run: python benchmarks/gpu/bench_vision.py [--out DIR]
      python benchmarks/gpu/bench_vision.py --smoke     # a tiny tower on the CPU (Triton interpreter)
@@ -22,9 +26,21 @@ from pathlib import Path
 if "--smoke" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shapes import config, random_source  # noqa: E402
+
+from ninfer.contracts.media import PromptImage, PromptMedia, placeholder_ids  # noqa: E402
+from ninfer.engine.config import EngineConfig  # noqa: E402
+from ninfer.engine.engine import Engine  # noqa: E402
+from ninfer.engine.records import GenerationRequest  # noqa: E402
 from ninfer.fast.model.vision import FastVisionTower  # noqa: E402
+from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
+from ninfer.fast.program.program import vision_bytes  # noqa: E402
+from ninfer.frontend.vision_prompt import mrope_positions  # noqa: E402
+from ninfer.testing.sessions import TokenSession  # noqa: E402
 from ninfer.models.qwen3_5.params import vision_parameters  # noqa: E402
 from ninfer.models.qwen3_5.vision_config import VisionConfig  # noqa: E402
 
@@ -46,11 +62,69 @@ def flops(v: VisionConfig, n: int) -> float:
     return 2 * n * v.patch_dim * H + v.depth * block + 2 * (n // v.merge_unit) * m * (m + v.out_hidden_size)
 
 
-def random_tower(v: VisionConfig, device: str, dtype: torch.dtype) -> FastVisionTower:
+def random_tower(v: VisionConfig, device: str, dtype: torch.dtype, kernels: str = "triton") -> FastVisionTower:
     gen = torch.Generator().manual_seed(0)
     weights = {s.name: torch.randn(s.shape, generator=gen) * 0.02 + (1.0 if s.name.endswith("norm.weight")
                or s.name.endswith(("norm1.weight", "norm2.weight")) else 0.0) for s in vision_parameters(v)}
-    return FastVisionTower(v, weights, dtype, device)
+    return FastVisionTower(v, weights, dtype, device, kernels)
+
+
+def image_request(v: VisionConfig, vocab: int, px: int, text: int, seed: int, image: bool = True):
+    """A prompt of 3 text tokens, one px x px image (or as many plain text tokens) and `text` - 3 more tokens."""
+    rng = np.random.RandomState(seed)
+    side = px // v.patch_size
+    n = side * side // v.merge_unit
+    ids = lambda k: rng.randint(min(1000, vocab // 2), min(2000, vocab), k).tolist()  # noqa: E731
+    head, tail = ids(3), ids(text - 3)
+    if not image:
+        return GenerationRequest(tuple(head + ids(n) + tail), TokenSession(1), 1)
+    digest = f"{seed:032x}"
+    img = PromptImage(3, (1, side, side), v.spatial_merge_size, digest,
+                      rng.standard_normal((side * side, v.patch_dim)).astype(np.float32))
+    prompt = head + list(placeholder_ids(digest, n)) + tail
+    positions, delta = mrope_positions(len(prompt), [img])
+    media = PromptMedia((img,), min(v.image_token_id, vocab - 1), positions, delta)
+    return GenerationRequest(tuple(prompt), TokenSession(1), 1, media=media)
+
+
+def ttft_ms(engine: Engine, request, device: str) -> float:
+    t0 = time.perf_counter()
+    handle = engine.submit(request)
+    engine.run_until_idle()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    result = handle.result(timeout=0)
+    if result.error is not None:
+        raise RuntimeError(f"request failed: {result.error}")
+    return (time.perf_counter() - t0) * 1e3  # one output token: the whole request is its TTFT
+
+
+def bench_engine(v: VisionConfig, smoke: bool, repeats: int) -> dict:
+    """TTFT of one image + 64 text tokens through the Engine on the fast Program (9B text shape)."""
+    device, kernels = ("cpu", "naive") if smoke else ("cuda", "triton")
+    cfg = config("tiny" if smoke else "9B")
+    px, text = (64, 16) if smoke else (1024, 64)
+    patches = (px // v.patch_size) ** 2
+    tower = random_tower(v, device, torch.float32 if smoke else torch.bfloat16, kernels)
+    settings = FastProgramConfig(max_concurrency=1, max_context=2048, max_prefill_tokens=2048,
+                                 dtype=torch.float32 if smoke else torch.bfloat16)
+    if smoke:
+        budget = 1 << 30
+    else:
+        from ninfer.fast.memory import device_budget
+        budget = device_budget(0.9)
+    program = FastProgram.build(cfg, random_source(cfg, device), settings, device=device, kernels=kernels,
+                                budget_bytes=budget - vision_bytes(tower, patches), vision=tower,
+                                vision_patches=patches)
+    engine = Engine(program, EngineConfig(max_concurrency=1, prefill_chunk=2048, prefix_caching=False),
+                    threaded=False)
+    V = cfg.vocab_size
+    ttft_ms(engine, image_request(v, V, px, text, 0), device)  # warm-up: this grid's tables and kernels
+    with_image = [ttft_ms(engine, image_request(v, V, px, text, 1 + i), device) for i in range(repeats)]
+    as_text = [ttft_ms(engine, image_request(v, V, px, text, 1 + i, image=False), device) for i in range(repeats)]
+    tokens = len(image_request(v, V, px, text, 0).prompt)
+    return {"image": f"{px}x{px}", "prompt_tokens": tokens, "ttft_ms": statistics.median(with_image),
+            "text_only_ttft_ms": statistics.median(as_text), "repeats": repeats}
 
 
 def time_encode(tower: FastVisionTower, grid: tuple[int, int, int], repeats: int, device: str) -> float:
@@ -89,9 +163,12 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"{r['image']:>10} {r['patches']:>8} {r['tokens']:>7} {r['ms']:>9.2f} {r['gflop']:>8.1f} "
               f"{r['floor_ms']:>9.3f} {r['x_floor']:>8.2f}")
+    engine = bench_engine(v, args.smoke, 1 if args.smoke else 5)
+    print(f"TTFT through the Engine, {engine['image']} image + text, {engine['prompt_tokens']} prompt tokens: "
+          f"{engine['ttft_ms']:.1f} ms (the same length as text only: {engine['text_only_ttft_ms']:.1f} ms)")
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows,
               "target": "1024x1024 within 2x of the floor",
-              "pass": None if args.smoke else rows[0]["x_floor"] <= 2.0}
+              "pass": None if args.smoke else rows[0]["x_floor"] <= 2.0, "engine": engine}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_vision.json").write_text(json.dumps(result, indent=2))

@@ -13,7 +13,8 @@
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
-#   bash benchmarks/gpu/run.sh vision   # vision tower tests (ops, fast tower vs reference) + bench_vision.py (< 2 min)
+#   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
+#                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -103,9 +104,11 @@ run_agent() {
 }
 
 run_vision() {
-    echo "== vision: the attention op and the fast tower against the reference, then the tower at the 9B geometry"
+    echo "== vision: the attention op, the fast tower and the fast Program's images against the reference, then the"
+    echo "   tower at the 9B geometry and TTFT through the Engine"
     NINFER_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest tests/ops/test_vision_attention.py \
-        tests/fast_model/test_vision_tower.py -q -p no:cacheprovider || echo "vision tests rc=$?"
+        tests/fast_model/test_vision_tower.py tests/fast_model/test_vision_prefill.py \
+        tests/fast_program/test_vision.py -q -p no:cacheprovider || echo "vision tests rc=$?"
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_vision.py ${OUT:+--out "$OUT"} || echo "bench_vision rc=$?"
 }
 

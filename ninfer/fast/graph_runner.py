@@ -3,7 +3,9 @@
 
 Stability note: a graph is keyed by B (and, with a sampler, by its variant: greedy, sample or sort, see
 ``ninfer.fast.sampling.rows``) alone. Request identity and page ids are graph *input data*: before a replay the
-caller's tokens, slot ids, block-table row ids, context lengths and positions are copied into static buffers that
+caller's tokens, slot ids, block-table row ids, context lengths, positions and rotary positions (position +
+rope_delta for a prompt with images, the position itself otherwise: the same kernels either way) are copied into
+static buffers that
 the graph reads, and the sampler's per-row parameters and masks into its own, so any B sequences replay the same
 graph at any context length. There is no padding: the Engine runs compact decode rounds of exactly B rows.
 
@@ -27,38 +29,45 @@ from ninfer.fast.sampling import DeviceSampler
 
 
 class StaticInputs:
-    """Decode inputs at the largest batch size; a batch of B uses the first B columns. The five int32 rows live in
+    """Decode inputs at the largest batch size; a batch of B uses the first B columns. The six int32 rows live in
     one device tensor, mirrored (on CUDA) by one pinned host tensor, so a step's inputs cross in one copy."""
 
-    ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions")
+    ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions", "rope_positions")
 
     def __init__(self, max_batch: int, device: torch.device):
-        self.packed = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, device=device)  # [5, max_batch]
+        self.packed = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, device=device)  # [6, max_batch]
         pin = device.type == "cuda" and torch.cuda.is_available()
         self.staging = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, pin_memory=pin)  # host mirror
         self._staging_np = self.staging.numpy()
         self._copied = torch.cuda.Event() if pin else None  # the mirror's last copy; reuse waits for it
         # tokens [max_batch]; slot_ids: GDN slots; table_rows: rows of pools.block_tables; context_lens: keys to
-        # attend to, the current token included; positions: the token's absolute position
-        self.tokens, self.slot_ids, self.table_rows, self.context_lens, self.positions = self.packed.unbind(0)
+        # attend to, the current token included; positions: the token's absolute position (its KV address);
+        # rope_positions: its rotary position (position + the prompt's MRoPE rope_delta, 0 for a text prompt)
+        (self.tokens, self.slot_ids, self.table_rows, self.context_lens, self.positions,
+         self.rope_positions) = self.packed.unbind(0)
 
     @classmethod
     def allocate(cls, max_batch: int, device: torch.device) -> "StaticInputs":
         return cls(max_batch, torch.device(device))
 
-    def fill(self, tokens, slot_ids, table_rows, context_lens, positions) -> int:
-        """Copy one batch in (host or device tensors, any int dtype); returns B."""
+    def fill(self, tokens, slot_ids, table_rows, context_lens, positions, rope_positions=None) -> int:
+        """Copy one batch in (host or device tensors, any int dtype; rope_positions default to positions);
+        returns B."""
         B = tokens.shape[0]
-        for dst, src in zip(self.packed, (tokens, slot_ids, table_rows, context_lens, positions)):
+        rope = positions if rope_positions is None else rope_positions
+        for dst, src in zip(self.packed, (tokens, slot_ids, table_rows, context_lens, positions, rope)):
             if src.shape != (B,):
                 raise ValueError(f"decode inputs must all be [B={B}], got {tuple(src.shape)}")
             dst[:B].copy_(src, non_blocking=True)
         return B
 
     def fill_lists(self, columns: tuple[list[int], ...]) -> int:
-        """The same from five host lists of ints, through the pinned mirror in one copy; returns B."""
+        """The same from five or six host lists of ints (rope positions default to positions), through the pinned
+        mirror in one copy; returns B."""
         B = len(columns[0])
-        if any(len(c) != B for c in columns):
+        if len(columns) == len(self.ROWS) - 1:
+            columns = (*columns, columns[-1])
+        if len(columns) != len(self.ROWS) or any(len(c) != B for c in columns):
             raise ValueError(f"decode inputs must all have B={B} entries, got {[len(c) for c in columns]}")
         if self._copied is not None:
             self._copied.synchronize()
@@ -75,6 +84,7 @@ class StaticInputs:
         self.table_rows[:B].fill_(dummy_row)
         self.context_lens[:B].fill_(1)
         self.positions[:B].zero_()
+        self.rope_positions[:B].zero_()
 
 
 def graphs_available() -> bool:
@@ -107,7 +117,7 @@ class DecodeGraphRunner:
         if self.backup_base is not None:
             self.model.backup_slots(s.slot_ids[:B], s.table_rows[:B], self.backup_base)
         logits = self.model.decode(s.tokens[:B], s.slot_ids[:B], s.table_rows[:B], s.context_lens[:B],
-                                   s.positions[:B])
+                                   s.positions[:B], s.rope_positions[:B])
         if self.sampler is not None:
             self.sampler.stages(logits, variant)
             return ()
@@ -148,17 +158,19 @@ class DecodeGraphRunner:
         return (B, variant) in self.graphs
 
     def run(self, tokens: torch.Tensor, slot_ids: torch.Tensor, table_rows: torch.Tensor,
-            context_lens: torch.Tensor, positions: torch.Tensor,
-            variant: str | None = None) -> tuple[torch.Tensor, ...] | None:
+            context_lens: torch.Tensor, positions: torch.Tensor, variant: str | None = None,
+            rope_positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         """Fill the static inputs and replay B's graph (or run eagerly on the same buffers when B has no graph).
         Returns (logits [B, V] fp32,) or, with ``greedy``, (logits, argmax tokens [B]). With a sampler the caller has
         filled its inputs (``DeviceSampler.prepare``, which names the variant) and collects the tokens afterwards;
         nothing is returned."""
         self._check(tokens.shape[0], variant)
-        return self._replay(self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions), variant)
+        return self._replay(self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions, rope_positions),
+                            variant)
 
     def run_lists(self, columns: tuple[list[int], ...], variant: str | None = None) -> tuple[torch.Tensor, ...] | None:
-        """``run`` from five host lists (tokens, slot ids, table rows, context lengths, positions): one copy in."""
+        """``run`` from five host lists (tokens, slot ids, table rows, context lengths, positions), or six with the
+        rotary positions: one copy in."""
         self._check(len(columns[0]), variant)
         return self._replay(self.inputs.fill_lists(columns), variant)
 

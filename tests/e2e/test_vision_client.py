@@ -1,7 +1,8 @@
 """Images through `ninfer serve` with the real `openai` client, on a random-weight multimodal model with the real
 vocabulary (ninfer.testing.vision_model): data URLs in every accepted format, allowed local files, prefix reuse over
 a repeated image with identical output (and none across different images), /tokenize's exact count, and hostile
-media answered 400 with the server still serving."""
+media answered 400 with the server still serving. The Program is the reference one, or the fast one with
+NINFER_TEST_DEVICE=cuda (tests/e2e/conftest.py); the test ids carry it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 PIL = pytest.importorskip("PIL.Image")
 
-from tests.e2e.conftest import LiveServer  # noqa: E402
+from tests.e2e.conftest import PROGRAM, LiveServer, program_args  # noqa: E402
 
 MAX_BYTES = 300_000
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -54,17 +55,18 @@ def media_dir(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, media_dir):
+@pytest.fixture(scope="module", params=[PROGRAM])
+def server(request, tmp_path_factory, media_dir):
     from ninfer.testing.vision_model import build_vision_test_model
 
     model = build_vision_test_model(tmp_path_factory.mktemp("vm") / "vision.ninfer")
-    srv = LiveServer([str(model), "--program", "reference", "--max-model-len", "1024", "--max-num-seqs", "2",
+    srv = LiveServer([str(model), *program_args(), "--max-model-len", "1024", "--max-num-seqs", "2",
                       "--served-model-name", "vl", "--limit-mm-per-prompt", '{"image": 3}',
                       "--allowed-local-media-path", str(media_dir / "allowed"), "--media-max-bytes", str(MAX_BYTES),
                       "--media-max-pixels", "4000000"], tmp_path_factory.mktemp("vserve") / "server.log")
     try:
         srv.wait_ready()
+        srv.wait_log(f"on the {request.param} Program")
         yield srv
     finally:
         srv.stop()

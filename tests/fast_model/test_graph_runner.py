@@ -95,6 +95,33 @@ def test_static_inputs_fill_only_the_first_rows():
                torch.tensor([8, 7]))
     assert B == 2
     assert s.context_lens.tolist() == [9, 8, -5, -5] and s.tokens[:2].tolist() == [3, 4]
+    assert s.rope_positions[:2].tolist() == [8, 7]  # rotary positions default to the positions
+    s.fill_lists(([1], [0], [0], [4], [3], [1]))
+    assert s.positions[0] == 3 and s.rope_positions[0] == 1
+
+
+def test_rotary_positions_are_a_row_of_the_inputs():
+    """After a prompt with images a row rotates at position + rope_delta: the runner's sixth row (a text row's
+    delta 0 is the five-row call), equal to eager decode with those rotary positions and to verify's single-token
+    blocks with the same deltas; the delta changes the logits."""
+    runner_model, eager = _twins(torch.float32)
+    lengths = [5, 8]
+    slots, rows = _prefill_both(runner_model, eager, lengths)
+    runner = DecodeGraphRunner(runner_model, max_batch=2, greedy=True)
+    runner.capture()
+    deltas = [-3, 0]
+    cols = ([4, 9], slots, rows, [n + 1 for n in lengths], lengths)
+    logits, _ = runner.run_lists((*cols, [n + d for n, d in zip(lengths, deltas)]))
+    args = [torch.tensor(c, **I32) for c in cols]
+    want = eager.decode(*args, rope_positions=torch.tensor([n + d for n, d in zip(lengths, deltas)], **I32))
+    assert_close("runner decode with rope deltas", want, logits, 1e-5)
+    verify_model, plain = _twins(torch.float32)
+    _prefill_both(verify_model, plain, lengths)
+    got, _ = verify_model.verify(args[0].long(), slots, rows, lengths, [1, 1], rope_deltas=deltas)
+    assert_close("verify with rope deltas", want, got, 1e-5)
+    without = plain.decode(*args)
+    assert_close("a text row is the five-row call", without[1:], want[1:], 1e-5)
+    assert (without[0] - want[0]).abs().max() > 1e-3  # the delta is read
 
 
 @dataclass

@@ -39,3 +39,18 @@ def test_warm_runs_the_largest_grid(artifact):
     fast = FastVisionTower.from_artifact(artifact, torch.float32, DEVICE)
     fast.warm(48 * 4)
     assert (12, 12) in fast._grids  # 192 patches: the largest whole-block square, 12 x 12 = 144 <= 192
+
+
+@pytest.mark.skipif(not ON_GPU, reason="device memory statistics need CUDA")
+def test_workspace_bound_covers_an_encode(artifact):
+    """The bytes the fast Program takes off its budget for one encode (`workspace_bytes`) cover what an encode
+    really holds at its peak (1 MiB of slack for the allocator's rounding of these tiny tensors)."""
+    fast = FastVisionTower.from_artifact(artifact, torch.bfloat16, DEVICE)
+    grid, n = (1, 16, 12), 192
+    pixels = torch.randn(n, fast.cfg.patch_dim, device=DEVICE)
+    fast.encode(pixels, grid)  # the grid's tables are cached, not transients
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fast.encode(pixels, grid)
+    assert torch.cuda.max_memory_allocated() - base <= fast.workspace_bytes(n) + (1 << 20)

@@ -37,7 +37,8 @@ class StepInputs:
     captures: tuple[tuple[int, int], ...] = ()
     # multi-query decode: step j of every block still that long, as (token rows [b_j] long, their slots [b_j] int32)
     gdn_steps: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with images
+    # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with
+    # images, or [T] int32 after one (position + rope_delta, MRoPE's three rows equal: plain RoPE)
     rope_positions: torch.Tensor | None = None
 
     @property
@@ -97,8 +98,9 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
     q, gate = qg[..., :d], qg[..., d:]  # [T, nh, d] views
     kk = qkv[:, 2 * nh * d:(2 * nh + nkv) * d].view(T, nkv, d)
     v = qkv[:, (2 * nh + nkv) * d:].view(T, nkv, d)
-    if step.rope_positions is None:
-        q = k.rope_kv_write(q, kk, v, step.positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
+    if step.rope_positions is None or step.rope_positions.ndim == 1:
+        rot = step.positions if step.rope_positions is None else step.rope_positions
+        q = k.rope_kv_write(q, kk, v, rot, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
                             cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps)
     else:
         q = k.rope_kv_write(q, kk, v, step.rope_positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,

@@ -56,16 +56,19 @@ class FastModel:
         return self.weights.embed.device
 
     def decode(self, tokens: torch.Tensor, slot_ids: torch.Tensor, block_table_rows: torch.Tensor,
-               context_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+               context_lens: torch.Tensor, positions: torch.Tensor,
+               rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """One token for each of B sequences. tokens [B]; slot_ids [B] int32 GDN slots; block_table_rows [B] rows of
         ``pools.block_tables``; context_lens [B] int32 keys to attend to, this token included; positions [B] the
-        token's absolute position. Writes K/V into the pages, advances the GDN slots. Returns logits [B, V] fp32."""
+        token's absolute position; rope_positions [B] its rotary position where that differs (after a prompt with
+        images: position + rope_delta, equal in MRoPE's three rows). Writes K/V into the pages, advances the GDN
+        slots. Returns logits [B, V] fp32."""
         ps = self.plan.page_size
         table = self.pools.block_tables.index_select(0, block_table_rows.long())  # [B, max_pages]
         pos = positions.long()
         pages = table.gather(1, (pos // ps)[:, None])[:, 0].long()
         step = StepInputs(positions=positions, slot_mapping=pages * ps + pos % ps, slot_ids=slot_ids,
-                          block_table=table, context_lens=context_lens)
+                          block_table=table, context_lens=context_lens, rope_positions=rope_positions)
         hidden = self._layers(tokens, step)
         return self.logits(hidden)
 
@@ -129,13 +132,14 @@ class FastModel:
         return (logits, torch.cat(hiddens)) if return_hidden else logits
 
     def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
-               starts: Sequence[int], lens: Sequence[int], taps: dict[int, torch.Tensor] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               starts: Sequence[int], lens: Sequence[int], taps: dict[int, torch.Tensor] | None = None,
+               rope_deltas: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Multi-query decode: B blocks packed along tokens [N] (block i: lens[i] >= 1 tokens at positions
         starts[i].., on GDN slot slot_ids[i] and table row block_table_rows[i], whose pages must cover them), in
         one target pass: the GDN decode recurrence stepped over each block, attention with lens[i] queries per
         block, causal inside it. Advances the slots in place and writes K/V. Returns (logits [N, V] fp32, the
-        final-normed hidden [N, H]); ``taps`` as for `prefill` ([N, H] each)."""
+        final-normed hidden [N, H]); ``taps`` as for `prefill` ([N, H] each). ``rope_deltas[i]``: block i rotates at
+        its positions + that (a sequence after a prompt with images)."""
         if tokens.ndim != 1 or tokens.shape[0] != sum(lens) or min(lens, default=0) < 1 or \
                 not len(slot_ids) == len(block_table_rows) == len(starts) == len(lens):
             raise ValueError(f"verify takes {len(lens)} blocks of lens {list(lens)} >= 1 packed along a 1-D token "
@@ -143,7 +147,11 @@ class FastModel:
         if max(s + n for s, n in zip(starts, lens)) > self.plan.max_context:
             raise ValueError(f"positions up to {max(s + n for s, n in zip(starts, lens))} exceed the planned "
                              f"context {self.plan.max_context}")
-        hidden = self._layers(tokens, self._verify_inputs(slot_ids, block_table_rows, starts, lens), taps)
+        step = self._verify_inputs(slot_ids, block_table_rows, starts, lens)
+        if rope_deltas is not None and any(rope_deltas):
+            step.rope_positions = step.positions + torch.tensor([d for d, n in zip(rope_deltas, lens)
+                                                                 for _ in range(n)], **_i32(self.device))
+        hidden = self._layers(tokens, step, taps)
         return self.logits(hidden), hidden
 
     def _verify_inputs(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
@@ -209,6 +217,10 @@ class FastModel:
         if isinstance(lm_head, torch.Tensor):
             return F.linear(hidden, lm_head).float()
         return self.kernels.linear(hidden, lm_head).float()
+
+
+def _i32(device: torch.device) -> dict:
+    return dict(device=device, dtype=torch.int32)
 
 
 def _piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):

@@ -7,9 +7,10 @@ learned table resampled bilinearly (corners aligned) by a precomputed gather of 
 pre-LayerNorm blocks with a tanh-GELU MLP, the 2x2 merger. The per-grid index tables (resampling taps, rotary
 angles) are cached by grid, since an image size repeats.
 
-Not yet the Program's: the tower is not wired into the fast Program's image prefill, and its activations come from
-torch's caching allocator (sized by a warm-up at the largest image, ``warm``) rather than from regions of the
-Program's planned workspace (issue 15).
+Memory: the weights are loaded once at start; activations are transients of torch's caching allocator, like the
+text model's (docs/fast-model.md), budgeted by the Program before it plans its pools (``workspace_bytes``: the
+largest image the processor can produce) and settled at start by ``warm`` at that size, so serving an image makes
+no new device allocation from the driver.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from ninfer.fast.ops.vision_attention import vision_attention
+from ninfer.fast.ops.vision_attention import vision_attention, vision_attention_naive
 from ninfer.models.qwen3_5.params import vision_parameters
 from ninfer.models.qwen3_5.vision_config import VisionConfig
 
@@ -43,8 +44,12 @@ def _taps(idx: torch.Tensor, n: int, side: int) -> tuple[torch.Tensor, torch.Ten
 
 
 class FastVisionTower:
-    def __init__(self, vcfg: VisionConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device):
+    def __init__(self, vcfg: VisionConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device,
+                 kernels: str = "triton"):
         self.cfg, self.dtype, self.device = vcfg, dtype, torch.device(device)
+        # "naive": the attention op's reference (CPU tests of the fast Program, as its model's kernels="naive")
+        self._attend = (lambda q, k, v, cu, max_seqlen: vision_attention_naive(q, k, v, cu)) \
+            if kernels == "naive" else vision_attention
         w = {}
         for spec in vision_parameters(vcfg):
             t = weights[spec.name]
@@ -60,13 +65,26 @@ class FastVisionTower:
         self._grids: dict[tuple[int, int], tuple] = {}
 
     @classmethod
-    def from_artifact(cls, path, dtype: torch.dtype, device) -> "FastVisionTower":
+    def from_artifact(cls, path, dtype: torch.dtype, device, kernels: str = "triton") -> "FastVisionTower":
         from ninfer.artifact import open_artifact
         from ninfer.models.qwen3_5.params import TEXT, VISION
 
         with open_artifact(path, features=(TEXT, VISION)) as art:
             weights = {n: art.dequantize(n) for n, b in art.bindings.items() if b.feature == VISION}
-            return cls(art.config.vision, weights, dtype, device)
+            return cls(art.config.vision, weights, dtype, device, kernels)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.w.values())
+
+    def workspace_bytes(self, max_patches: int) -> int:
+        """An upper bound of the transient bytes one encode of ``max_patches`` patches holds at its peak: the
+        residual, the normed input and the qkv projection in the tower's dtype, the fp32 rotary temporaries of q
+        and k, the attention output, the MLP's two [N, I] activations, the merger's; the features [N/4, out]."""
+        v, act = self.cfg, torch.finfo(self.dtype).bits // 8
+        N, Hv = max_patches, v.hidden_size
+        per_patch = act * (6 * Hv + 2 * v.intermediate_size) + 4 * 6 * Hv + 4 * v.patch_dim
+        return N * per_patch + N // v.merge_unit * (v.merge_unit * Hv + v.out_hidden_size) * act * 2
 
     def _grid(self, h: int, w: int) -> tuple:
         """Per (h, w): the 4 resampling taps [h*w, 4] and weights, and rotary cos/sin [h*w, head_dim] (fp32)."""
@@ -107,7 +125,7 @@ class FastVisionTower:
             y = F.layer_norm(x, (v.hidden_size,), W[p + "norm1.weight"], W[p + "norm1.bias"], LN_EPS)
             qkv = torch.addmm(W[p + "attn.qkv.bias"], y, W[p + "attn.qkv.weight"].t()).view(N, 3, nh, d)
             q, k = (_rotate(qkv[:, j], cos, sin).to(self.dtype) for j in (0, 1))
-            o = vision_attention(q, k, qkv[:, 2], cu, max_seqlen=h * w).view(N, nh * d)
+            o = self._attend(q, k, qkv[:, 2], cu, max_seqlen=h * w).view(N, nh * d)
             x = x + torch.addmm(W[p + "attn.proj.bias"], o, W[p + "attn.proj.weight"].t())
             y = F.layer_norm(x, (v.hidden_size,), W[p + "norm2.weight"], W[p + "norm2.bias"], LN_EPS)
             y = self.act(torch.addmm(W[p + "mlp.linear_fc1.bias"], y, W[p + "mlp.linear_fc1.weight"].t()))

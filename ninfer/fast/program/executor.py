@@ -13,6 +13,10 @@ also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints,
 With the DFlash backend (`dflash`, `dflash_backend.FastDFlashBackend`) the same consumptions ask the model for the
 target taps and write the drafter context of their positions into the drafter's pages; `draft` is its one batched
 block pass (and DFlash2's selector walk).
+
+A sequence with images (`seq.media`, `images.py`): prefill pieces embed the pad id at the placeholders, take the
+tower's features there and rotate with the 3-row MRoPE positions; decode and forced tokens rotate at position +
+rope_delta (a graph input row, so a text row's delta 0 costs nothing); the sampler's tables see the model ids.
 """
 
 from __future__ import annotations
@@ -29,21 +33,24 @@ from ninfer.program_core import ActiveSequence, Drawn
 from ninfer.sampling import RowContext, SamplingError, draw_draft
 
 from .dflash_backend import FastDFlashBackend
+from .images import ImageInputs, ModelHistory
 from .stores import DeviceState
 
 
 def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[SampleRow]:
     """One device draw per sequence at its next position (the pending token, if any, is consumed first)."""
-    return [SampleRow(s.params, s.seed, s.frontier + (s.pending is not None), s.row, s.handle, s.num_outputs, s, m)
-            for s, m in zip(seqs, masks)]
+    return [SampleRow(s.params, s.seed, s.frontier + (s.pending is not None), s.row, s.handle, s.num_outputs,
+                      s if s.media is None else ModelHistory(s), m) for s, m in zip(seqs, masks)]
 
 
 class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
-                 backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None):
+                 backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
+                 images: ImageInputs | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
+        self.images = images or ImageInputs(None, model.device)
         self.mtp = model.mtp  # the speculative backend's head (None: plain decoding or DFlash)
         self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
 
@@ -53,6 +60,9 @@ class FastExecutor:
     def prefill(self, seq: ActiveSequence, start: int, end: int,
                 captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
         tokens, slot = seq.prompt[start:end], seq.handle.slot
+        if seq.media is not None:  # images are refused with a speculative backend
+            ids, image_args = self.images.prefill_args(seq, start, end)
+            return self.model.prefill(ids, slot, seq.row, start, captures=captures, **image_args)  # [V] fp32
         if self.dflash is not None:
             return self._prefill_dflash(seq, start, tokens, captures)
         if self.mtp is None:
@@ -101,13 +111,15 @@ class FastExecutor:
         host sync of a step). Async scheduling holds it across the Engine's host work."""
         pos = [s.frontier for s in seqs]
         variant = self.sampler.prepare(_sample_rows(seqs, masks))  # positions frontier + 1
+        rope = [p + ImageInputs.rope_delta(s) for p, s in zip(pos, seqs)]
         self.runner.run_lists(([s.pending for s in seqs], [s.handle.slot for s in seqs], [s.row for s in seqs],
-                               [p + 1 for p in pos], pos), variant=variant)
+                               [p + 1 for p in pos], pos, rope), variant=variant)
         return self.sampler.collect
 
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         if self.mtp is None and self.dflash is None:
-            self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier)
+            rope = ImageInputs.feed_positions(seq, seq.frontier, len(tokens), self.device)
+            self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier, rope_positions=rope)
             return
         self._step([seq], [tuple(tokens)])
 
@@ -147,7 +159,7 @@ class FastExecutor:
         lens = [len(f) for f in feds]
         taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
         logits, hidden = self.model.verify(self._tokens([t for f in feds for t in f]), slots, rows, starts, lens,
-                                           taps=taps)
+                                           taps=taps, rope_deltas=[ImageInputs.rope_delta(s) for s in seqs])
         if self.mtp is not None:
             self.mtp.advance(slots, rows, starts, feds, list(torch.split(hidden, lens)))
         if self.dflash is not None:

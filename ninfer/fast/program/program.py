@@ -22,6 +22,7 @@ from ninfer.fast.model import FastModel
 from ninfer.fast.model.dflash import FastDrafter, load_drafter_weights
 from ninfer.fast.model.model import check_mtp
 from ninfer.fast.model.quantized import artifact_quant
+from ninfer.fast.model.vision import FastVisionTower
 from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.models.qwen3_5.config import Qwen35Config
@@ -35,7 +36,10 @@ from .config import FastProgramConfig
 from .costs import measure_costs, measure_prefill
 from .dflash_backend import FastDFlashBackend
 from .executor import FastExecutor
+from .images import HELD, ImageInputs
 from .stores import DeviceState
+
+NO_VISION_SPECULATIVE = "images are not served with a speculative backend (its drafts would need MRoPE positions)"
 
 
 def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None) -> FastDFlashBackend | None:
@@ -55,8 +59,11 @@ def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None)
 
 
 class FastProgram(Program):
-    def __init__(self, model: FastModel, config: FastProgramConfig, drafter: FastDrafter | None = None):
-        """`drafter`: the DFlash / DFlash2 drafter a DFlash method runs (`FastProgram.build` loads it)."""
+    def __init__(self, model: FastModel, config: FastProgramConfig, drafter: FastDrafter | None = None,
+                 vision: FastVisionTower | None = None, vision_patches: int = 0):
+        """`drafter`: the DFlash / DFlash2 drafter a DFlash method runs (`FastProgram.build` loads it). `vision`:
+        the tower, which prepares the Vision feature (image prompts; without it they are refused), warmed on CUDA
+        at `vision_patches` (the largest image's patches) before serving."""
         cfg, plan = model.cfg, model.plan
         c = config.resolved(cfg)
         if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
@@ -68,6 +75,8 @@ class FastProgram(Program):
         if mtp and model.mtp is None:
             raise MissingBackendWeights(c.speculative.method, "the MTP head's weights (mtp.*)")
         dflash = _dflash(c, model, drafter)
+        if vision is not None and c.speculative is not None:
+            raise ValueError(NO_VISION_SPECULATIVE)
         self.model = model
         self.device = model.device
         state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.page_bytes
@@ -86,6 +95,8 @@ class FastProgram(Program):
         if self.runner.use_graphs:
             _warm_prefill(model, piece)
             costs = measure_costs(model, self.store, piece)
+            if vision is not None and vision_patches:
+                vision.warm(vision_patches)  # the largest image's activations settle in the caching allocator
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         # eager on the same buffers elsewhere. A speculative round is eager (FastExecutor.verify): no plain decode
         # graph would ever run
@@ -94,19 +105,24 @@ class FastProgram(Program):
         self.sampler.capture()
         if self.runner.use_graphs:
             prefill = measure_prefill(model, self.runner, piece, _signature(model))
+        no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
-                                    draft_tokens=c.draft_tokens)
-        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash)
+                                    draft_tokens=c.draft_tokens, no_vision=no_vision)
+        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
+                                     ImageInputs(vision, model.device))
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
               device: torch.device | str, kernels: str = "triton", quant=None,
-              drafter: DrafterConfig | None = None) -> "FastProgram":
+              drafter: DrafterConfig | None = None, vision: FastVisionTower | None = None,
+              vision_patches: int = 0) -> "FastProgram":
         """Plan the budget, load the weights (`source(logical_name) -> tensor`), allocate the pools once. With
         `quant(logical_name) -> QuantWeight | None` (quantized parameters) the weights load first and the plan
         counts their resident bytes and dequantization transient. `drafter`: the model's DFlash drafter config
-        (its ``dflash.*`` weights come from `source`), loaded when the config runs a DFlash method."""
+        (its ``dflash.*`` weights come from `source`), loaded when the config runs a DFlash method. `vision`,
+        `vision_patches`: the loaded tower (whose memory the caller took off `budget_bytes`, `vision_bytes`) and
+        the largest image it encodes."""
         if not cfg.plain_rope:
             # rope_kv_write derives its frequencies from (rotary_dim, theta) alone
             raise UnavailableError(f"the fast Program's kernels compute unscaled RoPE over an even rotary dimension; "
@@ -136,16 +152,19 @@ class FastProgram(Program):
             act = torch.finfo(config.dtype).bits // 8
             plan = config.plan(cfg, budget_bytes, weights.nbytes, quant_workspace_bytes(weights, act), drafter)
             model = FastModel(cfg, weights, allocate_pools(cfg, plan, device), kernels)
-        return cls(model, config, None if drafter is None else _load_drafter(model, drafter, source))
+        return cls(model, config, None if drafter is None else _load_drafter(model, drafter, source), vision,
+                   vision_patches)
 
     @classmethod
     def from_artifact(cls, path: str | Path, *, max_concurrency: int, max_context: int,
                       gpu_memory_utilization: float = 0.9, speculative_config: Mapping[str, Any] | None = None,
                       budget_bytes: int | None = None, device: torch.device | str | None = None,
-                      kernels: str = "triton", **config: Any) -> "FastProgram":
+                      kernels: str = "triton", vision_patches: int = 0, **config: Any) -> "FastProgram":
         """The Program over a .ninfer artifact's text weights. The budget is `budget_bytes`, else (CUDA only)
         `gpu_memory_utilization` of the device's total memory minus what others already use. `config` passes
-        further FastProgramConfig fields (page_size, checkpoint_slots, kv_pages, dtype, ...)."""
+        further FastProgramConfig fields (page_size, checkpoint_slots, kv_pages, dtype, ...). `vision_patches` > 0
+        (the processor's max_pixels / patch^2) loads the vision tower (the artifact must bind the Vision feature)
+        and takes its weights, one encode of that many patches and `HELD` images' features off the budget."""
         from ninfer.artifact import open_artifact
         from ninfer.models.qwen3_5.params import MTP, TEXT
 
@@ -164,10 +183,16 @@ class FastProgram(Program):
                         f"a {spec.method} drafter (dflash.* weights; convert with --drafter)"
                     raise MissingBackendWeights(spec.method, what)
             features = (TEXT, want)
+        vision = None
+        if vision_patches > 0:
+            kind = "naive" if kernels == "naive" else "triton"
+            vision = FastVisionTower.from_artifact(path, settings.dtype, device, kind)
+            budget_bytes -= vision_bytes(vision, vision_patches)
         with open_artifact(path, features=features) as art:
             quant, names = artifact_quant(art, device, art.config.tie_word_embeddings)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
-                             kernels=kernels, quant=quant if names else None, drafter=art.drafter)
+                             kernels=kernels, quant=quant if names else None, drafter=art.drafter, vision=vision,
+                             vision_patches=vision_patches)
 
     def check_invariants(self) -> None:
         invariants.check_invariants(self)
@@ -179,6 +204,14 @@ def _signature(model: FastModel) -> str:
     return (f"{torch.cuda.get_device_name(model.device)} | {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}"
             f"{', MoE' if cfg.is_moe else ''}, {model.kernels.name} kernels, {plan.dtype} | piece "
             f"{plan.max_prefill_tokens}")
+
+
+def vision_bytes(tower: FastVisionTower, patches: int) -> int:
+    """What serving images of at most `patches` patches holds on the device: the tower's weights, one encode's
+    transients and `HELD` images' features (`images.py`)."""
+    v = tower.cfg
+    features = patches // v.merge_unit * v.out_hidden_size * torch.finfo(tower.dtype).bits // 8
+    return tower.weight_bytes + tower.workspace_bytes(patches) + HELD * features
 
 
 def _load_drafter(model: FastModel, drafter: DrafterConfig, source) -> FastDrafter:
