@@ -28,6 +28,17 @@ def gen_runtime():
     rt.close()
 
 
+def _teacher(rt, program):
+    """ForcedDrafts' teacher: the reference Program's own model, or (the fast Program, on a GPU) the reference
+    model over the same artifact, fp32 on the host (drafts it gets wrong only shorten blocks: lossless)."""
+    from ninfer.reference.model import ReferenceModel
+    from ninfer.reference.weights import load_model
+
+    if isinstance(program.model, ReferenceModel):
+        return program.model
+    return load_model(rt.model_path, dtype=torch.float32)
+
+
 @pytest.fixture(scope="session")
 def spec_runtime():
     """The generation Runtime with the MTP backend (k = 3) behind ForcedDrafts: drafts are the target's own greedy
@@ -38,7 +49,7 @@ def spec_runtime():
                                       speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
                        progress=False)
     program = rt.engine.core.program
-    ForcedDrafts(program.model).install(program)
+    ForcedDrafts(_teacher(rt, program)).install(program)
     yield rt
     rt.close()
 
