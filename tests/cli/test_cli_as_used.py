@@ -71,7 +71,7 @@ def test_stderr_to_a_file_gets_no_escape_codes_the_stats_own_line_and_honest_wei
         assert "\x1b" not in result.stderr and "\r" not in result.stderr
         assert [STATS.fullmatch(line) is not None for line in _stats(result.stderr)] == [True]
         if str(fresh) in args:  # a checkpoint of fresh random weights is named by its source, never "trained"
-            assert "(weights from checkpoint fresh)" in result.stderr and "trained" not in result.stderr
+            assert "(weights from checkpoint fresh;" in result.stderr and "trained" not in result.stderr
     convert = run("convert", str(qwen_checkpoint), str(tmp_path / "out.ninfer"))
     assert convert.exit_code == 0 and "\r" not in convert.stderr and "\x1b" not in convert.stderr
 
