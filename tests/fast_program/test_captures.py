@@ -5,6 +5,7 @@ same tokens and logprobs, and equals the cold run)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import run_transition as run
 
 GREEDY = SamplingParams(temperature=0.0, logprobs=2)
-TOL = 1e-5
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+# CPU: fp32 projections over different row counts round differently (~1e-5 on S); GPU: fp32 tl.dot is TF32
+TOL, STATE_RTOL = (3e-2, 2e-2) if ON_GPU else (1e-5, 1e-4)
 CAPTURES = (45, 13, 30)  # the prompt end, then two frontiers off the page (4) and chunk (64) grids
 
 
@@ -79,8 +82,7 @@ def flat(x) -> list[torch.Tensor]:
 
 def assert_same_state(a, b):
     assert [t.shape for t in a] == [t.shape for t in b]
-    # fp32 projections over different row counts round differently: ~1e-5 on S
-    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(a, b))
+    assert all(torch.allclose(x.cpu(), y.cpu(), rtol=STATE_RTOL, atol=STATE_RTOL / 10) for x, y in zip(a, b))
 
 
 def assert_same(got, want):
