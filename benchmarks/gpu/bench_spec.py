@@ -8,8 +8,15 @@ reference model). The backend's own draft still runs every round, so its cost st
 own. Per model and B = 1, 2, 4, 8: ms per round, emitted tokens per row and round, ms per token and tok/s for each
 L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths.
 
+`--method dflash` (or dflash2) runs issue 12's benchmark instead: a random drafter of the published geometry
+(`shapes.published_drafter`: 5 layers at the target's hidden size, made on the device), blocks 8 and 16 (k = 7,
+15) with forced lengths L in {1, 2, 3, 4, (k+1)/2 + 1, k + 1}, the drafter pass timed on its own, and issue 12's
+targets (block 16 at 9B, B = 1: the drafter pass <= 25% of an AR step and >= 6x AR tok/s at full acceptance; at
+B = 8, every block: never below plain decode from L = 3) with pass/fail and projected tok/s.
+
 Run: python benchmarks/gpu/bench_spec.py [--models 0.8B,9B,35B-A3B] [--deadline-s 230] [--out DIR]
-     python benchmarks/gpu/bench_spec.py --smoke [--program reference|fast]   # tiny shape on the CPU
+     python benchmarks/gpu/bench_spec.py --method dflash --models 9B,35B-A3B
+     python benchmarks/gpu/bench_spec.py --smoke [--program reference|fast] [--method dflash]   # tiny, CPU
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlog import Run, bench_arguments  # noqa: E402
-from shapes import config, random_source  # noqa: E402
-from spec_report import print_table, projections, targets  # noqa: E402
+from shapes import config, published_drafter, random_drafter_source, random_source  # noqa: E402
+from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections, targets  # noqa: E402
 
 from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
@@ -45,8 +52,10 @@ class Settings:
     device: str = "cuda"
     kernels: str = "triton"
     program: str = "fast"
+    method: str = "mtp"
     batches: tuple[int, ...] = (1, 2, 4, 8)
-    k: int = 3
+    k: int = 3  # MTP's drafts
+    blocks: tuple[int, ...] = (8, 16)  # DFlash's block sizes (k = block - 1)
     prompt_len: int = 480
     steps: int = 10  # timed rounds per case
     warmup: bool = True  # untimed runs first (Triton compiles, cuBLAS plans); nothing to warm on the CPU
@@ -57,6 +66,17 @@ class Settings:
 SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1, 2), prompt_len=12, steps=3,
                  warmup=False, max_context=96, budget_bytes=1 << 30)
 MIN_SECONDS = {"0.8B": 30, "9B": 60, "35B-A3B": 90, "tiny": 1}
+
+
+def lengths(s: Settings, k: int) -> list[int]:
+    """The forced acceptance lengths timed at k drafts: all for MTP, a spread for a DFlash block."""
+    if s.method == "mtp":
+        return list(range(1, k + 2))
+    return sorted({1, 2, 3, 4, (k + 1) // 2 + 1, k + 1})
+
+
+def ks(s: Settings) -> list[int]:
+    return [s.k] if s.method == "mtp" else [b - 1 for b in s.blocks]
 
 
 # ---- forced drafts -------------------------------------------------------------------------------------------------
@@ -194,17 +214,26 @@ def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
 def build(s: Settings, name: str, k: int):
     """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
     cfg = config(name)
-    spec = SpeculativeConfig("mtp", k) if k else None
-    features = (TEXT, MTP) if k else (TEXT,)
+    spec = SpeculativeConfig(s.method, k) if k else None
+    dflash = k and s.method != "mtp"
+    features = (TEXT, MTP) if k and not dflash else (TEXT,)
+    drafter = published_drafter(cfg, s.method, max(s.blocks)) if dflash else None
     if s.program == "reference":
         from ninfer.models.qwen3_5.params import logical_parameters
+        from ninfer.reference.dflash import Drafter
         from ninfer.reference.model import ReferenceModel
         from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
         source = random_source(cfg, s.device, torch.float32, features=features)
         model = ReferenceModel(cfg, {n: source(n) for n in logical_parameters(cfg, features)}, torch.float32)
+        if drafter is not None:
+            from ninfer.models.qwen3_5.drafter import drafter_parameters
+
+            dsource = random_drafter_source(drafter, s.device, torch.float32)
+            drafter = Drafter(drafter, {n: dsource(n) for n in drafter_parameters(drafter)},
+                              model.weights["embed_tokens.weight"], model.weights["lm_head.weight"], torch.float32)
         program = ReferenceProgram(model, ReferenceProgramConfig(max_concurrency=LANES, max_context=s.max_context,
-                                                                 speculative=spec))
+                                                                 speculative=spec), drafter)
     else:
         from ninfer.fast.memory import device_budget
         from ninfer.fast.program import FastProgram, FastProgramConfig
@@ -215,8 +244,12 @@ def build(s: Settings, name: str, k: int):
         settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
                                      speculative=spec)
         budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
-        program = FastProgram.build(cfg, random_source(cfg, s.device, features=features), settings,
-                                    budget_bytes=budget, device=s.device, kernels=s.kernels)
+        source = random_source(cfg, s.device, features=features)
+        if drafter is not None:
+            target, draft = source, random_drafter_source(drafter, s.device)
+            source = lambda n: draft(n) if n.startswith("dflash.") else target(n)  # noqa: E731
+        program = FastProgram.build(cfg, source, settings, budget_bytes=budget, device=s.device, kernels=s.kernels,
+                                    drafter=drafter)
     return program, Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=512), threaded=False)
 
 
@@ -250,8 +283,8 @@ def bench_autoregressive(run: Run, name: str, prompts: dict, tokens: int, entry:
     return continuations
 
 
-def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, entry: dict) -> None:
-    s, k = run.s, run.s.k
+def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, entry: dict, k: int) -> None:
+    s = run.s
     program, engine = build(s, name, k)
     try:
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
@@ -259,14 +292,14 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
             for L in (2, k + 1) if s.warmup else ():  # a partial block (rollback and replay) and a whole one
                 forced.reset(L - 1)
                 run_requests(engine, prompts[B], 1 + 2 * L)
-            for L in range(1, k + 2):
+            for L in lengths(s, k):
                 if run.left() < 10:
                     run.results["skipped"].append(f"{name} B={B} L={L} (deadline)")
                     continue
                 forced.reset(L - 1)
                 timed = 1 + s.steps * L
                 row = steady(run_requests(engine, prompts[B], timed + k + 1 + L), timed)
-                row.update(L=L, draft_ms=forced.draft_s * 1e3 / max(forced.calls, 1),
+                row.update(k=k, L=L, draft_ms=forced.draft_s * 1e3 / max(forced.calls, 1),
                            followed=forced.followed / max(forced.followed + forced.diverged, 1))
                 entry.setdefault("spec", []).append(row)
                 run.save()
@@ -282,22 +315,35 @@ def bench_model(run: Run, name: str) -> None:
     gen = torch.Generator().manual_seed(7)
     prompts = {B: [random_prompt(gen, s.prompt_len, vocab) for _ in range(B)] for B in s.batches}
     # the longest speculative case plus its untimed tail
-    tokens = 1 + s.steps * (s.k + 1) + 2 * (s.k + 1)
+    top = max(ks(s))
+    tokens = 1 + s.steps * (top + 1) + 2 * (top + 1)
     continuations = bench_autoregressive(run, name, prompts, tokens, entry)
-    bench_speculative(run, name, prompts, continuations, entry)
-    entry["targets"] = targets(name, entry["ar"], entry["spec"], s.k)
-    entry["projected"] = projections(entry["spec"], s.k)
+    for k in ks(s):
+        bench_speculative(run, name, prompts, continuations, entry, k)
+    if s.method == "mtp":
+        entry["targets"] = targets(name, entry["ar"], entry["spec"], s.k)
+        entry["projected"] = projections(entry["spec"], s.k)
+        return
+    entry["dflash_targets"], entry["projected"] = {}, []
+    for k in ks(s):
+        rows = [r for r in entry.get("spec", []) if r["k"] == k]
+        entry["dflash_targets"][str(k)] = dflash_targets(name, entry["ar"], rows, k)
+        entry["projected"] += [dict(p, k=k) for p in projections(rows, k, lengths(s, k), DFLASH_ANCHORS)]
 
 
 def main() -> int:
     ap = bench_arguments(230.0, "tiny shape on the CPU (reference Program unless --program fast: naive kernels)")
     ap.add_argument("--program", choices=("fast", "reference"), default=None)
+    ap.add_argument("--method", choices=("mtp", "dflash", "dflash2"), default="mtp")
     args = ap.parse_args()
     s = SMOKE if args.smoke else Settings()
+    s = dataclasses.replace(s, method=args.method)
+    if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short
+        s = dataclasses.replace(s, steps=min(s.steps, 6), blocks=(8,) if args.smoke else s.blocks)
     if args.program:
         s = dataclasses.replace(s, program=args.program)
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
-    run.results.update(program=s.program, k=s.k)
+    run.results.update(program=s.program, k=s.k if s.method == "mtp" else ks(s), method=s.method)
     if not run.need_cuda(args.smoke, print_table):
         return 1
     run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)

@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
+#   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (<= 240 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
@@ -81,6 +82,14 @@ run_spec() {
         ${OUT:+--out "$OUT"} || echo "bench_spec rc=$?"
 }
 
+run_dflash() {
+    # issue 12: DFlash blocks 8 and 16 at 9B and 35B-A3B (a drafter of the published geometry), forced acceptance
+    echo "== DFlash speculative decoding with forced acceptance, through the Engine"
+    local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 240 ? $(left) : 240 ))
+    timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --method "${DFLASH_METHOD:-dflash}" \
+        --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} || echo "bench_spec dflash rc=$?"
+}
+
 run_quant() {
     echo "== quantized weights (FP8, int4, NVFP4) beside bf16, through the Engine"
     local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 300 ? $(left) : 300 ))
@@ -118,9 +127,10 @@ case "$PART" in
     hf) run_hf ;;
     micro) run_micro ;;
     spec) run_spec ;;
+    dflash) run_dflash ;;
     agent) run_agent ;;
     quant) run_quant ;;
     vision) run_vision ;;
     llamacpp) run_llamacpp ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, agent, quant, vision, llamacpp)"; exit 2 ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, dflash, agent, quant, vision, llamacpp)"; exit 2 ;;
 esac

@@ -70,3 +70,44 @@ def random_source(cfg: Qwen35Config, device: torch.device | str, dtype: torch.dt
         return torch.empty(spec.shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
 
     return source
+
+
+def published_drafter(cfg: Qwen35Config, kind: str = "dflash", block_size: int = 16):
+    """A DFlash / DFlash2 drafter of the published geometry for `cfg` (z-lab's Qwen3.5 drafters): 5 Qwen3 layers
+    at the target's hidden size, head_dim 128 (the tiny shape: half its hidden), 4 query heads per KV head, an
+    MLP of 3x hidden, the taps spread over the target's layers; DFlash2 with the released module sizes (2 taps,
+    groups of 16, selector rank 256 and top-16; smaller on the tiny shape)."""
+    from ninfer.models.qwen3_5.drafter import DrafterConfig
+    from ninfer.testing.drafters import drafter_hf_config
+
+    H = cfg.hidden_size
+    d = min(128, H // 2)
+    nh = H // d
+    raw = drafter_hf_config(cfg, kind, layers=5, block_size=block_size, num_attention_heads=nh,
+                            num_key_value_heads=max(1, nh // 4), head_dim=d, intermediate_size=3 * H)
+    if kind == "dflash2" and H >= 1024:
+        raw["dflash_config"].update(conv_group_size=16, selector_rank=256, selector_top_k=16)
+    return DrafterConfig.from_hf(raw)
+
+
+def random_drafter_source(drafter, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 1,
+                          gain: float = 0.25):
+    """``source(logical_name)`` of a drafter's ``dflash.*`` weights, random on the device like `random_source`:
+    plain RMSNorm weights of one, base kernels at the identity tap, projections of std gain/sqrt(fan_in)."""
+    from ninfer.models.qwen3_5.drafter import drafter_parameters
+
+    specs = drafter_parameters(drafter)
+
+    def source(name: str) -> torch.Tensor:
+        spec = specs[name]
+        if spec.kind == "norm":
+            return torch.ones(spec.shape, device=device, dtype=dtype)
+        if name.endswith("base_kernel"):
+            t = torch.zeros(spec.shape, device=device, dtype=dtype)
+            t[:, 0] = 1.0
+            return t
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        std = 1.0 if spec.kind == "embedding" else gain * spec.shape[-1] ** -0.5
+        return torch.empty(spec.shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
+
+    return source

@@ -1,5 +1,6 @@
-"""What bench_spec.py derives from its measurements: issue 11's targets with pass/fail, the tok/s projected at the
-acceptance lengths perf-anchors.md reports for real Qwen3.5 checkpoints, and the printed table.
+"""What bench_spec.py derives from its measurements: issue 11's targets (MTP) and issue 12's (DFlash) with pass/fail,
+the tok/s projected at the acceptance lengths perf-anchors.md reports for real Qwen3.5 checkpoints, and the printed
+table.
 
 Anchors report mean acceptance lengths (emitted tokens per round) at their own k; a k=3 round emits at most 4. Each
 is carried to k=3 by the i.i.d. per-position model (every draft accepted with the same probability a, so
@@ -18,8 +19,19 @@ ANCHORS = (
     ("Qwen3.5-4B MTP, GSM8K (k assumed 7)", 4.78, 7, "perf-anchors.md s. 3, acceptance table"),
     ("Qwen3.5-4B MTP, MATH-500 (k assumed 7)", 5.04, 7, "perf-anchors.md s. 3, acceptance table"),
 )
+# DFlash / DFlash2 block drafters: (workload, reported mean acceptance length, k it was reported at, source)
+DFLASH_ANCHORS = (
+    ("Qwen3.5-27B DFlash B16, SGLang, MT-Bench (lowest)", 5.5, 15, "z-lab/Qwen3.5-27B-DFlash card"),
+    ("Qwen3.5-27B DFlash B16, SGLang, HumanEval (highest)", 9.2, 15, "z-lab/Qwen3.5-27B-DFlash card"),
+    ("Qwen3.5-27B DFlash B8 (lowest)", 4.5, 7, "z-lab/Qwen3.5-27B-DFlash card"),
+    ("Qwen3.5-27B DFlash B8 (highest)", 6.3, 7, "z-lab/Qwen3.5-27B-DFlash card"),
+    ("Qwen3.5-4B DFlash2, MATH-500 (k assumed 15)", 6.76, 15, "perf-anchors.md s. 3.3, acceptance table"),
+)
 TARGETS = {"verify_ratio": 1.15, "speedup": 3.2, "draft_share": 0.10}  # issue 11, 9B at B = 1
 TARGET_MODEL = "9B"
+# issue 12: the block-16 drafter pass <= 25% of an AR step (9B, B = 1); >= 6x AR tok/s at full acceptance (B = 1);
+# at B = 8 never below plain decode from acceptance length 3
+DFLASH_TARGETS = {"draft_share_of_ar": 0.25, "speedup": 6.0, "b8_ratio": 1.0, "b8_from_length": 3}
 
 
 def expected_length(a: float, k: int) -> float:
@@ -36,23 +48,28 @@ def per_position_rate(length: float, k: int) -> float:
 
 
 def _step_ms_at(rows: list[dict], length: float) -> float:
-    """Round time at a fractional acceptance length, linear between the measured integer lengths."""
+    """Round time at a fractional acceptance length, linear between the measured lengths around it."""
     by = {r["L"]: r["step_ms"] for r in rows}
-    lo = max(min(int(length), max(by)), min(by))
-    hi = min(lo + 1, max(by))
-    w = min(max(length - lo, 0.0), 1.0) if hi != lo else 0.0
+    Ls = sorted(by)
+    length = min(max(length, Ls[0]), Ls[-1])
+    lo = max(L for L in Ls if L <= length)
+    hi = min(L for L in Ls if L >= length)
+    w = (length - lo) / (hi - lo) if hi != lo else 0.0
     return by[lo] * (1 - w) + by[hi] * w
 
 
-def projections(spec: list[dict], k: int) -> list[dict]:
-    """Projected tok/s per B at every anchor's acceptance length carried to k (every row accepting the mean)."""
+def projections(spec: list[dict], k: int, lengths: list[int] | None = None,
+                anchors: tuple = ANCHORS) -> list[dict]:
+    """Projected tok/s per B at every anchor's acceptance length carried to k (every row accepting the mean), over
+    the measured `lengths` (default 1..k+1)."""
+    planned = set(lengths or range(1, k + 2))
     out = []
-    for name, length, k_rep, source in ANCHORS:
+    for name, length, k_rep, source in anchors:
         a = per_position_rate(length, k_rep)
         at_k = expected_length(a, k)
         for B in sorted({r["B"] for r in spec}):
             rows = [r for r in spec if r["B"] == B]
-            if {r["L"] for r in rows} != set(range(1, k + 2)):
+            if {r["L"] for r in rows} != planned:
                 continue  # the deadline cut some lengths: no interpolation over a gap
             out.append({"anchor": name, "source": source, "reported_length": length, "reported_k": k_rep,
                         "per_position_rate": a, "length_at_k": at_k, "B": B,
@@ -74,19 +91,61 @@ def targets(name: str, ar: list[dict], spec: list[dict], k: int) -> dict | None:
     return {"values": got, "limits": TARGETS, "pass": ok, "applies": name == TARGET_MODEL}
 
 
+def dflash_targets(name: str, ar: list[dict], spec: list[dict], k: int) -> dict | None:
+    """Issue 12's targets for one block (k drafts; the B = 1 ones apply to block 16 at 9B, the B = 8 one to every
+    block): the drafter pass over one AR step, the full-acceptance speedup, the worst B = 8 ratio from length 3."""
+    base = {r["B"]: r for r in ar}
+    full = next((r for r in spec if r["B"] == 1 and r["L"] == k + 1), None)
+    b8 = [r["tok_s"] / base[8]["tok_s"] for r in spec if r["B"] == 8 and r["L"] >= DFLASH_TARGETS["b8_from_length"]
+          and 8 in base]
+    if 1 not in base or full is None:
+        return None
+    got = {"draft_share_of_ar": full["draft_ms"] / base[1]["step_ms"], "speedup": full["tok_s"] / base[1]["tok_s"],
+           "b8_ratio": min(b8) if b8 else None}
+    ok = {"draft_share_of_ar": got["draft_share_of_ar"] <= DFLASH_TARGETS["draft_share_of_ar"],
+          "speedup": got["speedup"] >= DFLASH_TARGETS["speedup"],
+          "b8_ratio": None if not b8 else got["b8_ratio"] >= DFLASH_TARGETS["b8_ratio"]}
+    return {"values": got, "limits": DFLASH_TARGETS, "pass": ok, "applies": name == TARGET_MODEL and k == 15}
+
+
+def _verdict(ok: bool | None) -> str:
+    return "not measured" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def print_dflash(name: str, m: dict) -> None:
+    for k, t in sorted(m.get("dflash_targets", {}).items(), key=lambda kv: int(kv[0])):
+        if not t:
+            continue
+        v, ok = t["values"], t["pass"]
+        note = "" if t["applies"] else " (the B=1 targets are for block 16 at 9B; informational here)"
+        b8 = "n/a" if v["b8_ratio"] is None else f"{v['b8_ratio']:.2f}x"
+        print(f"  {name} block {int(k) + 1} targets{note}: drafter pass / AR step {100 * v['draft_share_of_ar']:.1f}% "
+              f"(<= 25%: {_verdict(ok['draft_share_of_ar'])}), full-acceptance speedup {v['speedup']:.2f}x (>= 6: "
+              f"{_verdict(ok['speedup'])}), worst B=8 tok/s vs plain from L=3 {b8} (>= 1: {_verdict(ok['b8_ratio'])})")
+    for p in m.get("projected", []):
+        if p["B"] in (1, 8):
+            print(f"  {name} PROJECTED block {p['k'] + 1} B={p['B']} at L={p['length_at_k']:.2f} ({p['anchor']}): "
+                  f"{p['projected_tok_s']:.0f} tok/s")
+
+
 def print_table(r: dict) -> None:
     print("\n" + "=" * 100)
     print(f"speculative decoding (forced acceptance) through the Engine, {r.get('program')} Program on "
           f"{r.get('device')}, k={r.get('k')}, random weights; wall {r.get('wall_s', 0):.0f} s")
-    print(f"{'model':8} {'B':>2} {'L':>2} {'got L':>6} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} {'draft ms':>8} "
-          f"{'AR step':>8} {'AR tok/s':>8}")
+    print(f"method {r.get('method', 'mtp')}")
+    print(f"{'model':8} {'k':>2} {'B':>2} {'L':>2} {'got L':>6} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} "
+          f"{'draft ms':>8} {'AR step':>8} {'AR tok/s':>8}")
     for name, m in r.get("models", {}).items():
         ar = {a["B"]: a for a in m.get("ar", [])}
         for s in m.get("spec", []):
             a = ar.get(s["B"], {})
-            print(f"{name:8} {s['B']:>2} {s['L']:>2} {s['tokens_per_step']:6.2f} {s['step_ms']:8.2f} "
+            print(f"{name:8} {s.get('k', r.get('k')):>2} {s['B']:>2} {s['L']:>2} {s['tokens_per_step']:6.2f} "
+                  f"{s['step_ms']:8.2f} "
                   f"{s['ms_per_token']:9.3f} {s['tok_s']:7.0f} {s['draft_ms']:8.2f} {a.get('step_ms', 0):8.2f} "
                   f"{a.get('tok_s', 0):8.0f}")
+        if "dflash_targets" in m:
+            print_dflash(name, m)
+            continue
         t = m.get("targets")
         if t:
             v, ok = t["values"], t["pass"]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -88,6 +90,31 @@ def test_bench_spec_smoke_fast(tmp_path):
     results = json.loads((tmp_path / "bench_spec.json").read_text())
     assert results["errors"] == {} and results["program"] == "fast"
     _check_spec(results)
+
+
+@pytest.mark.parametrize("program, method", [("fast", "dflash2"), ("reference", "dflash")])
+def test_bench_spec_dflash_smoke(tmp_path, program, method):
+    """The DFlash mode: a block of 8 (k = 7) at the spread of forced lengths, each met exactly, the drafter pass
+    timed, issue 12's targets and the projections computed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "bench_spec.py"), "--smoke",
+                           "--program", program, "--method", method, "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "bench_spec.json").read_text())
+    assert results["errors"] == {} and results["skipped"] == [] and results["method"] == method
+    tiny = results["models"]["tiny"]
+    assert {(r["B"], r["k"], r["L"]) for r in tiny["spec"]} == {(B, 7, L) for B in (1, 2) for L in (1, 2, 3, 4, 5, 8)}
+    for r in tiny["spec"]:
+        assert r["followed"] == 1.0 and r["tokens_per_step"] == r["L"], r
+        assert _positive(r["step_ms"]) and _positive(r["draft_ms"]) and r["draft_ms"] < r["step_ms"]
+    t = tiny["dflash_targets"]["7"]
+    assert _positive(t["values"]["draft_share_of_ar"]) and _positive(t["values"]["speedup"])
+    assert t["values"]["b8_ratio"] is None and not t["applies"]  # no B = 8 in the smoke run
+    assert {p["B"] for p in tiny["projected"]} == {1, 2} and all(_positive(p["projected_tok_s"])
+                                                                 for p in tiny["projected"])
+    assert "block 8 targets" in done.stdout and "PROJECTED block 8" in done.stdout
 
 
 def test_bench_quant_smoke(tmp_path):
