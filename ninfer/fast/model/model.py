@@ -178,9 +178,10 @@ class FastModel:
         pos = torch.arange(start, start + n, device=dev, dtype=torch.int32)
         pages = table[0, (pos // ps).long()].long()
         i32 = dict(device=dev, dtype=torch.int32)
+        # filled on the device: a tensor built from a host list is a pageable copy, which waits for the stream
         return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
-                          slot_ids=torch.tensor([slot], **i32), block_table=table,
-                          cu_seqlens=torch.tensor([0, n], **i32), prefix_lens=torch.tensor([start], **i32),
+                          slot_ids=torch.full((1,), slot, **i32), block_table=table,
+                          cu_seqlens=torch.arange(0, 2 * n, n, **i32), prefix_lens=torch.full((1,), start, **i32),
                           prefill_slot=slot, captures=captures)
 
     def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,

@@ -55,7 +55,12 @@ class FastExecutor:
         self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
 
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
+        """[T] on the device. On CUDA through pinned memory, queued without waiting: a copy from pageable memory
+        first waits for the stream, so a prefill would wait for a decode round launched ahead of it."""
+        host = torch.tensor(tokens, dtype=torch.long)
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def prefill(self, seq: ActiveSequence, start: int, end: int,
                 captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
