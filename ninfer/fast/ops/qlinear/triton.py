@@ -58,19 +58,22 @@ def _scaled(v, s, BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
 
 
 @triton.jit
-def _codes(d_ptr, d_rows, valid, k0, KB, KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr):
-    """The stored codes of columns k0..k0+BK as int32 [BW, BK] (int4/NVFP4 nibbles, int5 bit fields, int8 bytes)."""
+def _codes(d_rows, valid, k0, KB, KIND: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr):
+    """The stored codes of columns k0..k0+BK as int32 [BW, BK] (int4/NVFP4 nibbles, int5 bit fields, int8 bytes).
+    One return: the compiler builds every branch that follows an early return, whatever the constexpr."""
     if KIND == 2:
         # int5: code e at bits [5e, 5e + 5) of the row's little-endian bit stream
         bit = (k0 + tl.arange(0, BK)) * 5
         byte = bit >> 3
         lo = tl.load(d_rows + byte[None, :], mask=valid[:, None], other=0).to(tl.int32)
         hi = tl.load(d_rows + byte[None, :] + 1, mask=valid[:, None] & (byte + 1 < KB)[None, :], other=0)
-        return ((lo | (hi.to(tl.int32) << 8)) >> (bit & 7)[None, :]) & 31
-    if KIND == 4:
-        return tl.load(d_rows + (k0 + tl.arange(0, BK))[None, :], mask=valid[:, None], other=0).to(tl.int32)
-    b = tl.load(d_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=valid[:, None], other=0).to(tl.int32)
-    return tl.reshape(tl.join(b & 15, b >> 4), (BW, BK))  # element 2j is the low nibble of byte j
+        codes = ((lo | (hi.to(tl.int32) << 8)) >> (bit & 7)[None, :]) & 31
+    elif KIND == 4:
+        codes = tl.load(d_rows + (k0 + tl.arange(0, BK))[None, :], mask=valid[:, None], other=0).to(tl.int32)
+    else:
+        b = tl.load(d_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=valid[:, None], other=0).to(tl.int32)
+        codes = tl.reshape(tl.join(b & 15, b >> 4), (BW, BK))  # element 2j is the low nibble of byte j
+    return codes
 
 
 @triton.jit
@@ -83,19 +86,21 @@ def _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, 
     if KIND == 0:
         k = k0 + tl.arange(0, BK)
         mask = valid[:, None] if EVEN_K else valid[:, None] & (k < K)[None, :]
-        w = tl.load(d_rows + k[None, :], mask=mask, other=0.0).to(tl.float32)
-        return _scaled(w, _blocks(s_ptr, rows // BR, valid, k0, K, BC, stride_s, SB, BK // SB), BW, BK, SB)
-    codes = _codes(d_ptr, d_rows, valid, k0, KB, KIND, BW, BK)
-    if KIND == 3:
+        v = tl.load(d_rows + k[None, :], mask=mask, other=0.0).to(tl.float32)
+        w = _scaled(v, _blocks(s_ptr, rows // BR, valid, k0, K, BC, stride_s, SB, BK // SB), BW, BK, SB)
+    elif KIND == 3:
         g = tl.load(r_ptr + rows.to(tl.int64), mask=valid, other=0.0)
         s = _blocks(s_ptr, rows, valid, k0, K, 16, stride_s, 16, BK // 16) * g[:, None]
-        return _scaled(_e2m1(codes), s, BW, BK, 16)
-    if HAS_ZERO:
-        z = _blocks(z_ptr, rows, valid, k0, K, BC, stride_z, SB, BK // SB)
+        w = _scaled(_e2m1(_codes(d_rows, valid, k0, KB, KIND, BW, BK)), s, BW, BK, 16)
     else:
-        z = tl.full((BW, BK // SB), 8.0 if KIND == 1 else (16.0 if KIND == 2 else 128.0), tl.float32)
-    u = tl.reshape(tl.reshape(codes.to(tl.float32), (BW, BK // SB, SB)) - z[:, :, None], (BW, BK))
-    return _scaled(u, _blocks(s_ptr, rows, valid, k0, K, BC, stride_s, SB, BK // SB), BW, BK, SB)
+        codes = _codes(d_rows, valid, k0, KB, KIND, BW, BK).to(tl.float32)
+        if HAS_ZERO:
+            z = _blocks(z_ptr, rows, valid, k0, K, BC, stride_z, SB, BK // SB)
+        else:
+            z = tl.full((BW, BK // SB), 8.0 if KIND == 1 else (16.0 if KIND == 2 else 128.0), tl.float32)
+        u = tl.reshape(tl.reshape(codes, (BW, BK // SB, SB)) - z[:, :, None], (BW, BK))
+        w = _scaled(u, _blocks(s_ptr, rows, valid, k0, K, BC, stride_s, SB, BK // SB), BW, BK, SB)
+    return w
 
 
 @triton.jit
@@ -230,7 +235,9 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
     x = x if x.stride(1) == 1 else x.contiguous()
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
-    bw = bw or max(16, min(64, triton.next_power_of_2(4 * M)))
+    # measured on the H200 (bench_qgemv.py: 9B in_proj and down, int4 and NVFP4): 32 rows a program, 4 warps,
+    # 4 stages is the best or within 3% of it at M = 1 (16 rows: 1.7x slower)
+    bw = bw or (32 if M <= 8 else 64)
     bk, sb = tile_k(w, bw)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     if splits is None:
