@@ -73,10 +73,12 @@ class DeviceState:
 
     def write_row(self, row: int, table: list[int]) -> None:
         """Publish a block table to its device row (entries past len(table) are never read: context_lens bound
-        every read)."""
+        every read). Queued in stream order without waiting (pinned on CUDA: a copy from pageable memory first waits
+        for the stream, so a row growing beside a decode round launched ahead would stall the host)."""
         if table:
             src = torch.tensor(table, dtype=torch.int32)
-            self.pools.block_tables[row, :len(table)].copy_(src)
+            dst = self.pools.block_tables[row, :len(table)]
+            dst.copy_(src.pin_memory() if dst.is_cuda else src, non_blocking=dst.is_cuda)
 
     def read_row(self, row: int, n: int) -> list[int]:
         return self.pools.block_tables[row, :n].tolist()
