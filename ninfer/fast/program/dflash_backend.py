@@ -82,9 +82,10 @@ class FastDFlashBackend:
         qs: list[list[torch.Tensor | None]] = [[] for _ in live]
         going = list(range(len(live)))  # rows still drafting
         walk = self._walk(logits, hidden) if self.drafter.cfg.kind == "dflash2" else None
-        host = logits.cpu() if walk is None else None  # [R, B-1, V]: one host copy of every slot (DFlash)
+        most = max(ks[i] for i in live)
+        host = logits[:, :most].cpu() if walk is None else None  # [R, most, V]: one host copy of the slots drawn
         previous = [s.pending for s in rows]
-        for j in range(max(ks[i] for i in live)):
+        for j in range(most):
             z = host[:, j] if walk is None else walk(j, going, [previous[n] for n in going])
             keep = []
             for m, n in enumerate(going):
