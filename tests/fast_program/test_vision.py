@@ -18,7 +18,7 @@ import torch
 
 PIL = pytest.importorskip("PIL.Image")
 
-from ninfer.contracts import OutputDelta  # noqa: E402
+from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
 from ninfer.convert.convert import convert_checkpoint  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
@@ -78,16 +78,22 @@ def _request(vp, seeds, tail, max_tokens=6, sizes=((90, 150), (70, 40)), **kw):
     return token_request(ids, max_tokens, media=media, **kw)
 
 
-def _stream(program, requests, **config):
-    """(token ids, logprobs) per request from its OutputDeltas."""
+def _stream(program, requests, turns=None, **config):
+    """(token ids, logprobs, cached prompt tokens) per request from its events; `turns`: batches served one after
+    another on one Engine (later ones meet earlier checkpoints) in place of `requests` at once."""
     engine = Engine(program, EngineConfig(check_invariants=True, **{"max_concurrency": 2, **config}), threaded=False)
-    handles = [engine.submit(r) for r in requests]
-    engine.run_until_idle()
+    handles = []
+    for batch in turns or [requests]:
+        handles += [engine.submit(r) for r in batch]
+        engine.run_until_idle()
     assert engine.available, engine.failure
     out = []
     for h in handles:
-        deltas = [e for e in h.events(timeout=0) if isinstance(e, OutputDelta)]
-        out.append((sum((d.token_ids for d in deltas), ()), sum((d.logprobs or () for d in deltas), ())))
+        events = list(h.events(timeout=0))
+        deltas = [e for e in events if isinstance(e, OutputDelta)]
+        (result,) = [e for e in events if isinstance(e, GenerationResult)]
+        out.append((sum((d.token_ids for d in deltas), ()), sum((d.logprobs or () for d in deltas), ()),
+                    result.usage.cached_prompt_tokens))
     return out
 
 
@@ -133,3 +139,19 @@ def test_without_the_tower_images_are_refused(artifact):
     fast = FastProgram.from_artifact(artifact, **LIMITS, budget_bytes=1 << 30, device=DEVICE, page_size=4,
                                      kv_pages=200, dtype=torch.float32, kernels="triton" if ON_GPU else "naive")
     assert fast.limits.no_vision and "not prepared" in fast.limits.no_vision
+
+
+def test_a_resume_inside_an_image_encodes_it_again(artifact, vp):
+    """A checkpoint inside an image (the features were freed when the first prefill passed it): the resumed prefill
+    encodes the image again and takes the rest of its rows, with the cold run's tokens and logprobs."""
+    greedy = SamplingParams(temperature=0.0, logprobs=0)
+    first = _request(vp, (6,), [7, 8, 9], sizes=((90, 150),))
+    inside = first.media.images[0].offset + 5
+    first = token_request(first.prompt, 4, media=first.media, capture_hints=(inside,))
+    again = lambda: _request(vp, (6,), [10, 11], sizes=((90, 150),), sampling=greedy)  # noqa: E731
+    fast = _fast(artifact, vp)
+    _, got = _stream(fast, None, turns=[[first], [again()]], max_concurrency=1)
+    assert got[2] == inside
+    (want,) = _stream(_reference(artifact), [again()], prefix_caching=False, max_concurrency=1)
+    assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=TOL)
+    assert fast.executor.images.held() == 0
