@@ -31,7 +31,8 @@ from ninfer.fast.ops.qlinear import from_planes  # noqa: E402
 from ninfer.fast.ops.qlinear.triton import qgemv  # noqa: E402
 
 ROTATE_BYTES = 256 << 20
-SWEEP = [(32, 4, 4), (64, 4, 4), (16, 6, 4), (64, 3, 8)]  # (rows per program, stages, warps)
+# (rows per program, stages, warps, tl.dot): the dot-free form sums fp32 products in registers (M = 1 only)
+SWEEP = [(32, 4, 4, True), (64, 3, 8, True), (32, 4, 4, False), (64, 4, 4, False), (128, 3, 8, False)]
 
 
 def shapes(model: str) -> list[tuple[str, int, int]]:
@@ -86,7 +87,7 @@ def bench_shape(name: str, N: int, K: int, results: list) -> None:
             best = None
             # the sweep at M = 1 only: at 8 rows the heuristic's wider tiles are the point
             for cfg in [None] + (SWEEP if M == 1 else []):
-                kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2])
+                kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], use_dot=cfg[3])
                 try:
                     us = graph_us(lambda: qgemv(x, ws[next(it) % len(ws)], **kw), 2 * len(ws))
                 except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped

@@ -56,6 +56,8 @@ def test_qgemv(kind, N, K, M):
     x = torch.randn(M, K, device=DEVICE).to(DTYPE)
     y = qgemv(x, w, out=torch.full((M, N), float("nan"), device=DEVICE, dtype=DTYPE))
     assert_close(f"qgemv {kind}", qlinear_naive(x, w), y, _tol())
+    if M == 1:
+        assert_close(f"qgemv {kind} dot-free", qlinear_naive(x, w), qgemv(x, w, use_dot=False), _tol())
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -109,7 +109,7 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr
                   stride_re, stride_ze, stride_y, KIND: tl.constexpr, HAS_ZERO: tl.constexpr, BM: tl.constexpr,
                   BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
                   SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr, PAIRS: tl.constexpr,
-                  TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr):
+                  TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr, USE_DOT: tl.constexpr):
     pid = tl.program_id(0)
     j = tl.arange(0, BW)
     if SWIGLU:
@@ -135,16 +135,24 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr
     k_hi = tl.minimum(k_lo + k_per, K)
     kk = tl.arange(0, BK)
     acc = tl.zeros((BM, BW), dtype=tl.float32)
+    acc1 = tl.zeros((BW,), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         k = k0 + kk
-        mx = mask_m[:, None] if EVEN_K else mask_m[:, None] & (k < K)[None, :]
-        x = tl.load(x_rows + k[None, :], mask=mx, other=0.0)  # [BM, BK]
         w = _tile(d_ptr, s_ptr, r_ptr, z_ptr, rows, valid, k0, K, KB, BR, BC, stride_d, stride_s, stride_z, KIND, BW,
                   BK, SB, EVEN_K, HAS_ZERO)
-        if FP32_DOT:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+        if USE_DOT:
+            mx = mask_m[:, None] if EVEN_K else mask_m[:, None] & (k < K)[None, :]
+            x = tl.load(x_rows + k[None, :], mask=mx, other=0.0)  # [BM, BK]
+            if FP32_DOT:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
         else:
-            acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+            # one row of x: fp32 products summed along K in registers, no MMA operand layout to convert into
+            x0 = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)  # [BK]
+            acc1 += tl.sum(w * x0[None, :], axis=1)
+    if not USE_DOT:
+        acc = tl.where(m[:, None] == 0, acc1[None, :], 0.0)
     if HAS_PW:
         acc *= tl.load(pw_ptr + p)
     if SPLIT:
@@ -225,13 +233,17 @@ def _fp32_dot(x: torch.Tensor) -> bool:
 
 
 def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swiglu: bool = False,
-          splits: int | None = None, bw: int | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+          splits: int | None = None, bw: int | None = None, num_warps: int = 4, num_stages: int = 4,
+          use_dot: bool = True) -> torch.Tensor:
     """x [M, K] (M <= 16, any row stride) @ dequant(w [N, K])^T -> [M, N] in x's dtype, fp32 accumulation; with
     ``swiglu``, w = [gate | up] and the result is silu(gate) * up [M, N/2]. ``splits``, ``bw`` (weight rows per
-    program), ``num_warps`` and ``num_stages`` override the shape heuristic (tests, benchmarks/gpu/bench_qgemv.py)."""
+    program), ``num_warps`` and ``num_stages`` override the shape heuristic (tests, benchmarks/gpu/bench_qgemv.py);
+    ``use_dot=False`` (M = 1 only) sums fp32 products in registers instead of a padded ``tl.dot``, not yet measured
+    on the GPU (bench_qgemv.py sweeps it)."""
     M, K = x.shape
     R = w.n
     assert len(w.shape) == 2 and w.k == K and 1 <= M <= MAX_ROWS, f"qgemv: x {tuple(x.shape)}, w {w.shape}"
+    assert use_dot or M == 1, "qgemv: the dot-free form takes one row"
     x = x if x.stride(1) == 1 else x.contiguous()
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
@@ -258,7 +270,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, 0, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind],
         HAS_ZERO=w.zeros is not None, BM=MAX_ROWS,
         BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
-        TOPK=1, A_PER_PAIR=False, HAS_PW=False, num_warps=num_warps, num_stages=num_stages)
+        TOPK=1, A_PER_PAIR=False, HAS_PW=False, USE_DOT=use_dot, num_warps=num_warps, num_stages=num_stages)
     return y
 
 
@@ -289,7 +301,8 @@ def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, 
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, sde, sse, sre, sze, y.stride(0), KIND=_KIND_ID[w.kind],
         HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu,
         FP32_DOT=_fp32_dot(x),
-        PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, num_warps=4, num_stages=4)
+        PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, USE_DOT=True, num_warps=4,
+        num_stages=4)
     return y
 
 
