@@ -18,7 +18,7 @@ def test_help_shows_the_positional_model_and_vllm_groups(run):
     assert "[MODEL] [INPUT]" in run("score", "--help").output
     out = run("serve", "--help").output
     sections = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert sections == ["ModelConfig:", "CacheConfig:", "SchedulerConfig:", "SpeculativeConfig:",
+    assert sections == ["ModelConfig:", "CacheConfig:", "ParallelConfig:", "SchedulerConfig:", "SpeculativeConfig:",
                         "MultiModalConfig:", "Frontend:", "ninfer:", "Options:"]
     model_config = out.split("ModelConfig:")[1].split("CacheConfig:")[0]
     assert "--max-model-len" in model_config and "--served-model-name" in model_config
