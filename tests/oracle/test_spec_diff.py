@@ -3,7 +3,8 @@
 Reference against reference agrees exactly (forced drafts, so every acceptance length and the rollback run); a
 perturbed side fails on the logits, and a side that drafts differently fails on acceptance although its greedy
 tokens are equal (speculation is lossless, so tokens alone would not show it). The fast Program (naive kernels)
-against the reference agrees within the fp32 tolerance, with forced drafts and with the MTP head's own."""
+against the reference agrees within the fp32 tolerance, with forced drafts and with the MTP head's own, and with a
+DFlash2 drafter converted beside the target."""
 
 from __future__ import annotations
 
@@ -109,3 +110,26 @@ def test_cli_speculative_config(artifact):
                                "float32", "--device", "cpu", "--kernels", "naive", "--prompt-len", "7",
                                "--decode-steps", "6"])
     assert got.exit_code == 0 and "accepted tokens equal: 2 of 2 requests" in got.output, got.output
+
+
+@pytest.fixture(scope="module")
+def drafter_artifact(artifact, tmp_path_factory):
+    from ninfer.testing.drafters import with_drafter
+    return with_drafter(artifact, tmp_path_factory.mktemp("spec_diff_dflash") / "d.ninfer", "dflash2", block_size=8)
+
+
+@pytest.mark.parametrize("device, kernels", DEVICES)
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "dflash2"])
+def test_fast_against_reference_with_dflash2(drafter_artifact, forced, device, kernels):
+    """The same diff with a DFlash2 drafter converted beside the target: both Programs load it from the artifact,
+    and every verified block and accepted length agrees (the drafter's own drafts and forced ones)."""
+    tolerance = default_tolerance(torch.float32, device, kernels)
+    report = run_spec_diff(drafter_artifact, {"method": "dflash2", "num_speculative_tokens": 7}, forced=forced,
+                           tolerance=tolerance, **{**RUN, "device": device, "kernels": kernels})
+    assert not report.failures, report.failures
+    assert all(r.equal and r.lengths_equal and r.blocks > 1 for r in report.rows)
+    assert 0 < report.worst_rel_rms < report.tolerance
+    if device == "cpu":  # fp32 on both sides: the drafter's own drafts are the same block for block
+        assert report.unmatched == 0
+    if forced:
+        assert sum(r.accepted for r in report.rows) > 5
