@@ -105,14 +105,14 @@ def bench_engine(v: VisionConfig, smoke: bool, repeats: int) -> dict:
     cfg = config("tiny" if smoke else "9B")
     px, text = (64, 16) if smoke else (1024, 64)
     patches = (px // v.patch_size) ** 2
-    tower = random_tower(v, device, torch.float32 if smoke else torch.bfloat16, kernels)
-    settings = FastProgramConfig(max_concurrency=1, max_context=2048, max_prefill_tokens=2048,
+    settings = FastProgramConfig(max_concurrency=1, max_context=2048, max_prefill_tokens=2048, kv_pages=1024,
                                  dtype=torch.float32 if smoke else torch.bfloat16)
     if smoke:
         budget = 1 << 30
-    else:
+    else:  # measured before the tower loads: vision_bytes counts its weights
         from ninfer.fast.memory import device_budget
         budget = device_budget(0.9)
+    tower = random_tower(v, device, torch.float32 if smoke else torch.bfloat16, kernels)
     program = FastProgram.build(cfg, random_source(cfg, device), settings, device=device, kernels=kernels,
                                 budget_bytes=budget - vision_bytes(tower, patches), vision=tower,
                                 vision_patches=patches)
