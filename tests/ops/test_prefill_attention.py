@@ -40,6 +40,28 @@ def test_prefill_attention(lens, prefixes, nh, nkv, d, page_size, dtype):
     assert_close("prefill_attention", ref, out, _tol(dtype))
 
 
+# a short chunk over a long prefix with its key walk split: shares with no unmasked block (prefix 5), uneven shares,
+# a varlen batch, more shares than blocks
+SPLIT_CASES = ([([192], [8000], 16, 4, 256, 16, 4), ([37, 300], [5000, 130], 16, 4, 256, 16, 8)] if ON_GPU
+               else [([9], [150], 4, 2, 60, 16, 3), ([5, 20], [5, 97], 2, 1, 16, 8, 4), ([3], [40], 2, 2, 16, 4, 8)])
+
+
+@pytest.mark.parametrize("lens,prefixes,nh,nkv,d,page_size,splits", SPLIT_CASES)
+def test_prefill_attention_split_key_walk(lens, prefixes, nh, nkv, d, page_size, splits):
+    dtype = DOT_IO_DTYPES[0]
+    k_pages, v_pages, table = random_paged_cache([n + p for n, p in zip(lens, prefixes)], nkv, d, page_size, dtype,
+                                                 DEVICE)
+    cu, prefix = _varlen(lens, prefixes)
+    q = torch.randn(sum(lens), nh, d, device=DEVICE).to(dtype)
+    ref = prefill_attention_naive(q, k_pages, v_pages, table, cu, prefix)
+    out = prefill_attention(q, k_pages, v_pages, table, cu, prefix, max_seqlen=max(lens), splits=splits)
+    assert_close("prefill_attention.split", ref, out, _tol(dtype))
+    if ON_GPU:  # the chosen split (9B's 192-token suffix over 8000 keys splits) equals the forced one
+        chosen = prefill_attention(q, k_pages, v_pages, table, cu, prefix, max_seqlen=max(lens),
+                                   max_prefix=max(prefixes))
+        assert_close("prefill_attention.chosen_split", ref, chosen, _tol(dtype))
+
+
 @pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
 def test_prefill_pipeline_writes_chunk_then_attends(dtype):
     lens, prefixes, nh, nkv, d, rd, page_size = ([6, 3], [5, 0], 4, 2, 32, 16, 4)

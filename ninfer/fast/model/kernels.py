@@ -138,7 +138,7 @@ def naive_kernels() -> Kernels:
         window.copy_(new_window)
         return out
 
-    def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen):
+    def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen, max_prefix=0):
         return prefill_attention_naive(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens)
 
     def linear(x, w):

@@ -35,6 +35,7 @@ class StepInputs:
     prefill_slot: int | None = None  # prefill: the sequence's GDN slot as a host int
     # prefill: (offset 0 < o < T, slot) of each checkpoint inside the piece, whose GDN state goes into that slot
     captures: tuple[tuple[int, int], ...] = ()
+    max_prefix: int = 0  # prefill / multi-query decode: the longest cached prefix (host int: attention's key split)
     # multi-query decode: step j of every block still that long, as (token rows [b_j] long, their slots [b_j] int32)
     gdn_steps: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with
@@ -106,7 +107,8 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
         q = k.rope_kv_write(q, kk, v, step.rope_positions, step.slot_mapping, k_pages, v_pages, cfg.rotary_dim,
                             cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps, mrope_section=cfg.mrope_section)
     if step.cu_seqlens is not None:  # prefill, or multi-query decode: causal inside each packed block
-        o = k.prefill_attention(q, k_pages, v_pages, step.block_table, step.cu_seqlens, step.prefix_lens, T)
+        o = k.prefill_attention(q, k_pages, v_pages, step.block_table, step.cu_seqlens, step.prefix_lens, T,
+                                max_prefix=step.max_prefix)
     else:
         o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens)
     o = o * torch.sigmoid(gate)  # [T, nh, d]

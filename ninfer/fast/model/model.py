@@ -169,6 +169,7 @@ class FastModel:
                   torch.tensor([s for s, n in zip(slots, lens) if n > j], **i32)) for j in range(max(lens))]
         return StepInputs(positions=pos.to(torch.int32), slot_mapping=pages * ps + pos % ps,
                           slot_ids=torch.tensor(slots, **i32), block_table=table, cu_seqlens=torch.tensor(cu, **i32),
+                          max_prefix=max(starts),
                           prefix_lens=torch.tensor(starts, **i32), gdn_steps=steps)
 
     def _prefill_inputs(self, n: int, slot: int, row: int, start: int,
@@ -182,7 +183,7 @@ class FastModel:
         return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
                           slot_ids=torch.full((1,), slot, **i32), block_table=table,
                           cu_seqlens=torch.arange(0, 2 * n, n, **i32), prefix_lens=torch.full((1,), start, **i32),
-                          prefill_slot=slot, captures=captures)
+                          prefill_slot=slot, captures=captures, max_prefix=start)
 
     def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -11,6 +11,11 @@ the log2(e) factor folded into the score scale). Per query block the key walk ha
 One program per (query head, query block, sequence), query blocks in reverse order: the grid's x is the head, so
 the longest blocks (last in the sequence, most keys) start first and the short ones fill the tail of the launch.
 Query blocks past a sequence's end do no work.
+
+A short chunk over a long cached prefix (a prefix hit's suffix: 192 queries over 8000 keys) would leave most SMs
+idle, each program walking every key alone; there the key walk is split (``SPLITS`` programs per query block, each
+over its share of the unmasked blocks, the last also over the diagonal), each writing its unnormalised output and
+softmax statistics, which one pass on the host side's tensors combines (flash-decoding's split-KV).
 """
 
 from __future__ import annotations
@@ -56,12 +61,13 @@ def _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_s
 
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_scale,
-                    sq0, sq1, so0, so1, stride_page, stride_tok, stride_kvh, stride_bt,
+                    sq0, sq1, so0, so1, stride_page, stride_tok, stride_kvh, stride_bt, ml_ptr, n_rows_total,
                     G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, SPLITS: tl.constexpr):
     h = tl.program_id(0)
     mb = tl.num_programs(1) - 1 - tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2) // SPLITS
+    j = tl.program_id(2) % SPLITS  # this program's share of the key walk (0 without splits)
     q_start = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q_start
     if mb * BM < q_len:
@@ -82,15 +88,25 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_s
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
         acc = tl.zeros([BM, BD], dtype=tl.float32)
-        for s in range(0, full, BN):
+        n_full = full // BN
+        for s in range(n_full * j // SPLITS * BN, n_full * (j + 1) // SPLITS * BN, BN):
             acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale,
                                     stride_page, stride_tok, D, PAGE, BN, BD, False)
-        for s in range(full, end, BN):
+        # only the last share walks the diagonal blocks (so every row's statistics there are finite)
+        for s in range(full + (end - full) * (j < SPLITS - 1).to(tl.int32), end, BN):
             acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale,
                                     stride_page, stride_tok, D, PAGE, BN, BD, True)
-        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(o_ptr + rows[:, None] * so0 + h * so1 + d[None, :], o.to(o_ptr.dtype.element_ty),
-                 mask=mi[:, None] & md[None, :])
+        if SPLITS == 1:
+            o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+            tl.store(o_ptr + rows[:, None] * so0 + h * so1 + d[None, :], o.to(o_ptr.dtype.element_ty),
+                     mask=mi[:, None] & md[None, :])
+        else:
+            # partials [SPLITS, T, nh, D] fp32 in o_ptr, (m, l) [2, SPLITS, T, nh] in ml_ptr
+            nh = tl.num_programs(0)
+            part = (j * n_rows_total + rows) * nh + h  # [BM]
+            tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=mi[:, None] & md[None, :])
+            tl.store(ml_ptr + part, m_i, mask=mi)
+            tl.store(ml_ptr + SPLITS * n_rows_total * nh + part, l_i, mask=mi)
 
 
 # candidates for 2-byte io on a GPU, timed once per (head dim, GQA group, dtypes) at first use (prefill is never
@@ -111,11 +127,26 @@ def _fixed_blocks(BD: int, io_bytes: int) -> tuple[int, int, int, int]:
     return (128, 64, 8, 3) if io_bytes == 2 else (64, 32, 8, 2)
 
 
+def _choose_splits(q: torch.Tensor, programs: int, max_prefix: int, n_rows: int) -> int:
+    """Key-walk shares per query block: enough programs for the SMs when the cached prefix dwarfs the chunk (each
+    share at least 1024 keys), else 1."""
+    if not q.is_cuda or max_prefix < max(4 * n_rows, 2 * SPLIT_KEYS):
+        return 1
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return max(1, min(MAX_SPLITS, sms // programs, max_prefix // SPLIT_KEYS))
+
+
+SPLIT_KEYS, MAX_SPLITS = 1024, 8
+
+
 def prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                       cu_seqlens: torch.Tensor, prefix_lens: torch.Tensor, max_seqlen: int,
-                      scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                      scale: float | None = None, out: torch.Tensor | None = None, max_prefix: int = 0,
+                      splits: int | None = None) -> torch.Tensor:
     """Same contract as ``prefill_attention_naive``; ``max_seqlen`` (a host int, the longest chunk) sizes the grid
-    so no device value is read back. cu_seqlens [B+1] and prefix_lens [B] are int32 on q's device."""
+    so no device value is read back. cu_seqlens [B+1] and prefix_lens [B] are int32 on q's device. ``max_prefix``
+    (a host int, the longest cached prefix) lets a short chunk over a long prefix split its key walk; ``splits``
+    forces a number of shares (tests)."""
     T, nh, D = q.shape
     _, page, nkv, _ = k_pages.shape
     assert nh % nkv == 0 and q.stride(2) == 1 and k_pages.stride() == v_pages.stride() and k_pages.stride(3) == 1
@@ -128,10 +159,30 @@ def prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Ten
             block_table.stride(0))
     dims = dict(G=nh // nkv, D=D, PAGE=page, BD=BD)
     n_rows = max(max_seqlen, 1)
+    BM, BN, warps, stages = _fixed_blocks(BD, q.element_size())
+    S = splits or _choose_splits(q, nh * triton.cdiv(n_rows, BM) * B, max_prefix, n_rows)
+    if S > 1:  # fixed tiles: no autotuning of this variant in a request's path
+        return _split_attention(args, dims, out, S, (BM, BN, warps, stages), (nh, triton.cdiv(n_rows, BM), B))
     if q.is_cuda and q.element_size() == 2:
-        _prefill_tuned[lambda meta: (nh, triton.cdiv(n_rows, meta["BM"]), B)](*args, **dims)
+        _prefill_tuned[lambda meta: (nh, triton.cdiv(n_rows, meta["BM"]), B)](*args, out, 0, **dims, SPLITS=1)
     else:
-        BM, BN, warps, stages = _fixed_blocks(BD, q.element_size())
-        _prefill_kernel[(nh, triton.cdiv(n_rows, BM), B)](*args, **dims, BM=BM, BN=BN, num_warps=warps,
-                                                            num_stages=stages)
+        _prefill_kernel[(nh, triton.cdiv(n_rows, BM), B)](*args, out, 0, **dims, BM=BM, BN=BN, SPLITS=1,
+                                                            num_warps=warps, num_stages=stages)
     return out
+
+
+def _split_attention(args: tuple, dims: dict, out: torch.Tensor, S: int, tiles: tuple[int, int, int, int],
+                     grid: tuple[int, int, int]) -> torch.Tensor:
+    """The split key walk: S partial outputs and their (m, l), combined as one softmax."""
+    T, nh, D = out.shape
+    BM, BN, warps, stages = tiles
+    f32 = dict(device=out.device, dtype=torch.float32)
+    part = torch.empty(S, T, nh, D, **f32)  # unnormalised outputs
+    ml = torch.empty(2, S, T, nh, **f32)  # running max (log2 units) and sum of each share
+    args = (*args[:3], part, *args[4:])
+    _prefill_kernel[(grid[0], grid[1], grid[2] * S)](*args, ml, T, **dims, BM=BM, BN=BN, SPLITS=S,
+                                                     num_warps=warps, num_stages=stages)
+    m = ml[0].amax(0)  # [T, nh]: finite, the last share saw each row's own key
+    w = torch.exp2(ml[0] - m)  # [S, T, nh]; an empty share (m = -inf) weighs 0
+    o = (w[..., None] * part).sum(0) / (w * ml[1]).sum(0)[..., None]
+    return out.copy_(o)
