@@ -16,7 +16,8 @@
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
-#   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, TEST_TIMEOUT_S, PART_BUDGET_S (default 560)
+#   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
+#        PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
 PART="${1:-tests}"
@@ -42,14 +43,27 @@ run_tests() {
     "$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
         || { e2e=""; echo "no server packages (carry .whl): e2e tests left out"; }
     local paths="${TEST_PATHS:-tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py
-        tests/oracle/test_spec_diff.py $e2e}"
-    echo "== GPU tests: $paths"
+        tests/oracle/test_spec_diff.py}"
+    # each of these plans with a share of the whole device (vLLM's gpu_memory_utilization), so two at once would
+    # not fit: they run one at a time after the rest
+    local serial="${SERIAL_TEST_PATHS:-tests/fast_program/test_pipeline_gpu.py $e2e}" workers=""
+    # PYTEST_WORKERS=N: the rest in N processes (pytest-xdist, in the GPU image), one file per process
+    [ -n "${PYTEST_WORKERS:-}" ] && "$PY" -c "import xdist" 2>/dev/null \
+        && workers="-n $PYTEST_WORKERS --dist loadfile"
+    local ignore="" f
+    for f in $serial; do ignore="$ignore --ignore=$f"; done
+    echo "== GPU tests: $paths${workers:+ ($workers)}, then $serial"
     local log="${OUT:-/tmp}/pytest_gpu.log"
     # shellcheck disable=SC2086
-    NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest $paths -q \
-        -p no:cacheprovider --durations=15 > "$log" 2>&1
+    NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest $paths $ignore -q \
+        $workers -p no:cacheprovider --durations=15 > "$log" 2>&1
     echo "pytest rc=$?"
-    tail -45 "$log"
+    tail -40 "$log"
+    # shellcheck disable=SC2086
+    NINFER_TEST_DEVICE=cuda timeout $(( $(left) - 5 )) "$PY" -m pytest $serial -q -p no:cacheprovider \
+        --durations=5 > "${log%.log}_serial.log" 2>&1
+    echo "pytest (serial) rc=$?"
+    tail -20 "${log%.log}_serial.log"
 }
 
 run_engine() {
