@@ -59,3 +59,38 @@ def test_fast_drafter_equals_the_reference(kind, kernels):
             assert torch.equal(kp[page], old[page]), (layer, page)
         ctx_k = torch.cat([kp[int(p)] for p in table])[:11].transpose(0, 1)  # [nkv, 11, d]
         assert_close("context keys", ctx.kv[layer].k, ctx_k, tol)
+
+
+@pytest.mark.parametrize("kernels", CASES)
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_batched_blocks_with_a_window_equal_the_reference(kind, kernels):
+    """Two rows in one block pass, at different frontiers (one mid-page), the second under a draft window (the
+    reference keeps its last 5 positions; the fast pass bounds the first key): each row's logits and hidden equal
+    the reference drafter's on that row's context alone."""
+    cfg = DrafterConfig.from_hf(drafter_hf_config(_target(), kind, layers=2, block_size=4))
+    w = drafter_tensors(cfg, seed=5)
+    g = torch.Generator().manual_seed(6)
+    embed, head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g)
+    ref = Drafter(cfg, w, embed, head, torch.float32)
+    fast = FastDrafter(cfg, load_drafter_weights(cfg, w.__getitem__, torch.float32, DEVICE), get_kernels(kernels),
+                       embed.to(DEVICE), head.to(DEVICE))
+    shape = (12, PS, cfg.num_key_value_heads, cfg.head_dim)
+    k_pages = [torch.randn(shape, device=DEVICE) for _ in range(cfg.num_hidden_layers)]
+    v_pages = [torch.randn(shape, device=DEVICE) for _ in range(cfg.num_hidden_layers)]
+    tables = torch.tensor([[3, 9, 1, 0], [7, 2, 11, 5]], dtype=torch.int32, device=DEVICE)  # 16 positions each
+    frontiers, windows, anchors = [6, 9], [None, 5], [4, 11]
+    want = []
+    for row, (n, window) in enumerate(zip(frontiers, windows)):
+        taps = torch.randn(n, len(cfg.target_layer_ids) * H, generator=g)
+        ctx = ref.empty_context()
+        ref.extend(ctx, taps, 0, window)
+        pos = torch.arange(n, device=DEVICE, dtype=torch.int32)
+        slots = tables[row][(pos // PS).long()].long() * PS + (pos % PS).long()
+        fast.extend(taps.to(DEVICE), pos, slots, k_pages, v_pages)
+        want.append(ref.block(ctx, anchor=anchors[row], block_size=4))
+    logits, hidden = fast.block(anchors, frontiers, tables, 4, k_pages, v_pages,
+                                [0 if w_ is None else max(0, f - w_) for f, w_ in zip(frontiers, windows)])
+    tol = 1e-2 if ON_GPU else 1e-5
+    for row, (want_logits, want_hidden) in enumerate(want):
+        assert_close(f"row {row} drafter logits", want_logits, logits[row], tol)
+        assert_close(f"row {row} drafter hidden", want_hidden, hidden[row], tol)
