@@ -128,3 +128,46 @@ def test_bench_quant_smoke(tmp_path):
     assert tiny["q4"]["weight_bytes"] < tiny["fp8"]["weight_bytes"] < tiny["bf16"]["weight_bytes"]
     assert "int4" in tiny["q4"]["formats"] and "nvfp4" in tiny["nvfp4"]["formats"]
     assert [t["result"] for t in r["targets"]] == ["not run"] * 4
+
+
+def test_bench_agent_smoke(tmp_path):
+    """The agent benchmark through the in-process server: every turn after the first reuses the previous prompt
+    (prefilling at most its new tokens plus 64), the reuse survives the unrelated requests, and every target is
+    reported with a verdict."""
+    results = _smoke("bench_agent.py", tmp_path)
+    assert set(results["runs"]) == {"1", "2"}
+    for summary in results["runs"].values():
+        assert [r["turn"] for r in summary["turns"]] == [1, 2, 3] and summary["failed"] == 0
+        assert summary["max_excess_prefill"] <= 64 and all(_positive(r["ttft_ms"]) for r in summary["turns"])
+    assert results["reuse"]["failed_unrelated"] == 0 and results["reuse"]["reuse"] > 0.9
+    assert len(results["targets"]) == 5 and all(isinstance(t["pass"], bool) for t in results["targets"])
+    assert results["build"]["costs"]["measured"] is False  # the CPU reports the generic fallback
+    assert results["cache"]["hits"] > 0
+
+
+def test_bench_llamacpp_reads_the_tools_outputs(tmp_path, monkeypatch):
+    """llama.cpp itself needs the device; here stand-in tools print the formats that commit 0c1e57098's
+    batched-bench (--output-format jsonl) and llama-bench (-o json) print, and the script's numbers follow."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import bench_llamacpp
+
+    rows = [{"pp": 512, "tg": 64, "pl": b, "t_tg": 0.32 * (1 + b / 8), "speed_tg": 64 * b / (0.32 * (1 + b / 8))}
+            for b in bench_llamacpp.BATCHES]
+    (tmp_path / "llama-batched-bench").write_text(
+        "#!/bin/sh\necho 'main: n_kv_max = 8192'\n" + "".join(f"echo '{json.dumps(r)}'\n" for r in rows))
+    (tmp_path / "llama-bench").write_text(
+        "#!/bin/sh\ncase \"$*\" in *'-n 128'*) echo '[{\"n_prompt\": 0, \"avg_ts\": 200.0}]';;\n"
+        "*) echo '[{\"n_prompt\": 2048, \"avg_ts\": 9000.0}, {\"n_prompt\": 8192, \"avg_ts\": 8000.0}]';; esac\n")
+    for tool in tmp_path.iterdir():
+        tool.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    monkeypatch.setattr(bench_llamacpp, "gguf", lambda name, timeout: model)
+    results = {"commit": "0c1e57098", "models": {}, "errors": {}}
+    bench_llamacpp.bench_model(tmp_path, "tiny", results, lambda: 30.0)
+    tiny = results["models"]["tiny"]
+    assert tiny["decode_512ctx"]["B1"]["step_ms"] == 1000 * rows[0]["t_tg"] / 64
+    assert set(tiny["decode_512ctx"]) == {"B1", "B2", "B4", "B8"}
+    assert tiny["tg128_ms"] == 5.0 and tiny["prefill_tok_s"] == {"2048": 9000.0, "8192": 8000.0}
+    assert not model.exists()  # the GGUF is removed once measured
+    bench_llamacpp.print_table(results)
