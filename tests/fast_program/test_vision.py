@@ -3,9 +3,10 @@ own random tiny tower and text model, converted), both through the real Engine i
 the Triton kernels and CUDA graphs with NINFER_TEST_DEVICE=cuda.
 
 Two odd-sized images in one prompt, prefill chunks cut inside them, then decode steps (which rotate at position +
-rope_delta): greedy tokens equal and logprobs close; penalties over a prompt with images see the pad id as the
-reference's draw does; a repeated image resumes from a checkpoint after it with the cold run's output; features are
-freed once the prefill passes the image."""
+rope_delta), also under async scheduling: greedy tokens equal and logprobs close; penalties over a prompt with
+images see the pad id as the reference's draw does; a repeated image resumes from a checkpoint after it with the
+cold run's output, and a resume inside an image encodes it again; features are freed once the prefill passes the
+image."""
 
 from __future__ import annotations
 
@@ -97,14 +98,16 @@ def _stream(program, requests, turns=None, **config):
     return out
 
 
-@pytest.mark.parametrize("chunk", [None, 7], ids=["whole", "cut-inside-images"])
-def test_two_images_prefill_and_decode_equal_the_reference(artifact, vp, chunk):
+@pytest.mark.parametrize("chunk, overlap", [(None, False), (7, False), (7, True)],
+                         ids=["whole", "cut-inside-images", "async-scheduling"])
+def test_two_images_prefill_and_decode_equal_the_reference(artifact, vp, chunk, overlap):
     greedy = SamplingParams(temperature=0.0, logprobs=0)
     reqs = lambda: [_request(vp, (1, 2), [7, 8], 8, sampling=greedy)]  # noqa: E731
     assert reqs()[0].media.rope_delta != 0  # decode rotates apart from the KV position
     cfg = dict(prefix_caching=False, **({} if chunk is None else {"prefill_chunk": chunk}))
     fast = _fast(artifact, vp)
-    (got,), (want,) = _stream(fast, reqs(), **cfg), _stream(_reference(artifact), reqs(), **cfg)
+    (got,) = _stream(fast, reqs(), async_scheduling=overlap, **cfg)
+    (want,) = _stream(_reference(artifact), reqs(), **cfg)
     assert got[0] == want[0] and len(got[0]) == 8
     assert got[1] == pytest.approx(want[1], abs=TOL)
     assert fast.executor.images.held() == 0  # each image's features freed by the piece that reached its end
