@@ -29,13 +29,3 @@ def test_fast_program_refuses_what_its_kernels_do_not_compute(tiny, change, fiel
                           budget_bytes=1 << 20, device="cpu", kernels="naive")
     assert e.value.exit_code == ExitCode.UNAVAILABLE and e.value.where == field
     assert "--program reference" in e.value.hint
-
-
-@pytest.mark.parametrize("method", ["dflash", "dflash2"])
-def test_fast_program_refuses_a_drafter_method_before_loading(method, tmp_path):
-    """Refused from the config alone: no artifact is opened (the path does not exist)."""
-    with pytest.raises(NinferError) as e:
-        FastProgram.from_artifact(tmp_path / "absent.ninfer", max_concurrency=1, max_context=64, budget_bytes=1 << 20,
-                                  device="cpu", speculative_config={"method": method, "num_speculative_tokens": 7})
-    assert e.value.exit_code == ExitCode.UNAVAILABLE and e.value.where == "method"
-    assert "--program reference" in str(e.value)
