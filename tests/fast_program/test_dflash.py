@@ -7,16 +7,19 @@ equals the cold run. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import RowDecision
 from ninfer.fast.program import FastProgram
 from ninfer.program_core.speculation import row_context
 from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfigError
 from ninfer.sampling import SamplingParams
-from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
+from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, record_drafts, spec_prompts, start_decoding
 
 
 def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash):
@@ -53,14 +56,10 @@ def test_the_reference_checks_apply(tiny):
     assert build("dflash", 7).limits.draft_tokens == 7
 
 
-def _prompts(prompt_of):
-    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
-
-
 @pytest.fixture(scope="module")
 def plain_greedy(make_fast_dflash, prompt_of):
     return [r.token_ids for r in serve(make_fast_dflash("dflash", 0), [token_request(p, 12) for p in
-                                                                      _prompts(prompt_of)],
+                                                                      spec_prompts(prompt_of)],
                                        max_concurrency=2, prefill_chunk=9)]
 
 
@@ -70,7 +69,7 @@ def plain_greedy(make_fast_dflash, prompt_of):
 def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, plain_greedy, kind, k, forced,
                                                   window):
     program = make_fast_dflash(kind, k, forced=forced, window=window)
-    spec = serve(program, [token_request(p, 12) for p in _prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
+    spec = serve(program, [token_request(p, 12) for p in spec_prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
     assert [r.token_ids for r in spec] == plain_greedy
     if forced:
         assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
@@ -81,29 +80,17 @@ def _on_gpu(program) -> bool:
     return program.model.device.type == "cuda"
 
 
-def _recording(program):
-    """Wrap the program's drafter: every row's drafts, in call order."""
-    seen, draft = [], program.executor.draft
-
-    def record(seqs, ctxs, ks):
-        out = draft(seqs, ctxs, ks)
-        seen.extend(d for d, _ in out)
-        return out
-    program.executor.draft = record
-    return seen
-
-
 @pytest.mark.parametrize("kind, window", [("dflash", None), ("dflash2", None), ("dflash2", 7)])
 def test_device_drafts_equal_the_reference_programs(make_fast_dflash, make_reference_dflash, prompt_of, kind,
                                                     window):
     """The same requests (greedy and sampled) through both Programs with the real drafter: the same drafts at every
     round (two rows batched in one block pass, the context in pages, the window as a first-key bound, the selector
     walk) and the same tokens and accepted counts."""
-    prompts = _prompts(prompt_of)
+    prompts = spec_prompts(prompt_of)
     runs = []
     fast = make_fast_dflash(kind, 7, window=window)
     for program in (fast, make_reference_dflash(kind, 7, window=window)):
-        drafts = _recording(program)
+        drafts = record_drafts(program)
         reqs = [token_request(p, 14, **({} if i % 2 else dict(sampling=SamplingParams(temperature=0.8), seed=3 + i)))
                 for i, p in enumerate(prompts)]
         out = serve(program, reqs, max_concurrency=2, prefill_chunk=9)
@@ -121,14 +108,8 @@ def test_device_drafts_equal_the_reference_programs(make_fast_dflash, make_refer
     assert fast_out[1::2] == ref_out[1::2]
 
 
-def _start(program, prompt, max_new=40, chunk=7):
-    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
-                                                    max_new_tokens=max_new)))
-    h = program.advance(txn).handle
-    while (batch := program.prefill(h, chunk)) is None:  # chunks of 7: the context is built in pieces
-        pass
-    program.commit(batch.take(), [RowDecision(1, False)])
-    return h
+# chunks of 7: the drafter context is built in pieces
+_start = functools.partial(start_decoding, max_new=40, chunk=7)
 
 
 def _context(program, seq, n):
@@ -214,16 +195,6 @@ def test_page_copies_and_host_replicas_carry_the_context(make_fast_dflash, promp
                                                             ("dflash2", 10, 100, 64)])
 def test_sampled_prefix_hit_with_dflash_equals_the_cold_run(make_fast_dflash, prompt_of, kind, window, base_len,
                                                             reused):
-    """Sampled tokens depend on the drafts, and the drafts on the drafter context: a resumed request equals the
-    cold run only when the shared and copied pages carried the context of its frontier."""
-    base = prompt_of(base_len, seed=11)
-    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
-    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
-    program = make_fast_dflash(kind, 7, window=window)
-    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
-                      max_concurrency=2, prefill_chunk=48)
-    assert hit[0].usage.cached_prompt_tokens == reused
-    (cold,) = serve(make_fast_dflash(kind, 7, window=window), [token_request(second, 10, **sampled)],
-                    max_concurrency=1, prefix_caching=False)
-    assert hit[0].token_ids == cold.token_ids
-    assert_drained(program, published=True)
+    """A checkpoint without the drafter context of its frontier (in the shared and copied pages) would change the
+    drafts and with them the sampled tokens."""
+    assert_sampled_hit_equals_cold(lambda: make_fast_dflash(kind, 7, window=window), prompt_of, base_len, reused)

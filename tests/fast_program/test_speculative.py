@@ -11,13 +11,15 @@ import os
 import pytest
 import torch
 
-from ninfer.contracts import BatchKind, DraftMasks, ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import DraftMasks, RowDecision
 from ninfer.fast.program import FastProgram
 from ninfer.program_core.speculative import MissingBackendWeights
-from ninfer.sampling import SamplingParams
 from ninfer.testing.numerics import assert_close
-from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import TokenSession, token_request
+from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_rows_accept_different_lengths,
+                                         assert_sampled_hit_equals_cold, decode_until_drafted, record_drafts,
+                                         spec_prompts, start_decoding)
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 
@@ -34,70 +36,25 @@ def test_limits_name_the_backend(make_fast_spec):
     assert make_fast_spec(0).limits.speculative is None
 
 
-def _prompts(prompt_of):
-    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
-
-
 @pytest.mark.parametrize("k, forced", [(1, False), (3, False), (3, True), (7, True)])
 def test_greedy_with_mtp_equals_greedy_without(make_fast_spec, prompt_of, k, forced):
-    prompts = _prompts(prompt_of)
-    plain = serve(make_fast_spec(0), [token_request(p, 12) for p in prompts], max_concurrency=2, prefill_chunk=9)
-    program = make_fast_spec(k, forced=forced)
-    spec = serve(program, [token_request(p, 12) for p in prompts], max_concurrency=2, prefill_chunk=9)
-    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
-    if forced:
-        forced = program.executor.draft.forced
-        assert any(n == 0 for n, _ in forced) and any(n == m for n, m in forced), forced  # none and all accepted
-        assert any(n >= 2 for n, _ in forced)
-        assert any(r.usage.completion_tokens > 1 for r in spec)
-    assert_drained(program)
-
-
-def _recording(program):
-    """Wrap the program's drafter: every row's drafts, in call order."""
-    seen, draft = [], program.executor.draft
-
-    def record(seqs, ctxs, ks):
-        out = draft(seqs, ctxs, ks)
-        seen.extend(d for d, _ in out)
-        return out
-    program.executor.draft = record
-    return seen
+    assert_greedy_unchanged(make_fast_spec, prompt_of, k, forced)
 
 
 def test_device_mtp_drafts_equal_the_reference_programs(make_fast_spec, make_reference_spec, prompt_of):
     """The same requests through the fast and the reference Program with the real MTP head: the same drafts at
     every round (so the device head, its paged KV and its stored hidden follow the reference's) and the same
     accepted counts."""
-    prompts = _prompts(prompt_of)
+    prompts = spec_prompts(prompt_of)
     runs = []
     for program in (make_fast_spec(3), make_reference_spec(3)):
-        drafts = _recording(program)
+        drafts = record_drafts(program)
         out = serve(program, [token_request(p, 16) for p in prompts], max_concurrency=2, prefill_chunk=9)
         runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
     (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
     assert len(fast_drafts) > 20 and sum(len(d) for d in fast_drafts) > 40
     assert fast_drafts == ref_drafts
     assert fast_out == ref_out
-
-
-def _start(program, prompt, max_new=24):
-    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
-                                                    max_new_tokens=max_new)))
-    h = program.advance(txn).handle
-    batch = program.prefill(h, 64)
-    program.commit(batch.take(), [RowDecision(1, False)])
-    return h
-
-
-def _decode_until_drafted(program, h, need):
-    """Commit decode rounds until one row carries at least `need` tokens; return that batch, uncommitted."""
-    for _ in range(20):
-        batch = program.decode([h])
-        if batch.rows[0].produced >= need:
-            return batch
-        program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
-    raise AssertionError("no block of the wanted length")
 
 
 def _slot_state(program, slot):
@@ -115,8 +72,8 @@ def _mtp_kv(program, seq, n):
 
 def test_abort_and_cancel_restore_the_whole_state(make_fast_spec, prompt_of):
     program = make_fast_spec(3, forced=True)
-    h = _start(program, prompt_of(9, seed=3))
-    batch = _decode_until_drafted(program, h, 2)
+    h = start_decoding(program, prompt_of(9, seed=3))
+    batch = decode_until_drafted(program, h, 2)
     program.abort_pending(batch.take())
     seq = program.sequence(h)
     before = (seq.frontier, list(seq.table), seq.reserve_left, _slot_state(program, h.slot),
@@ -135,15 +92,15 @@ def test_a_cut_block_replays_only_the_kept_tokens(make_fast_spec, prompt_of):
     tokens as one prompt (GDN, stored hidden, MTP KV), and the block table covers exactly the new frontier."""
     prompt = prompt_of(9, seed=4)
     program = make_fast_spec(3, forced=True)
-    h = _start(program, prompt)
-    batch = _decode_until_drafted(program, h, 3)
+    h = start_decoding(program, prompt)
+    batch = decode_until_drafted(program, h, 3)
     seq = program.sequence(h)
     first = batch.rows[0].tokens[0]
     program.commit(batch.take(), [RowDecision(1, True)])
     assert seq.pending == first and len(seq.table) == program.config.pages_for(seq.frontier)
     program.check_invariants()
     ref = make_fast_spec(3)
-    r = _start(ref, tuple(seq.tokens), max_new=4)
+    r = start_decoding(ref, tuple(seq.tokens), max_new=4)
     rs = ref.sequence(r)
     assert rs.frontier == seq.frontier
     # chunked prefill against stepped decode: rounding only (on the GPU fp32 GEMMs and tl.dot round as TF32)
@@ -156,32 +113,13 @@ def test_a_cut_block_replays_only_the_kept_tokens(make_fast_spec, prompt_of):
 
 @pytest.mark.parametrize("base_len, reused", [(12, 12), (100, 64)])
 def test_sampled_prefix_hit_with_mtp_equals_the_cold_run(make_fast_spec, prompt_of, base_len, reused):
-    """Sampled tokens depend on the drafts, and the drafts on the MTP state: a resumed request equals the cold run
-    only when the checkpoint carried the MTP state of its frontier (stored hidden and paged MTP KV)."""
-    base = prompt_of(base_len, seed=11)
-    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
-    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
-    program = make_fast_spec(3)
-    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
-                      max_concurrency=2, prefill_chunk=48)
-    assert hit[0].usage.cached_prompt_tokens == reused
-    (cold,) = serve(make_fast_spec(3), [token_request(second, 10, **sampled)], max_concurrency=1,
-                    prefix_caching=False)
-    assert hit[0].token_ids == cold.token_ids
-    assert_drained(program, published=True)
+    """A checkpoint without the MTP state of its frontier (stored hidden and paged MTP KV) would change the drafts
+    and with them the sampled tokens."""
+    assert_sampled_hit_equals_cold(lambda: make_fast_spec(3), prompt_of, base_len, reused)
 
 
 def test_rows_of_one_round_accept_different_lengths(make_fast_spec, prompt_of):
-    program = make_fast_spec(4, forced=True)
-    hs = [_start(program, prompt_of(n, seed=90 + n)) for n in (6, 13)]
-    seen = set()
-    for _ in range(6):
-        batch = program.decode(hs)
-        assert batch.kind is BatchKind.DECODE and all(r.drafted <= 4 for r in batch.rows)
-        seen.add(tuple(r.produced for r in batch.rows))
-        program.commit(batch.take(), [RowDecision(r.produced, False) for r in batch.rows])
-        program.check_invariants()
-    assert any(a != b for a, b in seen)
+    assert_rows_accept_different_lengths(make_fast_spec(4, forced=True), prompt_of, 4)
 
 
 class _ParitySession(TokenSession):
@@ -203,7 +141,7 @@ def test_grammar_rows_constrain_every_draft_prefix(make_fast_spec, prompt_of):
     from ninfer.engine.records import GenerationRequest
 
     vocab = make_fast_spec(0).limits.vocab_size
-    prompts = _prompts(prompt_of)
+    prompts = spec_prompts(prompt_of)
 
     def requests():
         return [GenerationRequest(tuple(p), _ParitySession(14, vocab), 14) for p in prompts]

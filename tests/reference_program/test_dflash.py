@@ -5,17 +5,19 @@ committed tokens, and a sampled prefix hit equals the cold run (the checkpoint c
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import RowDecision
 from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.program_core.speculation import row_context
-from ninfer.sampling import SamplingParams
 from ninfer.testing.drafters import reference_drafter
-from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
+from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, spec_prompts, start_decoding
 
 
 @pytest.mark.parametrize("raw, field", [({"method": "dflash", "num_speculative_tokens": 16}, "num_speculative_tokens"),
@@ -51,14 +53,10 @@ def test_a_missing_or_unfit_drafter_is_a_start_error(model32, make_dflash):
                             block8).limits.draft_tokens == 7
 
 
-def _prompts(prompt_of):
-    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
-
-
 @pytest.fixture(scope="module")
 def plain_greedy(make_dflash, prompt_of):
-    return [r.token_ids for r in serve(make_dflash("dflash", 0), [token_request(p, 12) for p in _prompts(prompt_of)],
-                                       max_concurrency=2, prefill_chunk=9)]
+    requests = [token_request(p, 12) for p in spec_prompts(prompt_of)]
+    return [r.token_ids for r in serve(make_dflash("dflash", 0), requests, max_concurrency=2, prefill_chunk=9)]
 
 
 @pytest.mark.parametrize("kind, k, forced, window", [("dflash", 15, False, None), ("dflash2", 15, False, None),
@@ -66,7 +64,7 @@ def plain_greedy(make_dflash, prompt_of):
                                                      ("dflash2", 3, True, None)])
 def test_greedy_with_dflash_equals_greedy_without(make_dflash, prompt_of, plain_greedy, kind, k, forced, window):
     program = make_dflash(kind, k, forced=forced, window=window)
-    spec = serve(program, [token_request(p, 12) for p in _prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
+    spec = serve(program, [token_request(p, 12) for p in spec_prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
     assert [r.token_ids for r in spec] == plain_greedy
     assert program.limits.speculative == SpeculativeConfig(kind, k, window).name
     if forced:
@@ -74,14 +72,8 @@ def test_greedy_with_dflash_equals_greedy_without(make_dflash, prompt_of, plain_
     assert_drained(program)
 
 
-def _start(program, prompt, max_new=40):
-    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
-                                                    max_new_tokens=max_new)))
-    h = program.advance(txn).handle
-    while (batch := program.prefill(h, 7)) is None:  # chunks of 7: the context is built in pieces
-        pass
-    program.commit(batch.take(), [RowDecision(1, False)])
-    return h
+# chunks of 7: the drafter context is built in pieces
+_start = functools.partial(start_decoding, max_new=40, chunk=7)
 
 
 def _scratch(program, seq, window):
@@ -136,16 +128,6 @@ def test_drafting_leaves_the_context_alone(make_dflash, prompt_of):
 @pytest.mark.parametrize("kind, window, base_len, reused", [("dflash", None, 12, 12), ("dflash2", None, 100, 64),
                                                             ("dflash2", 10, 100, 64)])
 def test_sampled_prefix_hit_with_dflash_equals_the_cold_run(make_dflash, prompt_of, kind, window, base_len, reused):
-    """Sampled tokens depend on the drafts, and the drafts on the drafter context: a resumed request equals the
-    cold run only when the checkpoint carried the context of its frontier."""
-    base = prompt_of(base_len, seed=11)
-    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
-    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
-    program = make_dflash(kind, 7, window=window)
-    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
-                      max_concurrency=2, prefill_chunk=48)
-    assert hit[0].usage.cached_prompt_tokens == reused
-    (cold,) = serve(make_dflash(kind, 7, window=window), [token_request(second, 10, **sampled)], max_concurrency=1,
-                    prefix_caching=False)
-    assert hit[0].token_ids == cold.token_ids
-    assert_drained(program, published=True)
+    """A checkpoint without the drafter context of its frontier would change the drafts and with them the sampled
+    tokens."""
+    assert_sampled_hit_equals_cold(lambda: make_dflash(kind, 7, window=window), prompt_of, base_len, reused)

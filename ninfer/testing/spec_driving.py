@@ -1,0 +1,96 @@
+"""Driving a speculative Program in tests, for the reference and the fast Program alike: the prompts both test
+suites serve, a sequence started by hand, decode rounds until a block of some length, a recorder of the drafts,
+and the checks that read the same for every backend (greedy output unchanged, rows of one round accepting
+different lengths, a sampled prefix hit equal to the cold run)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ninfer.contracts import BatchKind, ResourceChoice, RowDecision, TransitionKind
+from ninfer.sampling import SamplingParams
+from ninfer.testing.serving import assert_drained, in_turns, serve
+from ninfer.testing.sessions import token_request
+
+
+def spec_prompts(prompt_of: Callable[..., tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Four prompts of awkward lengths (one longer than a page)."""
+    return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
+
+
+def start_decoding(program, prompt, max_new: int = 24, chunk: int = 64):
+    """Materialize `prompt`, prefill it in chunks of `chunk` and commit its first token; returns the handle."""
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
+                                                    max_new_tokens=max_new)))
+    h = program.advance(txn).handle
+    while (batch := program.prefill(h, chunk)) is None:  # a chunk short of the prompt's end samples nothing
+        pass
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return h
+
+
+def decode_until_drafted(program, h, need: int):
+    """Commit decode rounds until one row carries at least `need` tokens; return that batch, uncommitted."""
+    for _ in range(20):
+        batch = program.decode([h])
+        if batch.rows[0].produced >= need:
+            return batch
+        program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
+    raise AssertionError("no block of the wanted length")
+
+
+def record_drafts(program) -> list[tuple[int, ...]]:
+    """Wrap the program's drafter: the returned list fills with every row's drafts, in call order."""
+    seen, draft = [], program.executor.draft
+
+    def record(seqs, ctxs, ks):
+        out = draft(seqs, ctxs, ks)
+        seen.extend(d for d, _ in out)
+        return out
+    program.executor.draft = record
+    return seen
+
+
+def assert_greedy_unchanged(make: Callable[..., Any], prompt_of, k: int, forced: bool) -> None:
+    """`make(k, forced=...)` drafting k tokens serves greedy requests exactly as `make(0)` (no backend) does; with
+    ForcedDrafts, blocks accepting none, all and at least two drafts all occurred."""
+    prompts = spec_prompts(prompt_of)
+    plain = serve(make(0), [token_request(p, 12) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    program = make(k, forced=forced)
+    spec = serve(program, [token_request(p, 12) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    if forced:
+        lengths = program.executor.draft.forced
+        assert any(n == 0 for n, _ in lengths) and any(n == m for n, m in lengths), lengths
+        assert any(n >= 2 for n, _ in lengths)
+        assert any(r.usage.completion_tokens > 1 for r in spec)
+    assert_drained(program)
+
+
+def assert_rows_accept_different_lengths(program, prompt_of, k: int) -> None:
+    """Two rows decoding together under forced acceptance: some round commits blocks of different lengths."""
+    hs = [start_decoding(program, prompt_of(n, seed=90 + n)) for n in (6, 13)]
+    seen = set()
+    for _ in range(6):
+        batch = program.decode(hs)
+        assert batch.kind is BatchKind.DECODE and all(r.drafted <= k for r in batch.rows)
+        seen.add(tuple(r.produced for r in batch.rows))
+        program.commit(batch.take(), [RowDecision(r.produced, False) for r in batch.rows])
+        program.check_invariants()
+    assert any(a != b for a, b in seen)
+
+
+def assert_sampled_hit_equals_cold(make: Callable[[], Any], prompt_of, base_len: int, reused: int) -> None:
+    """Sampled tokens depend on the drafts, and the drafts on the backend's state: a request resumed from a
+    checkpoint (`reused` prompt tokens hit) equals its cold run on a fresh `make()` only when the checkpoint
+    carried the backend state of its frontier."""
+    base = prompt_of(base_len, seed=11)
+    second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    program = make()
+    _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
+                      max_concurrency=2, prefill_chunk=48)
+    assert hit[0].usage.cached_prompt_tokens == reused
+    (cold,) = serve(make(), [token_request(second, 10, **sampled)], max_concurrency=1, prefix_caching=False)
+    assert hit[0].token_ids == cold.token_ids
+    assert_drained(program, published=True)
