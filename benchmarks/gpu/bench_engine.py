@@ -19,7 +19,6 @@ Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadlin
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlog import Run, bench_arguments, print_problems  # noqa: E402
+from runlog import Run, bench_arguments, close, free_device, print_problems  # noqa: E402
 from shapes import config, random_source  # noqa: E402
 from prefill_phases import PhaseTimer, itl_report  # noqa: E402
 from step_gaps import StepGaps  # noqa: E402
@@ -317,13 +316,10 @@ def bench_model(run: Run, name: str) -> None:
     try:
         _run_parts(run, name, program, engine, entry)
     finally:
-        engine.shutdown()
-        program.runner.reset()
+        close(program, engine)
         # the pools are most of the device: nothing may keep this Program alive into the next model's plan
         del program, engine
-        gc.collect()
-        if run.s.device == "cuda":
-            torch.cuda.empty_cache()
+        free_device(run.s.device)
 
 
 def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry: dict) -> None:

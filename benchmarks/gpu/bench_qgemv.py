@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import cuda_ms  # noqa: E402
 from quant_weights import RECIPES, random_planes  # noqa: E402
 from shapes import config  # noqa: E402
 
@@ -108,16 +109,9 @@ def bench_shape(name: str, N: int, K: int, results: list) -> None:
 
 
 def _cuda_us(fn, iters: int = 10) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
+    """Microseconds per back-to-back call on the device timeline (the prefill GEMMs are long enough not to need the
+    graph the GEMV cases are timed in)."""
+    return cuda_ms(fn, iters) * 1e3
 
 
 def _scaled_mm_variants(xq, xs, w):

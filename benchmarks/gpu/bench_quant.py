@@ -11,7 +11,6 @@ speed only. Run: python benchmarks/gpu/bench_quant.py [--models 9B,35B-A3B] [--r
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import os
 import sys
@@ -23,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_engine as be  # noqa: E402
 from measure import decode_floor, hbm_bandwidth  # noqa: E402
 from quant_weights import random_quant  # noqa: E402
-from runlog import Run, bench_arguments, print_problems  # noqa: E402
+from runlog import Run, bench_arguments, close, free_device, print_problems  # noqa: E402
 from shapes import config, random_source  # noqa: E402
 
 from ninfer.engine.config import EngineConfig  # noqa: E402
@@ -89,12 +88,9 @@ def bench_one(run: Run, name: str, recipe: str) -> None:
             d["bytes"] = moved
         program.check_invariants()
     finally:
-        engine.shutdown()
-        program.runner.reset()
-        del program, engine
-        gc.collect()
-        if run.s.device == "cuda":
-            torch.cuda.empty_cache()
+        close(program, engine)
+        del program, engine  # in this frame: free_device can release the pools only once nothing holds them
+        free_device(run.s.device)
 
 
 def bench_model(run: Run, name: str, recipes: list[str]) -> None:

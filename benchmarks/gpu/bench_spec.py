@@ -22,7 +22,6 @@ Run: python benchmarks/gpu/bench_spec.py [--models 0.8B,9B,35B-A3B] [--deadline-
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlog import Run, bench_arguments  # noqa: E402
+from runlog import Run, bench_arguments, close, free_device  # noqa: E402
 from shapes import config, published_drafter, random_drafter_source, random_source  # noqa: E402
 from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections, targets  # noqa: E402
 
@@ -238,9 +237,7 @@ def build(s: Settings, name: str, k: int):
         from ninfer.fast.memory import device_budget
         from ninfer.fast.program import FastProgram, FastProgramConfig
 
-        if s.device == "cuda":  # the previous Program's frame is gone only now: free its pools for this budget
-            gc.collect()
-            torch.cuda.empty_cache()
+        free_device(s.device)  # the previous Program's frame is gone only now: free its pools for this budget
         settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
                                      speculative=spec)
         budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
@@ -254,14 +251,9 @@ def build(s: Settings, name: str, k: int):
 
 
 def teardown(s: Settings, program, engine) -> None:
-    engine.shutdown()
-    runner = getattr(program, "runner", None)
-    if runner is not None:
-        runner.reset()
-    del program, engine
-    gc.collect()
-    if s.device == "cuda":
-        torch.cuda.empty_cache()
+    """Close the Engine and Program; the caller's frame still holds them, so `build` frees the pools again."""
+    close(program, engine)
+    free_device(s.device)
 
 
 # ---- parts ---------------------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """A benchmark run's deadline, its raw results dict and their JSON file: each part may fail without stopping the
 others, and the JSON is rewritten after every part so a run killed at its time limit still leaves its numbers. Also
-the pieces every GPU benchmark's main shares: its common flags, the CUDA check, the per-model loop, the footer."""
+the pieces every GPU benchmark's main shares: its common flags, the CUDA check, the per-model loop, the footer, and
+the release of one model's Program before the next is planned."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -82,3 +84,20 @@ def print_problems(results: dict) -> None:
     for part, err in results.get("errors", {}).items():
         print(f"ERROR {part}: {err[:300]}")
     print("=" * 100)
+
+
+def close(program, engine) -> None:
+    """Stop the Engine and drop the Program's CUDA graphs (their pool holds device memory; the reference Program
+    has no graph runner)."""
+    engine.shutdown()
+    runner = getattr(program, "runner", None)
+    if runner is not None:
+        runner.reset()
+
+
+def free_device(device: str) -> None:
+    """Collect what the caller has deleted and hand the freed blocks back, so the next Program's plan measures a
+    device without the last one's pools (call it after `del program, engine` in the frame that held them)."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
