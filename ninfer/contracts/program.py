@@ -35,8 +35,9 @@ class CostFacts:
 class PrefillCosts:
     """The seed's prefill_signature: what prefill and a plain decode step cost on this hardware and model
     configuration (`signature` names both), for the Scheduler's chunk sizing (engine/chunking.py). A piece of t
-    tokens from frontier f takes ``fixed_s + t * token_s + t * (f + t / 2) * pair_s`` seconds (the last term:
-    attention over the keys before each token); one plain decode step at B rows ``decode_step_s[B - 1]``. The
+    tokens from frontier f takes ``max(floor_s, fixed_s + t * token_s) + t * (f + t / 2) * pair_s`` seconds (the
+    floor: a short piece still reads every weight once; the last term: attention over the keys before each
+    token); one plain decode step at B rows ``decode_step_s[B - 1]``. The
     defaults are the generic fallback of a Program that measured nothing (`measured` False): the Scheduler then
     runs fixed chunks (docs/engine.md); the fast Program measures its own at start on CUDA."""
 
@@ -44,17 +45,18 @@ class PrefillCosts:
     fixed_s: float = 0.0
     token_s: float = 5e-4  # 2,000 tokens/s, as CostFacts' fallback
     pair_s: float = 0.0
+    floor_s: float = 0.0
     decode_step_s: tuple[float, ...] = ()  # B = 1, 2, ..; empty: not measured (no plain decode graphs)
     max_piece: int = 8192  # the most tokens one prefill call runs as one piece
     measured: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.fixed_s, self.token_s, self.pair_s, *self.decode_step_s) < 0 or self.max_piece < 1:
+        if min(self.fixed_s, self.token_s, self.pair_s, self.floor_s, *self.decode_step_s) < 0 or self.max_piece < 1:
             raise ValueError(f"PrefillCosts need non-negative costs and a positive piece, got {self}")
 
     def piece_s(self, tokens: int, frontier: int) -> float:
         """Predicted seconds of one prefill call of `tokens` tokens starting at `frontier`."""
-        return self.fixed_s + tokens * self.token_s + tokens * (frontier + tokens / 2) * self.pair_s
+        return max(self.floor_s, self.fixed_s + tokens * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
 
     def step_s(self, rows: int) -> float | None:
         """A plain decode step's seconds at `rows` rows (the widest measured B past them); None if unmeasured."""

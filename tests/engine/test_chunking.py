@@ -57,6 +57,10 @@ def test_a_short_rest_runs_whole_and_a_tiny_budget_runs_one_gdn_chunk():
     slow = dataclasses.replace(NINE_B, fixed_s=20e-3)  # the fixed cost alone is over the budget
     assert prefill_chunk(slow, 9000, 0, 8, None, 2.5) == (GRID, ChunkVerdict.FLOOR)
     assert prefill_chunk(slow, 10, 0, 8, None, 2.5) == (10, ChunkVerdict.FLOOR)
+    heavy = dataclasses.replace(NINE_B, floor_s=8e-3, pair_s=0.0)  # a piece reads every weight: 8 ms however short
+    assert heavy.piece_s(64, 0) == heavy.piece_s(128, 0) == 8e-3
+    assert prefill_chunk(heavy, 9000, 0, 8, None, 2.5) == (GRID, ChunkVerdict.FLOOR)
+    assert prefill_chunk(heavy, 9000, 0, 8, None, 4.0)[1] is ChunkVerdict.ITL  # 0.8 * 3 steps = 15 ms fits
 
 
 def test_an_8192_token_prompt_beside_decoding_rows_keeps_every_gap_within_the_bound():

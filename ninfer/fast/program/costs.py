@@ -22,6 +22,7 @@ from .stores import DeviceState
 
 MEASURE_TOKENS = 2048  # the timed prefill piece (at most the Program's own piece and context)
 SHORT_TOKENS = 256  # the short timed piece: mostly the fixed cost and the projections
+FLOOR_TOKENS = 64  # the shortest piece a chunk is (one GDN chunk): the floor, every weight read once
 DEEP_FRONTIER = 4096  # the short piece again this deep: the attention term
 
 
@@ -39,10 +40,10 @@ def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFact
 
 
 def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, signature: str) -> PrefillCosts:
-    """Fit ``fixed + t * token + t * (f + t / 2) * pair`` to three prefill pieces on the dummy slot and row (t =
-    256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the dummy row's every entry is
-    the dummy page, so a deep piece reads real-sized attention over it), and time one replay of each captured
-    greedy decode graph (B = 1..max_batch) on the dummy rows it was captured with."""
+    """Fit ``max(floor, fixed + t * token) + t * (f + t / 2) * pair`` to four prefill pieces on the dummy slot and
+    row (t = 64 for the floor, 256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the
+    dummy row's every entry is the dummy page, so a deep piece reads real-sized attention over it), and time one
+    replay of each captured greedy decode graph (B = 1..max_batch) on the dummy rows it was captured with."""
     device, plan = model.device, model.plan
     long_t, short_t = min(tokens, MEASURE_TOKENS), min(tokens, SHORT_TOKENS)
     deep = max(0, min(DEEP_FRONTIER, plan.max_context - short_t))
@@ -56,9 +57,10 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, si
     # the two frontier-0 pieces, less their in-piece attention t^2/2 * pair, give the fixed and per-token costs
     a, b = t_short - short_t ** 2 / 2 * pair, t_long - long_t ** 2 / 2 * pair
     token = max(0.0, (b - a) / (long_t - short_t)) if long_t > short_t else max(0.0, a / short_t)
+    floor = piece(min(tokens, FLOOR_TOKENS), 0)
     steps = tuple(_best(device, graph.replay) for graph in _greedy_graphs(runner))
     return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
-                        decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True)
+                        floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True)
 
 
 def _greedy_graphs(runner: DecodeGraphRunner) -> list:
