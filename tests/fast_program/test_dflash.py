@@ -171,6 +171,19 @@ def test_drafting_writes_no_page(make_fast_dflash, prompt_of):
         assert torch.equal(b, p[:, :plan.num_pages + 1])
 
 
+def test_the_start_up_warm_run_writes_only_the_dummy_and_scratch_pages(make_fast_dflash):
+    """What FastProgram runs on CUDA before serving (every drafter kernel once): no usable page changes."""
+    program = make_fast_dflash("dflash2", 15, window=9)
+    pools, plan = program.model.pools, program.model.plan
+    for pool in (pools.dk, pools.dv):
+        pool.copy_(torch.randn(pool.shape))  # any write, zeros included, shows
+    before = [p.clone() for p in (pools.dk, pools.dv)]
+    program.executor.dflash.warm(40)
+    assert not torch.equal(before[0][:, plan.num_pages:], pools.dk[:, plan.num_pages:])  # dummy and scratch written
+    for b, p in zip(before, (pools.dk, pools.dv)):
+        assert torch.equal(b[:, :plan.num_pages], p[:, :plan.num_pages])
+
+
 def test_page_copies_and_host_replicas_carry_the_context(make_fast_dflash, prompt_of):
     program = make_fast_dflash("dflash", 7)
     h = _start(program, prompt_of(13, seed=9))

@@ -50,6 +50,23 @@ class FastDFlashBackend:
         feats = torch.cat([taps[i] for i in self.layers], dim=-1)  # [N, n_taps * H]
         self.drafter.extend(feats, pos.to(torch.int32), slots, self.k_pages, self.v_pages)
 
+    def warm(self, tokens: int) -> None:
+        """Run every drafter kernel once before serving (Triton compiles on first use): an extension of `tokens`
+        zero taps into the dummy page and one block pass per block-table row over its scratch pages only. No
+        sequence exists yet, so nothing any request reads is written."""
+        plan, dev = self.pools.plan, self.pools.k.device
+        width = len(self.layers) * self.drafter.cfg.hidden_size
+        slots = plan.dummy_page * self.page_size + torch.arange(tokens, device=dev) % self.page_size
+        self.drafter.extend(torch.zeros(tokens, width, device=dev, dtype=self.pools.dk.dtype),
+                            torch.arange(tokens, device=dev, dtype=torch.int32), slots, self.k_pages, self.v_pages)
+        rows = range(plan.max_seqs)
+        tables = torch.tensor([[self.pools.scratch_page(r, j) for j in range(plan.scratch_pages)] for r in rows],
+                              dtype=torch.int32, device=dev)
+        logits, hidden = self.drafter.block([0] * len(rows), [0] * len(rows), tables, self.block_size, self.k_pages,
+                                            self.v_pages, None if self.window is None else [0] * len(rows))
+        if self.drafter.cfg.kind == "dflash2":
+            self._walk(logits, hidden)(0, list(rows), [0] * len(rows))
+
     def _tables(self, seqs: Sequence[ActiveSequence]) -> torch.Tensor:
         """Each row's pages for positions < F + B: its context pages, then its scratch pages, the partial page at
         the frontier copied into the first one (so the block's K/V land beside the context keys of that page)."""

@@ -94,6 +94,8 @@ class FastProgram(Program):
         piece = min(c.max_prefill_tokens, c.max_context)
         if self.runner.use_graphs:
             _warm_prefill(model, piece)
+            if dflash is not None:
+                dflash.warm(piece)
             costs = measure_costs(model, self.store, piece)
             if vision is not None and vision_patches:
                 vision.warm(vision_patches)  # the largest image's activations settle in the caching allocator
