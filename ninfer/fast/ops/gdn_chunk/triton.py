@@ -175,10 +175,12 @@ def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_p
     s_off = hv * DK * DV + kk[:, None] * DV + vv[None, :]
     s_mask = mk[:, None] & mv[None, :]
     S = tl.load(states_ptr + s_off, mask=s_mask, other=0.0)  # states[0]: the initial state
-    g_last = tl.load(gam_ptr + (_chunk_span(cu_ptr, 0, T, BT, VAR)[1] - 1) * HV + hv)
+    _, e0 = _chunk_span(cu_ptr, 0, T, BT, VAR)
+    g_last = tl.load(gam_ptr + (e0 - 1) * HV + hv)
     for n in range(NT):
         # the next chunk's total decay, loaded a chunk ahead (a dependent scalar load would stall every chunk)
-        g_next = tl.load(gam_ptr + (_chunk_span(cu_ptr, tl.minimum(n + 1, NT - 1), T, BT, VAR)[1] - 1) * HV + hv)
+        _, e_next = _chunk_span(cu_ptr, tl.minimum(n + 1, NT - 1), T, BT, VAR)
+        g_next = tl.load(gam_ptr + (e_next - 1) * HV + hv)
         t0, t1 = _chunk_span(cu_ptr, n, T, BT, VAR)
         t = t0 + o_t
         mt = t < t1
