@@ -84,9 +84,6 @@ class ResourceManager:
         check_lane_transition(self.lanes[lane], state)
         self.lanes[lane], self.lane_owner[lane] = state, owner
 
-    def active_lanes(self) -> list[int]:
-        return [i for i, s in enumerate(self.lanes) if s is not LaneState.FREE]
-
     def enter_terminal(self, lane: int) -> None:
         self._set_lane(lane, LaneState.TERMINAL_PENDING, self.lane_owner[lane])
 

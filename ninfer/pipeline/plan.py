@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ninfer.errors import UnavailableError, UsageError
-from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_layer, kv_bytes_per_token, param_bytes
+from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_layer, kv_bytes_per_token, param_bytes,
+                                            weight_bytes_per_layer)
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.models.qwen3_5.params import TEXT, layer_of, logical_parameters
 
@@ -90,19 +91,10 @@ def _rank0_bytes(cfg: Qwen35Config, weight_dtype: str, features: tuple[str, ...]
     return total
 
 
-def _layer_bytes(cfg: Qwen35Config, weight_dtype: str) -> list[int]:
-    out = [0] * cfg.num_hidden_layers
-    for spec in logical_parameters(cfg, (TEXT,)).values():
-        i = layer_of(spec.name)
-        if i is not None:
-            out[i] += param_bytes(spec, weight_dtype)
-    return out
-
-
 def stage_weight_bytes(cfg: Qwen35Config, layers: tuple[int, ...], weight_dtype: str = "bfloat16",
                        features: tuple[str, ...] = (TEXT,)) -> list[int]:
     """Weight bytes each rank holds under the cut `layers`."""
-    per_layer, out, lo = _layer_bytes(cfg, weight_dtype), [], 0
+    per_layer, out, lo = weight_bytes_per_layer(cfg, weight_dtype), [], 0
     for n in layers:
         out.append(sum(per_layer[lo:lo + n]))
         lo += n
@@ -115,7 +107,7 @@ def balanced_layers(cfg: Qwen35Config, stages: int, weight_dtype: str = "bfloat1
     """The contiguous cut (each stage >= 1 layer) whose largest stage holds the fewest weight bytes; rank 0's
     embedding and head count on rank 0. Ties go to the cut with more layers early (exact, by dynamic programming:
     best[s][i] = the smallest max over s stages of the first i layers)."""
-    per_layer, n = _layer_bytes(cfg, weight_dtype), cfg.num_hidden_layers
+    per_layer, n = weight_bytes_per_layer(cfg, weight_dtype), cfg.num_hidden_layers
     fixed = _rank0_bytes(cfg, weight_dtype, features)
     prefix = [0]
     for b in per_layer:

@@ -58,11 +58,3 @@ def layout(planes: list[PlaneSpec]) -> tuple[list[int], int]:
         offsets.append(pos)
         pos += p.nbytes
     return offsets, pos
-
-
-def rows_of(shape: tuple[int, ...]) -> int:
-    """Logical rows of a tensor whose last dim is the column (reduction) dim: product of the leading dims."""
-    r = 1
-    for s in shape[:-1]:
-        r *= s
-    return r

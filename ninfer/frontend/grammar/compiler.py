@@ -94,10 +94,6 @@ class GrammarCompiler:
             return None
         return GrammarState(xgr.GrammarMatcher(self.compile(options, reasoning=reasoning)), self.vocab_size)
 
-    @property
-    def cache_bytes(self) -> int:
-        return self.compiler.get_cache_size_bytes() if self.workers is None else self._cache.bytes
-
     def close(self) -> None:
         """Kill the worker processes (a compile still running gets its request's error)."""
         if self.workers is not None:
