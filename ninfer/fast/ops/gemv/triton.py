@@ -95,6 +95,30 @@ def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr,
 
 
 @triton.jit
+def _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half,
+            BM: tl.constexpr, BW: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr):
+    """Store a program's [BM, BW] sums; under split-K the last split of the row block to arrive adds every split's
+    partial in split order (the same sum whichever arrives last) and stores it (qlinear's kernels end here too)."""
+    if SPLIT:
+        # part [splits, M, R] fp32: each split's partial sums at their weight-row columns
+        mask = mask_m[:, None] & valid[None, :]
+        offs = m[:, None] * R + rows[None, :]  # [BM, BW]
+        tl.store(part_ptr + tl.program_id(1) * M * R + offs, acc, mask=mask)
+        # every thread's partial must be written before the release below publishes it
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            acc = tl.zeros((BM, BW), dtype=tl.float32)
+            for s in range(0, num_splits):
+                # .cg reads L2, where the other programs' partials are, never a stale L1 line
+                acc += tl.load(part_ptr + s * M * R + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(arrive_ptr + pid, 0)
+            _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+    else:
+        _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_splits, half, stride_x, stride_w,
                  stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                  SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr):
@@ -113,23 +137,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_
     k_lo = tl.program_id(1) * k_per
     acc = _dot_rows(x_ptr, w_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, tl.minimum(k_lo + k_per, K),
                     BM, BW, BK, EVEN_K, FP32_DOT)  # [BM, BW]
-    if SPLIT:
-        # part [splits, M, R] fp32: each split's partial sums at their weight-row columns
-        mask = mask_m[:, None] & valid[None, :]
-        offs = m[:, None] * R + rows[None, :]  # [BM, BW]
-        tl.store(part_ptr + tl.program_id(1) * M * R + offs, acc, mask=mask)
-        # every thread's partial must be written before the release below publishes it
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            acc = tl.zeros((BM, BW), dtype=tl.float32)
-            for s in range(0, num_splits):
-                # .cg reads L2, where the other programs' partials are, never a stale L1 line
-                acc += tl.load(part_ptr + s * M * R + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(arrive_ptr + pid, 0)
-            _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
-    else:
-        _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+    _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
+            SPLIT, SWIGLU)
 
 
 @functools.lru_cache(maxsize=None)

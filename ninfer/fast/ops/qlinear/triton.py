@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.fast.ops.gemv.triton import _arrival_table, _num_sms
+from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms
 
 from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
 
@@ -155,34 +155,8 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr
         acc = tl.where(m[:, None] == 0, acc1[None, :], 0.0)
     if HAS_PW:
         acc *= tl.load(pw_ptr + p)
-    if SPLIT:
-        mask = mask_m[:, None] & valid[None, :]
-        offs = m[:, None] * R + rows[None, :]  # [BM, BW]
-        tl.store(part_ptr + tl.program_id(1) * M * R + offs, acc, mask=mask)
-        # every thread's partial must be written before the release below publishes it
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            acc = tl.zeros((BM, BW), dtype=tl.float32)
-            for sp in range(0, num_splits):
-                acc += tl.load(part_ptr + sp * M * R + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(arrive_ptr + pid, 0)
-            _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
-    else:
-        _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
-
-
-@triton.jit
-def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr, BW: tl.constexpr,
-           SWIGLU: tl.constexpr):
-    y_rows = y_ptr + m[:, None].to(tl.int64) * stride_y  # [BM, 1]
-    if SWIGLU:
-        gate, up = tl.split(tl.reshape(acc, (BM, BW // 2, 2)))  # [BM, BW // 2] each
-        cols = tl.program_id(0) * (BW // 2) + tl.arange(0, BW // 2)
-        tl.store(y_rows + cols[None, :], (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty),
-                 mask=mask_m[:, None] & (cols < half)[None, :])
-    else:
-        tl.store(y_rows + rows[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & valid[None, :])
+    _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
+            SPLIT, SWIGLU)  # gemv's epilogue: the split-K reduction and the (SwiGLU) store
 
 
 @triton.jit
