@@ -19,6 +19,7 @@ Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadlin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runlog import Run, bench_arguments, close, free_device, print_problems  # noqa: E402
-from shapes import config, random_source  # noqa: E402
+from engine_report import print_table  # noqa: E402
+from runlog import Run, bench_arguments, close, free_device  # noqa: E402
+from shapes import config, random_prompt, random_source  # noqa: E402
 from prefill_phases import PhaseTimer, itl_report  # noqa: E402
 from step_gaps import StepGaps  # noqa: E402
 
@@ -66,9 +68,9 @@ class Settings:
         return self.long_context
 
 
-SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1, 2), contexts=(16, 40), decode_tokens=6, prefill=(64, 100),
-                 hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, itl_prompt=100, itl_tokens=24,
-                 budget_bytes=1 << 30)
+SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1, 2), contexts=(16, 40), decode_tokens=6,
+                 prefill=(64, 100), hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, itl_prompt=100,
+                 itl_tokens=24, budget_bytes=1 << 30)
 # skip a model when less than this many seconds are left (weights, compiles, graphs, the long-context part)
 MIN_SECONDS = {"0.8B": 40, "9B": 70, "35B-A3B": 100, "tiny": 1}
 
@@ -123,11 +125,6 @@ def drive(engine: Engine, trackers: list[Tracker], on_step=None) -> None:
     for t in trackers:
         if t.result.error is not None:
             raise RuntimeError(f"request failed: {t.result.error}")
-
-
-def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
-    # ids from 1000 up: clear of the special and control tokens of any real vocabulary
-    return torch.randint(min(1000, vocab // 2), vocab, (n,), generator=gen).tolist()
 
 
 def steady_step_ms(trackers: list[Tracker]) -> tuple[float, int]:
@@ -341,77 +338,14 @@ def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry:
         entry["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
 
 
-# ---- report --------------------------------------------------------------------------------------------------------
-def _f(x, fmt: str = "{:.2f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
-def print_table(r: dict) -> None:
-    print("\n" + "=" * 100)
-    print(f"ninfer Engine + fast Program on {r.get('device')} (torch {r.get('torch')}), random bf16 weights, "
-          f"{LANES} lanes; wall {_f(r.get('wall_s'), '{:.0f}')} s")
-    print(f"{'model':8} {'ctx':>5} {'B':>2} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} {'TPOT ms':>8}")
-    for name, m in r.get("models", {}).items():
-        for d in m.get("decode", []):
-            print(f"{name:8} {d['ctx']:>5} {d['B']:>2} {d['step_ms']:8.2f} {d['step_ms'] / d['B']:9.3f} "
-                  f"{d['tok_s']:7.0f} {d['tpot_ms']:8.2f}")
-    for name, m in r.get("models", {}).items():
-        for d in m.get("idle", []):
-            unit = "device" if d["device_events"] else "host (no CUDA)"
-            print(f"  {name:8} B={d['B']} async {'on ' if d['async'] else 'off'}: step {d['step_ms']:.3f} ms, idle "
-                  f"between steps ({unit}) median {d['gap_us_median']:.1f} us, p90 {d['gap_us_p90']:.1f}, max "
-                  f"{d['gap_us_max']:.1f} over {d['steps']} steps (target <= 30 us)")
-    for name, m in r.get("models", {}).items():
-        for p in m.get("prefill", []):
-            print(f"  {name:8} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms  {p['tok_s']:>8.0f} tok/s")
-        h = m.get("prefix_hit")
-        if h:
-            print(f"  {name:8} TTFT {h['prompt']} tokens with a {h['prefix']}-token checkpoint hit: "
-                  f"{h['ttft_ms']:.1f} ms (reused {h['reused']}); cold {h['cold_ttft_ms']:.1f} ms")
-            print_phases(h)
-        print_itl(name, m.get("itl"))
-        lg = m.get("long")
-        if lg:
-            print(f"  {name:8} {lg['context']}-token sequences: pools hold {lg['fit_by_pages']} by KV pages, "
-                  f"{lg['fit_by_slots']} by state slots; {lg.get('peak_active', '-')} active at once (lanes "
-                  f"{lg['lanes']}), step {_f(lg.get('step_ms'))} ms at B={lg['lanes']}, wall "
-                  f"{_f(lg.get('wall_s'), '{:.1f}')} s")
-        gib = lambda k: _f((m.get(k) or 0) / 2**30)  # noqa: E731
-        print(f"  {name:8} memory: weights {gib('weight_bytes')} GiB, KV {gib('kv_bytes')} GiB, GDN state "
-              f"{gib('state_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
-              f"{gib('peak_allocated_bytes')} GiB, build {_f(m.get('build_s'), '{:.1f}')} s")
-    print_problems(r)
-
-
-def print_phases(h: dict) -> None:
-    if "phases" not in h:
-        return
-    print(f"    phases of a hit, each synchronized (TTFT {h['phased_ttft_ms']:.1f} ms, reused {h['phased_reused']}); "
-          f"nested: the store's copies inside advance and prefill, model prefill and first draw inside prefill")
-    for name, p in h["phases"].items():
-        dev = f", device {p['device_ms']:7.2f} ms" if "device_ms" in p else ""
-        print(f"      {name:14} {p['calls']:>3} calls  host {p['host_ms']:7.2f} ms{dev}")
-
-
-def print_itl(name: str, d: dict | None) -> None:
-    if not d:
-        return
-    verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
-    sizes = sorted(set(d["chunks"]))
-    print(f"  {name:8} ITL while a {d['prompt']}-token prompt prefills beside {d['decoding']} decoding rows: p99 "
-          f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, plain step {d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
-          f"(target <= {d['target']}x) {verdict(d['itl_pass'])}; {len(d['chunks'])} chunks of {sizes[0]}.."
-          f"{sizes[-1]} tokens; its prefill {d['prefill_tok_s']:.0f} tok/s against {d['alone_tok_s']:.0f} alone "
-          f"({_f(d['throughput_share'])}, target >= 0.95) {verdict(d['throughput_pass'])}")
-
-
 def main() -> int:
     args = bench_arguments(240.0, "tiny shape on the CPU with the naive kernels").parse_args()
     run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "bench_engine.json")
-    if not run.need_cuda(args.smoke, print_table):
+    report = functools.partial(print_table, lanes=LANES)
+    if not run.need_cuda(args.smoke, report):
         return 1
     run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)
-    print_table(run.results)
+    report(run.results)
     return 0
 
 

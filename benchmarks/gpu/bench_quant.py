@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_engine as be  # noqa: E402
+from engine_report import fmt  # noqa: E402
 from measure import decode_floor, hbm_bandwidth  # noqa: E402
 from quant_weights import random_quant  # noqa: E402
 from runlog import Run, bench_arguments, close, free_device, print_problems  # noqa: E402
@@ -123,7 +124,7 @@ def print_table(r: dict) -> None:
     print("\n" + "=" * 100)
     bw = r.get("bandwidth", {}).get("copy_tb_s")
     print(f"quantized weights through the Engine on {r.get('device')}, random weights, copy bandwidth "
-          f"{be._f(bw)} TB/s; wall {be._f(r.get('wall_s'), '{:.0f}')} s")
+          f"{fmt(bw)} TB/s; wall {fmt(r.get('wall_s'), '{:.0f}')} s")
     print(f"{'model':8} {'recipe':6} {'weights GiB':>11} {'B':>2} {'ms/step':>8} {'floor ms':>8} {'of floor':>8} "
           f"{'tok/s':>7}")
     for name, recipes in r.get("models", {}).items():
@@ -132,7 +133,7 @@ def print_table(r: dict) -> None:
             for d in m.get("decode", []):
                 frac = d["floor_ms"] / d["step_ms"] if math.isfinite(d.get("floor_ms", math.nan)) else None
                 print(f"{name:8} {recipe:6} {gib:11.2f} {d['B']:>2} {d['step_ms']:8.3f} "
-                      f"{be._f(d.get('floor_ms'), '{:8.3f}')} {be._f(frac, '{:8.0%}')} {d['tok_s']:7.0f}")
+                      f"{fmt(d.get('floor_ms'), '{:8.3f}')} {fmt(frac, '{:8.0%}')} {d['tok_s']:7.0f}")
             for p in m.get("prefill", []):
                 print(f"  {name:8} {recipe:6} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms "
                       f"{p['tok_s']:>8.0f} tok/s")

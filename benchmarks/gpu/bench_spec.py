@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlog import Run, bench_arguments, close, free_device  # noqa: E402
-from shapes import config, published_drafter, random_drafter_source, random_source  # noqa: E402
+from shapes import config, published_drafter, random_drafter_source, random_prompt, random_source  # noqa: E402
 from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections, targets  # noqa: E402
 
 from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
@@ -202,11 +202,6 @@ def steady(trackers: list[Tracker], timed_tokens: int) -> dict:
     B = len(trackers)
     return {"B": B, "step_ms": ms, "tokens_per_step": per_row, "ms_per_token": ms / per_row,
             "tok_s": B * per_row * 1e3 / ms, "rounds": len(gaps)}
-
-
-def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
-    # ids from 1000 up: clear of the special and control tokens of any real vocabulary
-    return torch.randint(min(1000, vocab // 2), vocab, (n,), generator=gen).tolist()
 
 
 # ---- programs ------------------------------------------------------------------------------------------------------

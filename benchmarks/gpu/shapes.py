@@ -1,4 +1,5 @@
-"""Real Qwen3.5 shapes (qwen35-architecture.md section 1.2) and random bf16 weights made directly on the device.
+"""Real Qwen3.5 shapes (qwen35-architecture.md section 1.2), random bf16 weights made directly on the device, and
+random prompts.
 
 Weights are generated parameter by parameter on the GPU (never on the host, never downloaded), so a 9B or 35B
 model is ready in seconds. Timing needs only finite values in a realistic range; the parity check also needs the
@@ -111,3 +112,8 @@ def random_drafter_source(drafter, device: torch.device | str, dtype: torch.dtyp
         return torch.empty(spec.shape, device=device, dtype=dtype).normal_(0.0, std, generator=gen)
 
     return source
+
+
+def random_prompt(gen: torch.Generator, n: int, vocab: int) -> list[int]:
+    # ids from 1000 up: clear of the special and control tokens of any real vocabulary
+    return torch.randint(min(1000, vocab // 2), vocab, (n,), generator=gen).tolist()

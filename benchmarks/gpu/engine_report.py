@@ -1,0 +1,70 @@
+"""bench_engine.py's report: the table of one run's results (decode, idle between steps, prefill, the prefix hit
+and its phases, the ITL under a prefill beside decoding rows, long contexts, memory), then the run's problems."""
+
+from __future__ import annotations
+
+from runlog import print_problems
+
+
+def fmt(x, form: str = "{:.2f}") -> str:
+    """A number in `form`, or "-" where a part did not record it."""
+    return "-" if x is None else form.format(x)
+
+
+def print_table(r: dict, lanes: int) -> None:
+    print("\n" + "=" * 100)
+    print(f"ninfer Engine + fast Program on {r.get('device')} (torch {r.get('torch')}), random bf16 weights, "
+          f"{lanes} lanes; wall {fmt(r.get('wall_s'), '{:.0f}')} s")
+    print(f"{'model':8} {'ctx':>5} {'B':>2} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} {'TPOT ms':>8}")
+    for name, m in r.get("models", {}).items():
+        for d in m.get("decode", []):
+            print(f"{name:8} {d['ctx']:>5} {d['B']:>2} {d['step_ms']:8.2f} {d['step_ms'] / d['B']:9.3f} "
+                  f"{d['tok_s']:7.0f} {d['tpot_ms']:8.2f}")
+    for name, m in r.get("models", {}).items():
+        for d in m.get("idle", []):
+            unit = "device" if d["device_events"] else "host (no CUDA)"
+            print(f"  {name:8} B={d['B']} async {'on ' if d['async'] else 'off'}: step {d['step_ms']:.3f} ms, idle "
+                  f"between steps ({unit}) median {d['gap_us_median']:.1f} us, p90 {d['gap_us_p90']:.1f}, max "
+                  f"{d['gap_us_max']:.1f} over {d['steps']} steps (target <= 30 us)")
+    for name, m in r.get("models", {}).items():
+        for p in m.get("prefill", []):
+            print(f"  {name:8} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms  {p['tok_s']:>8.0f} tok/s")
+        h = m.get("prefix_hit")
+        if h:
+            print(f"  {name:8} TTFT {h['prompt']} tokens with a {h['prefix']}-token checkpoint hit: "
+                  f"{h['ttft_ms']:.1f} ms (reused {h['reused']}); cold {h['cold_ttft_ms']:.1f} ms")
+            print_phases(h)
+        print_itl(name, m.get("itl"))
+        lg = m.get("long")
+        if lg:
+            print(f"  {name:8} {lg['context']}-token sequences: pools hold {lg['fit_by_pages']} by KV pages, "
+                  f"{lg['fit_by_slots']} by state slots; {lg.get('peak_active', '-')} active at once (lanes "
+                  f"{lg['lanes']}), step {fmt(lg.get('step_ms'))} ms at B={lg['lanes']}, wall "
+                  f"{fmt(lg.get('wall_s'), '{:.1f}')} s")
+        gib = lambda k: fmt((m.get(k) or 0) / 2**30)  # noqa: E731
+        print(f"  {name:8} memory: weights {gib('weight_bytes')} GiB, KV {gib('kv_bytes')} GiB, GDN state "
+              f"{gib('state_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
+              f"{gib('peak_allocated_bytes')} GiB, build {fmt(m.get('build_s'), '{:.1f}')} s")
+    print_problems(r)
+
+
+def print_phases(h: dict) -> None:
+    if "phases" not in h:
+        return
+    print(f"    phases of a hit, each synchronized (TTFT {h['phased_ttft_ms']:.1f} ms, reused {h['phased_reused']}); "
+          f"nested: the store's copies inside advance and prefill, model prefill and first draw inside prefill")
+    for name, p in h["phases"].items():
+        dev = f", device {p['device_ms']:7.2f} ms" if "device_ms" in p else ""
+        print(f"      {name:14} {p['calls']:>3} calls  host {p['host_ms']:7.2f} ms{dev}")
+
+
+def print_itl(name: str, d: dict | None) -> None:
+    if not d:
+        return
+    verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
+    sizes = sorted(set(d["chunks"]))
+    print(f"  {name:8} ITL while a {d['prompt']}-token prompt prefills beside {d['decoding']} decoding rows: p99 "
+          f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, plain step {d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
+          f"(target <= {d['target']}x) {verdict(d['itl_pass'])}; {len(d['chunks'])} chunks of {sizes[0]}.."
+          f"{sizes[-1]} tokens; its prefill {d['prefill_tok_s']:.0f} tok/s against {d['alone_tok_s']:.0f} alone "
+          f"({fmt(d['throughput_share'])}, target >= 0.95) {verdict(d['throughput_pass'])}")
