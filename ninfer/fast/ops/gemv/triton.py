@@ -95,6 +95,21 @@ def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr,
 
 
 @triton.jit
+def _tile_rows(pid, half, R, BW: tl.constexpr, SWIGLU: tl.constexpr):
+    """The weight rows of program `pid`'s tile and which of them exist (qlinear's kernels tile the same way)."""
+    j = tl.arange(0, BW)
+    if SWIGLU:
+        # tile row 2i is gate row c, tile row 2i + 1 is up row half + c, for output column c
+        c = pid * (BW // 2) + j // 2
+        rows = c + (j % 2) * half
+        valid = c < half
+    else:
+        rows = pid * BW + j
+        valid = rows < R
+    return rows, valid
+
+
+@triton.jit
 def _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half,
             BM: tl.constexpr, BW: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr):
     """Store a program's [BM, BW] sums; under split-K the last split of the row block to arrive adds every split's
@@ -123,15 +138,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_
                  stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                  SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr):
     pid = tl.program_id(0)
-    j = tl.arange(0, BW)
-    if SWIGLU:
-        # tile row 2i is gate row c, tile row 2i + 1 is up row half + c, for output column c
-        c = pid * (BW // 2) + j // 2
-        rows = c + (j % 2) * half
-        valid = c < half
-    else:
-        rows = pid * BW + j
-        valid = rows < R
+    rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     m = tl.arange(0, BM)
     mask_m = m < M
     k_lo = tl.program_id(1) * k_per

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms
+from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms, _tile_rows
 
 from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
 
@@ -111,14 +111,7 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr
                   SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr, PAIRS: tl.constexpr,
                   TOPK: tl.constexpr, A_PER_PAIR: tl.constexpr, HAS_PW: tl.constexpr, USE_DOT: tl.constexpr):
     pid = tl.program_id(0)
-    j = tl.arange(0, BW)
-    if SWIGLU:
-        c = pid * (BW // 2) + j // 2
-        rows = c + (j % 2) * half
-        valid = c < half
-    else:
-        rows = pid * BW + j
-        valid = rows < R
+    rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     m = tl.arange(0, BM)
     mask_m = m < M
     if PAIRS:
