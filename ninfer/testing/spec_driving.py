@@ -1,5 +1,6 @@
 """Driving a speculative Program in tests, for the reference and the fast Program alike: the prompts both test
-suites serve, a sequence started by hand, decode rounds until a block of some length, a recorder of the drafts,
+suites serve, a sequence started by hand, decode rounds until a block of some length, a row's rounds with an abort and a
+cut, a recorder of the drafts,
 and the checks that read the same for every backend (greedy output unchanged, rows of one round accepting
 different lengths, a sampled prefix hit equal to the cold run)."""
 
@@ -37,6 +38,21 @@ def decode_until_drafted(program, h, need: int):
             return batch
         program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
     raise AssertionError("no block of the wanted length")
+
+
+def mixed_rounds(program, h, check: Callable[[], None], rounds: int = 8) -> None:
+    """Decode rounds of one row: round 3 aborted, the last cut after one token (the Engine's terminal rule), the
+    others committed as produced; `check()` and the invariants after each."""
+    for i in range(rounds):
+        batch = program.decode([h])
+        if i == 3:
+            program.abort_pending(batch.take())
+        elif i == rounds - 1:
+            program.commit(batch.take(), [RowDecision(1, True)])
+        else:
+            program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
+        check()
+        program.check_invariants()
 
 
 def record_drafts(program) -> list[tuple[int, ...]]:

@@ -12,14 +12,14 @@ import functools
 import pytest
 import torch
 
-from ninfer.contracts import RowDecision
 from ninfer.fast.program import FastProgram
 from ninfer.program_core.speculation import row_context
 from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfigError
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, record_drafts, spec_prompts, start_decoding
+from ninfer.testing.spec_driving import (assert_sampled_hit_equals_cold, mixed_rounds, record_drafts, spec_prompts,
+                                         start_decoding)
 
 
 def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash):
@@ -137,16 +137,7 @@ def test_drafter_context_follows_the_committed_tokens(make_fast_dflash, prompt_o
     program = make_fast_dflash(kind, 5, forced=True)
     h = _start(program, prompt_of(17, seed=3))
     seq = program.sequence(h)
-    for i in range(8):
-        batch = program.decode([h])
-        if i == 3:
-            program.abort_pending(batch.take())
-        elif i == 7:  # the Engine's terminal rule cuts the last block after one token
-            program.commit(batch.take(), [RowDecision(1, True)])
-        else:
-            program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
-        _assert_same_context(program, seq, make_fast_dflash(kind, 5, max_concurrency=1))
-        program.check_invariants()
+    mixed_rounds(program, h, lambda: _assert_same_context(program, seq, make_fast_dflash(kind, 5, max_concurrency=1)))
     assert any(n not in (0, m) for n, m in program.executor.draft.forced)  # a partial acceptance was replayed
 
 

@@ -10,14 +10,13 @@ import functools
 import pytest
 import torch
 
-from ninfer.contracts import RowDecision
 from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.program_core.speculation import row_context
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, spec_prompts, start_decoding
+from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, mixed_rounds, spec_prompts, start_decoding
 
 
 @pytest.mark.parametrize("raw, field", [({"method": "dflash", "num_speculative_tokens": 16}, "num_speculative_tokens"),
@@ -101,16 +100,7 @@ def test_drafter_context_follows_the_committed_tokens(make_dflash, prompt_of, ki
     h = _start(program, prompt_of(17, seed=3))
     seq = program.sequence(h)
     _assert_same(program.states.load_backend(h.slot), _scratch(program, seq, window))
-    for i in range(8):
-        batch = program.decode([h])
-        if i == 3:
-            program.abort_pending(batch.take())
-        elif i == 7:  # the Engine's terminal rule cuts the last block after one token
-            program.commit(batch.take(), [RowDecision(1, True)])
-        else:
-            program.commit(batch.take(), [RowDecision(batch.rows[0].produced, False)])
-        _assert_same(program.states.load_backend(h.slot), _scratch(program, seq, window))
-        program.check_invariants()
+    mixed_rounds(program, h, lambda: _assert_same(program.states.load_backend(h.slot), _scratch(program, seq, window)))
     assert any(n not in (0, m) for n, m in program.executor.draft.forced)  # a partial acceptance was replayed
 
 
