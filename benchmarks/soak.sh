@@ -18,16 +18,16 @@ FILES=("$@")
                                 tests/fast_program/test_properties.py)
 export HYPOTHESIS_PROFILE=soak PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 for f in "${FILES[@]}"; do
-    rm -f "$LOGS/$(basename "$f" .py)"-*.log
+    rm -f "$LOGS/$(echo "${f%.py}" | tr / _)"-*.log
     for i in $(seq 1 "$JOBS"); do
         # SIGINT at the time limit: pytest stops between examples and still prints the boundary count
         timeout -s INT -k 60 "${SOAK_TIMEOUT_S:-1800}" "$PY" -m pytest -q -p no:cacheprovider "$f" --hypothesis-seed="$i" \
-            > "$LOGS/$(basename "$f" .py)-$i.log" 2>&1 &
+            > "$LOGS/$(echo "${f%.py}" | tr / _)-$i.log" 2>&1 &
     done
 done
 wait
 for f in "${FILES[@]}"; do
-    name=$(basename "$f" .py)
+    name=$(echo "${f%.py}" | tr / _)  # two files may share a base name
     passed=0 stopped=0 steps=0
     for log in "$LOGS/$name"-*.log; do
         last=$(grep -E "[0-9]+ (passed|failed)" "$log" | tail -1)

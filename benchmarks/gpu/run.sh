@@ -55,12 +55,14 @@ run_tests() {
     echo "== GPU tests: $paths${workers:+ ($workers)}, then $serial"
     local log="${OUT:-/tmp}/pytest_gpu.log"
     # shellcheck disable=SC2086
-    NINFER_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest $paths $ignore -q \
+    # SIGINT at the limit: pytest stops and still prints which tests failed so far
+    NINFER_TEST_DEVICE=cuda timeout -s INT -k 20 "${TEST_TIMEOUT_S:-$(( $(left) - 10 ))}" "$PY" -m pytest $paths $ignore -q \
         $workers -p no:cacheprovider --durations=15 > "$log" 2>&1
     echo "pytest rc=$?"
     tail -40 "$log"
+    [ -z "${serial// }" ] && return
     # shellcheck disable=SC2086
-    NINFER_TEST_DEVICE=cuda timeout $(( $(left) - 5 )) "$PY" -m pytest $serial -q -p no:cacheprovider \
+    NINFER_TEST_DEVICE=cuda timeout -s INT -k 20 $(( $(left) - 5 )) "$PY" -m pytest $serial -q -p no:cacheprovider \
         --durations=5 > "${log%.log}_serial.log" 2>&1
     echo "pytest (serial) rc=$?"
     tail -20 "${log%.log}_serial.log"
