@@ -39,7 +39,8 @@ fi
 
 run_tests() {
     # the e2e tests run `ninfer serve --program fast` (they need the carried wheels)
-    local e2e="tests/e2e/test_openai_client.py tests/e2e/test_bench.py tests/e2e/test_disconnect_storm.py"
+    local e2e="tests/e2e/test_openai_client.py tests/e2e/test_vision_client.py tests/e2e/test_bench.py
+        tests/e2e/test_disconnect_storm.py"
     "$PY" -c "import fastapi, uvicorn, openai, xgrammar, platformdirs" 2>/dev/null \
         || { e2e=""; echo "no server packages (carry .whl): e2e tests left out"; }
     local paths="${TEST_PATHS:-tests/ops tests/fast_model tests/fast_program tests/oracle/test_diff.py
