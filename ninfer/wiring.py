@@ -25,7 +25,8 @@ from ninfer.frontend import Frontend, OutputOptions
 from ninfer.frontend.grammar.options import JSON_WHITESPACE
 from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
 from ninfer.frontend.vision_prompt import VisionLimits, VisionPrompt
-from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
+from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError,
+                                             SpeculativeMethod)
 from ninfer.model_facts import ArtifactFacts
 from ninfer.sampling.defaults import SamplingDefaults
 
@@ -424,7 +425,7 @@ def _refuse_fast_stages(path: Path, options: RuntimeOptions, speculative: Specul
 
     with open_artifact(path) as art:
         cfg = art.config
-    mtp = speculative is not None and speculative.method == "mtp"
+    mtp = speculative is not None and speculative.method is SpeculativeMethod.MTP
     plan = plan_stages(cfg, options.devices, options.stage_layers, "bfloat16", ("text", "mtp") if mtp else ("text",))
     base = FastProgramConfig(max_concurrency=options.max_num_seqs)
     pages, _ = stage_kv_pages(cfg, plan, device_budgets(plan.devices, options.gpu_memory_utilization),

@@ -40,7 +40,7 @@ from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.engine.records import GenerationRequest  # noqa: E402
 from ninfer.models.qwen3_5.params import MTP, TEXT  # noqa: E402
-from ninfer.program_core.speculative import SpeculativeConfig  # noqa: E402
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
 from ninfer.testing.sessions import TokenSession  # noqa: E402
 
 LANES = 8
@@ -208,7 +208,7 @@ def steady(trackers: list[Tracker], timed_tokens: int) -> dict:
 def build(s: Settings, name: str, k: int):
     """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
     cfg = config(name)
-    spec = SpeculativeConfig(s.method, k) if k else None
+    spec = SpeculativeConfig(SpeculativeMethod(s.method), k) if k else None
     dflash = k and s.method != "mtp"
     features = (TEXT, MTP) if k and not dflash else (TEXT,)
     drafter = published_drafter(cfg, s.method, max(s.blocks)) if dflash else None

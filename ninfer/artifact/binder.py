@@ -6,7 +6,7 @@ import json
 from typing import Mapping
 
 from ninfer.models.qwen3_5.config import ConfigError, Qwen35Config
-from ninfer.models.qwen3_5.drafter import ARCHITECTURES, RESOURCE, DrafterConfig, drafter_parameters
+from ninfer.models.qwen3_5.drafter import RESOURCE, DrafterConfig, DrafterKind, drafter_parameters
 from ninfer.models.qwen3_5.params import MTP, TEXT, VISION, logical_parameters
 
 from .descriptor import Binding
@@ -47,7 +47,7 @@ def check_bindings(cfg: Qwen35Config, bindings: Mapping[str, Binding], features:
                                 f"{len(extra)} unexpected {feature} binding(s)")
 
 
-DRAFTER_FEATURES = tuple(ARCHITECTURES.values())
+DRAFTER_FEATURES = tuple(k.value for k in DrafterKind)
 
 
 def parse_drafter(raw: bytes, target: Qwen35Config) -> DrafterConfig:
@@ -66,13 +66,13 @@ def check_drafter_bindings(cfg: DrafterConfig, bindings: Mapping[str, Binding]) 
     """The drafter's bindings are exactly its logical parameters, at their shapes, under its one feature."""
     specs = drafter_parameters(cfg)
     mine = {n: b for n, b in bindings.items() if b.feature in DRAFTER_FEATURES}
-    other = sorted(n for n, b in mine.items() if b.feature != cfg.kind)
+    other = sorted(n for n, b in mine.items() if b.feature != cfg.kind.value)
     if other:
         raise ArtifactError(f"binding {other[0]!r}", "feature differs from the drafter's",
-                            f"{mine[other[0]].feature!r} in a {cfg.kind!r} artifact")
+                            f"{mine[other[0]].feature!r} in a {cfg.kind.value!r} artifact")
     missing = sorted(n for n in specs if n not in mine)
     if missing:
-        raise ArtifactError(f"feature {cfg.kind!r}", "missing bindings",
+        raise ArtifactError(f"feature {cfg.kind.value!r}", "missing bindings",
                             f"{len(missing)} missing: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     for name, spec in specs.items():
         if mine[name].shape != spec.shape:

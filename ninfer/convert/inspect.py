@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from ninfer.artifact.reader import Artifact, open_artifact
-from ninfer.models.qwen3_5.drafter import DrafterConfig
+from ninfer.models.qwen3_5.drafter import DrafterConfig, DrafterKind
 
 
 def _mb(n: int) -> str:
@@ -42,7 +42,7 @@ def _config_lines(a: Artifact) -> list[str]:
 def _drafter_line(d: DrafterConfig) -> str:
     line = (f"drafter           {d.kind}: {d.num_hidden_layers} layers at hidden {d.hidden_size}, taps target layers "
             f"{list(d.target_layer_ids)}, block {d.block_size}, mask token {d.mask_token_id}")
-    if d.kind == "dflash2":
+    if d.kind is DrafterKind.DFLASH2:
         line += (f", conv {d.conv_kernel_size} taps in groups of {d.conv_group_size}, selector rank "
                  f"{d.selector_rank} over top-{d.selector_top_k}")
     return line + (f", window {d.sliding_window}" if d.sliding_window else "")

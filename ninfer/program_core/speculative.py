@@ -10,12 +10,37 @@ the artifact carries the backend's weights (and a drafter trained for that block
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-METHODS = ("mtp", "dflash", "dflash2")
-DRAFTER_METHODS = ("dflash", "dflash2")
-MAX_SPECULATIVE_TOKENS = {"mtp": 7, "dflash": 15, "dflash2": 15}
+from ninfer.models.qwen3_5.drafter import DrafterKind
+
+
+class SpeculativeMethod(enum.StrEnum):
+    MTP = "mtp"
+    DFLASH = "dflash"
+    DFLASH2 = "dflash2"
+
+    @property
+    def drafter(self) -> DrafterKind | None:
+        """The drafter kind a DFlash method runs (None: MTP drafts with the model's own head)."""
+        return None if self is SpeculativeMethod.MTP else DrafterKind(self.value)
+
+    @property
+    def feature(self) -> str:
+        """The artifact feature whose bindings the method's backend needs."""
+        return self.value
+
+    @property
+    def needs(self) -> str:
+        """What the artifact must carry, for MissingBackendWeights."""
+        if self is SpeculativeMethod.MTP:
+            return "the MTP head's weights (mtp.*)"
+        return f"a {self.value} drafter (dflash.* weights; convert with --drafter)"
+
+
+MAX_SPECULATIVE_TOKENS = {SpeculativeMethod.MTP: 7, SpeculativeMethod.DFLASH: 15, SpeculativeMethod.DFLASH2: 15}
 FIELDS = ("method", "num_speculative_tokens", "draft_window_size")
 
 
@@ -31,27 +56,28 @@ class MissingBackendWeights(SpeculativeConfigError):
     """The artifact lacks the weights of the asked-for backend (e.g. no `mtp.*` for method "mtp")."""
 
     def __init__(self, method: str, what: str):
-        super().__init__("method", f"{method!r} needs {what}, and this model has none; convert a checkpoint that "
-                                   "carries them or start without --speculative-config")
+        super().__init__("method", f"{str(method)!r} needs {what}, and this model has none; convert a checkpoint "
+                                   "that carries them or start without --speculative-config")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str
+    method: SpeculativeMethod
     num_speculative_tokens: int
     draft_window_size: int | None = None  # DFlash: context positions the drafter keeps (None: all)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise SpeculativeConfigError("method", f"unknown method {self.method!r} (known: {', '.join(METHODS)})")
+        if not isinstance(self.method, SpeculativeMethod):
+            raise SpeculativeConfigError("method", f"must be a SpeculativeMethod, got {self.method!r} (parse it "
+                                                   "with SpeculativeConfig.parse)")
         k, most = self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS[self.method]
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
             raise SpeculativeConfigError("num_speculative_tokens", f"must be an int in 1..{most}, got {k!r}")
         w = self.draft_window_size
         if w is not None:
-            if self.method not in DRAFTER_METHODS:
+            if self.method.drafter is None:
                 raise SpeculativeConfigError("draft_window_size", f"bounds a DFlash drafter's context; method "
-                                                                  f"{self.method!r} has none")
+                                                                  f"{self.method.value!r} has none")
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 raise SpeculativeConfigError("draft_window_size", f"must be a positive int, got {w!r}")
 
@@ -68,7 +94,11 @@ class SpeculativeConfig:
         for field in ("method", "num_speculative_tokens"):
             if field not in raw:
                 raise SpeculativeConfigError(field, "required")
-        return cls(raw["method"], raw["num_speculative_tokens"], raw.get("draft_window_size"))
+        method = raw["method"]
+        known = [m.value for m in SpeculativeMethod]
+        if method not in known:
+            raise SpeculativeConfigError("method", f"unknown method {method!r} (known: {', '.join(known)})")
+        return cls(SpeculativeMethod(method), raw["num_speculative_tokens"], raw.get("draft_window_size"))
 
     @property
     def name(self) -> str:
@@ -81,10 +111,9 @@ def drafter_fit(spec: SpeculativeConfig, drafter: Any | None) -> tuple[int, int 
     """A DFlash method's (block size, draft window) over the model's drafter (a `DrafterConfig` or None), or the
     start-up error naming the field: no drafter of that kind, or a block longer than it was trained for. The window
     is the smaller of `draft_window_size` and the drafter's own `sliding_window` (None: neither is set)."""
-    if drafter is None or drafter.kind != spec.method:
+    if drafter is None or drafter.kind is not spec.method.drafter:
         has = "" if drafter is None else f" (this model carries a {drafter.kind} drafter)"
-        raise MissingBackendWeights(spec.method, f"a {spec.method} drafter (dflash.* weights; convert with "
-                                                 f"--drafter){has}")
+        raise MissingBackendWeights(spec.method, spec.method.needs + has)
     block = spec.num_speculative_tokens + 1
     if block > drafter.block_size:
         raise SpeculativeConfigError("num_speculative_tokens", f"{spec.num_speculative_tokens} drafts need a block "

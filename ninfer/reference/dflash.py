@@ -20,7 +20,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, drafter_parameters
+from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, DrafterKind, drafter_parameters
 
 from .attention import apply_rope
 from .dflash_conv import finish, prepare
@@ -121,7 +121,7 @@ class Drafter:
 
     def _layer(self, x: torch.Tensor, w: Scope, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c, eps = self.cfg, self.cfg.rms_norm_eps
-        conv = c.kind == "dflash2"
+        conv = c.kind is DrafterKind.DFLASH2
         h = rms_norm(x, w["input_layernorm.weight"], eps)
         if conv:
             h, later = prepare(h, w.sub("attention_conv"), c)

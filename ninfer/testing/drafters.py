@@ -17,22 +17,22 @@ from typing import Any
 import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, drafter_parameters
+from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, DrafterKind, drafter_parameters
 
-ARCH = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+ARCH = {DrafterKind.DFLASH: "DFlashDraftModel", DrafterKind.DFLASH2: "DFlash2DraftModel"}
 
 
-def drafter_hf_config(target: Qwen35Config, kind: str = "dflash", *, layers: int = 2, block_size: int = 16,
-                      mask_token_id: int | None = None, target_layer_ids: list[int] | None = None,
+def drafter_hf_config(target: Qwen35Config, kind: DrafterKind | str = DrafterKind.DFLASH, *, layers: int = 2,
+                      block_size: int = 16, mask_token_id: int | None = None, target_layer_ids: list[int] | None = None,
                       selector_top_k: int = 8, **overrides: Any) -> dict[str, Any]:
     """A published-layout drafter config for `target`: `layers` layers at its hidden size, 2 q heads and 1 kv
     head of hidden/2, the taps spread over the target's layers (DFlash2: 2 taps, groups of 8, rank 8,
     `selector_top_k` candidates); `overrides` replace top-level keys."""
-    H, L = target.hidden_size, target.num_hidden_layers
+    kind, H, L = DrafterKind(kind), target.hidden_size, target.num_hidden_layers
     extra: dict[str, Any] = {"mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id,
                              "target_layer_ids": target_layer_ids or sorted({round(i * (L - 1) / max(layers - 1, 1))
                                                                              for i in range(layers)})}
-    if kind == "dflash2":
+    if kind is DrafterKind.DFLASH2:
         extra.update(conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=selector_top_k)
     raw = dict(architectures=[ARCH[kind]], model_type="qwen3", hidden_size=H, num_hidden_layers=layers,
                num_attention_heads=2, num_key_value_heads=1, head_dim=H // 2, intermediate_size=2 * H,
@@ -62,9 +62,10 @@ def drafter_tensors(cfg: DrafterConfig, seed: int = 0) -> dict[str, torch.Tensor
     return out
 
 
-def make_drafter_checkpoint(out_dir: str | Path, target: Qwen35Config, kind: str = "dflash", *, seed: int = 0,
-                            dtype: torch.dtype = torch.bfloat16, extra_tensors: dict[str, torch.Tensor] | None = None,
-                            drop: tuple[str, ...] = (), **config: Any) -> Path:
+def make_drafter_checkpoint(out_dir: str | Path, target: Qwen35Config, kind: DrafterKind | str = DrafterKind.DFLASH,
+                            *, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                            extra_tensors: dict[str, torch.Tensor] | None = None, drop: tuple[str, ...] = (),
+                            **config: Any) -> Path:
     """Write a random drafter directory (config.json + model.safetensors, published names) and return it.
     `extra_tensors` and `drop` (published names) make malformed ones for refusal tests."""
     from safetensors.torch import save_file
@@ -82,7 +83,7 @@ def make_drafter_checkpoint(out_dir: str | Path, target: Qwen35Config, kind: str
     return out
 
 
-def reference_drafter(model, kind: str = "dflash", seed: int = 1, **config: Any):
+def reference_drafter(model, kind: DrafterKind | str = DrafterKind.DFLASH, seed: int = 1, **config: Any):
     """A random drafter of the published layout over a `ReferenceModel`'s embedding and lm_head, in its dtype."""
     from ninfer.reference.dflash import Drafter
 
@@ -91,7 +92,8 @@ def reference_drafter(model, kind: str = "dflash", seed: int = 1, **config: Any)
                    model.weights["lm_head.weight"], model.dtype)
 
 
-def with_drafter(src: str | Path, out: str | Path, kind: str = "dflash", *, seed: int = 1, **config: Any) -> Path:
+def with_drafter(src: str | Path, out: str | Path, kind: DrafterKind | str = DrafterKind.DFLASH, *, seed: int = 1,
+                 **config: Any) -> Path:
     """A copy of the dense artifact `src` with a random `kind` drafter bound beside its target (what
     ``ninfer convert --drafter`` stores), for tests that need a drafter on a model that has no HF directory
     (the embedded default model)."""
@@ -114,7 +116,7 @@ def with_drafter(src: str | Path, out: str | Path, kind: str = "dflash", *, seed
             specs = drafter_parameters(cfg)
             for name, t in drafter_tensors(cfg, seed).items():
                 w.add_object(name, dtype="float32", shape=tuple(t.shape), planes={"data": t})
-                w.bind(name, name, feature=kind, kind=specs[name].kind)
+                w.bind(name, name, feature=cfg.kind.value, kind=specs[name].kind)
             add_uses(w)
             for r in desc.resources:
                 w.add_resource(r.name, art.resource(r.name), r.media_type)

@@ -17,7 +17,7 @@ from ninfer.convert.convert import convert_checkpoint
 from ninfer.convert.errors import ConversionError
 from ninfer.convert.hf_source import HFSource
 from ninfer.convert.inspect import inspect_artifact
-from ninfer.models.qwen3_5.drafter import DrafterConfig, drafter_parameters
+from ninfer.models.qwen3_5.drafter import DrafterConfig, DrafterKind, drafter_parameters
 from ninfer.testing.drafters import make_drafter_checkpoint
 
 
@@ -42,7 +42,7 @@ def test_round_trip_keeps_every_drafter_value(tmp_path, target, kind):
     published = load_file(str(draft / "model.safetensors"))
     with open_artifact(out, features=("text", kind)) as art:
         d = art.drafter
-        assert d.kind == kind and d.vocab_size == cfg.vocab_size and d.block_size == 16
+        assert d.kind is DrafterKind(kind) and d.vocab_size == cfg.vocab_size and d.block_size == 16
         assert set(drafter_parameters(d)) == {n for n, b in art.bindings.items() if b.feature == kind}
         assert len(published) == len(drafter_parameters(d))
         for key, t in published.items():
@@ -134,7 +134,7 @@ def test_a_damaged_drafter_resource_names_the_field(tmp_path, target):
 def test_a_converted_drafter_serves_on_the_reference_program(tmp_path, target):
     """The artifact path end to end: from_artifact loads the drafter over the target's embedding and lm_head, greedy
     equals the plain run; an artifact without one (or with the other kind) is a start-up error naming the method."""
-    from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig
+    from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeMethod
     from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
     from ninfer.testing.serving import serve
     from ninfer.testing.sessions import token_request
@@ -146,12 +146,12 @@ def test_a_converted_drafter_serves_on_the_reference_program(tmp_path, target):
     def program(path, spec):
         return ReferenceProgram.from_artifact(path, ReferenceProgramConfig(max_concurrency=1, max_context=64,
                                                                            speculative=spec))
-    spec = program(out, SpeculativeConfig("dflash", 7))
+    spec = program(out, SpeculativeConfig(SpeculativeMethod.DFLASH, 7))
     assert spec.drafter.cfg.block_size == 8 and spec.drafter.lm_head is spec.model.weights["lm_head.weight"]
     got = serve(spec, [token_request((5, 6, 7), 6)], max_concurrency=1)
     assert got[0].token_ids == serve(program(out, None), [token_request((5, 6, 7), 6)], max_concurrency=1)[0].token_ids
     assert got[0].usage.draft_tokens > 0
     for path, method in ((bare, "dflash"), (out, "dflash2")):
         with pytest.raises(MissingBackendWeights) as e:
-            program(path, SpeculativeConfig(method, 7))
+            program(path, SpeculativeConfig(SpeculativeMethod(method), 7))
         assert e.value.field == "method" and f"a {method} drafter" in str(e.value)

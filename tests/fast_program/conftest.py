@@ -104,13 +104,13 @@ def mtp_reference_model(tiny_mtp):
 def make_fast_spec(tiny_mtp, mtp_reference_model):
     """make_fast_spec(k, forced=False, **config): the fast Program over `tiny_mtp` with the MTP backend drafting k
     tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of the drafter."""
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.speculation import ForcedDrafts
 
     def make(k: int, forced: bool = False, **kw) -> FastProgram:
         cfg, weights = tiny_mtp
-        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": SpeculativeConfig("mtp", k) if k
-                                      else None})
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None
+        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
         program = FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive")
         return ForcedDrafts(mtp_reference_model).install(program) if forced else program
@@ -120,10 +120,10 @@ def make_fast_spec(tiny_mtp, mtp_reference_model):
 @pytest.fixture(scope="session")
 def make_reference_spec(mtp_reference_model):
     """The reference Program over the same MTP weights (k=0: no backend)."""
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 
     def make(k: int, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig("mtp", k) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None
         return ReferenceProgram(mtp_reference_model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
                                                                                "speculative": spec}))
     return make
@@ -135,7 +135,7 @@ def make_fast_dflash(tiny):
     `kind` drafter (block 16, seed 1: the reference's `reference_drafter`) drafting k tokens (k=0: no backend);
     `forced` puts ForcedDrafts in front of the drafter (the drafter context is still advanced)."""
     from ninfer.models.qwen3_5.drafter import DrafterConfig
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
     from ninfer.testing.speculation import ForcedDrafts
 
@@ -146,7 +146,8 @@ def make_fast_dflash(tiny):
         drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, kind))
         source = {**weights, **drafter_tensors(drafter, 1)}
         config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
-                                      "speculative": SpeculativeConfig(kind, k, window) if k else None})
+                                      "speculative": SpeculativeConfig(SpeculativeMethod(kind), k, window) if k
+                                      else None})
         program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive", drafter=drafter)
         return ForcedDrafts(teacher).install(program) if forced else program
@@ -156,14 +157,14 @@ def make_fast_dflash(tiny):
 @pytest.fixture(scope="session")
 def make_reference_dflash(tiny):
     """The reference Program over the same weights and drafter (k=0: no backend)."""
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.drafters import reference_drafter
 
     cfg, weights = tiny
     model = ReferenceModel(cfg, weights, dtype=torch.float32)
 
     def make(kind: str, k: int, window: int | None = None, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig(kind, k, window) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window) if k else None
         return ReferenceProgram(model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec}),
                                 reference_drafter(model, kind) if k else None)
     return make

@@ -36,7 +36,7 @@ def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash)
 def test_the_reference_checks_apply(tiny):
     from ninfer.fast.program import FastProgramConfig
     from ninfer.models.qwen3_5.drafter import DrafterConfig
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
 
     cfg, weights = tiny
@@ -45,7 +45,7 @@ def test_the_reference_checks_apply(tiny):
 
     def build(kind, k):
         config = FastProgramConfig(max_concurrency=1, max_context=64, page_size=4, kv_pages=40,
-                                   dtype=torch.float32, speculative=SpeculativeConfig(kind, k))
+                                   dtype=torch.float32, speculative=SpeculativeConfig(SpeculativeMethod(kind), k))
         return FastProgram.build(cfg, source, config, budget_bytes=1 << 30, device="cpu", kernels="naive",
                                  drafter=block8)
     with pytest.raises(MissingBackendWeights, match="carries a dflash drafter"):

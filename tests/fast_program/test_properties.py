@@ -16,7 +16,7 @@ import torch
 from hypothesis import settings
 
 from ninfer.fast.program import FastProgram, FastProgramConfig
-from ninfer.program_core.speculative import SpeculativeConfig
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.speculation import ForcedDrafts
@@ -57,7 +57,7 @@ def _teacher() -> ReferenceModel:
 
 
 def _speculative() -> FastProgram:
-    return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig("mtp", 3)))
+    return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig(SpeculativeMethod.MTP, 3)))
 
 
 def _dflash(kind: str, k: int, window: int | None, forced: bool) -> FastProgram:
@@ -69,7 +69,7 @@ def _dflash(kind: str, k: int, window: int | None, forced: bool) -> FastProgram:
     source = {**weights, **drafter_tensors(drafter, 1)}
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
-                               speculative=SpeculativeConfig(kind, k, window))
+                               speculative=SpeculativeConfig(SpeculativeMethod(kind), k, window))
     program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                                 kernels="triton" if conf.ON_GPU else "naive", drafter=drafter)
     return ForcedDrafts(ReferenceModel(cfg, weights, dtype=torch.float32)).install(program) if forced else program

@@ -26,10 +26,10 @@ def test_dflash_conv(blocks, block, H, group, taps, dtype):
 
 
 def test_naive_equals_the_reference_drafter_convolution():
-    from ninfer.models.qwen3_5.drafter import DrafterConfig
+    from ninfer.models.qwen3_5.drafter import DrafterConfig, DrafterKind
     from ninfer.reference.dflash_conv import _convolve
 
-    cfg = DrafterConfig("dflash2", 32, 1, 2, 1, 16, 64, 1e-6, 1e4, 40, 4, (0,), 8, 0, conv_kernel_size=2,
+    cfg = DrafterConfig(DrafterKind.DFLASH2, 32, 1, 2, 1, 16, 64, 1e-6, 1e4, 40, 4, (0,), 8, 0, conv_kernel_size=2,
                         conv_group_size=8, selector_rank=4, selector_top_k=4)
     x, dyn, base = torch.randn(2 * 7, 32), torch.randn(2 * 7, 2, 4), torch.randn(2, 32)
     want = torch.cat([_convolve(x[i * 7:(i + 1) * 7], dyn[i * 7:(i + 1) * 7], base, cfg) for i in range(2)])

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.models.qwen3_5.drafter import DrafterConfig
+from ninfer.models.qwen3_5.drafter import DrafterConfig, DrafterKind
 from ninfer.reference.dflash import Drafter
 from ninfer.reference.dflash_selector import CandidateSelector
 from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
@@ -71,7 +71,7 @@ def _published(d: Drafter, raw: dict, taps: torch.Tensor, anchor: int, B: int, f
             return dyn, _published_conv(h, dyn[:, side], w[p + name + ".base_kernel"][side], c.conv_group_size)
 
         h = _norm(w[p + "input_layernorm.weight"], x, eps)
-        if c.kind == "dflash2":
+        if c.kind is DrafterKind.DFLASH2:
             dyn, h = conv(h, 0, "attention_conv")
         q = _norm(w[p + "self_attn.q_norm.weight"], (h @ w[p + "self_attn.q_proj.weight"].T).view(B, 2, -1), eps)
         kv_in = torch.cat([ctx, h])
@@ -82,15 +82,15 @@ def _published(d: Drafter, raw: dict, taps: torch.Tensor, anchor: int, B: int, f
         k = k * cos[:, None] + rotate_half(k) * sin[:, None]
         att = torch.softmax(torch.einsum("bhd,shd->hbs", q, k.expand(-1, 2, -1)) * c.head_dim ** -0.5, dim=-1)
         a = torch.einsum("hbs,shd->bhd", att, v.expand(-1, 2, -1)).reshape(B, -1) @ w[p + "self_attn.o_proj.weight"].T
-        if c.kind == "dflash2":
+        if c.kind is DrafterKind.DFLASH2:
             a = _published_conv(a, dyn[:, 1], w[p + "attention_conv.base_kernel"][1], c.conv_group_size)
         x = x + a
         h = _norm(w[p + "post_attention_layernorm.weight"], x, eps)
-        if c.kind == "dflash2":
+        if c.kind is DrafterKind.DFLASH2:
             dyn, h = conv(h, 0, "mlp_conv")
         m = (F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
             w[p + "mlp.down_proj.weight"].T
-        if c.kind == "dflash2":
+        if c.kind is DrafterKind.DFLASH2:
             m = _published_conv(m, dyn[:, 1], w[p + "mlp_conv.base_kernel"][1], c.conv_group_size)
         x = x + m
     return _norm(w["dflash.norm.weight"], x, eps)[1:] @ d.lm_head.T

@@ -73,11 +73,11 @@ def mtp_model() -> ReferenceModel:
 def make_spec(mtp_model, make_program):
     """make_spec(k, forced=False, **config): the reference Program over `mtp_model` with the MTP backend drafting
     k tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of the drafter."""
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.speculation import ForcedDrafts
 
     def make(k: int, forced: bool = False, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig("mtp", k) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None
         program = make_program(mtp_model, speculative=spec, **kw)
         return ForcedDrafts(mtp_model).install(program) if forced else program
     return make
@@ -88,7 +88,7 @@ def make_dflash(model32):
     """make_dflash(kind, k, forced=False, window=None, model=None, drafter=None, **config): the reference Program
     over the tiny model with a random `kind` drafter (block 16) drafting k tokens (k=0: no backend); `forced` puts
     ForcedDrafts in front of the drafter (the drafter context is still advanced by every consumption)."""
-    from ninfer.program_core.speculative import SpeculativeConfig
+    from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.drafters import reference_drafter
     from ninfer.testing.speculation import ForcedDrafts
 
@@ -99,7 +99,7 @@ def make_dflash(model32):
         m = model or model32
         if drafter is None:
             drafter = drafters.get((kind, id(m))) or drafters.setdefault((kind, id(m)), reference_drafter(m, kind))
-        spec = SpeculativeConfig(kind, k, window) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window) if k else None
         base = dict(max_concurrency=2, max_context=256, page_size=4, kv_pages=160, checkpoint_slots=3,
                     host_bytes=1 << 20, dtype=m.dtype, speculative=spec)
         base.update(kw)

@@ -10,13 +10,18 @@ import functools
 import pytest
 import torch
 
-from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
+from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError,
+                                             SpeculativeMethod)
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.program_core.speculation import row_context
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
 from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, mixed_rounds, spec_prompts, start_decoding
+
+
+def _spec(method: str, k: int) -> SpeculativeConfig:
+    return SpeculativeConfig(SpeculativeMethod(method), k)
 
 
 @pytest.mark.parametrize("raw, field", [({"method": "dflash", "num_speculative_tokens": 16}, "num_speculative_tokens"),
@@ -34,21 +39,21 @@ def test_bad_dflash_config_names_the_field(raw, field):
 
 def test_dflash_config_parses():
     spec = SpeculativeConfig.parse({"method": "dflash2", "num_speculative_tokens": 15, "draft_window_size": 64})
-    assert spec == SpeculativeConfig("dflash2", 15, 64) and spec.name == "dflash2 (k=15, window 64)"
+    assert spec == SpeculativeConfig(SpeculativeMethod.DFLASH2, 15, 64) and spec.name == "dflash2 (k=15, window 64)"
 
 
 def test_a_missing_or_unfit_drafter_is_a_start_error(model32, make_dflash):
     with pytest.raises(MissingBackendWeights, match="'dflash' needs a dflash drafter") as e:
-        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash", 7)))
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=_spec("dflash", 7)))
     assert e.value.field == "method"
     plain = make_dflash("dflash", 0).drafter
     with pytest.raises(MissingBackendWeights, match="carries a dflash drafter"):
-        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash2", 7)), plain)
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=_spec("dflash2", 7)), plain)
     block8 = reference_drafter(model32, "dflash", block_size=8)
     with pytest.raises(SpeculativeConfigError, match="trained for blocks of 8") as e:
-        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash", 15)), block8)
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=_spec("dflash", 15)), block8)
     assert e.value.field == "num_speculative_tokens"
-    assert ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("dflash", 7)),
+    assert ReferenceProgram(model32, ReferenceProgramConfig(speculative=_spec("dflash", 7)),
                             block8).limits.draft_tokens == 7
 
 
@@ -65,7 +70,7 @@ def test_greedy_with_dflash_equals_greedy_without(make_dflash, prompt_of, plain_
     program = make_dflash(kind, k, forced=forced, window=window)
     spec = serve(program, [token_request(p, 12) for p in spec_prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
     assert [r.token_ids for r in spec] == plain_greedy
-    assert program.limits.speculative == SpeculativeConfig(kind, k, window).name
+    assert program.limits.speculative == SpeculativeConfig(SpeculativeMethod(kind), k, window).name
     if forced:
         assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
     assert_drained(program)

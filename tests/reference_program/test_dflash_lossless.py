@@ -11,7 +11,7 @@ import torch
 
 from ninfer.engine.records import GenerationRequest
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
-from ninfer.program_core.speculative import SpeculativeConfig
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.sampling import SamplingParams
@@ -67,7 +67,7 @@ def test_sampled_dflash_acceptance_is_lossless(model, marginals, kind, seeds):
     drafter = reference_drafter(model, kind, seed=9, selector_top_k=3)
     program = ReferenceProgram(model, ReferenceProgramConfig(
         max_concurrency=8, max_context=32, page_size=4, checkpoint_slots=2, dtype=torch.float64, eos_token_ids=(),
-        speculative=SpeculativeConfig(kind, 2)), drafter)
+        speculative=SpeculativeConfig(SpeculativeMethod(kind), 2)), drafter)
     sampled = SamplingParams(temperature=T, top_p=1.0, top_k=0, max_tokens=3)
     requests = [GenerationRequest(PROMPT, TokenSession(3, stop_ids=()), 3, sampling=sampled, seed=s)
                 for s in range(seeds)]  # no stop token: every request makes 3 tokens

@@ -14,7 +14,7 @@ from hypothesis import settings
 from ninfer.models.qwen3_5.config import FULL, LINEAR
 from ninfer.pipeline import StageError, kv_pages_per_device, parse_devices, plan_stages, stage_memory
 from ninfer.pipeline.plan import StageCapacityError, stage_weight_bytes
-from ninfer.program_core.speculative import SpeculativeConfig
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.reference.program.stages import StagedPages, StagedSlots
@@ -47,8 +47,8 @@ def _model(mtp: int = 0) -> ReferenceModel:
 def _program(devices=("cpu",), stage_layers=None, mtp: int = 0, k: int = 0) -> ReferenceProgram:
     config = ReferenceProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                     host_bytes=1 << 16, dtype=torch.float64, eos_token_ids=(0,),
-                                    speculative=SpeculativeConfig("mtp", k) if k else None, devices=devices,
-                                    stage_layers=stage_layers)
+                                    speculative=SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None,
+                                    devices=devices, stage_layers=stage_layers)
     return ReferenceProgram(_model(mtp), config)
 
 
@@ -185,8 +185,8 @@ def test_dflash_over_two_stages_equals_one_stage_plain():
     from ninfer.testing.serving import serve
 
     plain = _program()
-    config = dataclasses.replace(plain.config, speculative=SpeculativeConfig("dflash", 3), devices=("cpu", "cpu"),
-                                 stage_layers=None)
+    config = dataclasses.replace(plain.config, speculative=SpeculativeConfig(SpeculativeMethod.DFLASH, 3),
+                                 devices=("cpu", "cpu"), stage_layers=None)
     staged = ReferenceProgram(_model(), config, reference_drafter(_model(), "dflash"))
     prompts = [tuple(range(3, 20)), (5, 9, 2, 7, 7, 1)]
     want = [r.token_ids for r in serve(plain, [token_request(p, 10) for p in prompts], max_concurrency=2)]

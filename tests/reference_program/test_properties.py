@@ -13,7 +13,7 @@ import pathlib
 import torch
 from hypothesis import settings
 
-from ninfer.program_core.speculative import SpeculativeConfig
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.harness import make_engine_machine
@@ -42,7 +42,7 @@ def _program(model: ReferenceModel | None = None, speculative: SpeculativeConfig
 
 
 def _speculative() -> ReferenceProgram:
-    return ForcedDrafts(_model(1)).install(_program(_model(1), SpeculativeConfig("mtp", 3)))
+    return ForcedDrafts(_model(1)).install(_program(_model(1), SpeculativeConfig(SpeculativeMethod.MTP, 3)))
 
 
 Machine = make_engine_machine(_program, max_concurrency=2)
@@ -59,7 +59,7 @@ TestSpeculativeReferenceEngine = Speculative.TestCase
 
 
 def _dflash(kind: str, k: int, window: int | None, forced: bool) -> ReferenceProgram:
-    program = _program(_model(), SpeculativeConfig(kind, k, window), _drafter(kind))
+    program = _program(_model(), SpeculativeConfig(SpeculativeMethod(kind), k, window), _drafter(kind))
     return ForcedDrafts(_model()).install(program) if forced else program
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ninfer.contracts import RowDecision
-from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
+from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError,
+                                             SpeculativeMethod)
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_rows_accept_different_lengths,
                                          assert_sampled_hit_equals_cold, decode_until_drafted, start_decoding)
@@ -29,12 +30,16 @@ def test_bad_speculative_config_names_the_field(raw, field):
 def test_speculative_config_parses_vllm_shape():
     assert SpeculativeConfig.parse(None) is None
     spec = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3})
-    assert spec == SpeculativeConfig("mtp", 3) and spec.name == "mtp (k=3)"
+    assert spec == SpeculativeConfig(SpeculativeMethod.MTP, 3) and spec.name == "mtp (k=3)"
+    assert spec.method is SpeculativeMethod.MTP  # parsed once into the enum
+    with pytest.raises(SpeculativeConfigError, match="must be a SpeculativeMethod") as e:
+        SpeculativeConfig("mtp", 3)
+    assert e.value.field == "method"
 
 
 def test_mtp_without_mtp_weights_is_a_start_error(model32):
     with pytest.raises(MissingBackendWeights, match="mtp"):
-        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig("mtp", 2)))
+        ReferenceProgram(model32, ReferenceProgramConfig(speculative=SpeculativeConfig(SpeculativeMethod.MTP, 2)))
 
 
 def test_limits_name_the_backend(make_spec):

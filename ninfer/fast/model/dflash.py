@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig
+from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, DrafterKind
 
 from .kernels import Kernels
 
@@ -64,7 +64,7 @@ def load_drafter_weights(cfg: DrafterConfig, source: Callable[[str], torch.Tenso
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
         conv = None
-        if cfg.kind == "dflash2":
+        if cfg.kind is DrafterKind.DFLASH2:
             conv = tuple(get(p + n) for n in ("attention_conv.base_kernel", "attention_conv.kernel_projection.weight",
                                               "mlp_conv.base_kernel", "mlp_conv.kernel_projection.weight"))
         layers.append(DrafterLayer(
@@ -75,7 +75,7 @@ def load_drafter_weights(cfg: DrafterConfig, source: Callable[[str], torch.Tenso
             torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]), get(p + "mlp.down_proj.weight"),
             conv))
     selector = None
-    if cfg.kind == "dflash2":
+    if cfg.kind is DrafterKind.DFLASH2:
         selector = tuple(get("candidate_selector." + n) for n in
                          ("hidden_projection.weight", "predecessor_codebook", "successor_codebook"))
     return DrafterWeights(get("fc.weight"), norm("hidden_norm.weight"), tuple(layers), norm("norm.weight"), selector)

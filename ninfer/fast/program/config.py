@@ -18,6 +18,7 @@ from ninfer.fast.memory import MemoryPlan, plan_memory
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.program_core import ProgramConfig
+from ninfer.program_core.speculative import SpeculativeMethod
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -46,6 +47,6 @@ class FastProgramConfig(ProgramConfig):
         return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
                            dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
-                           mtp=self.speculative is not None and self.speculative.method == "mtp",
+                           mtp=self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP,
                            weight_bytes_resident=weight_bytes,
                            extra_workspace=extra_workspace, drafter=drafter)

@@ -24,6 +24,7 @@ import torch
 
 from ninfer.fast.memory import Pools
 from ninfer.fast.model.dflash import FastDrafter
+from ninfer.models.qwen3_5.drafter import DrafterKind
 from ninfer.program_core import ActiveSequence
 from ninfer.sampling import RowContext, SamplingError, draw_draft
 
@@ -64,7 +65,7 @@ class FastDFlashBackend:
                               dtype=torch.int32, device=dev)
         logits, hidden = self.drafter.block([0] * len(rows), [0] * len(rows), tables, self.block_size, self.k_pages,
                                             self.v_pages, None if self.window is None else [0] * len(rows))
-        if self.drafter.cfg.kind == "dflash2":
+        if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             self._walk(logits, hidden)(0, list(rows), [0] * len(rows))
 
     def _tables(self, seqs: Sequence[ActiveSequence]) -> torch.Tensor:
@@ -98,7 +99,7 @@ class FastDFlashBackend:
         drafts: list[list[int]] = [[] for _ in live]
         qs: list[list[torch.Tensor | None]] = [[] for _ in live]
         going = list(range(len(live)))  # rows still drafting
-        walk = self._walk(logits, hidden) if self.drafter.cfg.kind == "dflash2" else None
+        walk = self._walk(logits, hidden) if self.drafter.cfg.kind is DrafterKind.DFLASH2 else None
         most = max(ks[i] for i in live)
         host = logits[:, :most].cpu() if walk is None else None  # [R, most, V]: one host copy of the slots drawn
         previous = [s.pending for s in rows]

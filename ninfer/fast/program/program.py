@@ -29,7 +29,8 @@ from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.models.qwen3_5.pages import PageAllocator
 from ninfer.program_core import HostTier, IdPool, Program
-from ninfer.program_core.speculative import DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig, drafter_fit
+from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeMethod,
+                                             drafter_fit)
 
 from . import invariants
 from .config import FastProgramConfig
@@ -46,7 +47,7 @@ def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None)
     """The DFlash backend the config names over the plan's drafter pools, or the start-up error naming the field
     (the reference Program's checks: `drafter_fit`)."""
     spec, plan = c.speculative, model.plan
-    if spec is None or spec.method not in DRAFTER_METHODS:
+    if spec is None or spec.method.drafter is None:
         if drafter is not None or plan.drafter is not None:
             raise ValueError("a drafter (or drafter pools) given to a Program whose config runs no DFlash method")
         return None
@@ -69,11 +70,11 @@ class FastProgram(Program):
         if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
                 plan.page_size != c.page_size or plan.max_context < c.max_context:
             raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
-        mtp = c.speculative is not None and c.speculative.method == "mtp"
+        mtp = c.speculative is not None and c.speculative.method is SpeculativeMethod.MTP
         if plan.mtp != mtp:
             raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
         if mtp and model.mtp is None:
-            raise MissingBackendWeights(c.speculative.method, "the MTP head's weights (mtp.*)")
+            raise MissingBackendWeights(c.speculative.method, c.speculative.method.needs)
         dflash = _dflash(c, model, drafter)
         if vision is not None and c.speculative is not None:
             raise ValueError(NO_VISION_SPECULATIVE)
@@ -138,7 +139,7 @@ class FastProgram(Program):
                 "attention_bias", hint="run it on --program reference")
         config = config.resolved(cfg)
         spec = config.speculative
-        if spec is None or spec.method not in DRAFTER_METHODS:
+        if spec is None or spec.method.drafter is None:
             drafter = None
         else:
             drafter_fit(spec, drafter)
@@ -148,7 +149,7 @@ class FastProgram(Program):
         if quant is None:
             model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes, drafter=drafter), device, kernels)
         else:
-            mtp = spec is not None and spec.method == "mtp"
+            mtp = spec is not None and spec.method is SpeculativeMethod.MTP
             check_mtp(cfg, mtp)
             weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant)
             act = torch.finfo(config.dtype).bits // 8
@@ -168,7 +169,7 @@ class FastProgram(Program):
         (the processor's max_pixels / patch^2) loads the vision tower (the artifact must bind the Vision feature)
         and takes its weights, one encode of that many patches and `HELD` images' features off the budget."""
         from ninfer.artifact import open_artifact
-        from ninfer.models.qwen3_5.params import MTP, TEXT
+        from ninfer.models.qwen3_5.params import TEXT
 
         spec = SpeculativeConfig.parse(speculative_config)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -178,13 +179,10 @@ class FastProgram(Program):
                                      **config)
         features = (TEXT,)
         if spec is not None:
-            want = MTP if spec.method == "mtp" else spec.method
             with open_artifact(path) as art:
-                if want not in art.available_features:
-                    what = "the MTP head's weights (mtp.*)" if spec.method == "mtp" else \
-                        f"a {spec.method} drafter (dflash.* weights; convert with --drafter)"
-                    raise MissingBackendWeights(spec.method, what)
-            features = (TEXT, want)
+                if spec.method.feature not in art.available_features:
+                    raise MissingBackendWeights(spec.method, spec.method.needs)
+            features = (TEXT, spec.method.feature)
         vision = None
         if vision_patches > 0:
             kind = "naive" if kernels == "naive" else "triton"

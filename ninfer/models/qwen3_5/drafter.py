@@ -16,20 +16,28 @@ config travels as the resource ``drafter/config.json`` (docs/artifact-format.md)
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .config import ConfigError, Qwen35Config
 from .params import ParamSpec
 
-ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+
+class DrafterKind(enum.StrEnum):
+    """Which drafter a config describes; its value is also the artifact feature of the drafter's bindings."""
+    DFLASH = "dflash"
+    DFLASH2 = "dflash2"
+
+
+ARCHITECTURES = {"DFlashDraftModel": DrafterKind.DFLASH, "DFlash2DraftModel": DrafterKind.DFLASH2}
 PREFIX = "dflash."
 RESOURCE = "drafter/config.json"
 
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    kind: str  # "dflash" or "dflash2" (also the artifact feature of its bindings)
+    kind: DrafterKind
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -51,8 +59,8 @@ class DrafterConfig:
     selector_top_k: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ARCHITECTURES.values():
-            raise ConfigError("architectures", f"unknown drafter kind {self.kind!r}")
+        if not isinstance(self.kind, DrafterKind):
+            raise ConfigError("kind", f"must be a DrafterKind, got {self.kind!r} (parse it with from_dict/from_hf)")
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                      "intermediate_size", "num_target_layers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
@@ -66,7 +74,7 @@ class DrafterConfig:
             raise ConfigError("head_dim", f"must be even (RoPE over the whole head), got {self.head_dim}")
         if not self.target_layer_ids:
             raise ConfigError("dflash_config.target_layer_ids", "must name at least one target layer")
-        if self.kind == "dflash2":
+        if self.kind is DrafterKind.DFLASH2:
             for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
                 if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                     raise ConfigError(f"dflash_config.{name}", f"a DFlash2 drafter needs a positive integer, got "
@@ -77,10 +85,11 @@ class DrafterConfig:
 
     @property
     def conv_groups(self) -> int:
-        return self.hidden_size // self.conv_group_size if self.kind == "dflash2" else 0
+        return self.hidden_size // self.conv_group_size if self.kind is DrafterKind.DFLASH2 else 0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["kind"] = self.kind.value
         d["target_layer_ids"] = list(self.target_layer_ids)
         return d
 
@@ -91,7 +100,10 @@ class DrafterConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ConfigError(unknown[0], "unknown field in a ninfer drafter config")
-        return cls(**{**d, "target_layer_ids": tuple(d.get("target_layer_ids", ()))})
+        kind = d.get("kind")
+        if kind not in {k.value for k in DrafterKind}:
+            raise ConfigError("architectures", f"unknown drafter kind {kind!r}")
+        return cls(**{**d, "kind": DrafterKind(kind), "target_layer_ids": tuple(d.get("target_layer_ids", ()))})
 
     @classmethod
     def from_hf(cls, raw: Mapping[str, Any]) -> "DrafterConfig":
@@ -175,13 +187,13 @@ def from_hf(raw: Mapping[str, Any]) -> DrafterConfig:
         rope_theta=_rope_theta(raw), vocab_size=raw.get("vocab_size"),
         num_target_layers=_int(raw, "num_target_layers"), target_layer_ids=tuple(ids), block_size=block,
         mask_token_id=_int(extra, "mask_token_id", "dflash_config."), attention_bias=bool(raw.get("attention_bias")),
-        sliding_window=window, **(d2 if kinds[0] == "dflash2" else {}))
+        sliding_window=window, **(d2 if kinds[0] is DrafterKind.DFLASH2 else {}))
 
 
 def drafter_parameters(cfg: DrafterConfig) -> dict[str, ParamSpec]:
     """Every logical parameter of the drafter (names under ``dflash.``), in execution order."""
     H, d, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    nh, nkv, f = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.kind
+    nh, nkv, f = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.kind.value
     specs = [ParamSpec("fc.weight", (H, len(cfg.target_layer_ids) * H), f, "linear"),
              ParamSpec("hidden_norm.weight", (H,), f, "norm")]
     for i in range(cfg.num_hidden_layers):
@@ -200,13 +212,14 @@ def drafter_parameters(cfg: DrafterConfig) -> dict[str, ParamSpec]:
                   ParamSpec(f"{p}.mlp.gate_proj.weight", (I, H), f, "linear"),
                   ParamSpec(f"{p}.mlp.up_proj.weight", (I, H), f, "linear"),
                   ParamSpec(f"{p}.mlp.down_proj.weight", (H, I), f, "linear")]
-        if cfg.kind == "dflash2":  # base kernel [prepare/finish, taps, H]; one projection gives both sides' deltas
+        # base kernel [prepare/finish, taps, H]; one projection gives both sides' deltas
+        if cfg.kind is DrafterKind.DFLASH2:
             for conv in ("attention_conv", "mlp_conv"):
                 specs += [ParamSpec(f"{p}.{conv}.base_kernel", (2, cfg.conv_kernel_size, H), f, "conv"),
                           ParamSpec(f"{p}.{conv}.kernel_projection.weight",
                                     (2 * cfg.conv_kernel_size * cfg.conv_groups, H), f, "linear")]
     specs.append(ParamSpec("norm.weight", (H,), f, "norm"))
-    if cfg.kind == "dflash2":
+    if cfg.kind is DrafterKind.DFLASH2:
         V, r = cfg.vocab_size, cfg.selector_rank
         if V is None:
             raise ConfigError("vocab_size", "a DFlash2 drafter's selector codebooks need the vocabulary size")

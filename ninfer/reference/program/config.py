@@ -15,6 +15,7 @@ from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_byte
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.pipeline import StageError, StagePlan, plan_stages
 from ninfer.program_core import ProgramConfig
+from ninfer.program_core.speculative import SpeculativeMethod
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
@@ -42,7 +43,8 @@ class ReferenceProgramConfig(ProgramConfig):
         if any(d != "cpu" for d in self.devices):
             raise StageError(f"--devices {','.join(self.devices)}: the reference Program's stages run on the CPU "
                              f"(cpu,cpu,...); CUDA devices are the fast Program's")
-        features = ("text", "mtp") if self.speculative is not None and self.speculative.method == "mtp" else ("text",)
+        mtp = self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP
+        features = ("text", "mtp") if mtp else ("text",)
         plan = plan_stages(cfg, tuple(self.devices), self.stage_layers, self.dtype_name, features)
         return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos, devices=plan.devices,
                                    stage_layers=plan.layers)

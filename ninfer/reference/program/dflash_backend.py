@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from ninfer.models.qwen3_5.drafter import DrafterKind
 from ninfer.program_core import ActiveSequence
 from ninfer.reference.dflash import Drafter, DrafterContext
 from ninfer.reference.dflash_selector import CandidateSelector
@@ -42,7 +43,7 @@ class DFlashBackend:
         assert ctx.end == seq.frontier, f"drafter context ends at {ctx.end}, the frontier is {seq.frontier}"
         logits, hidden = self.drafter.block(ctx, seq.pending, self.block_size)  # [B-1, V], [B-1, H]
         selector = None
-        if self.drafter.cfg.kind == "dflash2":
+        if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             selector = CandidateSelector(self.drafter.root.sub("candidate_selector"), self.drafter.cfg.selector_top_k,
                                          logits, hidden)
         drafts: list[int] = []

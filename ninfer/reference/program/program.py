@@ -12,7 +12,7 @@ from pathlib import Path
 from ninfer.contracts import ProgramLimits
 from ninfer.pipeline.link import PeerLink
 from ninfer.program_core import HostTier, IdPool, Program
-from ninfer.program_core.speculative import (DRAFTER_METHODS, MissingBackendWeights, SpeculativeConfig,
+from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeMethod,
                                              drafter_fit)
 from ninfer.reference.dflash import Drafter
 from ninfer.reference.model import ReferenceModel
@@ -31,9 +31,9 @@ def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Dra
     """The backend `spec` names, or a start-up error naming the field when the model cannot run it."""
     if spec is None:
         return None
-    if spec.method == "mtp":
+    if spec.method is SpeculativeMethod.MTP:
         if not model.has_mtp:
-            raise MissingBackendWeights(spec.method, "the MTP head's weights (mtp.*)")
+            raise MissingBackendWeights(spec.method, spec.method.needs)
         return MTPBackend(model)
     block, window = drafter_fit(spec, None if drafter is None else drafter.cfg)
     return DFlashBackend(drafter, block, window)
@@ -89,15 +89,12 @@ class ReferenceProgram(Program):
         if spec is not None:
             with open_artifact(path) as art:
                 available = art.available_features
-            want = MTP if spec.method == "mtp" else spec.method
-            if want not in available:
-                what = "the MTP head's weights (mtp.*)" if spec.method == "mtp" else \
-                    f"a {spec.method} drafter (dflash.* weights; convert with --drafter)"
-                raise MissingBackendWeights(spec.method, what)
-            features = (TEXT, MTP) if spec.method == "mtp" else features
+            if spec.method.feature not in available:
+                raise MissingBackendWeights(spec.method, spec.method.needs)
+            features = (TEXT, MTP) if spec.method is SpeculativeMethod.MTP else features
         model = load_model(path, features=features, dtype=config.dtype)
-        drafter = load_drafter(path, model, spec.method) if spec is not None and spec.method in DRAFTER_METHODS \
-            else None
+        dflash = spec is not None and spec.method.drafter is not None
+        drafter = load_drafter(path, model, spec.method.feature) if dflash else None
         return cls(model, config, drafter, load_vision_tower(path, config.dtype) if vision else None)
 
     def scoring(self) -> CausalScoring:
