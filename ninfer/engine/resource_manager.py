@@ -32,6 +32,8 @@ class CatalogEntry:
     hits: int = 0
     pins: int = 0  # materializations currently reading this checkpoint as their source
     superseded: bool = False  # a request resumed from it and published a deeper checkpoint
+    origin: int | None = None  # the request that published it
+    continued: bool = False  # that request resumed from the end of an earlier prompt or output (see _supersede)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class ResourceManager:
         self.stats = CacheStats()
         self._claims: dict[int, CheckpointId] = {}  # request -> pinned source during materialization
         self._sources: dict[int, CheckpointId] = {}  # active request -> the checkpoint it resumed from
+        # materializing request -> the never-hit checkpoints on its prompt's path below its source (see adopt)
+        self._below: dict[int, tuple[CheckpointId, ...]] = {}
         self._planned: dict[int, dict[int, Retention]] = {}  # request -> capture frontier -> its class
         self._miss: dict[int, Miss] = {}  # request -> why its last lookup found nothing
         self._promote: list[CheckpointId] = []  # host-resident checkpoints that earned a hit
@@ -196,6 +200,10 @@ class ResourceManager:
         if choice.source is not None:
             self.catalog[choice.source].pins += 1
             self._claims[rid] = choice.source
+            src = self.catalog[choice.source]
+            if src.continued:
+                self._below[rid] = tuple(c for ids in self.index.matches(choice.prompt, 0, src.info.tokens)
+                                         for c in ids if self.catalog[c].origin == src.origin)
 
     # ---- capture, terminal and placement choices -------------------------------------------------------------
     def capture_choice(self, handle: SequenceHandle, frontier: int) -> ResourceChoice | None:
@@ -262,15 +270,29 @@ class ResourceManager:
         for info in result.published:
             retention = planned.get(info.tokens, Retention.SESSION if result.kind is TransitionKind.RETAIN
                                     else Retention.PREFIX)
-            self._publish(info, retention, session_key, publication_order)
-        if result.published and rid in self._sources and self._sources[rid] in self.catalog:
-            self.catalog[self._sources[rid]].superseded = True
+            self._publish(info, retention, session_key, publication_order, rid)
+        if result.published and rid in self._sources:
+            self._supersede(rid)
         if result.kind in (TransitionKind.RETAIN, TransitionKind.RELEASE) or (
                 result.kind is TransitionKind.MATERIALIZE and not result.succeeded):
-            for table in (self._planned, self._miss, self._sources):
+            for table in (self._planned, self._miss, self._sources, self._below):
                 table.pop(rid, None)
         if lane is not None:
             self._adopt_lane(result, lane, rid)
+
+    def _supersede(self, rid: int) -> None:
+        """The request resumed from its source and published deeper: its conversation's later turns resume from
+        those, so the source is superseded. When the source's own request had continued an earlier prompt's or
+        output's end (an agent loop's later turn), the turn boundaries it captured below the source and that never
+        earned a hit (its message ends, its point before `<think>`) are superseded too: nothing reuses them but a
+        branch. Left protected, an idle conversation's dead boundaries, ever deeper, outrank every new
+        conversation's live ones and crowd them out. The boundaries of a request that started from anything else
+        (root, the shared header, a user turn's point before `<think>`) stay: its point before `<think>` is where
+        a user turn after the whole tool loop resumes (docs/context-cache.md, "Concurrent conversations")."""
+        for cid in (self._sources[rid], *self._below.get(rid, ())):
+            entry = self.catalog.get(cid)
+            if entry is not None and (cid == self._sources[rid] or entry.hits == 0):
+                entry.superseded = True
 
     def _release(self, cid: CheckpointId) -> None:
         entry = self.catalog.pop(cid, None)
@@ -316,10 +338,13 @@ class ResourceManager:
             self.stats.miss(self._miss.get(rid, Miss.DISABLED if not self.prefix_caching else Miss.COLD))
         self._miss.pop(rid, None)
 
-    def _publish(self, info: CheckpointInfo, retention: Retention, session_key: str | None, order: int) -> None:
+    def _publish(self, info: CheckpointInfo, retention: Retention, session_key: str | None, order: int,
+                 rid: int | None) -> None:
         if info.id in self.catalog:
             raise EngineFailure(f"checkpoint {info.id.value} published twice")
-        self.catalog[info.id] = CatalogEntry(info, retention, self._clock)
+        source = self.catalog.get(self._sources.get(rid)) if rid is not None else None
+        continued = source is not None and source.retention in (Retention.PREFIX, Retention.OUTPUT, Retention.SESSION)
+        self.catalog[info.id] = CatalogEntry(info, retention, self._clock, origin=rid, continued=continued)
         self.index.add(info)
         if retention in (Retention.OUTPUT, Retention.SESSION):
             self.stats.retained += 1
@@ -348,7 +373,7 @@ class ResourceManager:
         self.catalog.clear()
         self.sessions.clear()
         self.index = PrefixIndex()
-        for table in (self._claims, self._planned, self._miss, self._sources):
+        for table in (self._claims, self._planned, self._miss, self._sources, self._below):
             table.clear()
         self._promote.clear()
 

@@ -91,3 +91,29 @@ def test_an_output_the_frontend_marks_is_retained_and_continued(make_program, pr
     stats = engine.core.resources.stats
     assert stats.retained == 1  # the second one ended at its length, with no boundary: released
     assert_drained(program)
+
+
+def test_concurrent_conversations_keep_their_turns_after_an_idle_one(make_program, prompt_of):
+    """An idle conversation leaves, per turn, turn boundaries its next turn passed over (a message end, the point
+    before the dropped tokens) below the one it resumed from; they are superseded with it. Left protected they
+    outranked (being deeper) every turn boundary of four new concurrent conversations, which then displaced each
+    other's and missed their previous prompt (the GPU agent benchmark's 0 cached tokens at turns 2-4)."""
+    program = make_program(max_concurrency=4, checkpoint_slots=8, host_bytes=0)  # the GPU benchmark's 16 slots
+    engine = Engine(program, EngineConfig(max_concurrency=4, prefill_chunk=8, check_invariants=True), threaded=False)
+    prompt = prompt_of(20, seed=1)
+    for turn in range(8):  # the idle conversation: an agent loop, each turn extends the whole previous prompt
+        hints = (len(prompt) - 6, len(prompt) - DROPPED)
+        engine.submit(token_request(prompt, 2, capture_hints=hints))
+        engine.run_until_idle()
+        prompt = prompt + prompt_of(9, seed=100 + turn)
+    prompts = [prompt_of(12, seed=10 + c) for c in range(4)]
+    for turn in range(4):
+        hints = [(len(p) - 6, len(p) - DROPPED) for p in prompts]
+        handles = [engine.submit(token_request(p, 2, capture_hints=h)) for p, h in zip(prompts, hints)]
+        engine.run_until_idle()
+        for c, handle in enumerate(handles):
+            cached = handle.result(timeout=0).usage.cached_prompt_tokens
+            assert turn == 0 or cached >= len(prompts[c]) - 9 - DROPPED, (turn, c, cached, len(prompts[c]))
+        prompts = [p + prompt_of(9, seed=200 + 10 * turn + c) for c, p in enumerate(prompts)]
+    assert engine.available, engine.failure
+    assert_drained(program)
