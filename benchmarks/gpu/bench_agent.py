@@ -37,6 +37,7 @@ from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 from ninfer.serve import bench_agent as agent  # noqa: E402
+from agent_probe import Probe  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,11 @@ def bench(run: Run, program: FastProgram, rt, app) -> None:
     asyncio.run(agent.run_agent_bench(warm, transport))
     summaries = {}
     for level in s.levels:
-        turns = asyncio.run(agent.run_agent_bench(dataclasses.replace(cfg, concurrency=level), transport))
+        with Probe() as probe:
+            turns = asyncio.run(agent.run_agent_bench(dataclasses.replace(cfg, concurrency=level), transport))
         summaries[level] = agent.summarize_turns(turns)
         run.results["runs"][str(level)] = summaries[level]
+        run.results.setdefault("probe", {})[str(level)] = probe.report()
         run.save()
         print(agent.format_turns(summaries[level], level), flush=True)
     reuse = asyncio.run(agent.reuse_after_unrelated(cfg, s.unrelated, transport)) if run.left() > 20 else None
@@ -146,6 +149,8 @@ def print_table(r: dict) -> None:
               f"{c['prefill_tokens_per_s']:.0f} tok/s")
     for level, s in r.get("runs", {}).items():
         print(agent.format_turns(s, int(level)))
+        if level in r.get("probe", {}):
+            print(Probe.format(r["probe"][level]))
     reuse = r.get("reuse")
     if reuse:
         print(f"after {reuse['unrelated']} unrelated requests: {reuse.get('cached_tokens')} of "

@@ -143,6 +143,11 @@ def test_bench_agent_smoke(tmp_path):
     assert len(results["targets"]) == 5 and all(isinstance(t["pass"], bool) for t in results["targets"])
     assert results["build"]["costs"]["measured"] is False  # the CPU reports the generic fallback
     assert results["cache"]["hits"] > 0
+    for level in ("1", "2"):  # the probe saw every prefill chunk sized (fixed on the CPU) and timed the demotions
+        probe = results["probe"][level]
+        assert probe["chunks"].get("fixed", 0) > 0 and probe["chunk_tokens"]["fixed"] > 0
+        assert set(probe["copy_s"]) == {"to_host", "to_device"}
+    assert sum(p["copies"].get("to_host", 0) for p in results["probe"].values()) <= results["cache"]["demotions"]
 
 
 def test_bench_llamacpp_reads_the_tools_outputs(tmp_path, monkeypatch):
