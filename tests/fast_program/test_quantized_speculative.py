@@ -5,7 +5,8 @@ the MTP head dequantized at load): greedy with MTP equals greedy without on the 
 equals the cold run (so the checkpoint carries the MTP state of its frontier), the fast Program's drafts equal the
 reference's (its dequantized head drafts as the oracle does), and a token grammar constrains every draft prefix.
 The random MTP head's drafts are rarely accepted, so greedy and grammar also run under ForcedDrafts (the reference
-model over the same file as teacher: blocks of several tokens really occur). NINFER_TEST_DEVICE=cuda: the fast Program on the GPU with the Triton kernels."""
+model over the same file as teacher: blocks of several tokens really occur). NINFER_TEST_DEVICE=cuda: the fast
+Program on the GPU with the Triton kernels."""
 
 from __future__ import annotations
 
