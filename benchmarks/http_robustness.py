@@ -103,7 +103,8 @@ def main() -> None:
 
     from ninfer.serve.app import create_app
     from ninfer.serve.state import ServerState
-    from ninfer.wiring import RuntimeOptions, build_runtime
+    from ninfer.runtime_options import RuntimeOptions
+    from ninfer.wiring import build_runtime
     from tests.e2e import test_disconnect_storm as storm
     from tests.e2e import test_hostile as hostile
     from tests.e2e.conftest import ThreadServer

@@ -378,7 +378,8 @@ def oracle_diff(model: str | None, prompts: int, prompt_len: int, decode_steps: 
     import torch
 
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeConfigError
-    from ninfer.wiring import WiringError, parse_json_option, resolve_model_path
+    from ninfer.runtime_options import WiringError, parse_json_option
+    from ninfer.wiring import resolve_model_path
     from oracle.diff import DTYPES, default_kernels, default_tolerance, main_diff
 
     if device == "auto":

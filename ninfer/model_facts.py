@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.errors import NotFoundError, UsageError
+from ninfer.runtime_options import parse_json_option
 from ninfer.sampling.defaults import SamplingDefaults
 
 GENERATION_CONFIG = "generation_config.json"
@@ -75,8 +76,6 @@ def sampling_defaults(option: str, artifact_config: bytes | None) -> SamplingDef
             raise NotFoundError(f"no {GENERATION_CONFIG} at {option}").locate(
                 "--generation-config", hint="pass auto, none, or a directory or file holding the generation config")
         raw, source = file.read_bytes(), str(file)
-    from ninfer.wiring import parse_json_option  # wiring imports this module
-
     try:
         data = parse_json_option(raw.decode("utf-8", errors="replace"), source) or {}
         return SamplingDefaults.from_generation_config(data, source)

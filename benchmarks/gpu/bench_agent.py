@@ -88,7 +88,8 @@ def build(run: Run, tokenizer: Path):
     """The fast Program on the shape (its vocabulary the real one), the Engine and the in-process app."""
     from ninfer.serve.app import create_app
     from ninfer.serve.state import ServerState
-    from ninfer.wiring import Runtime, RuntimeOptions
+    from ninfer.runtime_options import RuntimeOptions
+    from ninfer.wiring import Runtime
 
     s = run.s
     cfg = config(s.shape)

@@ -234,7 +234,8 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
 
     `purpose` is the command's own (generate and chat generate, score scores): a --purpose that says otherwise is
     refused rather than ignored. `announce` prints the ready line (serve prints its own, with the address)."""
-    from ninfer.wiring import RuntimeOptions, build_runtime, parse_image_limit, parse_json_option
+    from ninfer.runtime_options import RuntimeOptions, parse_image_limit, parse_json_option
+    from ninfer.wiring import build_runtime
 
     if purpose is not None and flags["purpose"] != purpose and _given("purpose"):
         command = click.get_current_context().info_name

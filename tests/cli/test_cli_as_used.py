@@ -93,7 +93,8 @@ from ninfer.cli import main
 from ninfer.frontend import ChatRequest
 from ninfer.sampling import SamplingParams
 from ninfer.serve.submit import submit
-from ninfer.wiring import RuntimeOptions, build_runtime
+from ninfer.runtime_options import RuntimeOptions
+from ninfer.wiring import build_runtime
 
 rt = build_runtime(RuntimeOptions(max_model_len=256, max_num_seqs=1), progress=False)
 chat = rt.frontend.prepare_chat(ChatRequest([{"role": "user", "content": "hi"}],

@@ -40,7 +40,8 @@ def test_cuda_stages_are_planned_per_device_then_refused(default_model, monkeypa
     from ninfer.errors import UnavailableError
     from ninfer.pipeline import StageCapacityError
     from ninfer.pipeline import budgets
-    from ninfer.wiring import RuntimeOptions, _refuse_fast_stages
+    from ninfer.runtime_options import RuntimeOptions
+    from ninfer.wiring import _refuse_fast_stages
 
     options = RuntimeOptions(devices=("cuda:0", "cuda:1"))
     monkeypatch.setattr(budgets, "device_budgets", lambda devices, utilization: [1 << 30, 1 << 30])

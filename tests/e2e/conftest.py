@@ -178,7 +178,8 @@ def small_runtime(_default_model_built):
     """The reference Program at a small size (context 256, 2 lanes, a queue of 4 so that a burst overflows it) and
     no prefix caching (a finished request leaves nothing behind, so the Program's baseline is exact); shared by the
     hostile-input and lifecycle tests, each over its own ServerState."""
-    from ninfer.wiring import RuntimeOptions, build_runtime
+    from ninfer.runtime_options import RuntimeOptions
+    from ninfer.wiring import build_runtime
 
     rt = build_runtime(RuntimeOptions(max_model_len=256, max_num_seqs=2, max_queued_requests=4,
                                       enable_prefix_caching=False, program="reference"), progress=False)

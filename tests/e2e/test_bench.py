@@ -57,7 +57,8 @@ def keyed_server(thread_server):
     """A real ninfer app that wants an API key (the scoring purpose: no warmup, quick to start)."""
     from ninfer.serve.app import create_app
     from ninfer.serve.state import ServerState
-    from ninfer.wiring import RuntimeOptions, build_runtime
+    from ninfer.runtime_options import RuntimeOptions
+    from ninfer.wiring import build_runtime
 
     rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=128), progress=False)
     try:

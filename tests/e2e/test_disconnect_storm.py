@@ -14,7 +14,8 @@ import pytest
 
 from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, build_runtime
+from ninfer.runtime_options import RuntimeOptions
+from ninfer.wiring import build_runtime
 
 from .robustness import assert_baseline
 

@@ -56,7 +56,8 @@ def alive(pid: int) -> bool:
 def timed(_default_model_built):
     """A server with a compile timeout (so its grammars compile in worker processes, started as needed: one here,
     as requests come one at a time); its context holds the slow schema's format instruction (~500 tokens)."""
-    from ninfer.wiring import RuntimeOptions, build_runtime
+    from ninfer.runtime_options import RuntimeOptions
+    from ninfer.wiring import build_runtime
 
     rt = build_runtime(RuntimeOptions(max_model_len=2048, max_num_seqs=1, enable_prefix_caching=False,
                                       program="reference", grammar_compile_timeout=TIMEOUT_S), progress=False)

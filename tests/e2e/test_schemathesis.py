@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, build_runtime
+from ninfer.runtime_options import RuntimeOptions
+from ninfer.wiring import build_runtime
 
 from .robustness import assert_baseline, check_answer
 

@@ -11,7 +11,8 @@ from ninfer.convert.default_model import default_model_path
 from ninfer.errors import UnavailableError
 from ninfer.pipeline import plan_stages, stage_memory
 from ninfer.pipeline.budgets import device_budgets, stage_kv_pages
-from ninfer.wiring import RuntimeOptions, _refuse_fast_stages
+from ninfer.runtime_options import RuntimeOptions
+from ninfer.wiring import _refuse_fast_stages
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 

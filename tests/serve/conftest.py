@@ -9,7 +9,8 @@ from fastapi.testclient import TestClient
 
 from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, build_runtime
+from ninfer.runtime_options import RuntimeOptions
+from ninfer.wiring import build_runtime
 
 
 @pytest.fixture(scope="session", autouse=True)

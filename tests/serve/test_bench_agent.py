@@ -14,7 +14,8 @@ from ninfer.serve.app import create_app
 from ninfer.serve.bench_agent import (AgentConfig, agent_targets, format_targets, format_turns, reuse_after_unrelated,
                                       run_agent_bench, summarize_turns)
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, build_runtime
+from ninfer.runtime_options import RuntimeOptions
+from ninfer.wiring import build_runtime
 
 
 def check_agent_bench(runtime, turns_per_conversation: int) -> None:

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 from ninfer.contracts import RejectReason, RequestRejected
 from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
-from ninfer.wiring import RuntimeOptions, WiringError, build_runtime
+from ninfer.runtime_options import RuntimeOptions, WiringError
+from ninfer.wiring import build_runtime
 
 HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 

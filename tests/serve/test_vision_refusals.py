@@ -13,7 +13,8 @@ from ninfer.contracts import RequestRejected  # noqa: E402
 from ninfer.frontend import ChatRequest  # noqa: E402
 from ninfer.frontend.media import ImageData  # noqa: E402
 from ninfer.program_core.speculative import SpeculativeConfig  # noqa: E402
-from ninfer.wiring import RuntimeOptions, WiringError, build_runtime, parse_image_limit, vision_refusal  # noqa: E402
+from ninfer.runtime_options import RuntimeOptions, WiringError, parse_image_limit  # noqa: E402
+from ninfer.wiring import build_runtime, vision_refusal  # noqa: E402
 
 
 @pytest.fixture(scope="module")
