@@ -12,11 +12,12 @@ import torch
 from fastapi.testclient import TestClient
 
 from ninfer.convert.convert import convert_checkpoint
+from ninfer.runtime_options import RuntimeOptions
 from ninfer.serve.app import create_app
 from ninfer.serve.state import ServerState
 from ninfer.testing.checkpoints import make_hf_checkpoint
 from ninfer.testing.speculation import ForcedDrafts
-from ninfer.wiring import RuntimeOptions, build_runtime
+from ninfer.wiring import build_runtime
 
 CHAT = "/v1/chat/completions"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": False}
