@@ -42,7 +42,12 @@ def prefill_chunk(costs: PrefillCosts, remaining: int, frontier: int, decode_row
     budget = MARGIN * (itl_ratio - 1.0) * step
     if costs.piece_s(min(remaining, largest), frontier) <= budget:
         return min(remaining, largest), ChunkVerdict.ITL
-    fits = [t for t in range(GRID, min(remaining, largest) + 1, GRID) if costs.piece_s(t, frontier) <= budget]
-    if not fits:
+    # piece_s grows with the tokens, so the largest whole number of GDN chunks that fits is found by bisection
+    # (this runs at every prefill boundary beside decoding rows: O(log) predictions, not one per 64 tokens)
+    lo, hi = 0, min(remaining, largest) // GRID  # lo chunks fit (0: none known), hi + 1 do not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if costs.piece_s(mid * GRID, frontier) <= budget else (lo, mid - 1)
+    if lo == 0:
         return min(GRID, remaining), ChunkVerdict.FLOOR
-    return fits[-1], ChunkVerdict.ITL
+    return lo * GRID, ChunkVerdict.ITL
