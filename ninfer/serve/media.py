@@ -78,7 +78,10 @@ def fetch(url: str, where: str, policy: MediaPolicy) -> bytes:
     """The bytes an image URL names, under the policy."""
     if url.startswith("data:"):
         return _data_url(url, where, policy.max_bytes)
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError:  # e.g. an unclosed IPv6 bracket: a 400, not a traceback
+        raise APIError(400, f"{where}: the image URL is malformed", param=where) from None
     if scheme in ("http", "https"):
         if not policy.allow_remote:
             raise APIError(400, f"{where}: remote image URLs are not fetched (start the server with "

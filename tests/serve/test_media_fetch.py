@@ -85,3 +85,10 @@ def test_flag_off_fetches_nothing(base):
     with pytest.raises(APIError, match="--allow-remote-media"):
         fetch(f"{base}/ok", "p", MediaPolicy(max_bytes=LIMIT))
     assert _Handler.hits == []
+
+
+@pytest.mark.parametrize("url", ["http://[::1/x.png", "file://[x/a.png"])
+def test_malformed_url_is_a_400(url):
+    with pytest.raises(APIError, match="malformed") as e:
+        fetch(url, "messages[0].content[0]", POLICY)
+    assert e.value.status == 400
