@@ -157,5 +157,5 @@ def _remote(url: str, where: str, policy: MediaPolicy) -> bytes:
                         raise APIError(400, f"{where}: the remote image is over the limit of {policy.max_bytes} "
                                             "bytes (--media-max-bytes)", param=where)
                 return bytes(data)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.InvalidURL) as e:  # InvalidURL is not an HTTPError (e.g. a control character)
         raise APIError(400, f"{where}: fetching the image failed: {type(e).__name__}", param=where) from None

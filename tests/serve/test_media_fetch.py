@@ -92,3 +92,9 @@ def test_malformed_url_is_a_400(url):
     with pytest.raises(APIError, match="malformed") as e:
         fetch(url, "messages[0].content[0]", POLICY)
     assert e.value.status == 400
+
+
+def test_url_httpx_refuses_is_a_400():
+    with pytest.raises(APIError, match="InvalidURL") as e:
+        fetch("http://\x01x/a.png", "messages[0].content[0]", POLICY)
+    assert e.value.status == 400
