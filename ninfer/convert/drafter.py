@@ -31,12 +31,18 @@ class DrafterSource(HFSource):
         self.dir = Path(src_dir)
         if not (self.dir / "config.json").is_file():
             raise ConversionError(str(self.dir), ["config.json not found"])
-        self.raw_config = json.loads((self.dir / "config.json").read_text())
+        try:
+            self.raw_config = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConversionError(str(self.dir), [f"drafter config.json is not valid JSON: {e}"]) from None
         try:
             cfg = DrafterConfig.from_hf(self.raw_config)
             cfg.check_fits(target)
         except ConfigError as e:
             raise ConversionError(str(self.dir), [f"drafter config.json does not fit the target: {e}"]) from None
+        except (TypeError, ValueError, AttributeError) as e:
+            # a field of the wrong type (a string rope_theta, a list where an object belongs)
+            raise ConversionError(str(self.dir), [f"drafter config.json has a malformed field: {e}"]) from None
         # the target's vocabulary when the drafter's config leaves it out (the lm_head it drafts through)
         self.drafter = dataclasses.replace(cfg, vocab_size=target.vocab_size)
         self.files = weight_files(self.dir)

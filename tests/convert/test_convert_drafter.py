@@ -155,3 +155,16 @@ def test_a_converted_drafter_serves_on_the_reference_program(tmp_path, target):
         with pytest.raises(MissingBackendWeights) as e:
             program(path, SpeculativeConfig(SpeculativeMethod(method), 7))
         assert e.value.field == "method" and f"a {method} drafter" in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"rope_theta": "fast"})])
+def test_a_malformed_drafter_config_is_a_conversion_error(tmp_path, target, text):
+    draft = make_drafter_checkpoint(tmp_path / "d", _target_cfg(target), "dflash")
+    if text.startswith("{\""):
+        text = json.dumps({**json.loads((draft / "config.json").read_text()), **json.loads(text)})
+    (draft / "config.json").write_text(text)
+    out = tmp_path / "o" / "m.ninfer"
+    with pytest.raises(ConversionError) as e:
+        convert_checkpoint(target, out, progress=False, drafter=draft)
+    assert "drafter config.json" in str(e.value)
+    assert not out.exists()
