@@ -126,11 +126,17 @@ class HFSource:
         self.dir = Path(src_dir)
         if not (self.dir / "config.json").is_file():
             raise ConversionError(str(self.dir), ["config.json not found"])
-        self.raw_config = json.loads((self.dir / "config.json").read_text())
+        try:
+            self.raw_config = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConversionError(str(self.dir), [f"config.json is not valid JSON: {e}"]) from None
         try:
             self.config = Qwen35Config.from_hf(self.raw_config)
         except ConfigError as e:
             raise ConversionError(str(self.dir), [f"config.json: {e}"]) from None
+        except (TypeError, ValueError, AttributeError) as e:
+            # a field of the wrong type (a string where a number belongs, a list where an object belongs)
+            raise ConversionError(str(self.dir), [f"config.json has a malformed field: {e}"]) from None
         self.files = weight_files(self.dir)
         self.tensors: dict[str, SourceTensor] = {}
         for f in self.files:

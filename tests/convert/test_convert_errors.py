@@ -96,6 +96,21 @@ def test_bad_config(tmp_path, fresh_checkpoint):
         convert_checkpoint(src, tmp_path / "m.ninfer", progress=False)
 
 
+@pytest.mark.parametrize("broken", ["not json", "string hidden_size"])
+def test_malformed_config_is_a_conversion_error(tmp_path, fresh_checkpoint, broken):
+    src = fresh_checkpoint()
+    if broken == "not json":
+        (src / "config.json").write_text("{not json")
+    else:
+        cfg = json.loads((src / "config.json").read_text())
+        cfg.get("text_config", cfg)["hidden_size"] = "big"
+        (src / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "o" / "m.ninfer"
+    with pytest.raises(ConversionError, match="config.json"):
+        convert_checkpoint(src, out, progress=False)
+    assert not out.exists()
+
+
 def test_failure_while_streaming_leaves_nothing(tmp_path, fresh_checkpoint, monkeypatch):
     src = fresh_checkpoint()
     from ninfer.convert import hf_source
