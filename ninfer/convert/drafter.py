@@ -10,14 +10,13 @@ target's, so a drafter that carries its own is refused rather than silently igno
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from ninfer.models.qwen3_5.config import ConfigError, Qwen35Config
 from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, drafter_parameters
 
 from .errors import ConversionError
-from .hf_source import SOURCE_DTYPES, HFSource, read_safetensors_header, weight_files
+from .hf_source import SOURCE_DTYPES, HFSource, read_config_json, read_safetensors_header, weight_files
 from .plan import Item, _target_dtype
 
 _SHARED = ("embed_tokens.weight", "lm_head.weight")
@@ -29,12 +28,7 @@ class DrafterSource(HFSource):
     def __init__(self, src_dir: str | Path, target: Qwen35Config):
         # not HFSource.__init__: that one parses a Qwen3.5 config; the reads below are the same
         self.dir = Path(src_dir)
-        if not (self.dir / "config.json").is_file():
-            raise ConversionError(str(self.dir), ["config.json not found"])
-        try:
-            self.raw_config = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConversionError(str(self.dir), [f"drafter config.json is not valid JSON: {e}"]) from None
+        self.raw_config = read_config_json(self.dir)
         try:
             cfg = DrafterConfig.from_hf(self.raw_config)
             cfg.check_fits(target)

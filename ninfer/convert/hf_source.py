@@ -119,17 +119,22 @@ def weight_files(src: Path) -> list[Path]:
     raise ConversionError(str(src), ["no model.safetensors, model.safetensors.index.json or model-*-of-*.safetensors"])
 
 
+def read_config_json(src: Path) -> dict:
+    """A checkpoint directory's ``config.json``; a missing or unparsable one is a ConversionError."""
+    if not (src / "config.json").is_file():
+        raise ConversionError(str(src), ["config.json not found"])
+    try:
+        return json.loads((src / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(str(src), [f"config.json is not valid JSON: {e}"]) from None
+
+
 class HFSource:
     """The tensors and config of one checkpoint directory."""
 
     def __init__(self, src_dir: str | Path):
         self.dir = Path(src_dir)
-        if not (self.dir / "config.json").is_file():
-            raise ConversionError(str(self.dir), ["config.json not found"])
-        try:
-            self.raw_config = json.loads((self.dir / "config.json").read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConversionError(str(self.dir), [f"config.json is not valid JSON: {e}"]) from None
+        self.raw_config = read_config_json(self.dir)
         try:
             self.config = Qwen35Config.from_hf(self.raw_config)
         except ConfigError as e:
