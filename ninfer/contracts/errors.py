@@ -18,6 +18,8 @@ class RejectReason(enum.Enum):
     INFEASIBLE = "infeasible"  # infeasible even from root with every inactive cache entry released
     CANCELLED = "cancelled"  # cancelled while waiting
     ENGINE_UNAVAILABLE = "engine_unavailable"  # submitted to an Engine that failed or is shutting down
+    GRAMMAR_OVERLOADED = "grammar_overloaded"  # no grammar compiler process could start now (host out of processes)
+    GRAMMAR_UNAVAILABLE = "grammar_unavailable"  # no grammar compiler process can start at all
 
 
 class RequestRejected(Exception):

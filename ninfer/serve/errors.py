@@ -2,7 +2,7 @@
 
 Validation is 400 (OpenAI's status for input-schema violations; FastAPI's 422 is overridden), a bad key 401, an
 unknown model or route 404, a slow body 408, an overloaded Engine 429 (queue full) or 503 (Engine unavailable,
-still loading, shutting down). A 5xx never carries internal exception text: `internal()` logs the detail under an
+still loading, shutting down; no grammar compiler process could start, for a request with structured output). A 5xx never carries internal exception text: `internal()` logs the detail under an
 error id and the client gets a generic message with that id.
 """
 
@@ -30,6 +30,8 @@ _REJECT_STATUS = {
     RejectReason.OVERLOADED: 429,
     RejectReason.QUEUE_TIMEOUT: 503,
     RejectReason.ENGINE_UNAVAILABLE: 503,
+    RejectReason.GRAMMAR_OVERLOADED: 503,
+    RejectReason.GRAMMAR_UNAVAILABLE: 503,
     RejectReason.CONTEXT_TOO_LONG: 400,
     RejectReason.UNREPRESENTABLE: 400,
     RejectReason.INFEASIBLE: 400,

@@ -7,11 +7,13 @@ messages are cut to their user-facing part: the C++ source location it prefixes 
 
 With a compile timeout (the server always has one) compiles run in killable worker processes (workers.py): a
 compile past the timeout is killed, not left to finish on a thread, and so is one whose client went away
-(workers.cancellable). Without one they run in this process.
+(workers.cancellable). A worker process the host refuses to start is the server's problem, not the request's:
+RequestRejected(GRAMMAR_OVERLOADED or GRAMMAR_UNAVAILABLE), a 503. Without a timeout compiles run in this process.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -25,8 +27,9 @@ from .compose import structural_tag
 from .options import StructuredOutputOptions
 from .state import GrammarState
 from .vocab import PADDED_VOCAB_SIZE, build_tokenizer_info
-from .workers import CompileCancelled, CompileFailed, CompilerWorkers, CompileTimeout, WorkerLost
+from .workers import CompileCancelled, CompileFailed, CompilerWorkers, CompileTimeout, WorkerLost, WorkerStartFailed
 
+log = logging.getLogger("ninfer.frontend.grammar")
 DEFAULT_CACHE_BYTES = 256 << 20
 # "[23:15:10] /project/cpp/json_schema_converter.cc:5082: " before XGrammar's message, and any other source location.
 _TIMESTAMP = re.compile(r"^\[[0-9:.]+\]\s*")
@@ -84,6 +87,8 @@ class GrammarCompiler:
         except WorkerLost as e:
             raise RequestRejected(RejectReason.UNREPRESENTABLE, f"structured output was not compiled: {e}; "
                                   "retry, or simplify the schema") from None
+        except WorkerStartFailed as e:
+            raise _unavailable(e) from None
         compiled = xgr.CompiledGrammar.deserialize_json(compiled_json, self.info)
         self._cache.put(key, compiled)
         return compiled
@@ -98,6 +103,17 @@ class GrammarCompiler:
         """Kill the worker processes (a compile still running gets its request's error)."""
         if self.workers is not None:
             self.workers.close()
+
+
+def _unavailable(e: WorkerStartFailed) -> RequestRejected:
+    """The server's fault, not the schema's: the OS's detail (paths, errno) goes to the log, the client learns
+    whether to retry; requests without structured output are unaffected."""
+    log.warning("%s", e)
+    if e.transient:
+        return RequestRejected(RejectReason.GRAMMAR_OVERLOADED, "the server is out of processes for structured "
+                               "output compiles right now; retry later, or send the request without it")
+    return RequestRejected(RejectReason.GRAMMAR_UNAVAILABLE, "structured output is unavailable on this server "
+                           "(its grammar compiler cannot start); send the request without it")
 
 
 class _CompiledCache:

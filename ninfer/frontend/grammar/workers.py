@@ -15,6 +15,7 @@ use; the time one takes to start (importing XGrammar, ~2 s) is bounded by BOOT_T
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -29,6 +30,8 @@ BOOT_TIMEOUT_S = 120.0  # a worker that is not ready by then is killed; the requ
 CANCEL_POLL_S = 0.1  # how often a cancellable compile looks at its cancel event
 _scope = threading.local()
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# The host is out of processes, memory or descriptors for now: the same spawn may well work a moment later.
+_TRANSIENT = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 class CompileTimeout(Exception):
@@ -37,6 +40,16 @@ class CompileTimeout(Exception):
 
 class WorkerLost(Exception):
     """The worker ended (killed, crashed, or never started) before it answered; the message says how."""
+
+
+class WorkerStartFailed(Exception):
+    """The host refused to start a worker process (an OSError spawning it). `transient`: it is out of processes,
+    memory or descriptors for now; otherwise the compiler cannot start at all (no interpreter, no permission).
+    The message is the OS's and may name server paths: it is for the log, not for a client."""
+
+    def __init__(self, error: OSError):
+        super().__init__(f"the grammar compiler process could not be started: {error}")
+        self.transient = error.errno in _TRANSIENT
 
 
 class CompileFailed(Exception):
@@ -92,6 +105,9 @@ class _Worker:
         try:
             self.process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())], env=env,
                                             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError as e:
+            mine.close()
+            raise WorkerStartFailed(e) from e
         finally:
             theirs.close()  # the child holds its own copy: the child's exit is EOF here
         self.conn = Connection(mine.detach())
@@ -170,7 +186,8 @@ class CompilerWorkers:
         self._closed = False
 
     def compile(self, tag_json: str, timeout: float | None) -> str:
-        """The CompiledGrammar's JSON; raises CompileTimeout, CompileCancelled, WorkerLost or CompileFailed."""
+        """The CompiledGrammar's JSON; raises CompileTimeout, CompileCancelled, WorkerLost, WorkerStartFailed or
+        CompileFailed."""
         with self._slots:
             worker = self._take()
             try:
@@ -209,7 +226,10 @@ class CompilerWorkers:
             self._busy.discard(worker)
             if self._closed:
                 return
-        fresh = _Worker(self._info_json, self._threads)
+        try:
+            fresh = _Worker(self._info_json, self._threads)
+        except WorkerStartFailed:
+            return  # the caller's own outcome stands; the next compile tries to start one again
         with self._lock:
             if self._closed:
                 fresh.kill()
