@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from ninfer.convert.quant.recipes import RECIPES
 from ninfer.errors import NinferError, NotFoundError
 
 from ninfer.serve.cli_command import GroupedOption, NinferGroup, needs_extra
@@ -44,7 +45,7 @@ def _existing_dir(path: Path, what: str) -> Path:
               help="Cast weights to this dtype (default: keep the source dtype, value-preserving).")
 @click.option("--drafter", "drafter", type=click.Path(path_type=Path), default=None,
               help="A published DFlash / DFlash2 drafter directory to store beside the target (its own bindings).")
-@click.option("--quantize", type=click.Choice(["fp8", "q4", "q5", "nvfp4"]), default=None,
+@click.option("--quantize", type=click.Choice(RECIPES), default=None,
               help="Quantize an unquantized checkpoint with a recipe (docs/quantization.md); a checkpoint with a "
                    "quantization_config is imported as published without it.")
 @click.option("--keep", multiple=True, metavar="PATTERN",

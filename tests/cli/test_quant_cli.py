@@ -39,3 +39,18 @@ def test_convert_refuses_an_unknown_recipe(run, tmp_path):
     src = make_hf_checkpoint(tmp_path / "src", dtype=torch.bfloat16)
     result = run("convert", str(src), str(tmp_path / "m.ninfer"), "--quantize", "q3")
     assert result.exit_code == 2 and "'q3' is not one of" in result.output
+
+
+def test_the_recipe_table_owns_the_cli_choices(run):
+    """One list of recipe names: the CLI offers exactly those the table builds, and reading them imports neither
+    numpy nor torch (`ninfer --help` stays instant)."""
+    import subprocess
+    import sys
+
+    from ninfer.convert.quant.recipes import RECIPES, recipe
+
+    assert all(recipe(name).name == name for name in RECIPES)
+    shown = run("convert", "--help").output
+    assert "[" + "|".join(RECIPES) + "]" in shown.replace("\n", "").replace(" ", "")
+    probe = "import sys, ninfer.cli; assert not {'numpy', 'torch'} & set(sys.modules), sorted(sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0

@@ -12,18 +12,18 @@ from ninfer.convert.plan import Plan, plan_conversion
 
 from .importer import KV_SCALES, plan_import
 from .objects import QuantObject
-from .recipe import apply_recipe, recipe
+from .recipe import apply_recipe
+from .recipes import RECIPES, recipe
 from .scheme import read_scheme
 
 PRESERVE = "preserve"
-QUANTIZE = ("fp8", "q4", "q5", "nvfp4")
 
 
 def plan_weights(src: HFSource, dtype: str | None, quantize: str | None, keep: tuple[str, ...], group_size: int
                  ) -> tuple[Plan, list[QuantObject], dict[str, Any]]:
     """The dense plan, the quantized objects and the provenance recipe; ConversionError lists every problem."""
-    if quantize is not None and quantize not in QUANTIZE:
-        raise ConversionError(str(src.dir), [f"--quantize {quantize!r} is not a recipe (known: {list(QUANTIZE)})"])
+    if quantize is not None and quantize not in RECIPES:
+        raise ConversionError(str(src.dir), [f"--quantize {quantize!r} is not a recipe (known: {list(RECIPES)})"])
     scheme = read_scheme(src.raw_config, str(src.dir / "config.json"))
     if scheme is not None:
         if quantize is not None or keep:

@@ -1,14 +1,12 @@
-"""Quantizing recipes from a bf16/fp32 checkpoint: ``--quantize fp8|q4|q5|nvfp4`` with ``--keep`` overrides.
+"""Applying a quantizing recipe (recipes.py) to a bf16/fp32 checkpoint, with ``--keep`` overrides.
 
-Which parameters are quantized, which fused parents are formed and what each Use may run with are fixed per recipe
-(``docs/quantization.md``, "Recipes"). Values come from the value-preserving plan's items, so the source mapping,
-expert fusion and shape checks are the bf16 path's.
+Values come from the value-preserving plan's items, so the source mapping, expert fusion and shape checks are the
+bf16 path's.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -19,44 +17,11 @@ from ninfer.convert.hf_source import HFSource
 from ninfer.convert.plan import Item, Plan
 
 from .objects import Part, QuantObject
+from .recipes import Recipe
 
 # Kept at the source dtype by every recipe: tiny per-head gates feeding exp/softplus, and the 1-row expert gate.
 ALWAYS_KEPT = ("*.linear_attn.in_proj_a.weight", "*.linear_attn.in_proj_b.weight", "*.shared_expert_gate.weight")
 QUANTIZED_KINDS = ("linear", "experts")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    format: str
-    dtype: str
-    params: Mapping[str, Any]
-    row_granularity: int  # fused-parent member boundaries must be multiples of this (block FP8: 128)
-    activation: str
-    # (parent suffix, member suffixes) per module prefix; the attention entry differs for q4
-    groups: tuple[tuple[str, tuple[str, ...]], ...]
-    dtype_overrides: Mapping[str, str] = field(default_factory=dict)  # member suffix -> dtype
-
-
-_ATTN_QKV = ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
-_OTHER = (("linear_attn.in_proj_qkvz", ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z")),
-          ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
-          ("mlp.shared_expert.gate_up_proj", ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj")))
-
-
-def recipe(name: str, group_size: int = 128) -> Recipe:
-    g = {"group_size": group_size}
-    if name == "fp8":
-        return Recipe(name, "fp8_e4m3", "float8_e4m3fn", {"block": [128, 128]}, 128, "AllowA8", (_ATTN_QKV, *_OTHER))
-    if name == "q4":
-        # Q/K in an int4 parent, V alone in int5: the two-weight projection entry (q_proj carries the gate rows).
-        qk = ("self_attn.qk_proj", ("self_attn.q_proj", "self_attn.k_proj"))
-        return Recipe(name, "int_group", "int4", g, 1, "A16Only", (qk, *_OTHER), {"self_attn.v_proj": "int5"})
-    if name == "q5":
-        return Recipe(name, "int_group", "int5", g, 1, "A16Only", (_ATTN_QKV, *_OTHER))
-    if name == "nvfp4":
-        return Recipe(name, "nvfp4", "nvfp4", {}, 1, "A16Only", (_ATTN_QKV, *_OTHER))
-    raise ValueError(f"unknown recipe {name!r}; known: fp8, q4, q5, nvfp4")
 
 
 def _suffix(name: str) -> tuple[str, str]:
