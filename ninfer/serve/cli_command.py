@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -29,6 +29,11 @@ class GroupedOption(click.Option):
     def __init__(self, *args: Any, help_group: str = "Options", **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.help_group = help_group
+
+
+def grouped_option(*decls: str, env: str, group: str, **kw: Any) -> Callable:
+    """A click option listed under `group` in --help, also read from the variable NINFER_<env>."""
+    return click.option(*decls, cls=GroupedOption, help_group=group, envvar=f"NINFER_{env}", show_envvar=True, **kw)
 
 
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:

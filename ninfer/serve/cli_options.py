@@ -17,11 +17,7 @@ from ninfer.errors import UsageError
 from ninfer.pipeline import parse_devices, parse_stage_layers
 from ninfer.serve import limits as L
 
-from .cli_command import GroupedOption
-
-
-def _opt(*decls: str, env: str, group: str, **kw: Any) -> Callable:
-    return click.option(*decls, cls=GroupedOption, help_group=group, envvar=f"NINFER_{env}", show_envvar=True, **kw)
+from .cli_command import grouped_option as _opt
 
 
 _SECONDS_R = click.FloatRange(0, min_open=True)

@@ -1,0 +1,3 @@
+from ninfer.cli import main
+
+main()
