@@ -3,7 +3,7 @@
 Rules submit requests (shared prefixes, session keys, deadlines, queue timeouts, sampling, thinking budgets),
 cancel, abandon, consume results, move the clock, advance the worker and inject Program faults (raised before a
 call, raised after the Program mutated, or a corrupted return value). Every check compares the Engine against
-the harness's own model, never against the Engine's counters:
+the harness's own model (`request_model.RequestModel`), never against the Engine's counters:
 
 - each request's events, stamped with the boundary that published them (`tracking.Stamped`): exactly one terminal event,
   GenerationStart before output, streamed tokens equal to the result; a delta published only after the session
@@ -37,14 +37,13 @@ from ninfer.engine.records import GenerationRequest
 from ninfer.sampling import SamplingParams
 
 from .faults import FAULTABLE, MODES, FaultyProgram
+from .request_model import RequestModel
 from .sessions import AlternateMask, TokenSession
 from .tracking import FakeClock, ProgramFactory, Stamped, Tracked, solo_tokens
-from .watch import ProgramWatch
 
 __all__ = ["EngineMachine", "FakeClock", "make_engine_machine"]
 
 PREFIXES = ((3, 5, 7, 9, 11, 13, 15, 17), (2, 4, 6), (21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33))
-_SUCCESS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
 STEPS = [0]  # Engine boundaries run by every machine in this process (the soak run reports it)
 
 
@@ -68,64 +67,20 @@ class EngineMachine(RuleBasedStateMachine):
     def start(self, chunk, concurrent, caching, queue_bound, fault_run, cache_cap):
         self.fault_run = self.faults and fault_run
         self.clock = FakeClock()
-        self.watch = ProgramWatch(waiting_before=self._waiting_before, excused=self._excused,
-                                  engine_ok=lambda: self.engine.core.failed is None)
+        self.model = RequestModel(self.clock, engine_ok=lambda: self.engine.core.failed is None)
+        self.watch = self.model.watch
         self.program = FaultyProgram(type(self).factory(), self.watch)
         self.config = EngineConfig(max_concurrency=self.max_concurrency, queue_bound=queue_bound, prefill_chunk=chunk,
                                    concurrent_prefill=concurrent, prefix_caching=caching, check_invariants=True,
                                    max_cached_checkpoints=cache_cap, async_scheduling=self.async_scheduling)
         self.engine = Engine(self.program, self.config, threaded=False, clock=self.clock)
-        self.tracked: list[Tracked] = []
-        self.by_rid: dict[int, Tracked] = {}
         self.solo_cache: dict[Any, tuple[int, ...]] = {}
-        self.budgets: dict[int, int | None] = {}
-        self.bindings: dict[str, Any] = {}  # session key -> checkpoint id last seen bound
-
-    # ---- the harness's model of each request --------------------------------------------------------------
-    def _waiting_before(self, rid: int) -> list[int]:
-        t = self.by_rid[rid]
-        return [e.rid for e in self.tracked[:t.order]
-                if e.rid not in self.watch.started and e.finished_at is None]
-
-    def _excused(self, rid: int) -> bool:
-        t = self.by_rid.get(rid)
-        return t is None or t.cancelled or t.abandoned or self._expired(t) or \
-            t.request.session.control_suffix() is not None
-
-    def _expired(self, t: Tracked) -> bool:
-        now, req = self.clock.now, t.request
-        if req.deadline is not None and now > req.deadline:
-            return True
-        return (req.queue_timeout is not None and t.rid not in self.watch.started
-                and now - t.submitted_at > req.queue_timeout)
-
-    def model_outstanding(self) -> int:
-        """The release rule, independently: held until the result is published and the consumer released."""
-        return sum(1 for t in self.tracked if not (t.result is not None and (t.consumed or t.abandoned)))
-
-    def on_publish(self, t: Tracked, ev: Any) -> None:
-        """Runs inside the worker as the event is published: breaks are recorded, never raised into the Engine."""
-        session, settled, violate = t.request.session, t.rid in self.watch.settled, self.watch.violations.append
-        if isinstance(ev, OutputDelta) and ev.token_ids:
-            if tuple(session.tokens[-len(ev.token_ids):]) != ev.token_ids:
-                violate(f"request {t.rid}: delta published before commit")
-            if session.finish is not None and not settled:
-                violate(f"request {t.rid}: final delta published before the terminal result")
-        if isinstance(ev, GenerationResult):
-            t.finished_at = self.watch.boundary
-            failed = (ev.error or "").startswith("engine failed")
-            if any(isinstance(e, GenerationStart) for e in t.events) and not failed and not settled:
-                violate(f"request {t.rid}: result published before its sequence was retained or released")
-            if (ev.finish_reason not in _SUCCESS or ev.error is not None) and t.rid in self.watch.retained:
-                violate(f"request {t.rid} ({ev.finish_reason.value}) was retained")
-        t.events.append(ev)
 
     def _commit_guard(self, t: Tracked, preview: Any) -> None:
         self.program.check_no_pending_batch()
         if preview.terminal and t.rid not in self.watch.settled:
             self.watch.violations.append(f"request {t.rid}: terminal output committed before its resource result")
 
-    # ---- rules ---------------------------------------------------------------------------------------------
     @rule(data=st.data(), prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(1, 90), max_size=12),
           max_tokens=st.integers(1, 12), deadline=st.one_of(st.none(), st.floats(0.5, 20)),
           seed=st.one_of(st.none(), st.integers(0, 5)), think=st.one_of(st.none(), st.integers(1, 4)),
@@ -136,7 +91,7 @@ class EngineMachine(RuleBasedStateMachine):
         self._submit(prefix + tuple(suffix), max_tokens, session, deadline, seed, think, timeout,
                      hints=(len(prefix),), grammar=grammar)
 
-    @precondition(lambda self: any(t.result is not None for t in self.tracked))
+    @precondition(lambda self: any(t.result is not None for t in self.model.tracked))
     @rule(data=st.data(), suffix=st.lists(st.integers(1, 90), min_size=1, max_size=8),
           max_tokens=st.integers(1, 12), seed=st.one_of(st.none(), st.integers(0, 5)),
           dropped=st.sampled_from([None, 2]))
@@ -144,7 +99,7 @@ class EngineMachine(RuleBasedStateMachine):
         """A conversation's next turn, same session key: the previous prompt and output then new tokens (an agent
         loop), or with `dropped` the previous prompt less its last tokens and without the output (a chat turn whose
         rendering drops the reasoning); the previous request marked that point as a turn boundary."""
-        prev = data.draw(st.sampled_from([t for t in self.tracked if t.result is not None]))
+        prev = data.draw(st.sampled_from([t for t in self.model.tracked if t.result is not None]))
         head = prev.request.prompt + prev.result.token_ids if dropped is None else prev.request.prompt[:-dropped]
         self._submit(head + tuple(suffix), max_tokens, prev.request.session_key, None, seed, None, None)
 
@@ -154,31 +109,30 @@ class EngineMachine(RuleBasedStateMachine):
         out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p),
                            mask=mask)
         turn = (len(prompt) - 2,)  # where a next turn that drops this one's reasoning diverges
-        req = GenerationRequest(prompt, out, max_tokens, sampling=None if seed is None else SamplingParams(temperature=0.7),
-                                seed=seed if seed is not None else 0, session_key=session_key,
+        sampling = None if seed is None else SamplingParams(temperature=0.7)
+        req = GenerationRequest(prompt, out, max_tokens, sampling=sampling, seed=seed if seed is not None else 0,
+                                session_key=session_key,
                                 capture_hints=tuple(h for h in hints + turn if 0 < h < len(prompt)),
                                 deadline=None if deadline is None else self.clock.now + deadline,
                                 queue_timeout=timeout)
         try:
             handle = self.engine.submit(req)
         except RequestRejected:
-            ok = (not self.engine.available or self.model_outstanding() >= self.config.max_outstanding
+            ok = (not self.engine.available or self.model.outstanding() >= self.config.max_outstanding
                   or len(prompt) + max_tokens > self.program.limits.max_context)
             assert ok, "a request was rejected without cause"
             return
-        t = Tracked(handle, req, len(self.tracked), self.clock.now)
+        t = Tracked(handle, req, len(self.model.tracked), self.clock.now)
         box.append(t)
-        handle._rec.events = Stamped(self, t)  # the worker has not run since submit: nothing was published yet
-        self.tracked.append(t)
-        self.by_rid[t.rid] = t
-        self.budgets[t.rid] = think
+        handle._rec.events = Stamped(self.model, t)  # the worker has not run since submit: nothing published yet
+        self.model.add(t, think)
 
-    @precondition(lambda self: self.tracked)
+    @precondition(lambda self: self.model.tracked)
     @rule(data=st.data(), abandon=st.booleans())
     def cancel(self, data, abandon):
-        live = [t for t in self.tracked if t.result is None]
+        live = [t for t in self.model.tracked if t.result is None]
         # Mostly a request still in flight; sometimes any (a cancel after the end must change nothing).
-        t = data.draw(st.sampled_from(live if live and data.draw(st.booleans()) else self.tracked))
+        t = data.draw(st.sampled_from(live if live and data.draw(st.booleans()) else self.model.tracked))
         if abandon:
             t.abandoned = True
             t.handle.close()
@@ -186,29 +140,30 @@ class EngineMachine(RuleBasedStateMachine):
             t.cancelled = True
             t.handle.cancel()
 
-    @precondition(lambda self: any(not t.cancelled for t in self.tracked if t.rid in self.watch.materializing()))
+    @precondition(lambda self: any(not t.cancelled for t in self.model.tracked if t.rid in self.watch.materializing()))
     @rule(data=st.data())
     def cancel_while_materializing(self, data):
         """Cancel at the seed's hardest moment: the request's resource transition is open."""
-        rids = [r for r in self.watch.materializing() if not self.by_rid[r].cancelled]
-        t = self.by_rid[data.draw(st.sampled_from(rids))]
+        rids = [r for r in self.watch.materializing() if not self.model.by_rid[r].cancelled]
+        t = self.model.by_rid[data.draw(st.sampled_from(rids))]
         t.cancelled = True
         t.handle.cancel()
 
     @precondition(lambda self: any(t.request.deadline is not None and t.result is None
-                                   and t.rid in self.watch.started for t in self.tracked))
+                                   and t.rid in self.watch.started for t in self.model.tracked))
     @rule(data=st.data())
     def pass_a_deadline(self, data):
         """Let the deadline of an admitted request pass."""
-        t = data.draw(st.sampled_from([t for t in self.tracked if t.request.deadline is not None
+        t = data.draw(st.sampled_from([t for t in self.model.tracked if t.request.deadline is not None
                                        and t.result is None and t.rid in self.watch.started]))
         self.clock.now = max(self.clock.now, t.request.deadline + 0.01)
 
-    @precondition(lambda self: any(t.result is not None and not (t.consumed or t.abandoned) for t in self.tracked))
+    @precondition(lambda self: any(t.result is not None and not (t.consumed or t.abandoned)
+                                   for t in self.model.tracked))
     @rule(data=st.data())
     def consume(self, data):
         """The consumer takes its finished result (only then may capacity be released)."""
-        t = data.draw(st.sampled_from([t for t in self.tracked if t.result is not None
+        t = data.draw(st.sampled_from([t for t in self.model.tracked if t.result is not None
                                        and not (t.consumed or t.abandoned)]))
         self._consume(t)
 
@@ -230,8 +185,8 @@ class EngineMachine(RuleBasedStateMachine):
                 break
 
     def _step(self) -> bool:
-        cancelled = frozenset(t.rid for t in self.tracked if (t.cancelled or t.abandoned) and t.result is None)
-        expired = frozenset(t.rid for t in self.tracked if t.result is None and self._expired(t))
+        cancelled = frozenset(t.rid for t in self.model.tracked if (t.cancelled or t.abandoned) and t.result is None)
+        expired = frozenset(t.rid for t in self.model.tracked if t.result is None and self.model.expired(t))
         self.watch.begin_boundary(cancelled, expired)
         STEPS[0] += 1
         worked = self.engine.step()
@@ -240,7 +195,7 @@ class EngineMachine(RuleBasedStateMachine):
         if self.program.fired == "corrupt":
             assert not self.engine.available, "the Engine proceeded on a corrupted Program value"
         assert self.program.pending_batches == 0, "a PendingBatch was left unconsumed at the end of a boundary"
-        self._check_session_index()
+        self.model.check_session_index(self.engine.core.resources)
         return worked
 
     @rule(dt=st.floats(0.1, 5.0))
@@ -256,10 +211,9 @@ class EngineMachine(RuleBasedStateMachine):
             mode = "raise_after"
         self.program.arm(method, after, mode, data.draw(st.sampled_from(self.fault_variants)))
 
-    # ---- invariants ----------------------------------------------------------------------------------------
     @invariant()
     def events_are_well_formed(self):
-        for t in getattr(self, "tracked", ()):
+        for t in self.model.tracked if hasattr(self, "model") else ():
             kinds = [type(e) for e in t.events]
             assert kinds.count(GenerationResult) <= 1, "more than one terminal event"
             if GenerationResult in kinds:
@@ -286,24 +240,9 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def capacity_follows_the_release_rule(self):
         if hasattr(self, "engine"):
-            model = self.model_outstanding()
+            model = self.model.outstanding()
             assert self.engine.outstanding == model, f"outstanding {self.engine.outstanding} != model {model}"
 
-    def _check_session_index(self) -> None:
-        """After every boundary: a binding whose checkpoint still exists is replaced only by a request submitted
-        later."""
-        resources = self.engine.core.resources
-        for key, binding in list(self.bindings.items()):
-            now = resources.sessions.get(key)
-            if now is None or now.checkpoint == binding or binding not in resources.catalog:
-                continue
-            old_rid, new_rid = self.watch.published_by.get(binding), self.watch.published_by.get(now.checkpoint)
-            if old_rid is not None and new_rid is not None:
-                assert self.by_rid[new_rid].order > self.by_rid[old_rid].order, \
-                    f"session {key!r}: request {new_rid} replaced the binding of later request {old_rid}"
-        self.bindings = {k: b.checkpoint for k, b in resources.sessions.items()}
-
-    # ---- teardown ------------------------------------------------------------------------------------------
     def teardown(self):
         if not hasattr(self, "engine"):
             return
@@ -312,13 +251,13 @@ class EngineMachine(RuleBasedStateMachine):
             if not self._step() and not self.engine.core.records and not len(self.engine.core.inbox):
                 break
         assert not self.watch.violations, self.watch.violations[0]
-        for t in self.tracked:
+        for t in self.model.tracked:
             if not t.abandoned:
                 assert t.result is not None, "request never finished"
                 if not t.consumed:
                     self._consume(t)
                 self._check_schedule_invariance(t)
-        assert self.engine.outstanding == 0 == self.model_outstanding(), "capacity not released after drain"
+        assert self.engine.outstanding == 0 == self.model.outstanding(), "capacity not released after drain"
         event(f"engine failed: {not self.engine.available}")
         stats = self.engine.core.resources.stats
         event(f"demoted to a host replica: {stats.demotions > 0}")
@@ -342,7 +281,7 @@ class EngineMachine(RuleBasedStateMachine):
             event("multi-token commit")
         if result.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH) or result.error:
             return
-        think = self.budgets.get(t.rid)
+        think = self.model.budgets.get(t.rid)
         key = (t.request.prompt, t.request.max_tokens, t.request.seed, t.request.sampling, think,
                t.request.session.mask is not None)
         if key not in self.solo_cache:

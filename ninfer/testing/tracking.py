@@ -50,12 +50,12 @@ class Tracked:
 class Stamped(queue.SimpleQueue):
     """The request's event queue: checks each event against the Program's view at the moment it is published."""
 
-    def __init__(self, machine: Any, t: Tracked):
+    def __init__(self, model: Any, t: Tracked):
         super().__init__()
-        self.machine, self.t = machine, t
+        self.model, self.t = model, t  # the harness's RequestModel
 
     def put(self, item, block=True, timeout=None):
-        self.machine.on_publish(self.t, item)
+        self.model.on_publish(self.t, item)
         super().put(item, block, timeout)
 
 
