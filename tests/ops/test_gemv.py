@@ -1,10 +1,11 @@
 """gemv and gemv_swiglu vs their naive oracles: every row count, widths off the tile grid, strided x, forced split-K
-(partials summed by the last program of each row block, its arrival counters left at zero), NaN-poisoned outputs."""
+(partials summed by the last program of each row block, its arrival counters left at zero), NaN-poisoned outputs; the
+RMSNorm prologue (rows at different scales, split-K) and the residual epilogue (in place, twice)."""
 
 import pytest
 import torch
 
-from _device import DEVICE, IO_DTYPES, ON_GPU
+from _device import DEVICE, DOT_IO_DTYPES, IO_DTYPES, ON_GPU
 from ninfer.fast.ops.gemv import GemvConfig, gemv, gemv_naive, gemv_swiglu, gemv_swiglu_naive
 from ninfer.fast.ops.gemv.triton import _arrivals
 from ninfer.testing.numerics import assert_close
@@ -85,3 +86,65 @@ def test_gemv_swiglu(M, config, dtype):
     y = gemv_swiglu(x, w, out=torch.full((M, I), float("nan"), device=DEVICE, dtype=dtype), config=config)
     assert_close("gemv_swiglu", gemv_swiglu_naive(x, w), y, _tol(dtype))
     assert _arrivals_clean()
+
+
+# the norm prologue rounds the normed x to the io dtype before tl.dot, and the interpreter's fp32 -> bf16
+# conversion truncates (1% off in bf16): those checks run bf16 on the GPU only
+def _norm_inputs(M, K, dtype):
+    # rows at very different scales: the prologue's rstd is per row
+    x = (torch.randn(M, K, device=DEVICE) * torch.logspace(-1, 1, M, device=DEVICE)[:, None]).to(dtype)
+    return x, (torch.randn(K, device=DEVICE) * 0.3).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("config", [None] + SPLITS, ids=lambda c: "auto" if c is None else f"s{c.splits}_bk{c.bk}")
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_gemv_norm_prologue(M, config, dtype):
+    # every split normalises with the rstd of the whole row, not of its own K range
+    N, K = SHAPES[-1]
+    x, nw = _norm_inputs(M, K, dtype)
+    w = _inputs(M, N, K, dtype)[1]
+    y = gemv(x, w, out=torch.full((M, N), float("nan"), device=DEVICE, dtype=dtype), config=config,
+             norm_weight=nw, eps=1e-6)
+    assert_close("gemv.norm", gemv_naive(x, w, norm_weight=nw, eps=1e-6), y, _tol(dtype))
+    assert _arrivals_clean()
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("config", [None, SPLITS[0]], ids=["auto", "split"])
+@pytest.mark.parametrize("M", [1, 8])
+def test_gemv_swiglu_norm_prologue(M, config, dtype):
+    I, K = (512, 2048) if ON_GPU else (49, 63)
+    x, nw = _norm_inputs(M, K, dtype)
+    w = _inputs(M, 2 * I, K, dtype)[1]
+    y = gemv_swiglu(x, w, out=torch.full((M, I), float("nan"), device=DEVICE, dtype=dtype), config=config,
+                    norm_weight=nw, eps=1e-5)
+    assert_close("gemv_swiglu.norm", gemv_swiglu_naive(x, w, norm_weight=nw, eps=1e-5), y, _tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
+@pytest.mark.parametrize("config", [None] + SPLITS, ids=lambda c: "auto" if c is None else f"s{c.splits}_bk{c.bk}")
+@pytest.mark.parametrize("M", [1, 5, 8])
+def test_gemv_residual_in_place(M, config, dtype):
+    # the residual stream updated in place, the last split of each row block adding it; twice, so a second pass
+    # adds to the first one's result and the counters start clean
+    N, K = SHAPES[-1]
+    x, w = _inputs(M, N, K, dtype)
+    h = torch.randn(M, N, device=DEVICE).to(dtype) * 4
+    ref = gemv_naive(x, w, residual=gemv_naive(x, w, residual=h))
+    for _ in range(2):
+        assert gemv(x, w, out=h, config=config, residual=h) is h
+        assert _arrivals_clean()
+    assert_close("gemv.residual", ref, h, _tol(dtype))
+
+
+def test_gemv_residual_norm_to_new_buffer():
+    # both fusions at once into a NaN-poisoned output; the residual is only read
+    M, (N, K) = 3, SHAPES[1]
+    x, nw = _norm_inputs(M, K, torch.float32)
+    w = _inputs(M, N, K, torch.float32)[1]
+    h = torch.randn(M, N, device=DEVICE)
+    h0 = h.clone()
+    y = gemv(x[:, :K], w, out=torch.full((M, N), float("nan"), device=DEVICE), norm_weight=nw, eps=1e-6, residual=h)
+    assert_close("gemv.norm_residual", gemv_naive(x, w, norm_weight=nw, eps=1e-6, residual=h0), y, 1e-5)
+    assert torch.equal(h, h0)

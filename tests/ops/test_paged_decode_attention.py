@@ -42,3 +42,21 @@ def test_first_keys_bound_the_window(num_splits):
     assert_close("windowed paged_decode_attention", ref, out, 2e-3 if ON_GPU else 1e-5)
     full = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
     assert not torch.allclose(ref[0], full[0]) and torch.equal(ref[1], full[1]) and not ref[3].any()
+
+
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["splits1", "splits3"])
+def test_output_gate(num_splits, dtype):
+    """gate [B, nh, d], the strided half of the fused q projection as the model passes it: out = attention *
+    sigmoid(gate), written by whichever kernel stores the output, into a NaN-poisoned buffer."""
+    lengths, nh, nkv, d = CASES[0][0], *CASES[0][1:4]
+    k_pages, v_pages, table = random_paged_cache(lengths, nkv, d, CASES[0][4], dtype, DEVICE)
+    qg = (torch.randn(len(lengths), nh, 2 * d, device=DEVICE) * 2).to(dtype)
+    q, gate = qg[..., :d].contiguous(), qg[..., d:]
+    ctx = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    ref = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx, gate=gate)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, k_pages, v_pages, table, ctx, num_splits=num_splits, out=out, gate=gate)
+    assert_close("gated paged_decode_attention", ref, out, 1e-2 if dtype == torch.bfloat16 else 1e-5)
+    plain = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
+    assert not torch.allclose(ref, plain)

@@ -8,6 +8,11 @@ Quantized weights (``ninfer.fast.ops.qlinear.QuantWeight``) take the same entrie
 GEMV at decode row counts, the FP8 block-scaled GEMM with 8-bit activations where every Use of the weight allows A8,
 and dequantize-then-GEMM otherwise; ``moe_experts`` takes quantized expert stacks; a ``Segments`` projection runs
 its parts one by one (docs/quantization.md, "fast Program").
+
+The residual stream between sublayers is a ``Residual``: ``norm_linear`` (and its SwiGLU form) norms it into a
+projection, ``linear_residual`` adds a sublayer's output projection to it. Where the decode GEMV runs those
+projections the norm sits in its prologue and the add in its epilogue (one launch each instead of a norm, a GEMV
+and an add); elsewhere the output waits in ``Residual.delta`` for the next norm, the fused add + RMSNorm kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +22,18 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class Residual:
+    """The residual stream h [T, H], updated in place, and ``delta``: the last sublayer's output where no GEMV
+    epilogue added it (cuBLAS shapes, MoE blocks, quantized weights), which the next norm adds."""
+    h: torch.Tensor
+    delta: torch.Tensor | None = None
+
+    def value(self) -> torch.Tensor:
+        """h + delta as a new tensor (the later sublayers update h in place)."""
+        return self.h.clone() if self.delta is None else self.h + self.delta
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,7 @@ class Kernels:
     gdn_conv_prefill: Callable
     # same arguments as gdn_chunk_naive -> (y, states)
     gdn_chunk: Callable
-    # (q, k_pages, v_pages, block_table, context_lens, first_keys=None) -> [B, nh, d]
+    # (q, k_pages, v_pages, block_table, context_lens, first_keys=None, gate=None) -> [B, nh, d]
     paged_decode_attention: Callable
     # (q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen) -> [T, nh, d]
     prefill_attention: Callable
@@ -52,11 +69,29 @@ class Kernels:
     dflash_conv: Callable
     # (unary [R, K], cand [R, K], proj [R, r], prev [R], pred [V, r], succ [V, r]) -> fp32 [R, K]: a selector step
     dflash_select: Callable
+    # (res, norm_w, eps) -> rmsnorm(h + delta) [T, H]; the sum becomes res.h
+    norm: Callable
+    # (res, norm_w, eps, w [N, H]) -> norm(res) @ w^T [T, N]
+    norm_linear: Callable
+    # (res, norm_w, eps, w [2I, H] = [gate | up]) -> swiglu(norm(res) @ w^T) [T, I]
+    norm_linear_swiglu: Callable
+    # (x [T, K], w [H, K], res) -> None: res gains x @ w^T (in res.h, or as res.delta)
+    linear_residual: Callable
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
 # larger ones are GEMMs for cuBLAS
 _GEMV_ROWS = 8
+
+
+def _stream_norm(rmsnorm: Callable) -> Callable:
+    def norm(res: Residual, weight, eps):
+        if res.delta is None:
+            return rmsnorm(res.h, weight, eps)[0]
+        y, res.h = rmsnorm(res.delta, weight, eps, res.h)
+        res.delta = None
+        return y
+    return norm
 
 
 def triton_kernels() -> Kernels:
@@ -98,10 +133,30 @@ def triton_kernels() -> Kernels:
             return qmoe_experts(x, w_gate_up, w_down, weights, ids)
         return moe.moe_experts(x, w_gate_up, w_down, weights, ids)
 
+    stream_norm = _stream_norm(norm)
+
+    def norm_linear(res, weight, eps, w):
+        if res.delta is None and _norm_gemv_wins(res.h, w):
+            return gemv.gemv(res.h, w, norm_weight=weight, eps=eps)
+        return linear(stream_norm(res, weight, eps), w)
+
+    def norm_linear_swiglu(res, weight, eps, w):
+        if res.delta is None and isinstance(w, torch.Tensor) and _gemv_wins(res.h, w, fused=True):
+            return gemv.gemv_swiglu(res.h, w, norm_weight=weight, eps=eps)
+        return linear_swiglu(stream_norm(res, weight, eps), w)
+
+    def linear_residual(x, w, res):
+        assert res.delta is None, "linear_residual: the stream's last output was never added"
+        if _residual_gemv_wins(x, w):
+            gemv.gemv(x, w, out=res.h, residual=res.h)
+        else:
+            res.delta = linear(x, w)
+
     return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
                    prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
-                   slot_copy.slot_copy, dflash_conv, dflash_select)
+                   slot_copy.slot_copy, dflash_conv, dflash_select, stream_norm, norm_linear, norm_linear_swiglu,
+                   linear_residual)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:
@@ -116,6 +171,25 @@ def _gemv_wins(x, w, fused: bool) -> bool:
     if fused:
         return size <= 16 << 20
     return w.shape[0] <= 1024 and size >= 2 << 20
+
+
+def _residual_gemv_wins(x, w) -> bool:
+    """Where the GEMV adding the residual in its epilogue beats the projection alone: where it wins bare, and below
+    2 MB, where both are launch-bound and the add it takes lets the next sublayer's norm move into that one's GEMV
+    prologue (a whole norm launch saved)."""
+    if not isinstance(w, torch.Tensor) or x.shape[0] > _GEMV_ROWS:
+        return False
+    return _gemv_wins(x, w, fused=False) or w.numel() * w.element_size() < 2 << 20
+
+
+def _norm_gemv_wins(x, w) -> bool:
+    """Where the GEMV with the RMSNorm in its prologue beats a norm launch plus the projection. Estimated from the
+    H200's GEMV table (docs/performance.md): at M = 1 the GEMV trails cuBLAS by ~0.1 us per MB on wide outputs
+    (0.8B in_proj, 16.8 MB: 8.3 against 6.5 us), and the norm it saves costs ~2 us plus a launch gap, so wide
+    projections up to 24 MB (the 0.8B class) take the GEMV and the 9B class (84 MB and more) stays on cuBLAS."""
+    if not isinstance(w, torch.Tensor) or x.shape[0] > _GEMV_ROWS:
+        return False
+    return _gemv_wins(x, w, fused=False) or w.numel() * w.element_size() <= 24 << 20
 
 
 def naive_kernels() -> Kernels:
@@ -158,9 +232,17 @@ def naive_kernels() -> Kernels:
             return dequantize_naive(w) if isinstance(w, QuantWeight) else w
         return moe_experts_naive(x, dense(w_gate_up), dense(w_down), weights, ids)
 
+    stream_norm = _stream_norm(rmsnorm_naive)
+
+    def linear_residual(x, w, res):
+        assert res.delta is None, "linear_residual: the stream's last output was never added"
+        res.delta = linear(x, w)
+
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
                    gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, experts,
-                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive)
+                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive, stream_norm,
+                   lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
+                   lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual)
 
 
 def get_kernels(name: str) -> Kernels:

@@ -3,7 +3,9 @@ decode form (one token for each of B sequences) and a prefill form (T tokens of 
 
 Shape-only host logic: nothing here reads a device value back, so a decode step can be captured in a CUDA graph.
 Every op, GEMMs included, is one of the ``Kernels``: ``k.linear`` streams the weight with the GEMV kernel at
-decode row counts and hands larger ones to cuBLAS.
+decode row counts and hands larger ones to cuBLAS. Each sublayer reads the residual stream through its input norm
+(``k.norm_linear``: the norm in the GEMV prologue where it can) and adds its output projection to it
+(``k.linear_residual``: in the GEMV epilogue where it can), so a decode sublayer has no norm or add launch of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from ninfer.fast.ops.gdn_chunk.naive import chunk_ends, conv_window_at
 from ninfer.models.qwen3_5.config import Qwen35Config
 
-from .kernels import Kernels
+from .kernels import Kernels, Residual
 from .weights import AttnWeights, FfnWeights, GdnWeights
 
 
@@ -56,11 +58,11 @@ def _split_gdn(proj: torch.Tensor, cfg: Qwen35Config):
     return proj[:, :C], proj[:, C:C + Vd], proj[:, C + Vd:C + Vd + HV], proj[:, C + Vd + HV:]
 
 
-def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, y: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
-              step: StepInputs) -> torch.Tensor:
-    """y [T, H] normed input; conv [slots+1, C, K-1] and ssm [slots+1, HV, dk, dv] are this layer's state slots,
-    updated in place. Returns [T, H]."""
-    mixed, z, b, a = _split_gdn(k.linear(y, w.in_proj), cfg)
+def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm: torch.Tensor, conv: torch.Tensor,
+              ssm: torch.Tensor, step: StepInputs) -> None:
+    """Reads the stream [T, H] through the input norm (weight ``norm``) and adds the mixer's output to it; conv
+    [slots+1, C, K-1] and ssm [slots+1, HV, dk, dv] are this layer's state slots, updated in place."""
+    mixed, z, b, a = _split_gdn(k.norm_linear(res, norm, cfg.rms_norm_eps, w.in_proj), cfg)
     dims = dict(num_k_heads=cfg.linear_num_key_heads, head_k_dim=cfg.linear_key_head_dim,
                 head_v_dim=cfg.linear_value_head_dim, eps=cfg.rms_norm_eps)
     if step.gdn_steps is not None:
@@ -70,10 +72,10 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, y: torch.Tensor, con
         for rows, slots in step.gdn_steps:
             out[rows] = k.gdn_decode(mixed[rows], z[rows], a[rows], b[rows], conv, w.conv, w.A_log, w.dt_bias,
                                      w.norm, ssm, slots, **dims)
-        return k.linear(out, w.out_proj)
+        return k.linear_residual(out, w.out_proj, res)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
-        return k.linear(out, w.out_proj)
+        return k.linear_residual(out, w.out_proj, res)
     slot, cuts = step.prefill_slot, [c for c, _ in step.captures]
     for c, cap in step.captures:  # the window at a checkpoint: the K-1 inputs before it, read before it advances
         conv[cap].copy_(conv_window_at(mixed, conv[slot], c))
@@ -85,15 +87,16 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, y: torch.Tensor, con
         for c, cap in step.captures:
             ssm[cap].copy_(states[ends.index(c)])
     ssm[slot].copy_(states[-1])
-    return k.linear(out, w.out_proj)
+    return k.linear_residual(out, w.out_proj, res)
 
 
-def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tensor, k_pages: torch.Tensor,
-                    v_pages: torch.Tensor, step: StepInputs) -> torch.Tensor:
-    """y [T, H]; writes the new K/V into this layer's pages [P, page_size, nkv, d], attends, gates. Returns [T, H]."""
-    T = y.shape[0]
+def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, res: Residual, norm: torch.Tensor,
+                    k_pages: torch.Tensor, v_pages: torch.Tensor, step: StepInputs) -> None:
+    """Reads the stream [T, H] through the input norm; writes the new K/V into this layer's pages
+    [P, page_size, nkv, d], attends, gates, and adds the output projection to the stream."""
+    T = res.h.shape[0]
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    qkv = k.linear(y, w.qkv)  # [T, 2*nh*d + 2*nkv*d]
+    qkv = k.norm_linear(res, norm, cfg.rms_norm_eps, w.qkv)  # [T, 2*nh*d + 2*nkv*d]
     # q_proj rows are [query(d), gate(d)] per head
     qg = qkv[:, :2 * nh * d].view(T, nh, 2 * d)
     q, gate = qg[..., :d], qg[..., d:]  # [T, nh, d] views
@@ -109,16 +112,18 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, y: torch.Tens
     if step.cu_seqlens is not None:  # prefill, or multi-query decode: causal inside each packed block
         o = k.prefill_attention(q, k_pages, v_pages, step.block_table, step.cu_seqlens, step.prefix_lens, T,
                                 max_prefix=step.max_prefix)
-    else:
-        o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens)
-    o = o * torch.sigmoid(gate)  # [T, nh, d]
-    return k.linear(o.reshape(T, nh * d), w.o_proj)
+        o = o * torch.sigmoid(gate)  # [T, nh, d]
+    else:  # the output gate in the attention kernel's store
+        o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens, gate=gate)
+    k.linear_residual(o.reshape(T, nh * d), w.o_proj, res)
 
 
-def ffn(k: Kernels, cfg: Qwen35Config, w: FfnWeights, y: torch.Tensor) -> torch.Tensor:
-    """SwiGLU MLP, or the sparse MoE block with its sigmoid-gated shared expert; y [T, H] -> [T, H]."""
+def ffn(k: Kernels, cfg: Qwen35Config, w: FfnWeights, res: Residual, norm: torch.Tensor) -> None:
+    """SwiGLU MLP, or the sparse MoE block with its sigmoid-gated shared expert, on the stream [T, H] read through
+    the post-attention norm (weight ``norm``); adds its output to the stream."""
     if not cfg.is_moe:
-        return k.linear(k.linear_swiglu(y, w.gate_up), w.down)
+        return k.linear_residual(k.norm_linear_swiglu(res, norm, cfg.rms_norm_eps, w.gate_up), w.down, res)
+    y = k.norm(res, norm, cfg.rms_norm_eps)
     E = cfg.num_experts
     logits = k.linear(y, w.router)  # [T, E (+1 shared-expert gate)]
     weights, ids = k.moe_route(logits[:, :E], cfg.num_experts_per_tok, cfg.norm_topk_prob)
@@ -126,4 +131,4 @@ def ffn(k: Kernels, cfg: Qwen35Config, w: FfnWeights, y: torch.Tensor) -> torch.
     if w.shared_gate_up is not None:
         shared = k.linear(k.linear_swiglu(y, w.shared_gate_up), w.shared_down)
         out = out + torch.sigmoid(logits[:, E:]) * shared
-    return out
+    res.delta = out

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ninfer.fast.memory import MemoryPlan, Pools, allocate_pools
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 
-from .kernels import Kernels, get_kernels
+from .kernels import Kernels, Residual, get_kernels
 from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer
 from .mtp import MtpHead
 from .weights import FastWeights, Source, load_fast_weights
@@ -189,26 +189,24 @@ class FastModel:
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H] (and fills ``taps``).
 
-        The residual stream h is carried by the fused norm: ``y, h = rmsnorm(delta, w, residual=h)`` adds the
-        sublayer output and normalises in one kernel (h rounded to the activation dtype, as an unfused add)."""
+        The residual stream is a ``Residual`` (kernels.py) that every sublayer reads through its norm and adds its
+        output to: in the decode GEMVs' prologues and epilogues, or through the fused add + RMSNorm kernel (h
+        rounded to the activation dtype either way, as an unfused add)."""
         cfg, k, pools = self.cfg, self.kernels, self.pools
-        eps = cfg.rms_norm_eps
         h = F.embedding(tokens, self.weights.embed)  # [T, H]
         if embeds is not None:
             h[embeds[0]] = embeds[1].to(h.dtype)  # image features at the pads
-        delta = None
+        res = Residual(h)
         for i, (kind, lw) in enumerate(zip(cfg.layer_types, self.weights.layers)):
-            y, h = k.rmsnorm(h, lw.input_norm, eps) if delta is None else k.rmsnorm(delta, lw.input_norm, eps, h)
             j = self._pool_index[i]
             if kind == FULL:
-                delta = attention_mixer(k, cfg, lw.mixer, y, pools.k[j], pools.v[j], step)
+                attention_mixer(k, cfg, lw.mixer, res, lw.input_norm, pools.k[j], pools.v[j], step)
             else:
-                delta = gdn_mixer(k, cfg, lw.mixer, y, pools.conv[j], pools.ssm[j], step)
-            y, h = k.rmsnorm(delta, lw.post_norm, eps, h)
-            delta = ffn(k, cfg, lw.ffn, y)
-            if taps is not None:  # a new tensor: the next norm updates h in place
-                taps[i] = h + delta
-        hidden = k.rmsnorm(delta, self.weights.final_norm, eps, h)[0]
+                gdn_mixer(k, cfg, lw.mixer, res, lw.input_norm, pools.conv[j], pools.ssm[j], step)
+            ffn(k, cfg, lw.ffn, res, lw.post_norm)
+            if taps is not None:
+                taps[i] = res.value()
+        hidden = k.norm(res, self.weights.final_norm, cfg.rms_norm_eps)
         if taps is not None:
             taps[cfg.num_hidden_layers - 1] = hidden
         return hidden

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.nn.functional as F
 
+from .kernels import Residual
 from .layers import StepInputs, attention_mixer, ffn
 
 if TYPE_CHECKING:
@@ -52,10 +53,10 @@ class MtpHead:
         e = k.rmsnorm(F.embedding(next_tokens, self.model.weights.embed), w.norm_embedding, eps)[0]
         hn = k.rmsnorm(hidden.to(e.dtype), w.norm_hidden, eps)[0]
         u = k.linear(torch.cat([e, hn], dim=-1), w.fc)  # [T, H]
-        y, h = k.rmsnorm(u, w.layer.input_norm, eps)
-        delta = attention_mixer(k, self.cfg, w.layer.mixer, y, kv.k, kv.v, step)
-        y, h = k.rmsnorm(delta, w.layer.post_norm, eps, h)
-        return k.rmsnorm(ffn(k, self.cfg, w.layer.ffn, y), w.norm, eps, h)[0]
+        res = Residual(u)
+        attention_mixer(k, self.cfg, w.layer.mixer, res, w.layer.input_norm, kv.k, kv.v, step)
+        ffn(k, self.cfg, w.layer.ffn, res, w.layer.post_norm)
+        return k.norm(res, w.norm, eps)
 
     def _flat_page_positions(self, row: int, first: int, n: int) -> torch.Tensor:
         """Flat pool indices (page * page_size + offset) of page positions first..first+n-1 of table row `row`."""

@@ -12,6 +12,12 @@ int32 table that the last program resets to zero, so it stays clean between call
 ``gemv_swiglu`` reads a fused [gate | up] weight with gate row i and up row I + i interleaved in one tile, and its
 epilogue writes silu(gate) * up, so the [M, 2I] projection never reaches memory.
 
+Two decode-layer fusions save a launch each (docs/ops.md, "gemv"): ``norm_weight`` puts the zero-centred RMSNorm of
+x in the prologue (every program first sums x^2 over the whole of K, a few KB read from L2, then normalises each x
+tile as it loads it, rounded to x's dtype exactly where the rmsnorm op rounds its output), and ``residual`` adds the
+residual stream in the epilogue (the projection rounded to the io dtype first, as the unfused add saw it), in place
+when ``out`` is the residual: each output element is read and written by the one program that owns it.
+
 NOTE: the arrival table is allocated on the first split-K call on a device, which must not be inside a CUDA-graph
 capture (the graph runner's warm-up comes first), and calls on one device must not overlap on two streams.
 """
@@ -55,23 +61,45 @@ def pick_config(M: int, rows: int, K: int, elem_bytes: int, num_sms: int, bw: in
 
 
 @triton.jit
-def _dot_rows(x_ptr, w_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, k_hi, BM: tl.constexpr,
-              BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FP32_DOT: tl.constexpr):
-    """x[m, k_lo:k_hi] @ w[rows, k_lo:k_hi]^T -> [BM, BW] fp32."""
+def _row_rstd(x_rows, mask_m, K, eps, BM: tl.constexpr, BK: tl.constexpr):
+    """1 / rms of each x row over all of K (fp32 [BM]): the norm prologue, the same in every program and split."""
+    kk = tl.arange(0, BK)
+    ss = tl.zeros((BM,), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + kk
+        x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _dot_rows(x_ptr, w_ptr, nw_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, k_hi, K, eps,
+              BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FP32_DOT: tl.constexpr,
+              NORM: tl.constexpr):
+    """x[m, k_lo:k_hi] @ w[rows, k_lo:k_hi]^T -> [BM, BW] fp32; with NORM x is rmsnorm(x) * (1 + nw)."""
     kk = tl.arange(0, BK)
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x  # [BM, 1]
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w  # [BW, 1]
     acc = tl.zeros((BM, BW), dtype=tl.float32)
+    if NORM:
+        rstd = _row_rstd(x_rows, mask_m, K, eps, BM, BK)
     for k0 in range(k_lo, k_hi, BK):
         k = k0 + kk
         # a K mask would break the loads' vectorisation: full tiles (every real model width) go without one
         if EVEN_K:
             x = tl.load(x_rows + k[None, :], mask=mask_m[:, None], other=0.0)  # [BM, BK]
             w = tl.load(w_rows + k[None, :], mask=valid[:, None], other=0.0)  # [BW, BK]
+            if NORM:
+                nw = tl.load(nw_ptr + k).to(tl.float32)
         else:
             mk = k < k_hi
             x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
             w = tl.load(w_rows + k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+            if NORM:
+                nw = tl.load(nw_ptr + k, mask=mk, other=0.0).to(tl.float32)
+        if NORM:
+            # the rmsnorm op's arithmetic and its one rounding to the io dtype: the same operand it would store
+            x = (x.to(tl.float32) * rstd[:, None] * (1.0 + nw[None, :])).to(x.dtype)
         if FP32_DOT:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
@@ -81,10 +109,16 @@ def _dot_rows(x_ptr, w_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, k_
 
 
 @triton.jit
-def _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM: tl.constexpr, BW: tl.constexpr,
-           SWIGLU: tl.constexpr):
+def _store(y_ptr, r_ptr, acc, m, mask_m, rows, valid, stride_y, stride_r, half, BM: tl.constexpr, BW: tl.constexpr,
+           SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr):
     y_rows = y_ptr + m[:, None].to(tl.int64) * stride_y  # [BM, 1]
-    if SWIGLU:
+    if RESIDUAL:
+        # the projection rounded to the stream's dtype, then the add rounded again: what the unfused add computes
+        mask = mask_m[:, None] & valid[None, :]
+        r = tl.load(r_ptr + m[:, None].to(tl.int64) * stride_r + rows[None, :], mask=mask, other=0.0)
+        out = acc.to(r.dtype).to(tl.float32) + r.to(tl.float32)
+        tl.store(y_rows + rows[None, :], out.to(y_ptr.dtype.element_ty), mask=mask)
+    elif SWIGLU:
         # columns come in (gate i, up i) pairs
         gate, up = tl.split(tl.reshape(acc, (BM, BW // 2, 2)))  # [BM, BW // 2] each
         cols = tl.program_id(0) * (BW // 2) + tl.arange(0, BW // 2)
@@ -111,7 +145,8 @@ def _tile_rows(pid, half, R, BW: tl.constexpr, SWIGLU: tl.constexpr):
 
 @triton.jit
 def _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half,
-            BM: tl.constexpr, BW: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr):
+            BM: tl.constexpr, BW: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr, r_ptr, stride_r,
+            RESIDUAL: tl.constexpr):
     """Store a program's [BM, BW] sums; under split-K the last split of the row block to arrive adds every split's
     partial in split order (the same sum whichever arrives last) and stores it (qlinear's kernels end here too)."""
     if SPLIT:
@@ -128,24 +163,25 @@ def _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, 
                 # .cg reads L2, where the other programs' partials are, never a stale L1 line
                 acc += tl.load(part_ptr + s * M * R + offs, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(arrive_ptr + pid, 0)
-            _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+            _store(y_ptr, r_ptr, acc, m, mask_m, rows, valid, stride_y, stride_r, half, BM, BW, SWIGLU, RESIDUAL)
     else:
-        _store(y_ptr, acc, m, mask_m, rows, valid, stride_y, half, BM, BW, SWIGLU)
+        _store(y_ptr, r_ptr, acc, m, mask_m, rows, valid, stride_y, stride_r, half, BM, BW, SWIGLU, RESIDUAL)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_splits, half, stride_x, stride_w,
-                 stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                 SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, nw_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_splits, half, eps,
+                 stride_x, stride_w, stride_r, stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr,
+                 EVEN_K: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr,
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr):
     pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     m = tl.arange(0, BM)
     mask_m = m < M
     k_lo = tl.program_id(1) * k_per
-    acc = _dot_rows(x_ptr, w_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, tl.minimum(k_lo + k_per, K),
-                    BM, BW, BK, EVEN_K, FP32_DOT)  # [BM, BW]
+    acc = _dot_rows(x_ptr, w_ptr, nw_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo,
+                    tl.minimum(k_lo + k_per, K), K, eps, BM, BW, BK, EVEN_K, FP32_DOT, NORM)  # [BM, BW]
     _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
-            SPLIT, SWIGLU)
+            SPLIT, SWIGLU, r_ptr, stride_r, RESIDUAL)
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,12 +200,16 @@ def _arrival_table(device: torch.device, blocks: int) -> torch.Tensor:
     return table
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: GemvConfig | None,
-            swiglu: bool) -> torch.Tensor:
+def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: GemvConfig | None, swiglu: bool,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
     M, K = x.shape
     R = w.shape[0]
     assert w.shape[1] == K and 1 <= M <= MAX_ROWS, f"gemv: x {tuple(x.shape)}, w {tuple(w.shape)}"
     assert w.stride(1) == 1 and not (swiglu and R % 2), "gemv: w must be [N, K] with contiguous rows"
+    assert norm_weight is None or (norm_weight.shape == (K,) and norm_weight.stride(0) == 1), "gemv: norm [K]"
+    assert residual is None or (not swiglu and residual.shape == (M, R) and residual.stride(1) == 1), \
+        f"gemv: residual must be [{M}, {R}] with contiguous rows (and no SwiGLU)"
     x = x if x.stride(1) == 1 else x.contiguous()
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
@@ -185,23 +225,30 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: 
         arrivals = _arrival_table(x.device, blocks)
     # the interpreter's bf16 arithmetic is wrong, and fp32 operands must not be rounded to tf32
     fp32_dot = os.environ.get("TRITON_INTERPRET") == "1" or torch.float32 in (x.dtype, w.dtype)
+    r = y if residual is None else residual
     _gemv_kernel[(blocks, splits)](
-        x, w, y, part, arrivals, M, R, K, k_per, splits, n_out, x.stride(0), w.stride(0), y.stride(0),
+        x, w, x if norm_weight is None else norm_weight, r, y, part, arrivals, M, R, K, k_per, splits, n_out, eps,
+        x.stride(0), w.stride(0), r.stride(0), y.stride(0),
         BM=MAX_ROWS, BW=cfg.rows, BK=cfg.bk, EVEN_K=K % cfg.bk == 0, SPLIT=splits > 1, SWIGLU=swiglu,
-        FP32_DOT=fp32_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        FP32_DOT=fp32_dot, NORM=norm_weight is not None, RESIDUAL=residual is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return y
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-         config: GemvConfig | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: GemvConfig | None = None,
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w)`` for 1 <= M <= 16 rows, fp32 accumulation. x [M, K] (any row stride); w [N, K] bf16, fp16
     or fp32 with contiguous rows (a row slice of a larger weight works). Returns [M, N] in x's dtype, or writes
-    ``out`` ([M, N], any float dtype, contiguous rows). ``config`` overrides the shape heuristic (benchmarks)."""
-    return _launch(x, w, out, config, swiglu=False)
+    ``out`` ([M, N], any float dtype, contiguous rows). ``config`` overrides the shape heuristic (benchmarks).
+
+    ``norm_weight`` [K]: x is first ``rmsnorm(x) * (1 + norm_weight)`` (``eps`` inside the root). ``residual``
+    [M, N]: returns ``residual + x @ w^T``; ``out=residual`` updates the residual stream in place."""
+    return _launch(x, w, out, config, False, norm_weight, eps, residual)
 
 
-def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-                config: GemvConfig | None = None) -> torch.Tensor:
+def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: GemvConfig | None = None,
+                norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """``silu(x @ gate^T) * (x @ up^T)`` for w [2I, K] = [gate | up] rows, in fp32 until the one rounding on the
-    store. Returns [M, I] in x's dtype (or writes ``out``); otherwise as ``gemv``."""
-    return _launch(x, w, out, config, swiglu=True)
+    store. Returns [M, I] in x's dtype (or writes ``out``); ``norm_weight`` as for ``gemv``; otherwise as ``gemv``."""
+    return _launch(x, w, out, config, True, norm_weight, eps)

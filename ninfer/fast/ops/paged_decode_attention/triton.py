@@ -5,6 +5,8 @@ read once per group; keys are gathered token by token through the block table, s
 than one split each program writes a partial output and its log-sum-exp, and a second kernel merges the splits.
 The split count depends only on shapes, so it is CUDA-graph safe; each split's key range is cut from the live
 context length inside the kernel, so the work stays balanced however large the block table's capacity is.
+With ``gate`` the kernel that writes the output (the merge, or the single split) multiplies it by sigmoid(gate), the
+output gate of Qwen3.5's attention, so the gated output costs no launch of its own.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, first_ptr, o_ptr, po_ptr, lse_ptr, scale,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, first_ptr, o_ptr, po_ptr, lse_ptr, g_ptr, scale,
                    stride_qb, stride_qh, stride_page, stride_tok, stride_kvh, stride_bt, stride_ob, stride_oh,
-                   G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                   BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, HAS_FIRST: tl.constexpr):
+                   stride_gb, stride_gh, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
+                   HAS_FIRST: tl.constexpr, GATE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -62,6 +65,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, first_ptr, o_ptr, po_pt
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
     omask = mg[:, None] & md[None, :]
     if NUM_SPLITS == 1:
+        if GATE:
+            o *= _sigmoid_gate(g_ptr + b * stride_gb + heads[:, None] * stride_gh + d[None, :], omask)
         tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], o.to(o_ptr.dtype.element_ty),
                  mask=omask)
     else:
@@ -71,8 +76,15 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, first_ptr, o_ptr, po_pt
 
 
 @triton.jit
-def _merge_kernel(po_ptr, lse_ptr, o_ptr, stride_ob, stride_oh, NH: tl.constexpr, D: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
+def _sigmoid_gate(g_ptrs, mask):
+    # sigmoid(gate) in fp32, the gate rounded to its io dtype as an unfused sigmoid's input is
+    return tl.sigmoid(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _merge_kernel(po_ptr, lse_ptr, o_ptr, g_ptr, stride_ob, stride_oh, stride_gb, stride_gh, NH: tl.constexpr,
+                  D: tl.constexpr, NUM_SPLITS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
+                  GATE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BS)
@@ -85,6 +97,8 @@ def _merge_kernel(po_ptr, lse_ptr, o_ptr, stride_ob, stride_oh, NH: tl.constexpr
     po = tl.load(po_ptr + row[:, None] * D + d[None, :], mask=ms[:, None] & (d < D)[None, :], other=0.0)
     total = tl.sum(w, axis=0)
     o = tl.sum(w[:, None] * po, axis=0) / tl.where(total > 0.0, total, 1.0)
+    if GATE:
+        o *= _sigmoid_gate(g_ptr + b * stride_gb + h * stride_gh + d, d < D)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
@@ -105,14 +119,18 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                            context_lens: torch.Tensor, scale: float | None = None, num_splits: int | None = None,
-                           out: torch.Tensor | None = None, first_keys: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, first_keys: torch.Tensor | None = None,
+                           gate: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, nh, d]; k_pages, v_pages [P, page_size, nkv, d]; block_table [B, max_pages] int32; context_lens [B]
     int32 (keys per sequence, the current token included; 0 yields zeros); first_keys [B] int32 (optional) the
-    first key each row attends to (a sliding window). Returns [B, nh, d] in q's dtype.
+    first key each row attends to (a sliding window); gate [B, nh, d] (optional, any strides with a contiguous last
+    dim): the output is multiplied by sigmoid(gate) in fp32 before its one rounding. Returns [B, nh, d] in q's
+    dtype.
     ``num_splits`` defaults to ``choose_num_splits`` over the block table's capacity."""
     B, nh, D = q.shape
     _, page, nkv, _ = k_pages.shape
     assert nh % nkv == 0 and q.stride(2) == 1 and k_pages.stride() == v_pages.stride() and k_pages.stride(3) == 1
+    assert gate is None or (gate.shape == q.shape and gate.stride(2) == 1), "gate must be [B, nh, d], rows contiguous"
     G = nh // nkv
     scale = D ** -0.5 if scale is None else scale
     capacity = block_table.shape[1] * page
@@ -125,13 +143,14 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     else:
         po = lse = out
     BG, BD = max(16, triton.next_power_of_2(G)), triton.next_power_of_2(D)
+    g = q if gate is None else gate
     _decode_kernel[(B, nkv, ns)](
         q, k_pages, v_pages, block_table, context_lens, context_lens if first_keys is None else first_keys, out, po,
-        lse, scale,
+        lse, g, scale,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
-        out.stride(0), out.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD, BN=BN,
-        HAS_FIRST=first_keys is not None, num_warps=4, num_stages=2)
+        out.stride(0), out.stride(1), g.stride(0), g.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD,
+        BN=BN, HAS_FIRST=first_keys is not None, GATE=gate is not None, num_warps=4, num_stages=2)
     if ns > 1:
-        _merge_kernel[(B, nh)](po, lse, out, out.stride(0), out.stride(1), NH=nh, D=D, NUM_SPLITS=ns,
-                               BS=triton.next_power_of_2(ns), BD=BD)
+        _merge_kernel[(B, nh)](po, lse, out, g, out.stride(0), out.stride(1), g.stride(0), g.stride(1), NH=nh, D=D,
+                               NUM_SPLITS=ns, BS=triton.next_power_of_2(ns), BD=BD, GATE=gate is not None)
     return out

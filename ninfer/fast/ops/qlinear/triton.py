@@ -149,7 +149,7 @@ def _qgemv_kernel(x_ptr, d_ptr, s_ptr, r_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr
     if HAS_PW:
         acc *= tl.load(pw_ptr + p)
     _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
-            SPLIT, SWIGLU)  # gemv's epilogue: the split-K reduction and the (SwiGLU) store
+            SPLIT, SWIGLU, y_ptr, 0, False)  # gemv's epilogue: the split-K reduction and the (SwiGLU) store
 
 
 @triton.jit
