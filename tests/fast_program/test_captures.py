@@ -72,6 +72,8 @@ def checkpoints(prog, prompt, pieces):
 def flat(x) -> list[torch.Tensor]:
     """Every tensor of a store's slot state (tensors, GDN states, the MTP backend's KV and hidden), in order."""
     if isinstance(x, torch.Tensor):
+        if x.is_pinned():  # a host copy queued without a host wait (fast/program/stores.py): wait before reading
+            torch.cuda.synchronize()
         return [x.float()]
     if dataclasses.is_dataclass(x):
         x = [getattr(x, f.name) for f in dataclasses.fields(x)]
