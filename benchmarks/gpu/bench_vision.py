@@ -2,7 +2,10 @@
 ``FastVisionTower`` at the 9B checkpoint's tower geometry (depth 27, hidden 1152, 16 heads of 72, MLP 4304, out
 4096), random bf16 weights. Prints ms per encode (median of timed runs after a warm-up), the matrix FLOPs, the FLOP
 floor at the measured bf16 GEMM rate (perf-anchors.md: ~790 TFLOP/s on the H200) and the ratio to it (issue 15's
-target: within 2x), and the same for a 512x512 and a 1536x1024 image.
+target: within 2x), and the same for a 512x512 and a 1536x1024 image. The tower is warmed first at the largest
+of them (as the Program does at start: the workspace planned, the attention candidates timed and the fastest
+kept); the candidates' times at 1024x1024 are printed, then a per-stage breakdown of each image's encode against
+each stage's floor (vision_stages.py), which says where a miss of the 2x target comes from.
 
 Then through the Engine (issue 15's TTFT): the fast Program on the 9B text shape (random bf16 weights, one lane,
 graphs captured) with that tower, one request of 1024x1024 image (1024 merged tokens) plus 64 text tokens, cold
@@ -32,12 +35,14 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapes import config, random_source  # noqa: E402
+from vision_stages import GEMM_TFLOPS, breakdown, print_breakdown  # noqa: E402
 
 from ninfer.contracts.media import PromptImage, PromptMedia, placeholder_ids  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.engine.records import GenerationRequest  # noqa: E402
 from ninfer.fast.model.vision import FastVisionTower  # noqa: E402
+from ninfer.fast.model.vision_attend import measure  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 from ninfer.fast.program.program import vision_bytes  # noqa: E402
 from ninfer.frontend.vision_prompt import mrope_positions  # noqa: E402
@@ -45,7 +50,6 @@ from ninfer.testing.sessions import TokenSession  # noqa: E402
 from ninfer.models.qwen3_5.params import vision_parameters  # noqa: E402
 from ninfer.models.qwen3_5.vision_config import VisionConfig  # noqa: E402
 
-GEMM_TFLOPS = 790.0  # measured bf16 GEMM rate on the H200 (perf-anchors.md)
 TOWER_9B = dict(depth=27, hidden_size=1152, hidden_act="gelu_pytorch_tanh", intermediate_size=4304, num_heads=16,
                 in_channels=3, patch_size=16, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=4096,
                 num_position_embeddings=2304, rope_theta=10000.0, image_token_id=248056, video_token_id=248057,
@@ -147,6 +151,19 @@ def time_encode(tower: FastVisionTower, grid: tuple[int, int, int], repeats: int
     return statistics.median(samples)
 
 
+def attention_candidates(tower: FastVisionTower, n: int) -> tuple:
+    """Every attention candidate's ms at one frame of n patches (random q, k, v), as the tower measures at start."""
+    v = tower.cfg
+    qkv = torch.randn(n, 3, v.num_heads, v.head_dim, device=tower.device, dtype=tower.dtype)
+    cu = torch.tensor([0, n], dtype=torch.int32, device=tower.device)
+    out = torch.empty(n, v.num_heads, v.head_dim, device=tower.device, dtype=tower.dtype)
+    return measure(tower._candidates, qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, n, out, repeats=10).timings
+
+
+def _timings(timings) -> str:
+    return ", ".join(f"{n} {t:.3f}" if isinstance(t, float) else f"{n} ({t})" for n, t in timings) or "none timed"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
@@ -155,25 +172,39 @@ def main(argv: list[str] | None = None) -> dict:
     device = "cpu" if args.smoke else "cuda"
     v = VisionConfig(**(TINY if args.smoke else TOWER_9B))
     tower = random_tower(v, device, torch.float32 if args.smoke else torch.bfloat16)
-    rows = []
-    for w_px, h_px in (IMAGES_TINY if args.smoke else IMAGES_9B):
+    images = IMAGES_TINY if args.smoke else IMAGES_9B
+    tower.warm(max(w_px * h_px for w_px, h_px in images) // v.patch_size ** 2)
+    print(f"attention: {tower.attention.name} (measured at start, ms per layer: {_timings(tower.attention.timings)})")
+    candidates = ()
+    if not args.smoke:
+        w_px, h_px = images[0]
+        candidates = attention_candidates(tower, w_px * h_px // v.patch_size ** 2)
+        print(f"attention candidates at {w_px}x{h_px}, ms per layer: {_timings(candidates)}")
+    rows, stages = [], {}
+    for w_px, h_px in images:
         grid = (1, h_px // v.patch_size, w_px // v.patch_size)
         n = grid[1] * grid[2]
         ms = time_encode(tower, grid, 1 if args.smoke else 10, device)
         floor = flops(v, n) / (GEMM_TFLOPS * 1e12) * 1e3
         rows.append({"image": f"{w_px}x{h_px}", "patches": n, "tokens": n // 4, "ms": ms,
                      "gflop": flops(v, n) / 1e9, "floor_ms": floor, "x_floor": ms / floor})
+        pixels = torch.randn(n, v.patch_dim, device=device)
+        stages[f"{w_px}x{h_px}"] = breakdown(tower, pixels, grid, 1 if args.smoke else 5, device)
     print(f"{'image':>10} {'patches':>8} {'tokens':>7} {'ms':>9} {'GFLOP':>8} {'floor ms':>9} {'x floor':>8}")
     for r in rows:
         print(f"{r['image']:>10} {r['patches']:>8} {r['tokens']:>7} {r['ms']:>9.2f} {r['gflop']:>8.1f} "
               f"{r['floor_ms']:>9.3f} {r['x_floor']:>8.2f}")
+    for r in rows:
+        print_breakdown(r["image"], stages[r["image"]], r["ms"], r["floor_ms"])
     engine = bench_engine(v, args.smoke, 1 if args.smoke else 5)
     print(f"TTFT through the Engine, {engine['image']} image + text, {engine['prompt_tokens']} prompt tokens: "
           f"{engine['ttft_ms']:.1f} ms (the same length as text only: {engine['text_only_ttft_ms']:.1f} ms); device "
           f"memory reserved after start grew by {engine['reserved_growth_mib']:.0f} MiB")
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows,
               "target": "1024x1024 within 2x of the floor",
-              "pass": None if args.smoke else rows[0]["x_floor"] <= 2.0, "engine": engine}
+              "pass": None if args.smoke else rows[0]["x_floor"] <= 2.0, "engine": engine,
+              "attention": {"chosen": tower.attention.name, "at_start": tower.attention.timings,
+                            "at_first_image": candidates}, "stages": stages}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_vision.json").write_text(json.dumps(result, indent=2))

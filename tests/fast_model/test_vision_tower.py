@@ -1,13 +1,14 @@
 """The fast vision tower against the reference tower on the same random tower (transformers-written, tiny, real
 patch geometry): odd grids below and above the learned table, a two-frame grid. fp32 within relative RMS 1e-5 (on
-CPU through the Triton interpreter), bf16 within 1e-2 on a GPU."""
+CPU through the Triton interpreter, and with the naive ops), bf16 within 1e-2 on a GPU. Also: encodes run in the
+workspace planned at start, and warm measures the attention candidates (GPU)."""
 
 import pytest
 import torch
 
 from _fast_env import DEVICE, ON_GPU
 from ninfer.convert.convert import convert_checkpoint
-from ninfer.fast.model.vision import FastVisionTower
+from ninfer.fast.model.vision import GRID_CACHE, FastVisionTower
 from ninfer.reference.weights import load_vision_tower
 from ninfer.testing.checkpoints import make_hf_checkpoint
 from ninfer.testing.numerics import assert_close
@@ -22,10 +23,12 @@ def artifact(tmp_path_factory):
     return convert_checkpoint(ckpt, ckpt.parent / "m.ninfer", progress=False)
 
 
+@pytest.mark.parametrize("kernels", ["triton", "naive"])
 @pytest.mark.parametrize("dtype, tol", DTYPES, ids=str)
-def test_fast_tower_matches_the_reference(artifact, dtype, tol):
+def test_fast_tower_matches_the_reference(artifact, dtype, tol, kernels):
     ref = load_vision_tower(artifact, torch.float64)
-    fast = FastVisionTower.from_artifact(artifact, dtype, DEVICE)
+    fast = FastVisionTower.from_artifact(artifact, dtype, DEVICE, kernels)
+    fast.plan(16 * 12)
     g = torch.Generator().manual_seed(3)
     for grid in GRIDS:
         t, h, w = grid
@@ -39,6 +42,34 @@ def test_warm_runs_the_largest_grid(artifact):
     fast = FastVisionTower.from_artifact(artifact, torch.float32, DEVICE)
     fast.warm(48 * 4)
     assert (12, 12) in fast._grids  # 192 patches: the largest whole-block square, 12 x 12 = 144 <= 192
+    assert fast.workspace.patches == 192
+
+
+def test_encodes_run_in_the_planned_workspace(artifact):
+    """After `plan(N)` every encode of at most N patches uses the same buffer (the same features as a tower
+    without a plan, which sizes one at first use); the grid tables stay bounded."""
+    fast = FastVisionTower.from_artifact(artifact, torch.float32, DEVICE)
+    fast.plan(16 * 12)
+    buffer = fast.workspace.buffer
+    fresh = FastVisionTower.from_artifact(artifact, torch.float32, DEVICE)
+    g = torch.Generator().manual_seed(5)
+    grids = [(1, 16, 12), (1, 2, 2), (2, 4, 6), (1, 10, 4), (1, 4, 4), (1, 6, 2)]
+    for grid in grids:
+        pixels = torch.randn(grid[0] * grid[1] * grid[2], fast.cfg.patch_dim, generator=g)
+        assert torch.equal(fast.encode(pixels, grid), fresh.encode(pixels, grid))
+        assert fast.workspace.buffer is buffer
+    assert len(fast._grids) == GRID_CACHE < len({g[1:] for g in grids})
+    with pytest.raises(ValueError, match="does not fit"):
+        fast.workspace.take("x", (16 * 12 + 1, fast.cfg.hidden_size))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the attention candidates are timed with CUDA events")
+def test_warm_measures_the_attention_candidates(artifact):
+    fast = FastVisionTower.from_artifact(artifact, torch.bfloat16, DEVICE)
+    fast.warm(16 * 12)
+    names = [name for name, _ in fast.attention.timings]
+    assert names == list(fast._candidates) and fast.attention.name in names
+    assert isinstance(dict(fast.attention.timings)[fast.attention.name], float)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="device memory statistics need CUDA")

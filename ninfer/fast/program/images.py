@@ -54,8 +54,8 @@ class ImageInputs:
         if key not in self._held:
             if self.tower is None:
                 raise RuntimeError("a sequence with images reached a fast Program without the vision tower")
-            pixels = torch.from_numpy(img.pixels).to(self.device)
-            self._held[key] = self.tower.encode(pixels, img.grid)  # [tokens, H]
+            # the host's pixels go straight into the tower's planned workspace
+            self._held[key] = self.tower.encode(torch.from_numpy(img.pixels), img.grid)  # [tokens, H]
             while len(self._held) > HELD:
                 self._held.popitem(last=False)
         self._held.move_to_end(key)

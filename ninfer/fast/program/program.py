@@ -91,6 +91,8 @@ class FastProgram(Program):
         # the decode graph starts with each row's backup copy (live slot -> the backup slot of its table row)
         self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler,
                                         backup_base=c.backup_slot(0))
+        if vision is not None and vision_patches:
+            vision.plan(vision_patches)  # the largest image's activations, before anything else is measured
         costs, prefill = CostFacts(), PrefillCosts()  # the generic fallbacks off CUDA
         piece = min(c.max_prefill_tokens, c.max_context)
         if self.runner.use_graphs:
@@ -99,7 +101,7 @@ class FastProgram(Program):
                 dflash.warm(piece)
             costs = measure_costs(model, self.store, piece)
             if vision is not None and vision_patches:
-                vision.warm(vision_patches)  # the largest image's activations settle in the caching allocator
+                vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         # eager on the same buffers elsewhere. A speculative round is eager (FastExecutor.verify): no plain decode
         # graph would ever run

@@ -1,4 +1,5 @@
 from .naive import vision_attention_naive
-from .triton import vision_attention
+from .sdpa import frames_sdpa
+from .triton import TILES, vision_attention
 
-__all__ = ["vision_attention", "vision_attention_naive"]
+__all__ = ["TILES", "frames_sdpa", "vision_attention", "vision_attention_naive"]

@@ -1,0 +1,99 @@
+"""Which attention the fast vision tower runs, measured once at start.
+
+The candidates are this project's Triton kernel (``ops/vision_attention``) at a few tile shapes, writing into the
+planned workspace, and torch's fused SDPA backends over the frames as a batch (flash, cuDNN, memory-efficient;
+``ops/vision_attention/sdpa.py``). Which is fastest at the tower's head dim (72, not a power of two) depends on the
+GPU, torch's build and the image size, so ``measure`` times each at the largest image on random inputs (after one
+untimed run that compiles it) and keeps the fastest whose output agrees with the Triton kernel's default tile
+within bf16 rounding. A candidate that raises (a backend that does not support the shape or the layout) or
+disagrees is skipped with the reason recorded. Off CUDA nothing is timed: the default tile (or the naive op) runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+
+# (q, k, v [N, nh, d], cu_seqlens [F+1], frame_len, out [N, nh, d]) -> [N, nh, d] (out, or the backend's tensor)
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
+AGREE = 2e-2  # relative RMS against the default tile: bf16 rounding of probabilities and outputs, not a bug
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    name: str
+    # each candidate's measured ms per call at the measured size, or why it was skipped
+    timings: tuple[tuple[str, float | str], ...] = ()
+
+
+def _triton(tile, q, k, v, cu, frame_len, out):
+    from ninfer.fast.ops.vision_attention import vision_attention
+
+    return vision_attention(q, k, v, cu, max_seqlen=frame_len, out=out, tile=tile)
+
+
+def _sdpa(backend, q, k, v, cu, frame_len, out):
+    from ninfer.fast.ops.vision_attention import frames_sdpa
+
+    return frames_sdpa(q, k, v, frame_len, backend)
+
+
+def _naive(q, k, v, cu, frame_len, out):
+    from ninfer.fast.ops.vision_attention import vision_attention_naive
+
+    return vision_attention_naive(q, k, v, cu)
+
+
+def candidates(kernels: str, device: torch.device) -> dict[str, Attend]:
+    """The candidates in preference order (the first is the default and the agreement reference)."""
+    if kernels == "naive":
+        return {"naive": _naive}
+    from ninfer.fast.ops.vision_attention import TILES
+    from ninfer.fast.ops.vision_attention.sdpa import BACKENDS
+
+    found: dict[str, Attend] = {f"triton {bm}x{bn} w{w} s{s}": partial(_triton, (bm, bn, w, s))
+                                for bm, bn, w, s in TILES}
+    if device.type == "cuda":
+        found.update({f"sdpa {b}": partial(_sdpa, b) for b in BACKENDS})
+    return found
+
+
+def _rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    d = (a.float() - b.float()).pow(2).mean().sqrt()
+    return (d / b.float().pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def _ms(fn: Callable[[], torch.Tensor], repeats: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def measure(found: dict[str, Attend], q, k, v, cu, frame_len: int, out: torch.Tensor,
+            repeats: int = 3) -> AttentionChoice:
+    """Time every candidate on these inputs (CUDA) and return the fastest that agrees with the first."""
+    names = list(found)
+    ref = found[names[0]](q, k, v, cu, frame_len, out).clone()
+    timings: list[tuple[str, float | str]] = []
+    for name in names:
+        fn = partial(found[name], q, k, v, cu, frame_len, out)
+        try:
+            err = _rel_rms(fn(), ref)
+        # an SDPA backend that refuses this shape, layout or device (RuntimeError), a tile that does not fit
+        # this GPU's shared memory (Triton's OutOfResources, not a RuntimeError): skipped, not fatal at start
+        except Exception as e:  # noqa: BLE001
+            timings.append((name, f"skipped: {str(e).splitlines()[0][:120]}"))
+            continue
+        if not err < AGREE:
+            timings.append((name, f"skipped: relative RMS {err:.1e} against {names[0]}"))
+            continue
+        timings.append((name, _ms(fn, repeats)))
+    timed = [(ms, name) for name, ms in timings if isinstance(ms, float)]
+    return AttentionChoice(min(timed)[1], tuple(timings))
