@@ -1,8 +1,11 @@
 """Where the fast model's device time goes: per-kernel totals from torch.profiler (CUPTI) over eager decode steps
 and one prefill, for the kernels worth fusing or tuning next. Eager, so every kernel is seen; kernel durations are
 what a graph replays, and the sum against the graph's step time shows the launch gaps the graph still pays.
+Each decode case also reports its launches per step and per layer: the device's count (cuBLAS's split-K reduces
+included) and the host's count per sublayer (``ninfer.testing.launches.count_step``, what the CPU test asserts).
 
 Run: python benchmarks/gpu/profile_fast.py [--models 0.8B,9B,35B-A3B] [--out DIR] [--prefill 8192]
+     python benchmarks/gpu/profile_fast.py --smoke   # a CPU: the tiny model's host launch count only
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fast import Settings, build, decode_inputs  # noqa: E402
+from bench_fast import SMOKE, Settings, build, decode_inputs  # noqa: E402
 from measure import cuda_ms  # noqa: E402
 
 from ninfer.fast.graph_runner import DecodeGraphRunner  # noqa: E402
+from ninfer.testing.launches import count_step  # noqa: E402
 
 STEPS = 5
 
@@ -45,6 +49,16 @@ def kernel_table(fn, steps: int) -> tuple[list[dict], float]:
     return rows, sum(r["us"] for r in rows)
 
 
+def host_launches(cfg, fn) -> dict:
+    """Launches of one call counted on the host: per GDN and attention layer (mixer + FFN) and the step's own."""
+    c = count_step(fn).counts()
+    n_gdn, n_attn = len(cfg.linear_layers), len(cfg.attention_layers)
+    per_ffn = c["ffn"] / cfg.num_hidden_layers
+    return {"total": sum(c.values()), "step": c["step"],
+            "per_gdn_layer": c["gdn"] / n_gdn + per_ffn if n_gdn else 0.0,
+            "per_attention_layer": c["attention"] / n_attn + per_ffn if n_attn else 0.0}
+
+
 def profile_model(name: str, prefill_T: int) -> dict:
     s = Settings(batches=(1, 8), contexts=(512,), prefill=(prefill_T,))
     cfg, plan, model, _ = build(name, s)
@@ -56,27 +70,38 @@ def profile_model(name: str, prefill_T: int) -> dict:
         runner.capture([B])
         graph_ms = cuda_ms(lambda: runner.run(*args), iters=20)
         runner.reset()
-        out[f"decode_B{B}"] = {"kernel_us": total, "graph_us": graph_ms * 1e3,
-                               "launches": sum(r["count"] for r in rows), "top": rows[:30]}
+        launches = sum(r["count"] for r in rows)
+        out[f"decode_B{B}"] = {"kernel_us": total, "graph_us": graph_ms * 1e3, "launches": launches,
+                               "launches_per_layer": launches / cfg.num_hidden_layers,
+                               "host_launches": host_launches(cfg, lambda: model.decode(*args)), "top": rows[:30]}
     tokens = torch.randint(0, cfg.vocab_size, (prefill_T,), device="cuda")
     rows, total = kernel_table(lambda: model.prefill(tokens, 0, 0, 0), 1)
     out[f"prefill_T{prefill_T}"] = {"kernel_us": total, "launches": sum(r["count"] for r in rows), "top": rows[:30]}
     return out  # the model dies with this frame; main empties the cache before the next one
 
 
-def main() -> int:
+def smoke_model(name: str, prefill_T: int) -> dict:
+    """No CUPTI on a CPU: the host launch count of a tiny decode step (naive kernels), so the counting code runs."""
+    cfg, _, model, _ = build(name, SMOKE)
+    args = decode_inputs(cfg, 2, 16, "cpu")
+    return {"decode_B2": {"host_launches": host_launches(cfg, lambda: model.decode(*args))}}
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="0.8B,9B,35B-A3B")
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--out", default=os.environ.get("OUT"))
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
     results = {}
-    for name in args.models.split(","):
+    for name in ["tiny"] if args.smoke else args.models.split(","):
         try:
-            results[name] = profile_model(name, args.prefill)
+            results[name] = smoke_model(name, args.prefill) if args.smoke else profile_model(name, args.prefill)
         except Exception as exc:  # noqa: BLE001 - report and go on to the next model
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / "profile_fast.json").write_text(json.dumps(results, indent=1))
@@ -85,11 +110,19 @@ def main() -> int:
             if case == "error":
                 print(f"{name}: ERROR {c}")
                 continue
-            print(f"\n== {name} {case}: kernels {c['kernel_us']:.0f} us/call, {c['launches']:.0f} launches"
-                  + (f", graph replay {c['graph_us']:.0f} us" if "graph_us" in c else ""))
-            for row in c["top"][:18]:
+            if "kernel_us" in c:
+                print(f"\n== {name} {case}: kernels {c['kernel_us']:.0f} us/call, {c['launches']:.0f} launches"
+                      + (f", graph replay {c['graph_us']:.0f} us" if "graph_us" in c else ""))
+            if "host_launches" in c:
+                h = c["host_launches"]
+                device = (f" on the device ({c['launches_per_layer']:.1f} per layer)" if "launches" in c else "")
+                print(f"  {name} {case} launches per step: {c.get('launches', h['total']):.0f}{device}; "
+                      f"{h['total']} on the host: {h['per_gdn_layer']:.1f} per GDN layer, "
+                      f"{h['per_attention_layer']:.1f} per attention layer, {h['step']} for the step")
+            for row in c.get("top", [])[:18]:
                 print(f"  {row['us']:8.1f} us  x{row['count']:5.0f}  {row['kernel']}")
-    return 0
+    errors = [n for n, r in results.items() if "error" in r]
+    return 1 if args.smoke and errors else 0
 
 
 if __name__ == "__main__":

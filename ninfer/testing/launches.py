@@ -5,14 +5,16 @@ only a device profile sees (benchmarks/gpu/profile_fast.py).
 
 ``with LaunchCounter() as c: ...`` records ``(section, name)`` per launch; ``c.section("gdn")`` attributes the
 launches inside it, and ``c.syncs`` lists the ops that read a device value back (a graph body must have none).
-Run the code once before counting: an autotuned kernel's first call launches every configuration it times.
+``count_step(fn)`` counts one call with the fast model's sublayers as sections (``gdn``, ``attention``, ``ffn``;
+the rest is ``step``). Run the code once before counting: an autotuned kernel's first call launches every
+configuration it times.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,6 +32,10 @@ def _triton_kernel_classes() -> list[type]:
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     return [JITFunction, InterpretedFunction]
+
+
+# the fast model's sublayer forwards, as ninfer.fast.model.model calls them, and the section each one's launches go to
+SUBLAYERS = {"gdn_mixer": "gdn", "attention_mixer": "attention", "ffn": "ffn"}
 
 
 class LaunchCounter(TorchDispatchMode):
@@ -88,3 +94,25 @@ class LaunchCounter(TorchDispatchMode):
             finally:
                 counter._in_kernel -= 1
         return counted_run
+
+
+def count_step(fn: Callable[[], object]) -> LaunchCounter:
+    """Count the launches of ``fn()`` (a fast-model call), each sublayer's in its own section."""
+    import ninfer.fast.model.model as model_module
+    counter = LaunchCounter()
+    saved = {name: getattr(model_module, name) for name in SUBLAYERS}
+
+    def sectioned(name: str):
+        def run(*args, **kwargs):
+            with counter.section(SUBLAYERS[name]):
+                return saved[name](*args, **kwargs)
+        return run
+    try:
+        for name in SUBLAYERS:
+            setattr(model_module, name, sectioned(name))
+        with counter:
+            fn()
+    finally:
+        for name, f in saved.items():
+            setattr(model_module, name, f)
+    return counter

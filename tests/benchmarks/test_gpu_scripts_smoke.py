@@ -176,3 +176,14 @@ def test_bench_llamacpp_reads_the_tools_outputs(tmp_path, monkeypatch):
     assert tiny["tg128_ms"] == 5.0 and tiny["prefill_tok_s"] == {"2048": 9000.0, "8192": 8000.0}
     assert not model.exists()  # the GGUF is removed once measured
     bench_llamacpp.print_table(results)
+
+
+def test_profile_fast_smoke(tmp_path):
+    # no CUPTI on the CPU: only the host launch count per step and per layer kind of the tiny model
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "profile_fast.py"), "--smoke", "--out",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    counted = json.loads((tmp_path / "profile_fast.json").read_text())["tiny"]["decode_B2"]["host_launches"]
+    assert all(_positive(counted[k]) for k in ("total", "step", "per_gdn_layer", "per_attention_layer"))
+    assert "launches per step" in done.stdout

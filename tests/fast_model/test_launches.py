@@ -10,11 +10,10 @@ from collections import Counter
 import pytest
 import torch
 
-import ninfer.fast.model.model as model_module
 from _fast_env import DEVICE
 from _fast_setup import build_pair, place_sequences, tiny_config
 from ninfer.fast.model import kernels as kernels_module
-from ninfer.testing.launches import LaunchCounter
+from ninfer.testing.launches import LaunchCounter, count_step
 
 I32 = dict(dtype=torch.int32, device=DEVICE)
 GDN = ["_gemv_kernel", "_recurrent_kernel", "_gemv_kernel"]
@@ -32,17 +31,7 @@ def _poison_and_seed():
     yield
 
 
-def _sectioned(monkeypatch, counter):
-    for name, section in (("gdn_mixer", "gdn"), ("attention_mixer", "attention"), ("ffn", "ffn")):
-        fn = getattr(model_module, name)
-
-        def wrapped(*args, _fn=fn, _section=section, **kwargs):
-            with counter.section(_section):
-                return _fn(*args, **kwargs)
-        monkeypatch.setattr(model_module, name, wrapped)
-
-
-def test_decode_step_launches_per_layer(monkeypatch):
+def test_decode_step_launches_per_layer():
     # a context capacity past 256 keys, so attention splits the keys and merges them (as at real context sizes)
     cfg = tiny_config()
     pair = build_pair(cfg, torch.float32, "triton", max_context=1024, page_size=16)
@@ -52,10 +41,7 @@ def test_decode_step_launches_per_layer(monkeypatch):
     args = (torch.tensor([3, 4], device=DEVICE), torch.tensor(slots, **I32), torch.tensor(rows, **I32),
             torch.tensor([9, 9], **I32), torch.tensor([8, 8], **I32))
     pair.fast.decode(*args)
-    counter = LaunchCounter()
-    _sectioned(monkeypatch, counter)
-    with counter:
-        pair.fast.decode(*args)
+    counter = count_step(lambda: pair.fast.decode(*args))
     n_gdn, n_attn = len(cfg.linear_layers), len(cfg.attention_layers)
     assert counter.names("gdn") == GDN * n_gdn
     assert counter.names("attention") == ATTENTION * n_attn
