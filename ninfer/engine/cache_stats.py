@@ -36,6 +36,15 @@ class CacheStats:
     def miss(self, cause: Miss) -> None:
         self.misses[cause.value] += 1
 
+    def lookup(self, reused: int, cause: Miss) -> None:
+        """One adopted materialization: a hit of `reused` prompt tokens, or (none reused) a miss for `cause`."""
+        self.lookups += 1
+        if reused:
+            self.hits += 1
+            self.hit_tokens += reused
+        else:
+            self.miss(cause)
+
 
 @dataclass(frozen=True)
 class CacheReport:

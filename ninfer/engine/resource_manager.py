@@ -3,15 +3,15 @@
 Pure Python. It makes the logical choices (which frontiers to capture, which checkpoint a request resumes from,
 which checkpoints give way, demoted or deleted, and which come back) and adopts the Program's complete
 ResourceResults; it keeps no mirror of device/host bytes, page refcounts or allocator free space (those facts
-belong to the Program). The value of each checkpoint is `retention.Worth`; whether a host replica is copied back or
-recomputed, and whether a checkpoint leaving the device is demoted or deleted, is `cost_model.CostModel`'s verdict
-on the Program's `CostFacts` (docs/context-cache.md).
+belong to the Program). The value of each checkpoint is `retention.Worth`, the frontiers captured and the output
+ends retained are `retention`'s plans; whether a host replica is copied back or recomputed, and whether a
+checkpoint leaving the device is demoted or deleted, is `cost_model.CostModel`'s verdict on the Program's
+`CostFacts`, and which replica comes back is `placement.Placement`'s (docs/context-cache.md).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Iterator
 
 from ninfer.contracts import (CheckpointId, CheckpointInfo, CostFacts, EngineFailure, LaneState, ResourceChoice,
@@ -19,38 +19,11 @@ from ninfer.contracts import (CheckpointId, CheckpointInfo, CostFacts, EngineFai
                               token_digest)
 
 from .cache_stats import CacheStats, Miss
+from .catalog_entry import CatalogEntry, SessionBinding
 from .catalog_index import PrefixIndex
 from .cost_model import CostModel, Verdict
-from .retention import MAX_CAPTURES, Retention, Worth, capture_candidates, fresh_worth
-
-
-@dataclass
-class CatalogEntry:
-    info: CheckpointInfo
-    retention: Retention
-    last_used: int  # logical clock of the last hit or publication
-    hits: int = 0
-    pins: int = 0  # materializations currently reading this checkpoint as their source
-    superseded: bool = False  # a request resumed from it and published a deeper checkpoint
-    origin: int | None = None  # the request that published it
-    continued: bool = False  # that request resumed from the end of an earlier prompt or output (see _supersede)
-
-
-@dataclass(frozen=True)
-class SessionBinding:
-    checkpoint: CheckpointId
-    publication_order: int
-
-
-@dataclass(frozen=True)
-class TerminalFacts:
-    """What the Engine knows of a finished request when it asks for its terminal choice."""
-
-    request_id: int
-    frontier: int  # tokens the sequence has consumed
-    boundary: int | None  # the last committed Frontend boundary, absolute (None: none)
-    session_key: str | None
-    succeeded: bool
+from .placement import Placement
+from .retention import Retention, TerminalFacts, Worth, capture_plan, terminal_retention
 
 
 class ResourceManager:
@@ -68,16 +41,14 @@ class ResourceManager:
         self._below: dict[int, tuple[CheckpointId, ...]] = {}
         self._planned: dict[int, dict[int, Retention]] = {}  # request -> capture frontier -> its class
         self._miss: dict[int, Miss] = {}  # request -> why its last lookup found nothing
-        self._promote: list[CheckpointId] = []  # host-resident checkpoints that earned a hit
-        self._deferred_at: int | None = None  # the Program revision at which the last promotion did not fit
         self.costs = CostModel(costs)
+        self.placement = Placement(self.costs)
         self._clock = 0
 
     @property
     def by_length(self) -> dict[int, dict[str, set[CheckpointId]]]:
         return self.index.by_length
 
-    # ---- lanes ---------------------------------------------------------------------------------------------
     def free_lane(self) -> int | None:
         for i, s in enumerate(self.lanes):
             if s is LaneState.FREE:
@@ -91,7 +62,6 @@ class ResourceManager:
     def enter_terminal(self, lane: int) -> None:
         self._set_lane(lane, LaneState.TERMINAL_PENDING, self.lane_owner[lane])
 
-    # ---- value ---------------------------------------------------------------------------------------------
     def worth(self, entry: CatalogEntry, bound: set[CheckpointId] | None = None) -> Worth:
         bound = self._bound() if bound is None else bound
         return Worth.of(entry.info, entry.retention, entry.hits, self._clock - entry.last_used, entry.info.id in bound,
@@ -120,7 +90,6 @@ class ResourceManager:
         return frozenset(c for c in victims if self.worth(self.catalog[c], bound).demote and
                          self.costs.leave_device(self.catalog[c].info) is Verdict.DEMOTE)
 
-    # ---- admission choice ----------------------------------------------------------------------------------
     def find_source(self, prompt: tuple[int, ...], session_key: str | None) -> CatalogEntry | None:
         """The deepest published checkpoint that is a strict prefix of the prompt (the last prompt token must
         still run to give the first output token's logits), where a host replica is taken only when the cost
@@ -179,21 +148,16 @@ class ResourceManager:
     def _captures(self, rid: int, prompt: tuple[int, ...], reused: int, hints: tuple[int, ...],
                   victims: tuple[CheckpointId, ...]) -> tuple[tuple[int, ...], int]:
         """The frontiers worth capturing, most valuable first, and how many of the victims a capture may displace
-        (those ranked below the most valuable capture)."""
+        (`retention.capture_plan`)."""
         if not self.prefix_caching:
             self._planned[rid] = {}
             return (), 0
-        per_token = self._bytes_per_token()
-        wanted = {f: r for f, r in capture_candidates(len(prompt), reused, hints).items()
-                  if not self.index.holds(prompt, f)}
-        ranked = sorted(wanted, key=lambda f: fresh_worth(wanted[f], f, per_token).rank, reverse=True)[:MAX_CAPTURES]
-        self._planned[rid] = {f: wanted[f] for f in ranked}
-        if not ranked:
-            return (), 0
-        best = fresh_worth(wanted[ranked[0]], ranked[0], per_token).rank
         bound = self._bound()
-        displace = sum(1 for c in victims if self.worth(self.catalog[c], bound).rank < best)
-        return tuple(ranked), displace
+        planned, displace = capture_plan(len(prompt), reused, hints, lambda f: self.index.holds(prompt, f),
+                                         self._bytes_per_token(),
+                                         (self.worth(self.catalog[c], bound).rank for c in victims))
+        self._planned[rid] = planned
+        return tuple(planned), displace
 
     def begin_materialize(self, rid: int, lane: int, choice: ResourceChoice) -> None:
         self._set_lane(lane, LaneState.MATERIALIZING, rid)
@@ -205,7 +169,6 @@ class ResourceManager:
                 self._below[rid] = tuple(c for ids in self.index.matches(choice.prompt, 0, src.info.tokens)
                                          for c in ids if self.catalog[c].origin == src.origin)
 
-    # ---- capture, terminal and placement choices -------------------------------------------------------------
     def capture_choice(self, handle: SequenceHandle, frontier: int) -> ResourceChoice | None:
         if not self.prefix_caching:
             return None
@@ -221,31 +184,15 @@ class ResourceManager:
         return ResourceChoice(TransitionKind.DELETE, victims=victims) if victims else None
 
     def placement_choice(self, revision: int) -> ResourceChoice | None:
-        """Bring back one host replica that earned a hit, when the cost model says a copy beats recomputing it;
-        after one did not fit, not before the Program's resource revision moves (`defer_placement`)."""
-        if revision == self._deferred_at:
-            return None
-        while self._promote:
-            cid = self._promote[0]
-            entry = self.catalog.get(cid)
-            if entry is not None and not entry.info.on_device and entry.pins == 0 and \
-                    self.costs.resume(entry.info, 0) is Verdict.PROMOTE:
-                return ResourceChoice(TransitionKind.PLACE, source=cid)
-            self._promote.pop(0)
-        return None
+        return self.placement.choice(revision, self.catalog)
 
     def defer_placement(self, revision: int) -> None:
-        """The promotion did not fit (no free slot or pages): the replica keeps serving hits from the host, and the
-        promotion is retried once the Program's resources change."""
-        self._deferred_at = revision
+        self.placement.defer(revision)
 
     def terminal_choice(self, handle: SequenceHandle, facts: TerminalFacts) -> ResourceChoice:
-        """Retain the end of a successful output when the Frontend says history reproduces it (its boundary is at
-        the frontier or just after the pending token) or a session key asks for it; release otherwise."""
-        reproduced = facts.boundary is not None and facts.boundary >= facts.frontier
-        if self.prefix_caching and facts.succeeded and facts.frontier > 0 and (
-                reproduced or facts.session_key is not None):
-            retention = Retention.OUTPUT if reproduced else Retention.SESSION
+        """Retain the end of the output in the class `terminal_retention` gives it; release otherwise."""
+        retention = terminal_retention(facts) if self.prefix_caching else None
+        if retention is not None:
             self._planned[facts.request_id] = {facts.frontier: retention}
             return ResourceChoice(TransitionKind.RETAIN, handle=handle, capture_at=facts.frontier)
         return ResourceChoice(TransitionKind.RELEASE, handle=handle)
@@ -253,7 +200,6 @@ class ResourceManager:
     def release_choice(self, handle: SequenceHandle) -> ResourceChoice:
         return ResourceChoice(TransitionKind.RELEASE, handle=handle)
 
-    # ---- adoption ------------------------------------------------------------------------------------------
     def adopt(self, result: ResourceResult, *, rid: int | None, lane: int | None, session_key: str | None = None,
               publication_order: int = 0) -> None:
         """Take the Program's complete result; the only way the catalog and lanes change after a transition."""
@@ -265,7 +211,8 @@ class ResourceManager:
         if rid is not None and rid in self._claims:
             self._unpin(rid, result)
         if result.kind is TransitionKind.MATERIALIZE and result.succeeded and rid is not None:
-            self._count_lookup(rid, result.reused_tokens)
+            cause = self._miss.pop(rid, Miss.COLD if self.prefix_caching else Miss.DISABLED)
+            self.stats.lookup(result.reused_tokens, cause)
         planned = self._planned.get(rid, {}) if rid is not None else {}
         for info in result.published:
             retention = planned.get(info.tokens, Retention.SESSION if result.kind is TransitionKind.RETAIN
@@ -312,7 +259,7 @@ class ResourceManager:
         if entry.info.on_device != info.on_device:
             if info.on_device:
                 self.stats.promotions += 1
-                self._promote = [c for c in self._promote if c != info.id]
+                self.placement.placed(info.id)
             else:
                 self.stats.demotions += 1
         entry.info = info
@@ -326,17 +273,7 @@ class ResourceManager:
             self._sources[rid] = source
             if not entry.info.on_device:
                 self.stats.host_resumes += 1
-                if source not in self._promote:
-                    self._promote.append(source)
-
-    def _count_lookup(self, rid: int, reused: int) -> None:
-        self.stats.lookups += 1
-        if reused:
-            self.stats.hits += 1
-            self.stats.hit_tokens += reused
-        else:
-            self.stats.miss(self._miss.get(rid, Miss.DISABLED if not self.prefix_caching else Miss.COLD))
-        self._miss.pop(rid, None)
+                self.placement.earned(source)
 
     def _publish(self, info: CheckpointInfo, retention: Retention, session_key: str | None, order: int,
                  rid: int | None) -> None:
@@ -375,7 +312,7 @@ class ResourceManager:
         self.index = PrefixIndex()
         for table in (self._claims, self._planned, self._miss, self._sources, self._below):
             table.clear()
-        self._promote.clear()
+        self.placement.clear()
 
     def check_invariants(self) -> None:
         for i, (s, owner) in enumerate(zip(self.lanes, self.lane_owner)):

@@ -1,4 +1,5 @@
-"""Retention policy of the context cache: which frontiers are worth capturing and what each checkpoint is worth.
+"""Retention policy of the context cache: which frontiers are worth capturing, which output ends are retained, and
+what each checkpoint is worth.
 
 Pure functions over ints (docs/context-cache.md). A checkpoint's value is the prefill work a hit saves per byte it
 holds, weighted by its retention class and its observed hits, and decayed by how long ago it was last used:
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from ninfer.contracts import CheckpointInfo
 
@@ -116,3 +118,40 @@ def capture_candidates(prompt_len: int, reused: int, hints: tuple[int, ...]) -> 
 def fresh_worth(retention: Retention, tokens: int, bytes_per_token: float) -> Worth:
     """A capture not yet made: its class's prior hits, age 0, bytes estimated from the catalog's checkpoints."""
     return Worth(retention, tokens, max(1, round(bytes_per_token * tokens)), PRIOR_HITS[retention], 0, False)
+
+
+def capture_plan(prompt_len: int, reused: int, hints: tuple[int, ...], held: Callable[[int], bool],
+                 bytes_per_token: float, victim_ranks: Iterable[tuple[bool, float]]
+                 ) -> tuple[dict[int, Retention], int]:
+    """The capture candidates not `held` already, most valuable first (at most MAX_CAPTURES), with their classes,
+    and how many of the victims (their ranks, in victim order) rank below the most valuable one: those a capture
+    may displace. The ranks are read only when some frontier is worth capturing."""
+    wanted = {f: r for f, r in capture_candidates(prompt_len, reused, hints).items() if not held(f)}
+    ranked = sorted(wanted, key=lambda f: fresh_worth(wanted[f], f, bytes_per_token).rank, reverse=True)
+    planned = {f: wanted[f] for f in ranked[:MAX_CAPTURES]}
+    if not planned:
+        return planned, 0
+    best = fresh_worth(wanted[ranked[0]], ranked[0], bytes_per_token).rank
+    return planned, sum(1 for rank in victim_ranks if rank < best)
+
+
+@dataclass(frozen=True)
+class TerminalFacts:
+    """What the Engine knows of a finished request when it asks for its terminal choice."""
+
+    request_id: int
+    frontier: int  # tokens the sequence has consumed
+    boundary: int | None  # the last committed Frontend boundary, absolute (None: none)
+    session_key: str | None
+    succeeded: bool
+
+
+def terminal_retention(facts: TerminalFacts) -> Retention | None:
+    """The class in which the end of a finished output is retained, None to release it: OUTPUT when the request
+    succeeded and the Frontend says history reproduces it (its boundary is at the frontier or just after the
+    pending token), SESSION when only its session key asks for it."""
+    if not facts.succeeded or facts.frontier <= 0:
+        return None
+    if facts.boundary is not None and facts.boundary >= facts.frontier:
+        return Retention.OUTPUT
+    return Retention.SESSION if facts.session_key is not None else None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ninfer.contracts import (EngineFailure, FinishReason, GenerationStart, Infeasible, RequestState, ResourceResult,
                               TransitionKind)
 
-from .resource_manager import TerminalFacts
+from .retention import TerminalFacts
 
 if TYPE_CHECKING:
     from .core import EngineCore

@@ -4,8 +4,8 @@ the SessionIndex, and the counters."""
 from __future__ import annotations
 
 from ninfer.contracts import CheckpointId, CheckpointInfo, ResourceResult, SequenceHandle, TransitionKind, token_digest
-from ninfer.engine.resource_manager import ResourceManager, TerminalFacts
-from ninfer.engine.retention import Retention, Worth
+from ninfer.engine.resource_manager import ResourceManager
+from ninfer.engine.retention import Retention, TerminalFacts, Worth
 
 PROMPT = tuple(range(1, 200))
 
@@ -135,3 +135,16 @@ def test_a_conversation_keeps_its_reuse_after_a_thousand_unrelated_requests():
     cached = second.result(timeout=0).usage.cached_prompt_tokens
     assert cached == len(turn1) - 2 and cached >= 0.9 * len(turn1)
     assert engine.core.resources.stats.deletions > 100  # the one-off prompts' checkpoints churned through
+
+
+def test_terminal_retention_classes():
+    """OUTPUT where history reproduces the end (boundary at the frontier or past it), SESSION where only a session
+    key asks, nothing for a failed or empty request."""
+    from ninfer.engine.retention import terminal_retention
+
+    cases = {(40, 40, None, True): Retention.OUTPUT, (40, 41, "k", True): Retention.OUTPUT,
+             (40, 39, "k", True): Retention.SESSION, (40, None, "k", True): Retention.SESSION,
+             (40, 39, None, True): None, (40, 40, "k", False): None, (0, 0, "k", True): None}
+    for (frontier, boundary, key, ok), expected in cases.items():
+        assert terminal_retention(TerminalFacts(1, frontier, boundary, key, ok)) is expected
+

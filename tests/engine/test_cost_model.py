@@ -74,7 +74,7 @@ def test_demotion_follows_the_verdict():
 def test_promotion_follows_the_verdict_and_waits_after_a_refusal():
     for facts, promoted in ((FAST_COPY, True), (SLOW_COPY, False)):
         rm = manager(facts, info(1, 300, host=4 << 20))
-        rm._promote.append(CheckpointId(1))  # a hit from the host queued it
+        rm.placement.earned(CheckpointId(1))  # a hit from the host queued it
         choice = rm.placement_choice(revision=3)
         assert (choice is not None) == promoted
         if promoted:
@@ -87,3 +87,18 @@ def test_promotion_follows_the_verdict_and_waits_after_a_refusal():
 def test_cost_facts_are_checked():
     with pytest.raises(ValueError, match="positive rates"):
         CostFacts(copy_bytes_per_s=0)
+
+
+def test_placement_queues_each_earned_replica_once_oldest_first():
+    """The placement verdicts on their own: a replica that earns two hits queues once; a promoted one leaves the
+    queue; one no longer worth the copy (here: back on the device already) is dropped on the way."""
+    rm = manager(FAST_COPY, info(1, 300, host=4 << 20), info(2, 200, host=4 << 20), info(3, 100, device=4 << 20))
+    placement = rm.placement
+    for cid in (2, 1, 2, 3):
+        placement.earned(CheckpointId(cid))
+    assert placement.queue == [CheckpointId(2), CheckpointId(1), CheckpointId(3)]
+    assert placement.choice(0, rm.catalog).source == CheckpointId(2)
+    placement.placed(CheckpointId(2))
+    assert placement.choice(0, rm.catalog).source == CheckpointId(1)
+    placement.placed(CheckpointId(1))
+    assert placement.choice(0, rm.catalog) is None and placement.queue == []

@@ -16,7 +16,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from ninfer.contracts import PendingBatch, RequestState, RowDecision
 from ninfer.engine import admission, engine as engine_mod, failure, transitions
 from ninfer.engine.core import EngineCore
-from ninfer.engine.resource_manager import ResourceManager, SessionBinding
+from ninfer.engine.catalog_entry import SessionBinding
+from ninfer.engine.resource_manager import ResourceManager
 from ninfer.engine.scheduler import Scheduler, Unit
 from ninfer.engine.units import CommittedOutput, UnitRunner
 from ninfer.testing.harness import make_engine_machine
