@@ -142,7 +142,7 @@ def _tokens_of(state: ServerState, body: TokenizeRequest) -> list[int]:
         return fe.tokenizer.encode(body.prompt)
     kwargs = {**state.runtime.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
     try:
-        messages = acquire_messages(body.messages, MediaPolicy.from_options(state.runtime.options))
+        messages = acquire_messages(body.messages, MediaPolicy.of_runtime(state.runtime))
         chat = fe.prepare_chat(ChatRequest(messages, tools=body.tools, tool_choice=body.tool_choice,
                                            response_format=body.response_format, chat_template_kwargs=kwargs,
                                            add_generation_prompt=body.add_generation_prompt))

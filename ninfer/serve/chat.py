@@ -28,7 +28,7 @@ from .submit import generation_request
 def _prepare(state: ServerState, body: ChatCompletionRequest):
     rt = state.runtime
     kwargs = {**rt.options.default_chat_template_kwargs, **(body.chat_template_kwargs or {})}
-    messages = acquire_messages(body.messages, MediaPolicy.from_options(rt.options))
+    messages = acquire_messages(body.messages, MediaPolicy.of_runtime(rt))
     request = ChatRequest(messages, tools=body.tools, tool_choice=body.tool_choice,
                           response_format=body.response_format, parallel_tool_calls=body.parallel_tool_calls,
                           chat_template_kwargs=kwargs, add_generation_prompt=body.add_generation_prompt,

@@ -8,9 +8,14 @@ Runs on a preparation worker (never the event loop). Sources:
   ``O_NOFOLLOW`` and must be a regular file, so a link swapped in after the check is not followed either. A
   ``file://`` URL with a host, a relative path, a query or a fragment is refused.
 - ``http(s)://`` only with ``--allow-remote-media``: fetched within ``--media-fetch-timeout`` (the whole fetch), no
-  redirects, and at most the byte limit read (a larger body is refused, with or without a Content-Length).
+  redirects, and at most the byte limit read (a larger body is refused, with or without a Content-Length). The
+  fetch runs on a thread of its own while the preparation worker watches the request: a client that leaves (the
+  preparation pool's cancel event, ``cancellable``) or the timeout ends the wait at once, and the fetch stops at its
+  next chunk (a stalled read ends within the timeout), its bytes dropped.
 
-Every refusal is an APIError 400 naming the content part (``param``) and the reason.
+The image parts are counted before anything is fetched: a request with more than ``--limit-mm-per-prompt`` images,
+or with any when the server takes none, is refused without a fetch. Every refusal is an APIError 400 naming the
+content part (``param``) and the reason (499 for a client that left).
 """
 
 from __future__ import annotations
@@ -19,15 +24,19 @@ import base64
 import binascii
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
+from ninfer.frontend.grammar.workers import current_cancel
 from ninfer.frontend.media import ImageData
 
 from .errors import APIError
+
+CANCEL_POLL_S = 0.05  # how often a waiting remote fetch looks at its request's cancel event and deadline
 
 
 @dataclass(frozen=True)
@@ -36,12 +45,20 @@ class MediaPolicy:
     allow_remote: bool = False
     max_bytes: int = 20 << 20
     fetch_timeout: float = 10.0
+    max_images: int = 8  # per request (--limit-mm-per-prompt)
+    refusal: str | None = None  # why this server takes no images at all (the Frontend's reason), None: it does
 
     @classmethod
-    def from_options(cls, options: Any) -> "MediaPolicy":
+    def from_options(cls, options: Any, refusal: str | None = None) -> "MediaPolicy":
         local = options.allowed_local_media_path
         return cls(Path(os.path.realpath(local)) if local else None, options.allow_remote_media,
-                   options.media_max_bytes, options.media_fetch_timeout)
+                   options.media_max_bytes, options.media_fetch_timeout, options.limit_mm_per_prompt, refusal)
+
+    @classmethod
+    def of_runtime(cls, rt: Any) -> "MediaPolicy":
+        """The policy of a running server: its options, and its Frontend's reason when it takes no images."""
+        fe = rt.frontend
+        return cls.from_options(rt.options, None if fe.vision is not None else fe.no_vision)
 
 
 def acquire_messages(messages: Any, policy: MediaPolicy) -> Any:
@@ -49,6 +66,7 @@ def acquire_messages(messages: Any, policy: MediaPolicy) -> Any:
     not a list of message objects is returned as it is (the Frontend refuses it with its own message)."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         return messages
+    _check_count(messages, policy)
     out = []
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, Mapping) else None
@@ -60,8 +78,26 @@ def acquire_messages(messages: Any, policy: MediaPolicy) -> Any:
     return out
 
 
+def _is_image(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type", "text") in ("image_url", "image")
+
+
+def _check_count(messages: Sequence, policy: MediaPolicy) -> None:
+    """Refuse, before any fetch, a request with images when none are taken, or with too many."""
+    wheres = [f"messages[{i}].content[{j}]" for i, m in enumerate(messages)
+              if isinstance(m, Mapping) and isinstance(m.get("content"), Sequence)
+              and not isinstance(m.get("content"), (str, bytes))
+              for j, p in enumerate(m["content"]) if _is_image(p)]
+    if wheres and policy.refusal is not None:
+        raise APIError(400, f"{wheres[0]} is an image part; {policy.refusal}", param=wheres[0])
+    if len(wheres) > policy.max_images:
+        where = wheres[policy.max_images]
+        raise APIError(400, f"{len(wheres)} images in one request, over the limit of {policy.max_images} "
+                            "(--limit-mm-per-prompt)", param=where)
+
+
 def _part(part: Any, where: str, policy: MediaPolicy) -> Any:
-    if not isinstance(part, Mapping) or part.get("type", "text") not in ("image_url", "image"):
+    if not _is_image(part):
         return part
     url = part.get("image_url")
     url = url.get("url") if isinstance(url, Mapping) else url
@@ -139,23 +175,63 @@ def _local(url: str, where: str, policy: MediaPolicy) -> bytes:
 
 
 def _remote(url: str, where: str, policy: MediaPolicy) -> bytes:
-    import httpx
+    """The fetch on its own thread; this one waits for it, the request's cancel event and the whole-fetch
+    deadline, whichever comes first."""
+    cancel, deadline = current_cancel(), time.monotonic() + policy.fetch_timeout
+    fetch = _Fetch(url, where, policy, deadline)
+    threading.Thread(target=fetch.run, name="ninfer-media-fetch", daemon=True).start()
+    while not fetch.done.wait(CANCEL_POLL_S):
+        if cancel is not None and cancel.is_set():
+            fetch.stop.set()
+            raise APIError(499, "client disconnected", code="client_closed")
+        if time.monotonic() > deadline:
+            fetch.stop.set()
+            raise fetch.too_slow()
+    if fetch.error is not None:
+        raise fetch.error
+    return fetch.data
 
-    deadline = time.monotonic() + policy.fetch_timeout  # the whole fetch, not each read (a slow drip ends too)
-    try:
-        with httpx.Client(timeout=policy.fetch_timeout, follow_redirects=False) as client:
-            with client.stream("GET", url) as r:
-                if r.status_code != 200:
-                    raise APIError(400, f"{where}: fetching the image gave HTTP {r.status_code}", param=where)
-                data = bytearray()
-                for chunk in r.iter_bytes():
-                    data += chunk
-                    if time.monotonic() > deadline:
-                        raise APIError(400, f"{where}: fetching the image took over {policy.fetch_timeout} s "
-                                            "(--media-fetch-timeout)", param=where)
-                    if len(data) > policy.max_bytes:
-                        raise APIError(400, f"{where}: the remote image is over the limit of {policy.max_bytes} "
-                                            "bytes (--media-max-bytes)", param=where)
-                return bytes(data)
-    except (httpx.HTTPError, httpx.InvalidURL) as e:  # InvalidURL is not an HTTPError (e.g. a control character)
-        raise APIError(400, f"{where}: fetching the image failed: {type(e).__name__}", param=where) from None
+
+class _Fetch:
+    """One remote image fetch, run on its own thread: ``data`` or ``error`` once ``done`` is set. Once ``stop`` is
+    set (the request went away or ran out of time) it reads no further chunk; a read that is stalled ends within
+    the fetch timeout (httpx's per-read timeout), so the thread never outlives the request by more than that."""
+
+    def __init__(self, url: str, where: str, policy: MediaPolicy, deadline: float):
+        self.url, self.where, self.policy, self.deadline = url, where, policy, deadline
+        self.done, self.stop = threading.Event(), threading.Event()
+        self.data: bytes = b""
+        self.error: APIError | None = None
+
+    def too_slow(self) -> APIError:
+        return APIError(400, f"{self.where}: fetching the image took over {self.policy.fetch_timeout} s "
+                             "(--media-fetch-timeout)", param=self.where)
+
+    def run(self) -> None:
+        try:
+            self.data = self._get()
+        except APIError as e:
+            self.error = e
+        finally:
+            self.done.set()
+
+    def _get(self) -> bytes:
+        import httpx
+
+        where, policy = self.where, self.policy
+        try:
+            with httpx.Client(timeout=policy.fetch_timeout, follow_redirects=False) as client:
+                with client.stream("GET", self.url) as r:
+                    if r.status_code != 200:
+                        raise APIError(400, f"{where}: fetching the image gave HTTP {r.status_code}", param=where)
+                    data = bytearray()
+                    for chunk in r.iter_bytes():
+                        data += chunk
+                        if self.stop.is_set() or time.monotonic() > self.deadline:
+                            raise self.too_slow()  # or abandoned: nobody reads this error then
+                        if len(data) > policy.max_bytes:
+                            raise APIError(400, f"{where}: the remote image is over the limit of "
+                                                f"{policy.max_bytes} bytes (--media-max-bytes)", param=where)
+                    return bytes(data)
+        except (httpx.HTTPError, httpx.InvalidURL) as e:  # InvalidURL is not an HTTPError (a control character)
+            raise APIError(400, f"{where}: fetching the image failed: {type(e).__name__}", param=where) from None

@@ -1,6 +1,7 @@
 """Remote image fetches behind --allow-remote-media, against a local HTTP server: the bytes arrive; a body over the
-byte limit (with or without a Content-Length), a slow drip past the timeout, a redirect and an error status are 400s
-naming the part; with the flag off nothing is fetched."""
+byte limit (with or without a Content-Length), a slow drip or a stall past the timeout, a redirect and an error
+status are 400s naming the part; with the flag off nothing is fetched; a client that leaves ends a stalled fetch at
+once (499); images over --limit-mm-per-prompt, or any when the server takes none, are refused before any fetch."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ninfer.serve.errors import APIError
-from ninfer.serve.media import MediaPolicy, fetch
+from ninfer.frontend.grammar.workers import cancellable
+from ninfer.serve.media import MediaPolicy, acquire_messages, fetch
 
 LIMIT = 1000
+STALL_S = 20.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -39,6 +42,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"x")
                 self.wfile.flush()
                 time.sleep(0.1)
+        elif self.path == "/stall":  # headers, then nothing for longer than any test waits
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(STALL_S)
         elif self.path == "/redirect":
             self.send_response(302)
             self.send_header("Location", "/ok")
@@ -73,6 +81,7 @@ def test_fetch_within_limits(base):
 
 @pytest.mark.parametrize("path, needle", [("/big", "over the limit of 1000 bytes"),
                                           ("/unsized", "over the limit of 1000 bytes"), ("/slow", "took over 0.5 s"),
+                                          ("/stall", "took over 0.5 s"),
                                           ("/redirect", "HTTP 302"), ("/missing", "HTTP 404")])
 def test_remote_violations_are_400s(base, path, needle):
     with pytest.raises(APIError) as e:
@@ -98,3 +107,33 @@ def test_url_httpx_refuses_is_a_400():
     with pytest.raises(APIError, match="InvalidURL") as e:
         fetch("http://\x01x/a.png", "messages[0].content[0]", POLICY)
     assert e.value.status == 400
+
+
+def test_a_client_leaving_ends_a_stalled_fetch(base):
+    """The preparation pool sets the request's cancel event when its client leaves: the fetch's wait ends at once
+    (well before the stalled read's own 10 s timeout), with the 499 the Gateway answers a departed client with."""
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(APIError) as e, cancellable(cancel):
+        fetch(f"{base}/stall", "p", MediaPolicy(allow_remote=True, max_bytes=LIMIT, fetch_timeout=10.0))
+    assert e.value.status == 499 and time.monotonic() - t0 < 5.0
+
+
+def _parts(base: str, n: int) -> list[dict]:
+    return [{"type": "image_url", "image_url": {"url": f"{base}/ok"}} for _ in range(n)]
+
+
+def test_images_are_counted_before_any_fetch(base):
+    _Handler.hits.clear()
+    messages = [{"role": "user", "content": _parts(base, 2)}, {"role": "user", "content": _parts(base, 1)}]
+    with pytest.raises(APIError) as e:
+        acquire_messages(messages, MediaPolicy(allow_remote=True, max_bytes=LIMIT, max_images=2))
+    assert e.value.status == 400 and "3 images in one request, over the limit of 2" in e.value.message
+    assert e.value.param == "messages[1].content[0]" and _Handler.hits == []
+    refused = MediaPolicy(allow_remote=True, max_bytes=LIMIT, refusal="this server takes no images")
+    with pytest.raises(APIError, match=r"messages\[0\].content\[0\] is an image part; this server takes no"):
+        acquire_messages(messages, refused)
+    assert _Handler.hits == []
+    fetched = acquire_messages(messages[:1], MediaPolicy(allow_remote=True, max_bytes=LIMIT, max_images=2))
+    assert [p["image"].data for p in fetched[0]["content"]] == [b"x" * LIMIT] * 2 and len(_Handler.hits) == 2

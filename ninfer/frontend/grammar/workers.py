@@ -71,6 +71,12 @@ def cancellable(event: threading.Event):
         _scope.event = None
 
 
+def current_cancel() -> threading.Event | None:
+    """The cancel event of the ``cancellable`` block this thread is in (None outside one): other slow steps of a
+    preparation (the Gateway's remote image fetches) end on it too."""
+    return getattr(_scope, "event", None)
+
+
 def _serve(conn: Connection) -> None:
     """The worker's loop: compile each structural tag it receives until the parent closes its end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the group; the parent decides
@@ -123,7 +129,7 @@ class _Worker:
             self._await_ready()
         try:
             self.conn.send(tag_json)
-            self._await_answer(timeout, getattr(_scope, "event", None))
+            self._await_answer(timeout, current_cancel())
             kind, payload = self.conn.recv()
         except (EOFError, OSError):
             raise WorkerLost(self._ended()) from None

@@ -17,7 +17,7 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 # (BM, BN, num_warps, num_stages): the default tile; the tower measures the others (``TILES``) at start
 DEFAULT_TILE = (64, 64, 4, 2)
-TILES = (DEFAULT_TILE, (128, 64, 8, 2), (128, 64, 4, 3), (128, 128, 8, 2))
+TILES = (DEFAULT_TILE, (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3))
 
 
 @triton.jit
