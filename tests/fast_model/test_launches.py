@@ -1,9 +1,10 @@
 """Launches per decode step, counted (``ninfer.testing.launches``: Triton launches and kernel-running torch ops)
 through the interpreter on the tiny model, per layer kind: a GDN layer is 5 launches (in_proj with its norm, the GDN
 step, out_proj adding the residual, gate_up with its norm and SwiGLU, down adding the residual), an attention layer
-7 (qkv with its norm, RoPE + KV write, attention and its split merge with the output gate, o_proj, gate_up, down).
+7 (qkv with its norm, RoPE + KV write, attention and its split merge with the output gate, o_proj, gate_up, down),
+and the step's own 4 (KV addressing, embedding, final norm, lm_head; a bf16 model adds the logits' fp32 cast).
 The shape rules send the real 0.8B decode projections down the same fused paths (checked on meta tensors), so its
-step is those counts over its 18 + 6 layers plus the step's own launches. Before the fusions: 7 and 11."""
+step is those counts over its 18 + 6 layers plus the step's own launches. Before the fusions: 7, 11 and 12-13."""
 
 from collections import Counter
 
@@ -19,9 +20,8 @@ I32 = dict(dtype=torch.int32, device=DEVICE)
 GDN = ["_gemv_kernel", "_recurrent_kernel", "_gemv_kernel"]
 ATTENTION = ["_gemv_kernel", "_rope_kv_write_kernel", "_decode_kernel", "_merge_kernel", "_gemv_kernel"]
 FFN = ["_gemv_kernel", "_gemv_kernel"]
-# the block-table gather and the flat KV slot of each row (index_select, gather, casts and arithmetic), the
-# embedding, the final norm, the lm_head and its fp32 cast
-STEP_MAX = 13
+# the rows' block tables and KV slots, the embedding, the final norm and the lm_head (an fp32 model: no logits cast)
+STEP = ["_decode_slots_kernel", "aten.embedding", "_rmsnorm_kernel", "aten.mm"]
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +46,7 @@ def test_decode_step_launches_per_layer():
     assert counter.names("gdn") == GDN * n_gdn
     assert counter.names("attention") == ATTENTION * n_attn
     assert counter.names("ffn") == FFN * (n_gdn + n_attn)
-    step = counter.names("step")
-    assert len(step) <= STEP_MAX, step
+    assert counter.names("step") == STEP
     assert counter.syncs == []
 
 

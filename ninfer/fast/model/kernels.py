@@ -77,6 +77,8 @@ class Kernels:
     norm_linear_swiglu: Callable
     # (x [T, K], w [H, K], res) -> None: res gains x @ w^T (in res.h, or as res.delta)
     linear_residual: Callable
+    # (block_tables [R, P], rows [B], positions [B], page_size) -> (table [B, P] int32, slot_mapping [B] int64)
+    decode_slots: Callable
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
@@ -95,8 +97,8 @@ def _stream_norm(rmsnorm: Callable) -> Callable:
 
 
 def triton_kernels() -> Kernels:
-    from ninfer.fast.ops import (gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention, prefill_attention,
-                                 rmsnorm, rope_kv_write, slot_copy, swiglu)
+    from ninfer.fast.ops import (decode_slots, gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention,
+                                 prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
     from ninfer.fast.ops.dflash_select import dflash_select
     from ninfer.fast.ops.fp8_gemm.triton import fp8_gemm
@@ -156,7 +158,7 @@ def triton_kernels() -> Kernels:
                    gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
                    prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
                    slot_copy.slot_copy, dflash_conv, dflash_select, stream_norm, norm_linear, norm_linear_swiglu,
-                   linear_residual)
+                   linear_residual, decode_slots.decode_slots)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:
@@ -194,6 +196,7 @@ def _norm_gemv_wins(x, w) -> bool:
 
 def naive_kernels() -> Kernels:
     from ninfer.fast.ops.dflash_conv.naive import dflash_conv_naive
+    from ninfer.fast.ops.decode_slots.naive import decode_slots_naive
     from ninfer.fast.ops.dflash_select.naive import dflash_select_naive
     from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
     from ninfer.fast.ops.gdn_decode.naive import gdn_decode_naive
@@ -242,7 +245,8 @@ def naive_kernels() -> Kernels:
                    gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, experts,
                    linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive, stream_norm,
                    lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
-                   lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual)
+                   lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual,
+                   decode_slots_naive)
 
 
 def get_kernels(name: str) -> Kernels:

@@ -63,12 +63,10 @@ class FastModel:
         token's absolute position; rope_positions [B] its rotary position where that differs (after a prompt with
         images: position + rope_delta, equal in MRoPE's three rows). Writes K/V into the pages, advances the GDN
         slots. Returns logits [B, V] fp32."""
-        ps = self.plan.page_size
-        table = self.pools.block_tables.index_select(0, block_table_rows.long())  # [B, max_pages]
-        pos = positions.long()
-        pages = table.gather(1, (pos // ps)[:, None])[:, 0].long()
-        step = StepInputs(positions=positions, slot_mapping=pages * ps + pos % ps, slot_ids=slot_ids,
-                          block_table=table, context_lens=context_lens, rope_positions=rope_positions)
+        table, slot_mapping = self.kernels.decode_slots(self.pools.block_tables, block_table_rows, positions,
+                                                        self.plan.page_size)  # [B, max_pages], [B]
+        step = StepInputs(positions=positions, slot_mapping=slot_mapping, slot_ids=slot_ids, block_table=table,
+                          context_lens=context_lens, rope_positions=rope_positions)
         hidden = self._layers(tokens, step)
         return self.logits(hidden)
 
