@@ -1,15 +1,19 @@
-"""Quantized decode GEMV micro-benchmark: ``qgemv`` (FP8 128x128, int4 g128, NVFP4) on the 9B and 35B-A3B decode
-projections at M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, with a sweep of kernel configurations
-(weight rows per program, stages, warps) to tune the heuristic.
+"""Quantized decode GEMV micro-benchmark: ``qgemv`` (FP8 128x128, int4 g128 in the load-time tile order and, as
+``q4_generic``, in the stored order through the generic kernel, NVFP4) on the 9B and 35B-A3B decode projections at
+M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, with a sweep of kernel configurations (weight rows
+per program, stages, warps, tl.dot or dot-free, splits) to tune the heuristic.
 
 Each case is timed inside a CUDA graph of back-to-back calls cycling through weight copies larger than the L2
-cache, so every call streams its weight from HBM. Printed: us per call and TB/s of the bytes really stored.
+cache, so every call streams its weight from HBM. Printed: us per call and GB/s of the bytes really stored, and the
+speed-up over bf16. ``--smoke`` runs every case once on the CPU (interpreter, tiny shape) and checks it against
+``qlinear_naive``: CI runs it (tests/benchmarks/test_gpu_scripts_smoke.py).
 
 ``--gemm M`` times the prefill side instead: per projection at M rows, bf16 cuBLAS, the A8 ``fp8_gemm`` (and its
 activation quantization alone), dequantize-then-cuBLAS per recipe, and ``torch._scaled_mm``'s blockwise FP8 (1x128
 activations x 128x128 weights) in the scale layouts cuBLAS may take, each with its error against the naive A8.
 
-Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--shapes ...] [--gemm 8192] [--out DIR]
+Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--shapes ...] [--gemm 8192] [--out DIR] [--smoke]
+(or ``bash benchmarks/gpu/run.sh qgemv``)
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ import argparse
 import json
 import os
 import sys
+import time
 
-import torch
-import torch.nn.functional as F
+if "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measure import cuda_ms  # noqa: E402
@@ -28,15 +36,29 @@ from quant_weights import RECIPES, random_planes  # noqa: E402
 from shapes import config  # noqa: E402
 
 from ninfer.fast.ops.gemv import gemv  # noqa: E402
-from ninfer.fast.ops.qlinear import from_planes  # noqa: E402
+from ninfer.fast.ops.qlinear import from_planes, qlinear_naive  # noqa: E402
+from ninfer.fast.ops.qlinear.fastgemv import to_tiles  # noqa: E402
 from ninfer.fast.ops.qlinear.triton import qgemv  # noqa: E402
 
 ROTATE_BYTES = 256 << 20
-# (rows per program, stages, warps, tl.dot): the dot-free form sums fp32 products in registers (M = 1 only)
-SWEEP = [(32, 4, 4, True), (64, 3, 8, True), (32, 4, 4, False), (64, 4, 4, False), (128, 3, 8, False)]
+# per (recipe, M = 1 or more): (rows per program, stages, warps, tl.dot, splits or None for the heuristic)
+SWEEP = {
+    ("q4", 1): [(64, 4, 4, False, None), (128, 4, 4, False, None), (128, 2, 4, False, None), (128, 3, 8, False, None),
+                (256, 3, 8, False, None), (128, 4, 4, False, 16), (64, 4, 4, True, None)],
+    ("q4", 8): [(32, 4, 4, True, None), (64, 4, 4, True, None), (64, 3, 8, True, None), (128, 3, 8, True, None),
+                (32, 4, 4, False, None)],
+    ("fp8", 1): [(32, 4, 4, False, None), (64, 4, 4, False, None), (16, 4, 4, False, None), (64, 3, 8, False, None),
+                 (32, 4, 4, True, None)],
+    ("fp8", 8): [(32, 4, 4, True, None), (64, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
+    ("nvfp4", 1): [(32, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
+    ("nvfp4", 8): [(32, 4, 4, True, None), (64, 3, 8, True, None)],
+}
+VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4"]  # q4_generic: int4 in the stored order, the generic kernel
 
 
 def shapes(model: str) -> list[tuple[str, int, int]]:
+    if model == "tiny":
+        return [("tiny", 40, 256)]
     cfg = config(model)
     H = cfg.hidden_size
     q = cfg.num_attention_heads * cfg.head_dim
@@ -48,6 +70,11 @@ def shapes(model: str) -> list[tuple[str, int, int]]:
 
 
 def graph_us(fn, calls: int) -> float:
+    if not torch.cuda.is_available():
+        # --smoke: one host-timed call (the interpreter), only to exercise the path
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -69,43 +96,85 @@ def graph_us(fn, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / (5 * calls)
 
 
-def bench_shape(name: str, N: int, K: int, results: list) -> None:
-    dense = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
-             for _ in range(max(2, ROTATE_BYTES // (N * K * 2)))]
+def _weights(variant: str, N: int, K: int, device: str, smoke: bool) -> list:
+    """Copies of one random weight in the variant's device layout, together past the L2 cache (one on the CPU)."""
+    fmt, dtype, params, _ = RECIPES["q4" if variant == "q4_generic" else variant]
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def make():
+        w = from_planes(fmt, dtype, params, (N, K), random_planes(fmt, params, (N, K), K ** -0.5, gen, device), False)
+        return to_tiles(w) if variant == "q4" else w
+    one = make()
+    return [one] if smoke else [one] + [make() for _ in range(max(2, ROTATE_BYTES // one.nbytes) - 1)]
+
+
+def _sweep(variant: str, M: int, smoke: bool) -> list:
+    if variant == "q4_generic":
+        return [None]
+    configs = SWEEP.get((variant, 1 if M == 1 else 8), [])
+    return [None] + (configs[:2] if smoke else configs)
+
+
+def _config_name(cfg) -> str:
+    if cfg is None:
+        return "default"
+    bw, stages, warps, dot, splits = cfg
+    return f"{bw}r{stages}s{warps}w{'dot' if dot else 'fma'}" + (f"{splits}k" if splits else "")
+
+
+def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:
+    it = iter(range(1 << 30))
+    nbytes = ws[0].nbytes
+    best = None
+    for cfg in _sweep(variant, M, smoke):
+        kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], use_dot=cfg[3],
+                                         splits=cfg[4])
+        name = _config_name(cfg)
+        try:
+            us = graph_us(lambda: qgemv(x, ws[next(it) % len(ws)], **kw), 2 * len(ws))
+            if smoke:
+                ref = qlinear_naive(x, ws[0]).float()
+                err = ((qgemv(x, ws[0], **kw).float() - ref).norm() / ref.norm()).item()
+                if not err < 1e-4:
+                    errors[f"{row['shape']} M={M} {variant} {name}"] = f"relative error {err:.3g}"
+        except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported and skipped
+            print(f"  {variant} {name}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        row[f"{variant}_{name}_us"] = us
+        if best is None or us < best[0]:
+            best = (us, name)
+    if best is None:
+        errors[f"{row['shape']} M={M} {variant}"] = "no configuration ran"
+        return
+    default = row.get(f"{variant}_default_us", float("nan"))
+    row[f"{variant}_bytes"] = nbytes
+    row[f"{variant}_default_gb_s"] = nbytes / default / 1e3
+    row[f"{variant}_best"] = {"us": best[0], "config": best[1], "gb_s": nbytes / best[0] / 1e3,
+                              "speedup_vs_bf16": row["bf16_us"] / best[0]}
+
+
+def bench_shape(name: str, N: int, K: int, results: list, errors: dict, smoke: bool) -> None:
+    device = "cpu" if smoke else "cuda"
+    dtype = torch.float32 if smoke else torch.bfloat16
+    copies = 1 if smoke else max(2, ROTATE_BYTES // (N * K * 2))
+    dense = [torch.randn(N, K, device=device, dtype=dtype) * K ** -0.5 for _ in range(copies)]
+    weights = {v: _weights(v, N, K, device, smoke) for v in VARIANTS}
     for M in (1, 8):
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(M, K, device=device, dtype=dtype)
         it = iter(range(1 << 30))
         bf16 = min(graph_us(lambda: F.linear(x, dense[next(it) % len(dense)]), 2 * len(dense)),
                    graph_us(lambda: gemv(x, dense[next(it) % len(dense)]), 2 * len(dense)))
-        row = {"shape": name, "N": N, "K": K, "M": M, "bf16_us": bf16, "bf16_tb_s": N * K * 2 / bf16 / 1e6}
-        for recipe, (fmt, dtype, params, _) in RECIPES.items():
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            def make():
-                return from_planes(fmt, dtype, params, (N, K), random_planes(fmt, params, (N, K), K ** -0.5, gen,
-                                                                             "cuda"), False)
-            one = make()
-            ws = [one] + [make() for _ in range(max(2, ROTATE_BYTES // one.nbytes) - 1)]
-            best = None
-            # the sweep at M = 1 only: at 8 rows the heuristic's wider tiles are the point
-            for cfg in [None] + (SWEEP if M == 1 else []):
-                kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], use_dot=cfg[3])
-                try:
-                    us = graph_us(lambda: qgemv(x, ws[next(it) % len(ws)], **kw), 2 * len(ws))
-                except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
-                    print(f"  {recipe} {cfg}: {type(exc).__name__}")
-                    continue
-                row[f"{recipe}_{'default' if cfg is None else 'x'.join(map(str, cfg))}_us"] = us
-                if best is None or us < best[0]:
-                    best = (us, cfg)
-            row[f"{recipe}_default_tb_s"] = one.nbytes / row.get(f"{recipe}_default_us", float("nan")) / 1e6
-            best = best or (float("nan"), None)
-            row[f"{recipe}_best"] = {"us": best[0], "config": best[1], "tb_s": one.nbytes / best[0] / 1e6}
+        row = {"shape": name, "N": N, "K": K, "M": M, "bf16_us": bf16, "bf16_gb_s": N * K * 2 / bf16 / 1e3}
+        for variant in VARIANTS:
+            _time_variant(variant, x, weights[variant], M, smoke, row, errors)
         results.append(row)
-        print(f"{name:14} M={M} N={N:6} K={K:6} bf16 {bf16:7.1f} us | " + " | ".join(
-            f"{r} {row.get(f'{r}_default_us', float('nan')):6.1f} us ({row[f'{r}_default_tb_s']:.2f} TB/s) "
-            f"best {row[f'{r}_best']['us']:6.1f} {row[f'{r}_best']['config']}" for r in RECIPES), flush=True)
-    del dense
-    torch.cuda.empty_cache()
+        print(f"{name:14} M={M} N={N:6} K={K:6} bf16 {bf16:7.1f} us {row['bf16_gb_s']:5.0f} GB/s | " + " | ".join(
+            f"{v} {row.get(f'{v}_default_us', float('nan')):6.1f} us ({row.get(f'{v}_default_gb_s', 0):5.0f} GB/s)"
+            f" best {row[f'{v}_best']['us']:6.1f} {row[f'{v}_best']['config']} "
+            f"x{row[f'{v}_best']['speedup_vs_bf16']:.2f}" for v in VARIANTS if f"{v}_best" in row), flush=True)
+    del dense, weights
+    if not smoke:
+        torch.cuda.empty_cache()
 
 
 def _cuda_us(fn, iters: int = 10) -> float:
@@ -172,20 +241,25 @@ def main() -> int:
     ap.add_argument("--models", default="9B")
     ap.add_argument("--shapes", default=None, help="comma-separated projection names (default: all)")
     ap.add_argument("--gemm", type=int, default=0, help="instead: the prefill GEMMs at this many rows")
+    ap.add_argument("--smoke", action="store_true", help="CPU: the interpreter on a tiny shape, results checked")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     results: list = []
-    for model in args.models.split(",") if args.gemm else ():
+    errors: dict = {}
+    models = ["tiny"] if args.smoke else args.models.split(",")
+    for model in models if args.gemm and not args.smoke else ():
         bench_gemm(model, args.gemm, results)
-    for model in () if args.gemm else args.models.split(","):
+    for model in () if args.gemm and not args.smoke else models:
         for name, N, K in shapes(model):
             if args.shapes is None or name in args.shapes.split(","):
-                bench_shape(f"{model}.{name}", N, K, results)
+                bench_shape(f"{model}.{name}", N, K, results, errors, args.smoke)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_qgemv.json"), "w") as f:
-            json.dump(results, f, indent=1, default=str)
-    return 0
+            json.dump({"rows": results, "errors": errors, "skipped": []}, f, indent=1, default=str)
+    for key, why in errors.items():
+        print(f"ERROR {key}: {why}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

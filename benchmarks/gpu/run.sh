@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (<= 240 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
+#   bash benchmarks/gpu/run.sh qgemv    # bench_qgemv.py: the quantized decode GEMV per 9B projection vs bf16 (< 4 min)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
@@ -115,6 +116,12 @@ run_quant() {
         || echo "bench_quant rc=$?"
 }
 
+run_qgemv() {
+    echo "== quantized decode GEMV per projection (fp8, int4 tiled and generic, nvfp4) beside bf16, with its sweep"
+    timeout $(( $(left) < 230 ? $(left) - 5 : 225 )) "$PY" benchmarks/gpu/bench_qgemv.py \
+        --models "${BENCH_MODELS:-9B}" ${OUT:+--out "$OUT"} || echo "bench_qgemv rc=$?"
+}
+
 run_llamacpp() {
     echo "== llama.cpp baseline (built here from the carried source)"
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_llamacpp.py --models "${LLAMACPP_MODELS:-0.8B,9B}" \
@@ -147,7 +154,8 @@ case "$PART" in
     dflash) run_dflash ;;
     agent) run_agent ;;
     quant) run_quant ;;
+    qgemv) run_qgemv ;;
     vision) run_vision ;;
     llamacpp) run_llamacpp ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, dflash, agent, quant, vision, llamacpp)"; exit 2 ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, dflash, agent, quant, qgemv, vision, llamacpp)"; exit 2 ;;
 esac

@@ -130,6 +130,17 @@ def test_bench_quant_smoke(tmp_path):
     assert [t["result"] for t in r["targets"]] == ["not run"] * 4
 
 
+def test_bench_qgemv_smoke(tmp_path):
+    # every variant and the first sweep configurations ran and matched qlinear_naive (the script records errors)
+    rows = _smoke("bench_qgemv.py", tmp_path)["rows"]
+    assert [r["M"] for r in rows] == [1, 8]
+    for r in rows:
+        assert _positive(r["bf16_us"])
+        for v in ("fp8", "q4", "q4_generic", "nvfp4"):
+            assert _positive(r[f"{v}_best"]["us"]) and _positive(r[f"{v}_bytes"])
+        assert r["q4_bytes"] < r["fp8_bytes"]
+
+
 def test_bench_agent_smoke(tmp_path):
     """The agent benchmark through the in-process server: every turn after the first reuses the previous prompt
     (prefilling at most its new tokens plus 64), the reuse survives the unrelated requests, and every target is

@@ -7,6 +7,7 @@ fast kernels cannot run fails at start with its binding, object and format named
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -19,6 +20,7 @@ from ninfer.fast.program import FastProgram
 from ninfer.models.qwen3_5.capacity import weight_bytes
 from ninfer.models.qwen3_5.params import logical_parameters
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
+from ninfer.testing.checkpoints import peaked_text_tensors
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.quant import pack_planes
 from ninfer.testing.serving import serve
@@ -43,6 +45,9 @@ PROGRAM = dict(max_concurrency=2, max_context=128, page_size=4, kv_pages=80, che
 def _recipe_of(name: str, spec, recipe: str):
     if spec.kind not in ("linear", "experts", "router") or spec.shape[-1] < 16:
         return None
+    if recipe == "int4_tiles":
+        # down_proj (K = 128) in groups of whole 128-column tiles: loaded in the tiled GEMV's order
+        return ("int_group", "int4", {"group_size": 128}) if name.endswith("down_proj.weight") else RECIPES["int4"]
     if recipe == "mixed":
         # z and a in int4, the rest of in_proj fp8 (a Segments projection), MLP down kept dense
         if name.endswith(("in_proj_z.weight", "in_proj_a.weight")):
@@ -128,6 +133,25 @@ def test_triton_kernels_on_a_quantized_artifact(tiny, tmp_path, prompt_of):
     path = write_quantized(tmp_path / "fp8.ninfer", cfg, weights, "mixed")
     prompts = [prompt_of(9, seed=3)]
     ref = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**{**PROGRAM, "dtype": torch.float32}))
+    got = serve(_fast(path, kernels="triton"), [token_request(p, 3) for p in prompts], max_concurrency=1)
+    want = serve(ref, [token_request(p, 3) for p in prompts], max_concurrency=1)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+
+
+def test_tiled_int4_through_the_triton_kernels(tiny, tmp_path, prompt_of):
+    """int4 re-laid out at load into the tile order (docs/quantization.md "Loading"; down_proj's K = 128 holds whole
+    tiles): the reference's logits in prefill, its greedy tokens through the Engine on the Triton kernels
+    (interpreted here)."""
+    cfg = dataclasses.replace(tiny[0], intermediate_size=max(128, tiny[0].intermediate_size))
+    path = write_quantized(tmp_path / "int4_tiles.ninfer", cfg, peaked_text_tensors(cfg), "int4_tiles")
+    ref = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**{**PROGRAM, "dtype": torch.float32}))
+    fast = _fast(path, kernels="triton")
+    down = fast.model.weights.layers[0].ffn.down
+    assert down.tiled and not fast.model.weights.layers[0].ffn.gate_up.tiled  # g = 16 keeps the stored order
+    tokens = torch.tensor(prompt_of(21, seed=5))
+    assert_close("int4 tiles logits", _logits(ref, tokens), _logits(fast, tokens), 1e-2)
+    assert fast.model.plan.weight_bytes == fast.model.weights.nbytes
+    prompts = [prompt_of(9, seed=3)]
     got = serve(_fast(path, kernels="triton"), [token_request(p, 3) for p in prompts], max_concurrency=1)
     want = serve(ref, [token_request(p, 3) for p in prompts], max_concurrency=1)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]

@@ -1,6 +1,6 @@
-"""Quantized decode GEMV (FP8 block / per-row, int4, int5, NVFP4) and the prefill dequantizer vs the naive
-oracle on the same packed planes: every decode row count, widths off the tile and block grid, forced split-K,
-SwiGLU-fused, the MoE pair mode; NaN-poisoned outputs. The naive dequantization itself is checked against the
+"""Quantized decode GEMV (FP8 block / per-row, int4, int5, NVFP4; int4 also in the fast GEMV's tile order) and the
+prefill dequantizer vs the naive oracle on the same packed planes: every decode row count, widths off the tile and
+block grid, forced split-K, SwiGLU-fused, the MoE pair mode, tl.dot and dot-free forms; NaN-poisoned outputs. The naive dequantization itself is checked against the
 artifact formats' numpy unpack (the stored layout's definition)."""
 
 import numpy as np
@@ -10,6 +10,7 @@ import torch
 from _device import DEVICE, ON_GPU
 from ninfer.artifact.formats import get_format
 from ninfer.fast.ops.qlinear import concat_rows, dequantize_naive, fusable, qlinear_naive
+from ninfer.fast.ops.qlinear.fastgemv import to_tiles
 from ninfer.fast.ops.qlinear.triton import dequantize, qgemv, qgemv_pairs, qlinear
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.quant import RECIPES, pack_planes, pack_weight
@@ -99,3 +100,53 @@ def test_qgemv_pairs(kind):
     ref_pp = torch.stack([qlinear_naive(x[p:p + 1], w.expert(int(ids.view(-1)[p])))[0] for p in range(T * k)])
     got_pp = qgemv_pairs(x, w, ids, k, a_per_pair=True, pair_weights=pw, out_dtype=torch.float32)
     assert_close(f"qgemv_pairs {kind} per pair", ref_pp.float() * pw.view(-1, 1), got_pp, _tol())
+
+
+# int4 in the fast GEMV's tile order: groups of whole 128-column tiles (g = 128 and 256), widths off the row tile
+TILED = {"int4": {"group_size": 128}, "int4_zp": {"group_size": 256, "zero_point": True, "scale_dtype": "bfloat16"}}
+TILED_SHAPES = [(4096, 4096), (1000, 12288)] if ON_GPU else [(40, 256), (17, 512)]
+
+
+@pytest.mark.parametrize("kind", list(TILED))
+@pytest.mark.parametrize("N,K", TILED_SHAPES)
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_tiled_int4_gemv(kind, N, K, M):
+    w = pack_weight(torch.randn(N, K) * K ** -0.5, kind, DEVICE, params=TILED[kind])
+    t = to_tiles(w)
+    assert t.tiled and torch.equal(dequantize_naive(t), dequantize_naive(w))  # the re-layout is exact
+    x = torch.randn(M, K, device=DEVICE).to(DTYPE)
+    ref = qlinear_naive(x, w)
+    for use_dot in (None, True, False):
+        y = qgemv(x, t, out=torch.full((M, N), float("nan"), device=DEVICE, dtype=DTYPE), use_dot=use_dot)
+        assert_close(f"tiled {kind} use_dot={use_dot}", ref, y, _tol())
+
+
+@pytest.mark.parametrize("kind", list(TILED))
+def test_tiled_int4_split_k_swiglu_prefill(kind):
+    N, K = TILED_SHAPES[-1]
+    w = pack_weight(torch.randn(2 * N, K) * K ** -0.5, kind, DEVICE, params=TILED[kind])
+    t = to_tiles(w)
+    x = torch.randn(5, K, device=DEVICE).to(DTYPE)
+    for use_dot in (True, False):
+        assert_close(f"tiled {kind} split-K", qlinear_naive(x, w), qgemv(x, t, splits=3, use_dot=use_dot), _tol())
+        gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)
+        assert_close(f"tiled {kind} swiglu", torch.nn.functional.silu(gate) * up,
+                     qgemv(x, t, swiglu=True, use_dot=use_dot).float(), _tol())
+    xp = torch.randn(20, K, device=DEVICE).to(DTYPE)
+    assert_close(f"tiled {kind} prefill", qlinear_naive(xp, w), qlinear(xp, t), _tol())
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp8_row"])
+def test_fp8_gemv_rows_dot_free(kind):
+    N, K = SHAPES[-1]
+    w = _weight(kind, N, K)
+    x = torch.randn(3, K, device=DEVICE).to(DTYPE)
+    assert_close(f"fp8 {kind} dot-free rows", qlinear_naive(x, w), qgemv(x, w, use_dot=False), _tol())
+
+
+def test_to_tiles_leaves_other_layouts():
+    # act-order, a group narrower than a tile, and other kinds keep the stored order (the generic kernel)
+    for kind, params in (("int4_act", {"group_size": 128, "zero_point": True, "act_order": True}),
+                         ("int4", {"group_size": 64}), ("int5", {"group_size": 128}), ("fp8", {"block": [16, 32]})):
+        w = pack_weight(torch.randn(8, 256), kind, "cpu", params=params)
+        assert to_tiles(w) is w

@@ -10,8 +10,9 @@ The fused tensors hold exactly the logical parameters' bytes, so ``capacity.weig
 
 Quantized parameters (``quant(name)`` returns a ``QuantWeight``, docs/quantization.md) fuse the same way when their
 kind and column blocking agree (``concat_rows``: the planes concatenated); a fused group that mixes dense and
-quantized parts, or two kinds, becomes ``Segments`` run part by part. A quantized model's plan counts
-``FastWeights.nbytes``, the bytes actually resident.
+quantized parts, or two kinds, becomes ``Segments`` run part by part; each int4 matrix is then re-laid out into the
+decode GEMV's tile order (``fastgemv.to_tiles``, exact). A quantized model's plan counts ``FastWeights.nbytes``, the
+bytes actually resident.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 
 from ninfer.fast.ops.qlinear import QuantWeight, Segments, concat_rows, fusable
+from ninfer.fast.ops.qlinear.fastgemv import to_tiles
 from ninfer.fast.ops.qlinear.layout import dequant_transient_bytes
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
@@ -153,7 +155,7 @@ def _fused(src: Source, specs: dict, names: list[str], dtype: torch.dtype, devic
     if all(q is None for q in qs):
         return _fused_dense(src, specs, names, dtype, device)
     if all(q is not None for q in qs) and fusable(qs):
-        return concat_rows(qs)
+        return to_tiles(concat_rows(qs))
     # runs of consecutive dense parts stay fused with each other, quantized parts stay alone
     parts, run = [], []
     for n, q in zip(names, qs):
@@ -163,7 +165,7 @@ def _fused(src: Source, specs: dict, names: list[str], dtype: torch.dtype, devic
         if run:
             parts.append(_fused_dense(src, specs, run, dtype, device))
             run = []
-        parts.append(q)
+        parts.append(to_tiles(q))
     if run:
         parts.append(_fused_dense(src, specs, run, dtype, device))
     return Segments(tuple(parts))
@@ -183,7 +185,7 @@ def _fused_dense(src: Source, specs: dict, names: list[str], dtype: torch.dtype,
 
 def _one(src: Source, name: str, dtype: torch.dtype, device, quant: Quant = _no_quant):
     q = quant(name)
-    return q if q is not None else src(name).to(device=device, dtype=dtype).contiguous()
+    return to_tiles(q) if q is not None else src(name).to(device=device, dtype=dtype).contiguous()
 
 
 def _gdn(src: Source, specs: dict, p: str, cfg: Qwen35Config, dtype: torch.dtype, device, quant: Quant) -> GdnWeights:

@@ -55,6 +55,7 @@ class QuantWeight:
     a8: bool = False  # every Use of the weight allows 8-bit activations
     zeros: torch.Tensor | None = None  # int kinds: uint8 [.., N, K/g] zero codes
     perm: torch.Tensor | None = None  # int kinds, act-order: int32 [.., K]
+    tiled: bool = False  # int4 in fastgemv's tile order (perm is the tile permutation), set at load by to_tiles
 
     @property
     def n(self) -> int:

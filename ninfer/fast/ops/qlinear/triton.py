@@ -15,18 +15,16 @@ half + i in one tile as ``gemv_swiglu`` does; ``HAS_PW`` scales a pair's output 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms, _tile_rows
+from ninfer.fast.ops.gemv.triton import _finish, _tile_rows
 
+from .fastgemv import fast_kind, fp32_dot, qgemv_fast, split_plan
 from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
 
 MAX_ROWS = 16
-_MAX_SPLITS = 8
 _KIND_ID = {QKind.FP8: 0, QKind.INT4: 1, QKind.INT5: 2, QKind.NVFP4: 3, QKind.INT8: 4}
 
 
@@ -194,39 +192,30 @@ def _aux(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return (w.row_scale if w.row_scale is not None else w.scales), (w.zeros if w.zeros is not None else w.scales)
 
 
-def _fp32_dot(x: torch.Tensor) -> bool:
-    # the interpreter's bf16 arithmetic is wrong, and fp32 activations must not be rounded to tf32
-    return os.environ.get("TRITON_INTERPRET") == "1" or x.dtype == torch.float32
-
-
 def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swiglu: bool = False,
           splits: int | None = None, bw: int | None = None, num_warps: int = 4, num_stages: int = 4,
-          use_dot: bool = True) -> torch.Tensor:
+          use_dot: bool | None = None) -> torch.Tensor:
     """x [M, K] (M <= 16, any row stride) @ dequant(w [N, K])^T -> [M, N] in x's dtype, fp32 accumulation; with
     ``swiglu``, w = [gate | up] and the result is silu(gate) * up [M, N/2]. ``splits``, ``bw`` (weight rows per
     program), ``num_warps`` and ``num_stages`` override the shape heuristic (tests, benchmarks/gpu/bench_qgemv.py);
-    ``use_dot=False`` (M = 1 only) sums fp32 products in registers instead of a padded ``tl.dot``, not yet measured
-    on the GPU (bench_qgemv.py sweeps it)."""
+    ``use_dot=False`` sums fp32 products in registers instead of a padded ``tl.dot`` (the generic kernel: M = 1
+    only). Tiled int4 and 2-D FP8 weights run ``fastgemv``'s kernels."""
     M, K = x.shape
     R = w.n
     assert len(w.shape) == 2 and w.k == K and 1 <= M <= MAX_ROWS, f"qgemv: x {tuple(x.shape)}, w {w.shape}"
-    assert use_dot or M == 1, "qgemv: the dot-free form takes one row"
     x = x if x.stride(1) == 1 else x.contiguous()
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
+    if fast_kind(w):
+        return qgemv_fast(x, w, y, swiglu, splits, bw, num_warps, num_stages, use_dot)
+    use_dot = True if use_dot is None else use_dot
+    assert use_dot or M == 1, "qgemv: the dot-free form takes one row"
     # measured on the H200 (bench_qgemv.py: 9B in_proj and down, int4 and NVFP4): 32 rows a program, 4 warps,
     # 4 stages is the best or within 3% of it at M = 1 (16 rows: 1.7x slower)
     bw = bw or (32 if M <= 8 else 64)
     bk, sb = tile_k(w, bw)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
-    if splits is None:
-        splits = max(1, min(triton.cdiv(2 * _num_sms(x.device), blocks), triton.cdiv(K, bk), _MAX_SPLITS))
-    k_per = triton.cdiv(triton.cdiv(K, splits), bk) * bk
-    splits = triton.cdiv(K, k_per)
-    part, arrivals = y, y
-    if splits > 1:
-        part = torch.empty(splits, M, R, device=x.device, dtype=torch.float32)
-        arrivals = _arrival_table(x.device, blocks)
+    k_per, splits, part, arrivals = split_plan(x, y, blocks, M, R, K, bk, splits)
     if w.perm is not None:
         # act-order: W @ x == W_stored @ x[perm]
         x = x.index_select(1, w.perm)
@@ -236,7 +225,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
         x, w.data, w.scales, rs, zs, y, part, arrivals, y, y, M, R, K, w.data.shape[-1], k_per, splits, n_out,
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, 0, 0, 0, 0, y.stride(0), KIND=_KIND_ID[w.kind],
         HAS_ZERO=w.zeros is not None, BM=MAX_ROWS,
-        BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=_fp32_dot(x), PAIRS=False,
+        BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=splits > 1, SWIGLU=swiglu, FP32_DOT=fp32_dot(x), PAIRS=False,
         TOPK=1, A_PER_PAIR=False, HAS_PW=False, USE_DOT=use_dot, num_warps=num_warps, num_stages=num_stages)
     return y
 
@@ -267,7 +256,7 @@ def qgemv_pairs(x: torch.Tensor, w: QuantWeight, ids: torch.Tensor, top_k: int, 
         x, w.data, w.scales, rs, zs, y, y, y, ids.reshape(-1), pw, 1, R, K, w.data.shape[-1], K, 1, n_out,
         w.block_rows, w.block_cols, x.stride(0), sd, ss, sz, sde, sse, sre, sze, y.stride(0), KIND=_KIND_ID[w.kind],
         HAS_ZERO=w.zeros is not None, BM=MAX_ROWS, BW=bw, BK=bk, SB=sb, EVEN_K=K % bk == 0, SPLIT=False, SWIGLU=swiglu,
-        FP32_DOT=_fp32_dot(x),
+        FP32_DOT=fp32_dot(x),
         PAIRS=True, TOPK=top_k, A_PER_PAIR=a_per_pair, HAS_PW=pair_weights is not None, USE_DOT=True, num_warps=4,
         num_stages=4)
     return y
