@@ -18,6 +18,8 @@ kernel call: a per-row fp8 scale is a [br=1, bc=K] block, and NVFP4's global sca
 ``global_rows`` rows) are repeated per row (4 bytes a row), so parts with different global scales fuse. FP8 parts
 whose row counts are not multiples of the block's rows fuse with their block scales repeated per row (br = 1;
 ``bc``-column blocks unchanged). Parts with act-order permutations never fuse (each has its own column order).
+After fusion, int4 matrices take the decode GEMV's tile order (``fastgemv.to_tiles``: ``tiled``, a permutation
+inside each group recorded in ``perm``).
 """
 
 from __future__ import annotations
