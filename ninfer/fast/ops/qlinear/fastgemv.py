@@ -184,7 +184,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, M, R, 
     else:
         out = tl.sum(acc, axis=2)
     _finish(out, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
-            SPLIT, SWIGLU)
+            SPLIT, SWIGLU, y_ptr, 0, False)
 
 
 @triton.jit
@@ -231,7 +231,7 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per
     else:
         out = tl.sum(acc, axis=2)
     _finish(out, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
-            SPLIT, SWIGLU)
+            SPLIT, SWIGLU, y_ptr, 0, False)
 
 
 def fp32_dot(x: torch.Tensor) -> bool:
