@@ -81,7 +81,6 @@ class Artifact:
             self.drafter = parse_drafter(self.resource(DRAFTER_RESOURCE), self.config)
             check_drafter_bindings(self.drafter, self.bindings)
 
-    # ---- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
         mm = getattr(self, "_mm", None)
         if mm is not None:
@@ -106,7 +105,6 @@ class Artifact:
     def provenance(self) -> dict:
         return dict(self.descriptor.provenance)
 
-    # ---- checksums ------------------------------------------------------------------------------
     def _check(self, o: Object) -> None:
         if o.name in self._verified:
             return
@@ -131,7 +129,6 @@ class Artifact:
             total += o.nbytes
         return total
 
-    # ---- raw access -----------------------------------------------------------------------------
     def _binding(self, name: str) -> Binding:
         if name not in self.bindings:
             raise ArtifactError(f"binding {name!r}", "not bound for the selected features", f"features {self.features}")

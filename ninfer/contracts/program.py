@@ -121,7 +121,6 @@ class Program(Protocol):
     def resource_revision(self) -> int:
         """Advances on every change of global resource topology; plans sealed earlier go stale."""
 
-    # ---- resource transactions ---------------------------------------------------------------------------
     def plan(self, choice: ResourceChoice) -> ResourcePlan | Infeasible:
         """Seal the logical choice against the current revision, or say why it cannot run now / ever."""
 
@@ -139,7 +138,6 @@ class Program(Protocol):
         """True when, with `borrower` holding its full reservation, the end of `donors` still lets `head` enter
         from root with every inactive checkpoint released. No timing assumption."""
 
-    # ---- model transactions ------------------------------------------------------------------------------
     def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
         """Consume up to `max_tokens` further prompt tokens. Returns the PendingBatch holding the first sampled
         token when this chunk finishes the prompt, else None (the frontier advanced, nothing to preview)."""

@@ -47,7 +47,6 @@ class EngineCore:
         self.cache_usage = program.resource_usage()
         self.on_finish: Callable[[RequestRecord], None] = lambda rec: None
 
-    # ---- the boundary ------------------------------------------------------------------------------------
     def boundary(self) -> bool:
         """Run one worker boundary; True when it did any work. Never raises: failures fail the Engine."""
         if self.failed:
@@ -82,7 +81,6 @@ class EngineCore:
             worked = True
         return worked
 
-    # ---- waiting requests ----------------------------------------------------------------------------------
     def _ingest(self) -> bool:
         worked = False
         for rec in self.inbox.take_all():
@@ -117,7 +115,6 @@ class EngineCore:
         finish = FinishReason.CANCELLED if reason is RejectReason.CANCELLED else FinishReason.REJECTED
         self.finish(rec, finish)
 
-    # ---- resource transitions ------------------------------------------------------------------------------
     def _advance_transition(self) -> bool:
         if self.txn is None:
             return False
@@ -174,13 +171,11 @@ class EngineCore:
 
         return next_settlement(self)
 
-    # ---- admission -------------------------------------------------------------------------------------------
     def _try_admission(self) -> bool:
         from .admission import try_admission
 
         return try_admission(self)
 
-    # ---- cancellation ------------------------------------------------------------------------------------------
     def _cancellation_snapshot(self) -> frozenset[int]:
         """Active requests whose consumer cancelled or whose deadline passed, frozen for this boundary."""
         now = self.clock()
@@ -192,7 +187,6 @@ class EngineCore:
                     out.add(rec.rid)
         return frozenset(out)
 
-    # ---- terminal --------------------------------------------------------------------------------------------
     def finish(self, rec: RequestRecord, reason: FinishReason) -> None:
         """Publish the one terminal result and drop the record from the worker's tables."""
         if rec.state is not RequestState.FINISHED:

@@ -94,7 +94,6 @@ class Engine:
             self._thread = threading.Thread(target=self._worker, name="ninfer-engine-core", daemon=True)
             self._thread.start()
 
-    # ---- availability ------------------------------------------------------------------------------------
     @property
     def available(self) -> bool:
         return self.core.failed is None and self.core.inbox.closed is None
@@ -113,7 +112,6 @@ class Engine:
         stats = self.core.resources.stats
         return CacheReport(replace(stats, misses=dict(stats.misses)), self.core.cache_usage)
 
-    # ---- submit --------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> GenerationHandle:
         return self.submit_all([request])[0]
 
@@ -161,7 +159,6 @@ class Engine:
             raise RequestRejected(RejectReason.CONTEXT_TOO_LONG, f"prompt ({len(request.prompt)}) + max_tokens "
                                   f"({request.max_tokens}) = {need} exceeds the context of {limits.max_context}")
 
-    # ---- capacity release ----------------------------------------------------------------------------------
     def _response_done(self, rec: RequestRecord) -> None:
         rec.response_done = True
         self._maybe_release(rec)
@@ -179,7 +176,6 @@ class Engine:
             with self._lock:
                 self._outstanding -= 1
 
-    # ---- driving the worker ----------------------------------------------------------------------------------
     def step(self) -> bool:
         """Run one worker boundary on the caller's thread (only for an Engine built with threaded=False)."""
         assert self._thread is None, "step() drives an unthreaded Engine only"
@@ -201,7 +197,6 @@ class Engine:
                 self._wakeup.wait(_IDLE_WAIT_S)
                 self._wakeup.clear()
 
-    # ---- shutdown ----------------------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 0.0) -> None:
         """Stop admitting; let the requests already accepted (waiting or active) finish for up to `timeout`
         seconds; then cancel the rest through the ordinary cancellation paths, so every request gets its one

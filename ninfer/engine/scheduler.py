@@ -31,7 +31,6 @@ class Scheduler:
         self.admission_dirty = True
         self._last_kind = ""
 
-    # ---- waiting queue -----------------------------------------------------------------------------------
     def enqueue(self, rid: int) -> None:
         self.waiting.append(rid)
         self.admission_dirty = True
@@ -48,7 +47,6 @@ class Scheduler:
     def head(self) -> int | None:
         return self.waiting[0] if self.waiting else None
 
-    # ---- admission gate and triggers -----------------------------------------------------------------------
     def note_trigger(self) -> None:
         """A fact that can change the admission verdict: lane released, transition settled, revision changed."""
         self.admission_dirty = True
@@ -72,7 +70,6 @@ class Scheduler:
     def clear_protection(self) -> None:
         self.protected_head, self.donors = None, frozenset()
 
-    # ---- active request states -----------------------------------------------------------------------------
     def start_prefill(self, rid: int) -> None:
         self.staged_prefill.append(rid)
 
@@ -102,7 +99,6 @@ class Scheduler:
             self.staged_prefill.remove(rid)
             self.admission_dirty = True  # the staged-prefill set changed
 
-    # ---- next unit -----------------------------------------------------------------------------------------
     def next_unit(self) -> Unit | None:
         """Control first (it is short and blocks its request); prefill and decode alternate when both have work,
         so consecutive prefill never starves decode and a long decode phase never starves a staged prefill."""

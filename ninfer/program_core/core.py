@@ -49,7 +49,6 @@ class ProgramCore:
     def bump_revision(self) -> None:
         self._revision += 1
 
-    # ---- sizing --------------------------------------------------------------------------------------------
     def root_pages(self, choice: ResourceChoice) -> int:
         """The full-growth reservation: prompt plus every new token (the last one is never consumed, but the
         margin keeps one formula for both Programs)."""
@@ -92,7 +91,6 @@ class ProgramCore:
         live = itertools.chain(self.seqs.values(), self.prepared.values())
         return sum(max(0, s.capture_slots - 1) for s in live)
 
-    # ---- resource transactions -----------------------------------------------------------------------------
     def plan(self, choice: ResourceChoice) -> ResourcePlan | Infeasible:
         kind = choice.kind
         verdict = None
@@ -166,7 +164,6 @@ class ProgramCore:
         return (held_pages + self.root_pages(borrower) + self.root_pages(head) <= self.alloc.total
                 and held_slots <= self.slots.total)
 
-    # ---- lookups -------------------------------------------------------------------------------------------
     def sequence(self, handle: SequenceHandle | None) -> ActiveSequence:
         seq = self.seqs.get(handle.slot) if handle is not None else None
         if seq is None or seq.handle != handle:
@@ -196,7 +193,6 @@ class ProgramCore:
         seq = self.sequence(handle)
         return len(seq.prompt) - seq.prompt_pos
 
-    # ---- accounting ----------------------------------------------------------------------------------------
     def resource_usage(self) -> ResourceUsage:
         return invariants.resource_usage(self)
 

@@ -23,7 +23,6 @@ class Provisional:
     grown: tuple[int, ...]
 
 
-# ---- prefill -------------------------------------------------------------------------------------------------
 def prefill_end(seq: ActiveSequence, max_tokens: int) -> int:
     """Where a prefill chunk of at most `max_tokens` from the frontier ends; EngineFailure when there is nothing to
     prefill (the Engine asked for a chunk of a consumed prompt, or for an empty one)."""
@@ -40,7 +39,6 @@ def capture_cuts(seq: ActiveSequence, start: int, end: int) -> list[tuple[int, i
     return [(f, s) for f, s in seq.captures if start < f < end]
 
 
-# ---- pages and backups ---------------------------------------------------------------------------------------
 def grow(prog: "ProgramCore", seq: ActiveSequence, end: int) -> tuple[int, ...]:
     """Take pages from the reservation until the block table covers positions < end; publish the row."""
     n = prog.config.pages_for(end) - len(seq.table)
@@ -66,7 +64,6 @@ def restore(prog: "ProgramCore", seq: ActiveSequence, prov: Provisional) -> None
         seq.reserve_left += 1
 
 
-# ---- captures ------------------------------------------------------------------------------------------------
 def capture_due(prog: "ProgramCore", seq: ActiveSequence) -> None:
     """Capture the frontier when the ResourceManager chose it (a slot was reserved for it at activation): the GDN
     state is copied into that slot and every page is shared by reference (the partial one too: the checkpoint reads
@@ -94,7 +91,6 @@ def capture_filled(prog: "ProgramCore", seq: ActiveSequence, filled: Sequence[tu
         seq.snapshots.append(Checkpoint(tuple(seq.tokens[:frontier]), table, slot))
 
 
-# ---- commit --------------------------------------------------------------------------------------------------
 def validate_commit(prog: "ProgramCore", batch: PendingBatch, decisions: Sequence[RowDecision]) -> list[ActiveSequence]:
     """Every row's sequence, after checking them all before anything is touched: a live handle, an unchanged
     frontier, and full acceptance of decode rows unless a speculative backend runs (then the Engine's terminal

@@ -44,11 +44,11 @@ class ModelExecutor(Protocol):
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         """(row, handle, tokens) just committed as outputs: the penalties' history follows them."""
 
-    # ---- with a speculative backend (config.speculative) ---------------------------------------------------
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
               ) -> list[tuple[tuple[int, ...], list[Any]]]:
-        """ks[i] draft tokens for row i from its committed state (nothing is changed), each drawn with
-        `ninfer.sampling.draw_draft` at positions frontier + 1 ..; with each its q (None for a greedy row)."""
+        """With a speculative backend (config.speculative) only, as `verify`: ks[i] draft tokens for row i from its
+        committed state (nothing is changed), each drawn with `ninfer.sampling.draw_draft` at positions
+        frontier + 1 ..; with each its q (None for a greedy row)."""
 
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> list[Any]:
         """For every row: save the committed state into `backup_slot(row)`, then consume fed = [pending, drafts]

@@ -33,7 +33,6 @@ class Program(ProgramCore):
     _ahead: ahead_step.Ahead | None = None  # the decode step launched ahead, not yet adopted by `decode`
     ahead_launched = ahead_adopted = 0  # steps launched ahead, and of them those a `decode` adopted
 
-    # ---- the step launched ahead (async scheduling) --------------------------------------------------------
     def launch_ahead(self, handles: Sequence[SequenceHandle]) -> bool:
         """Launch the plain decode step of `handles` now, unmasked; the next `decode` of exactly these rows adopts
         it. False (nothing launched) with a speculative backend: its rounds stay synchronous."""
@@ -61,7 +60,6 @@ class Program(ProgramCore):
         self.discard_ahead()
         return super().abort(txn)
 
-    # ---- model transactions ----------------------------------------------------------------------------------
     def prefill(self, handle: SequenceHandle, max_tokens: int, mask: Any | None = None) -> PendingBatch | None:
         self.discard_ahead()
         seq = self.sequence(handle)

@@ -55,7 +55,6 @@ def abort(prog: "ProgramCore", txn: RunningTransaction, progress: dict[str, Any]
                           released=progress["released"], placed=progress.get("placed", ()), detail="aborted")
 
 
-# ---- materialization -----------------------------------------------------------------------------------------
 def _advance_materialize(prog: "ProgramCore", txn: RunningTransaction,
                          progress: dict[str, Any]) -> ResourceResult | None:
     choice = txn.plan.choice
@@ -182,7 +181,6 @@ def _claim(prog: "ProgramCore", choice: ResourceChoice) -> ActiveSequence:
     return seq
 
 
-# ---- checkpoints -------------------------------------------------------------------------------------------
 def publish(prog: "ProgramCore", ck: Checkpoint) -> tuple[CheckpointInfo, ...]:
     """Publish a complete checkpoint, unless one of the same tokens is already published (then free it)."""
     for other in prog.ckpts.values():
@@ -243,7 +241,6 @@ def _place(prog: "ProgramCore", txn: RunningTransaction, cid: CheckpointId | Non
                           placed=(prog.checkpoint_info(cid),), detail="to host" if ck.slot is None else "to device")
 
 
-# ---- terminal ------------------------------------------------------------------------------------------------
 def _terminal(prog: "ProgramCore", txn: RunningTransaction, choice: ResourceChoice) -> ResourceResult:
     seq = prog.sequence(choice.handle)
     retain = choice.kind is TransitionKind.RETAIN and seq.frontier > 0

@@ -53,7 +53,6 @@ class ReferenceModel:
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.cfg, self.dtype)
 
-    # ---- main decoder --------------------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, state: SequenceState, chunked: bool = True, return_hidden: bool = False,
                 checkpoints: list[SequenceState] | None = None, taps: dict[int, torch.Tensor] | None = None,
                 positions: torch.Tensor | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -161,7 +160,6 @@ class ReferenceModel:
             ))
         return out
 
-    # ---- MTP head ------------------------------------------------------------------------------
     def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, state: SequenceState, step: int = 0,
                     return_hidden: bool = False):
         """Draft logits [T, V] from hidden [T, H] and the token after each, next_tokens [T].

@@ -80,7 +80,6 @@ class ToyProgram:
     def resource_revision(self) -> int:
         return self._revision
 
-    # ---- sizing --------------------------------------------------------------------------------------------
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
@@ -106,7 +105,6 @@ class ToyProgram:
                 slots += 1
         return sum(1 for p, d in drops.items() if self.pages.refs[p] == d), slots
 
-    # ---- resource transactions -----------------------------------------------------------------------------
     def plan(self, choice: ResourceChoice) -> ResourcePlan | Infeasible:
         if choice.kind is TransitionKind.MATERIALIZE:
             need_pages, need_slots = self._need(choice)
@@ -175,7 +173,6 @@ class ToyProgram:
     def capture_allowance_used(self) -> int:
         return sum(max(0, s.capture_slots - 1) for s in self.seqs.values())
 
-    # ---- model transactions ----------------------------------------------------------------------------------
     def _seq(self, handle: SequenceHandle | None) -> ToySequence:
         seq = self.seqs.get(handle.slot) if handle is not None else None
         if seq is None or seq.handle != handle:

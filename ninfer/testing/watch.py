@@ -80,7 +80,6 @@ class ProgramWatch:
     def violate(self, what: str) -> None:
         self.violations.append(f"boundary {self.boundary}: {what}")
 
-    # ---- calls -------------------------------------------------------------------------------------------
     def before(self, name: str, args: tuple) -> None:
         self._live = self._live and self.engine_ok()
         if not self._live:
@@ -118,7 +117,6 @@ class ProgramWatch:
         elif name == "commit":
             self._commit(args[0], args[1])
 
-    # ---- helpers -----------------------------------------------------------------------------------------
     def _phase(self, phase: str) -> None:
         if self._phases and _PHASE[phase] < _PHASE[self._phases[-1]]:
             self.violate(f"phase {phase} after {self._phases[-1]} (order {self._phases + [phase]})")

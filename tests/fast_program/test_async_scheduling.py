@@ -39,7 +39,6 @@ HUNT = settings(max_examples=150, stateful_step_count=30, deadline=None, databas
                 phases=[Phase.generate], suppress_health_check=list(HealthCheck), print_blob=False)
 
 
-# ---- planted bugs ------------------------------------------------------------------------------------------
 def discard_keeps_the_step(prog, ahead):
     """The launched step is dropped without restoring the rows' committed GDN state (pages still go back)."""
     for h, prov in zip(ahead.handles, ahead.provisional):
@@ -122,7 +121,6 @@ def test_the_unmutated_hunt_passes(unmasked):
                                                                                               max_examples=examples))
 
 
-# ---- direct checks -------------------------------------------------------------------------------------------
 def _run(async_scheduling: bool, prompts, max_tokens=9):
     program = _props()._program()
     engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
@@ -167,7 +165,6 @@ def test_a_discarded_step_restores_the_committed_state():
 def test_speculative_rounds_stay_synchronous():
     program = _props()._speculative()
     assert program.launch_ahead([]) is False and program.ahead_handles() == ()
-
 
 
 @pytest.mark.parametrize("planted", [False, True])

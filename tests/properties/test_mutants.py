@@ -24,7 +24,6 @@ from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.toy_program import ToyProgram
 
 
-# ---- commit order ------------------------------------------------------------------------------------------
 def publish_before_commit(self, batch, recs, *, forced):
     """The OutputSession commits and the delta is published before the Program commits."""
     self.core.pending = batch
@@ -72,7 +71,6 @@ def no_decision_check(self, decisions):
     """The accepted-prefix guard removed (both the Engine's and the Program's)."""
 
 
-# ---- capacity ----------------------------------------------------------------------------------------------
 def release_on_either_fact(response_done, consumer_released, capacity_released):
     return response_done or consumer_released
 
@@ -81,7 +79,6 @@ def release_without_consumer(response_done, consumer_released, capacity_released
     return response_done and not capacity_released
 
 
-# ---- Scheduler ---------------------------------------------------------------------------------------------
 def lifo_enqueue(self, rid):
     self.waiting.appendleft(rid)
     self.admission_dirty = True
@@ -120,7 +117,6 @@ def decode_with_staged_prefill(self):
     return unit
 
 
-# ---- admission ---------------------------------------------------------------------------------------------
 def backfill_without_proof(core, head, lane):
     for rid in list(core.scheduler.waiting)[1:]:
         rec = core.records[rid]
@@ -129,7 +125,6 @@ def backfill_without_proof(core, head, lane):
     return False
 
 
-# ---- worker boundary ---------------------------------------------------------------------------------------
 def _boundary_in(order):
     """A worker boundary that runs its phases in `order` (names below) instead of the seed's."""
     def mutant(self):
@@ -198,7 +193,6 @@ def adopt_any_txn(self, result, *, aborted):
                              owner, aborted=aborted)
 
 
-# ---- terminal and cache policy -----------------------------------------------------------------------------
 _terminal_choice = ResourceManager.terminal_choice
 
 
@@ -227,7 +221,6 @@ def shortfall_rejects(core, result, rec, aborted):
     return _after_materialize(core, result, rec, aborted or not result.succeeded)
 
 
-# ---- failure cleanup ---------------------------------------------------------------------------------------
 def cleanup_keeps_the_batch(core):
     if core.txn is not None:
         txn, core.txn, core.txn_owner = core.txn, None, None

@@ -64,7 +64,6 @@ def _speculative() -> ReferenceProgram:
     return ForcedDrafts(_model(1)).install(_program(("cpu", "cpu"), mtp=1, k=3))
 
 
-# ---- the plan -------------------------------------------------------------------------------------------
 def test_the_default_cut_balances_bytes_with_the_embedding_and_head_on_rank_0():
     cfg = _model().cfg
     plan = plan_stages(cfg, ("cpu",) * 3)
@@ -106,7 +105,6 @@ def test_kv_capacity_is_the_minimum_over_devices_and_a_short_device_names_its_by
         kv_pages_per_device(mem, [budgets[0], 100], slots=4)
 
 
-# ---- the stages run as one Program ------------------------------------------------------------------------
 def _equal_runs() -> ReferenceProgram:
     """A greedy prompt, then a sampled and a greedy one that resume from its checkpoints, on one stage and on two:
     the same tokens, and every page and slot the same bytes. Returns the staged Program."""

@@ -93,7 +93,6 @@ class PartReader:
     def _a(self, m: Module, field: str) -> np.ndarray:
         return self.src.array(m.tensors[field].key)
 
-    # ---- block FP8 ------------------------------------------------------------------------------
     def _check_fp8(self, m: Module, n: int, k: int, problems: list[str]) -> None:
         br, bc = self.s.block
         _expect(problems, m, "weight", ("F8_E4M3",), (n, k))
@@ -104,7 +103,6 @@ class PartReader:
         return {"data": self._a(m, "weight"),
                 "scales": bf16_to_f32(s) if m.tensors["weight_scale_inv"].dtype == "BF16" else s}
 
-    # ---- GPTQ -----------------------------------------------------------------------------------
     def _check_gptq(self, m: Module, n: int, k: int, problems: list[str]) -> None:
         b = self.s.bits
         pf, g = 32 // b, _group_of(self.s, m, k, problems)
@@ -138,7 +136,6 @@ class PartReader:
             out["perm"] = perm
         return out
 
-    # ---- AWQ ------------------------------------------------------------------------------------
     def _check_awq(self, m: Module, n: int, k: int, problems: list[str]) -> None:
         g = _group_of(self.s, m, k, problems)
         if not g:
@@ -158,7 +155,6 @@ class PartReader:
         zeros = self._awq_codes(self._a(m, "qzeros")).T
         return self._int_planes(m, codes, self._a(m, "scales").T, zeros)
 
-    # ---- compressed-tensors pack-quantized -------------------------------------------------------
     def _check_packed(self, m: Module, n: int, k: int, problems: list[str]) -> None:
         b = self.s.bits
         pf, g = 32 // b, _group_of(self.s, m, k, problems)
@@ -198,7 +194,6 @@ class PartReader:
         codes = unpack_bits(packed.view(np.uint8).reshape(packed.shape[0], -1), b, k)
         return self._int_planes(m, codes, self._a(m, "weight_scale"), zeros)
 
-    # ---- ModelOpt NVFP4 -------------------------------------------------------------------------
     def _check_nvfp4(self, m: Module, n: int, k: int, problems: list[str]) -> None:
         _expect(problems, m, "weight", ("U8",), (n, k // 2))
         _expect(problems, m, "weight_scale", ("F8_E4M3",), (n, k // 16))

@@ -88,7 +88,6 @@ class Qwen35Config:
     def __post_init__(self) -> None:
         self._validate()
 
-    # ---- derived geometry -------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
         return self.architecture == "Qwen3_5MoeForCausalLM"
@@ -130,7 +129,6 @@ class Qwen35Config:
     def linear_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
 
-    # ---- validation ---------------------------------------------------------------------------
     def _validate(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise ConfigError("architectures", f"unknown architecture {self.architecture!r}; expected one of {ARCHITECTURES}")
@@ -166,7 +164,6 @@ class Qwen35Config:
             raise ConfigError("vision_config.out_hidden_size", f"{self.vision.out_hidden_size} differs from the text "
                                                                f"hidden_size={self.hidden_size}")
 
-    # ---- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         for k, v in d.items():

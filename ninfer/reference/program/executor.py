@@ -57,7 +57,6 @@ class ReferenceExecutor:
         self.vision = vision
         self._features: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
-    # ---- images ----------------------------------------------------------------------------------------------
     def _image_features(self, img) -> torch.Tensor:
         key = (img.digest, img.grid)
         if key not in self._features:
@@ -86,7 +85,6 @@ class ReferenceExecutor:
         return {"tokens": torch.tensor(media.model_ids(tokens)),
                 "positions": torch.from_numpy(media.positions_for(start, end)), "embeds": embeds}
 
-    # ---- state between the stores and the model ----------------------------------------------------------
     def _state(self, seq: ActiveSequence, start: int) -> SequenceState:
         """A private SequenceState at position `start`: the slot's GDN state and the table's KV before `start`."""
         return SequenceState(gdn=self.slots.load(seq.handle.slot), kv=self.pages.gather(seq.table, start),
@@ -143,7 +141,6 @@ class ReferenceExecutor:
         except SamplingError as e:
             return e.failure
 
-    # ---- ModelExecutor -------------------------------------------------------------------------------------
     def prefill(self, seq: ActiveSequence, start: int, end: int,
                 captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
         return self._run(seq, start, seq.prompt[start:end], chunked=True, captures=captures)[-1]  # [V]
@@ -170,7 +167,6 @@ class ReferenceExecutor:
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         """Nothing to follow: a host draw reads the sequence's committed outputs directly."""
 
-    # ---- speculative backend -----------------------------------------------------------------------------
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
               ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
         """k drafts per row from the committed backend state, on a private copy of it."""
