@@ -6,7 +6,9 @@ drafts of the Program with the MTP backend (k = 3), with a wrong token injected 
 emits exactly L tokens (L = 1..k+1; ninfer.testing.speculation.ForcedDrafts does the same on the CPU from a
 reference model). The backend's own draft still runs every round, so its cost stays in the step, and is timed on its
 own. Per model and B = 1, 2, 4, 8: ms per round, emitted tokens per row and round, ms per token and tok/s for each
-L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths.
+L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths. Each
+round is split into phases (`Phases`: draft, verify, accept on the device, replay of a cut block, each between
+device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains.
 
 `--method dflash` (or dflash2) runs issue 12's benchmark instead: a random drafter of the published geometry
 (`shapes.published_drafter`: 5 layers at the target's hidden size, made on the device), blocks 8 and 16 (k = 7,
@@ -39,6 +41,7 @@ from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.engine.records import GenerationRequest  # noqa: E402
+from ninfer.fast.hostcopy import to_device  # noqa: E402
 from ninfer.models.qwen3_5.params import MTP, TEXT  # noqa: E402
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
 from ninfer.testing.sessions import TokenSession  # noqa: E402
@@ -79,6 +82,45 @@ def ks(s: Settings) -> list[int]:
 
 
 # ---- forced drafts -------------------------------------------------------------------------------------------------
+class Phases:
+    """Wall time of the executor's round phases (draft, verify, accept: the device acceptance, where the executor
+    has it; replay: the feed of a cut block), each bracketed by device syncs so the time is the phase's own. The
+    host share of a round is what the Engine's step interval leaves: scheduling, commit, index building."""
+
+    NAMES = ("draft", "verify", "accept", "feed")
+
+    def __init__(self, program, device: str):
+        ex, self.device = program.executor, device
+        self.seconds = {}
+        for name in self.NAMES:
+            if hasattr(ex, name):
+                setattr(ex, name, self._timed(name, getattr(ex, name)))
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = {name: 0.0 for name in self.NAMES}
+        self.rounds = 0
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def _timed(self, name: str, call):
+        def run(*args):
+            self._sync()
+            t = time.perf_counter()
+            out = call(*args)
+            self._sync()
+            self.seconds[name] += time.perf_counter() - t
+            self.rounds += name == "draft"
+            return out
+        return run
+
+    def per_round_ms(self) -> dict:
+        n = max(self.rounds, 1)
+        return {f"{'replay' if name == 'feed' else name}_ms": self.seconds[name] * 1e3 / n for name in self.NAMES}
+
+
 class ForcedContinuation:
     """The backend's draft, run and then overridden by the target's precomputed greedy continuation with a wrong
     token at index `accept` (every row then emits accept + 1 tokens). The verify logits of a block are pinned at the
@@ -97,11 +139,7 @@ class ForcedContinuation:
         ex.draft, ex.verify = self.draft, self.verify
 
     def reset(self, accept: int) -> None:
-        self.accept, self.draft_s, self.calls, self.followed, self.diverged = accept, 0.0, 0, 0, 0
-
-    def _sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        self.accept, self.followed, self.diverged = accept, 0, 0
 
     def _continuation(self, seq, need: int) -> list[int] | None:
         """The continuation after the committed outputs (`need` tokens of it), None once the row left it."""
@@ -111,21 +149,16 @@ class ForcedContinuation:
         return cont[n:n + need]
 
     def draft(self, seqs, ctxs, ks):
-        self._sync()
-        t = time.perf_counter()
         real = self.real_draft(seqs, ctxs, ks)
-        self._sync()
-        self.draft_s += time.perf_counter() - t
-        self.calls += 1
-        return [self._forced(seq, k, got) for seq, k, got in zip(seqs, ks, real)]
+        return [self._forced(seq, k, real, b) for b, (seq, k) in enumerate(zip(seqs, ks))]
 
-    def _forced(self, seq, k: int, got):
+    def _forced(self, seq, k: int, real, b: int):
         if not k:
-            return got
+            return (), []
         ahead = self._continuation(seq, k)
         if ahead is None:
             self.diverged += 1
-            return got
+            return real[b]  # the backend's own drafts (a device block reads them back here)
         self.followed += 1
         drafts = list(ahead)
         if self.accept < k:
@@ -134,12 +167,12 @@ class ForcedContinuation:
 
     def verify(self, seqs, feds):
         out = self.real_verify(seqs, feds)
-        for seq, fed, logits in zip(seqs, feds, out):  # logits [len(fed), V]: row i predicts output n + i
-            last = min(self.accept, len(fed) - 1)  # the first wrong draft's row, or the bonus row
+        for seq, logits in zip(seqs, out):  # logits [len(fed), V]: row i predicts output n + i
+            last = min(self.accept, logits.shape[0] - 1)  # the first wrong draft's row, or the bonus row
             ahead = self._continuation(seq, last + 1)
-            if ahead is not None:
-                for i, token in enumerate(ahead):
-                    logits[i, token] = self.PIN
+            if ahead is not None:  # one indexed write per row, no host read
+                logits[torch.arange(len(ahead), device=logits.device),
+                       to_device(ahead, logits.device, torch.long)] = self.PIN
         return out
 
 
@@ -274,6 +307,7 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
     s = run.s
     program, engine = build(s, name, k)
     try:
+        phases = Phases(program, s.device)
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
         for B in s.batches:
             for L in (2, k + 1) if s.warmup else ():  # a partial block (rollback and replay) and a whole one
@@ -284,10 +318,12 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                     run.results["skipped"].append(f"{name} B={B} L={L} (deadline)")
                     continue
                 forced.reset(L - 1)
+                phases.reset()
                 timed = 1 + s.steps * L
                 row = steady(run_requests(engine, prompts[B], timed + k + 1 + L), timed)
-                row.update(k=k, L=L, draft_ms=forced.draft_s * 1e3 / max(forced.calls, 1),
+                row.update(k=k, L=L, **phases.per_round_ms(),
                            followed=forced.followed / max(forced.followed + forced.diverged, 1))
+                row["host_ms"] = row["step_ms"] - sum(row[f"{n}_ms"] for n in ("draft", "verify", "accept", "replay"))
                 entry.setdefault("spec", []).append(row)
                 run.save()
         program.check_invariants()

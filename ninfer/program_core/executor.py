@@ -54,3 +54,8 @@ class ModelExecutor(Protocol):
         """For every row: save the committed state into `backup_slot(row)`, then consume fed = [pending, drafts]
         at the frontier in place, in one target pass; fp32 logits [len(fed), V] per row (row i: the distribution
         at frontier + 1 + i)."""
+
+    # optional: accept(seqs, ctxs, drafts, targets, grammar) -> [Accepted | RowFailure] per row, grammar[i] one mask
+    # row per verified position: `ninfer.sampling.accept` on the executor's device (the fast Program's one host
+    # copy a round). A `draft` result may also keep its drafts on the device and supply the fed blocks itself
+    # (`drafts.feds(pending)`, lengths on the host); without `accept` the core accepts on the host.

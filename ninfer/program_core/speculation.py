@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ninfer.contracts import BatchKind, DraftMasks, PendingBatch, PendingRow
-from ninfer.sampling import RowContext, SamplingError, accept
+from ninfer.contracts import BatchKind, DraftMasks, PendingBatch, PendingRow, RowFailure
+from ninfer.sampling import Accepted, RowContext, SamplingError, accept
 
 from .execution import Provisional, grow
 from .records import ActiveSequence
@@ -52,13 +52,27 @@ def _mask_rows(mask: Any | None, drafts: tuple[int, ...]) -> list[Any | None]:
 
 def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> PendingBatch:
     ctxs = [row_context(prog, s) for s in seqs]
-    drafts = prog.executor.draft(seqs, ctxs, [draft_room(prog, s, m) for s, m in zip(seqs, masks)])
-    feds = [(s.pending,) + d for s, (d, _) in zip(seqs, drafts)]
+    ex = prog.executor
+    drafts = ex.draft(seqs, ctxs, [draft_room(prog, s, m) for s, m in zip(seqs, masks)])
+    # drafts kept on the device supply their own fed blocks, whose lengths the host knows before any token
+    feds = drafts.feds([s.pending for s in seqs]) if hasattr(drafts, "feds") else \
+        [(s.pending,) + tuple(d) for s, (d, _) in zip(seqs, drafts)]
     provisional = tuple(Provisional(fed, grow(prog, s, s.frontier + len(fed))) for s, fed in zip(seqs, feds))
-    targets = prog.executor.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
-    rows = [_accepted_row(s, ctx, d, q, target, mask) for s, ctx, (d, q), target, mask in
-            zip(seqs, ctxs, drafts, targets, masks)]
+    targets = ex.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
+    if hasattr(ex, "accept"):  # acceptance on the executor's device, the same definition as `accept`
+        grammar = [_mask_rows(m, tuple(fed[1:]) if _fills(m) else (0,) * (len(fed) - 1))
+                   for m, fed in zip(masks, feds)]
+        got = ex.accept(seqs, ctxs, drafts, targets, grammar)
+        rows = [_row(s, g, len(fed) - 1) for s, g, fed in zip(seqs, got, feds)]
+    else:
+        rows = [_accepted_row(s, ctx, tuple(fed[1:]), q, target, mask) for s, ctx, fed, (_, q), target, mask in
+                zip(seqs, ctxs, feds, drafts, targets, masks)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
+
+
+def _fills(mask: Any | None) -> bool:
+    """Whether this row's grammar rows depend on its drafts (so the host must see them before acceptance)."""
+    return isinstance(mask, DraftMasks) and mask.fill is not None
 
 
 def _accepted_row(seq: ActiveSequence, ctx: RowContext, drafts: tuple[int, ...], q: list[Any], target: Any,
@@ -68,9 +82,15 @@ def _accepted_row(seq: ActiveSequence, ctx: RowContext, drafts: tuple[int, ...],
         got = accept(target, drafts, q, ctx, seq.frontier + 1, _mask_rows(mask, drafts))
     except SamplingError as e:
         return PendingRow.failed(seq.handle, seq.frontier + 1, e.failure)
+    return _row(seq, got, len(drafts))
+
+
+def _row(seq: ActiveSequence, got: Accepted | RowFailure, drafted: int) -> PendingRow:
+    if isinstance(got, RowFailure):
+        return PendingRow.failed(seq.handle, seq.frontier + 1, got)
     lps, tops = (None, None) if got.logprobs is None else \
         (tuple(lp for lp, _ in got.logprobs), tuple(top for _, top in got.logprobs))
-    return PendingRow(seq.handle, got.tokens, seq.frontier + 1, lps, tops, drafted=len(drafts))
+    return PendingRow(seq.handle, got.tokens, seq.frontier + 1, lps, tops, drafted=drafted)
 
 
 def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int) -> None:

@@ -70,6 +70,8 @@ def _check_spec(results: dict) -> None:
         # fp32 on the CPU: the precomputed continuation is followed exactly, so every round emits the forced L
         assert r["followed"] == 1.0 and r["tokens_per_step"] == r["L"], r
         assert _positive(r["step_ms"]) and _positive(r["draft_ms"]) and r["draft_ms"] < r["step_ms"]
+        # the round's phases: what a GPU run needs to tell which part remains
+        assert _positive(r["verify_ms"]) and r["replay_ms"] >= 0 and "host_ms" in r and "accept_ms" in r
     assert all(_positive(a["step_ms"]) and a["tokens_per_step"] == 1 for a in tiny["ar"])
     assert set(tiny["targets"]["pass"]) == {"verify_ratio", "speedup", "draft_share"}
     assert tiny["projected"] and all(1 < p["length_at_k"] <= k + 1 and _positive(p["projected_tok_s"])
@@ -109,6 +111,8 @@ def test_bench_spec_dflash_smoke(tmp_path, program, method):
     for r in tiny["spec"]:
         assert r["followed"] == 1.0 and r["tokens_per_step"] == r["L"], r
         assert _positive(r["step_ms"]) and _positive(r["draft_ms"]) and r["draft_ms"] < r["step_ms"]
+        # the round's phases: what a GPU run needs to tell which part remains
+        assert _positive(r["verify_ms"]) and r["replay_ms"] >= 0 and "host_ms" in r and "accept_ms" in r
     t = tiny["dflash_targets"]["7"]
     assert _positive(t["values"]["draft_share_of_ar"]) and _positive(t["values"]["speedup"])
     assert t["values"]["b8_ratio"] is None and not t["applies"]  # no B = 8 in the smoke run

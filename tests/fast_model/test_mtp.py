@@ -29,12 +29,15 @@ def _ref_drafts(ref, st, hidden, pending, k):
 
 
 def _fast_drafts(fast, slots, rows, frontiers, pending, ks):
+    """Greedy drafts drawn on the device; every row drafts max(ks) steps (its own ks[i] are the ones it keeps)."""
     got: dict[tuple[int, int], torch.Tensor] = {}
 
-    def draw(i, j, logits):
-        got[i, j] = logits
-        return int(torch.argmax(logits))
-    drafts = fast.mtp.draft(slots, rows, frontiers, pending, ks, draw)
+    def draw(j, live, logits):
+        for n, i in enumerate(live.tolist()):
+            got[i, j] = logits[n].clone()
+        return torch.argmax(logits, dim=-1)
+    fast.mtp.draft(slots, rows, frontiers, pending, ks, draw)
+    drafts = [[int(torch.argmax(got[i, j])) for j in range(k)] for i, k in enumerate(ks)]
     return drafts, [torch.stack([got[i, j] for j in range(k)]) for i, k in enumerate(ks)]
 
 
@@ -48,7 +51,7 @@ def test_mtp_head_follows_the_reference(dtype, kernels, tol):
     states, last = [], []
     for slot, row, tokens in zip(slots, rows, prompts):
         _, hidden = fast.prefill(tokens.to(DEVICE), slot, row, 0, return_hidden=True)
-        fast.mtp.advance([slot], [row], [0], [tokens.tolist()], [hidden])
+        fast.mtp.advance([slot], [row], [0], tokens.to(DEVICE), [hidden])
         st = ref.new_state()
         _, h = ref.prefill(tokens, st, return_hidden=True)
         ref.mtp_forward(h[:-1], tokens[1:], st)
@@ -65,9 +68,9 @@ def test_mtp_head_follows_the_reference(dtype, kernels, tol):
         assert_close(f"row {i} draft logits", want, logits[i], tol)
     # one verified block per row, [pending, drafts], then the drafts from the new frontier
     blocks = [[p] + d for p, d in zip(pending, drafts)]
-    _, hidden = fast.verify(torch.tensor([t for b in blocks for t in b], device=DEVICE), slots, rows, frontiers,
-                            [len(b) for b in blocks])
-    fast.mtp.advance(slots, rows, frontiers, blocks, list(torch.split(hidden, [len(b) for b in blocks])))
+    packed = torch.tensor([t for b in blocks for t in b], device=DEVICE)
+    _, hidden = fast.verify(packed, slots, rows, frontiers, [len(b) for b in blocks])
+    fast.mtp.advance(slots, rows, frontiers, packed, list(torch.split(hidden, [len(b) for b in blocks])))
     for i, block in enumerate(blocks):
         _, h = ref.prefill(torch.tensor(block), states[i], chunked=False, return_hidden=True)
         ref.mtp_forward(torch.cat([last[i][None], h[:-1]]), torch.tensor(block), states[i])

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ninfer.fast.hostcopy import to_device
 from ninfer.fast.memory import MemoryPlan, Pools, allocate_pools
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 
@@ -147,28 +148,28 @@ class FastModel:
                              f"context {self.plan.max_context}")
         step = self._verify_inputs(slot_ids, block_table_rows, starts, lens)
         if rope_deltas is not None and any(rope_deltas):
-            step.rope_positions = step.positions + torch.tensor([d for d, n in zip(rope_deltas, lens)
-                                                                 for _ in range(n)], **_i32(self.device))
+            step.rope_positions = step.positions + to_device([d for d, n in zip(rope_deltas, lens)
+                                                              for _ in range(n)], self.device)
         hidden = self._layers(tokens, step, taps)
         return self.logits(hidden), hidden
 
     def _verify_inputs(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
                        lens: Sequence[int]) -> StepInputs:
+        """The blocks' addressing, built on the host and queued through pinned memory (no host sync)."""
         dev, ps = self.device, self.plan.page_size
-        i32 = dict(device=dev, dtype=torch.int32)
-        table = self.pools.block_tables.index_select(0, torch.tensor(rows, device=dev))  # [B, max_pages]
-        pos = torch.tensor([s + j for s, n in zip(starts, lens) for j in range(n)], device=dev)  # [N]
-        block = torch.tensor([i for i, n in enumerate(lens) for _ in range(n)], device=dev)  # [N]
+        table = self.pools.block_tables.index_select(0, to_device(rows, dev))  # [B, max_pages]
+        pos_host = [s + j for s, n in zip(starts, lens) for j in range(n)]
+        pos = to_device(pos_host, dev, torch.long)  # [N]
+        block = to_device([i for i, n in enumerate(lens) for _ in range(n)], dev, torch.long)  # [N]
         pages = table[block, pos // ps].long()
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)
-        steps = [(torch.tensor([cu[i] + j for i, n in enumerate(lens) if n > j], device=dev),
-                  torch.tensor([s for s, n in zip(slots, lens) if n > j], **i32)) for j in range(max(lens))]
+        steps = [(to_device([cu[i] + j for i, n in enumerate(lens) if n > j], dev, torch.long),
+                  to_device([s for s, n in zip(slots, lens) if n > j], dev)) for j in range(max(lens))]
         return StepInputs(positions=pos.to(torch.int32), slot_mapping=pages * ps + pos % ps,
-                          slot_ids=torch.tensor(slots, **i32), block_table=table, cu_seqlens=torch.tensor(cu, **i32),
-                          max_prefix=max(starts),
-                          prefix_lens=torch.tensor(starts, **i32), gdn_steps=steps)
+                          slot_ids=to_device(slots, dev), block_table=table, cu_seqlens=to_device(cu, dev),
+                          max_prefix=max(starts), prefix_lens=to_device(starts, dev), gdn_steps=steps)
 
     def _prefill_inputs(self, n: int, slot: int, row: int, start: int,
                         captures: tuple[tuple[int, int], ...] = ()) -> StepInputs:
@@ -215,10 +216,6 @@ class FastModel:
         if isinstance(lm_head, torch.Tensor):
             return F.linear(hidden, lm_head).float()
         return self.kernels.linear(hidden, lm_head).float()
-
-
-def _i32(device: torch.device) -> dict:
-    return dict(device=device, dtype=torch.int32)
 
 
 def _piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):

@@ -11,17 +11,20 @@ stays immutable and shareable. Its RoPE position is p (the reference's KV length
 Attention reads pair p's keys 0..p, which sit at page positions 1..p+1: the row's keys are gathered into a private
 paged buffer (one layer, whole context) where pair p sits at position p, and ``prefill_attention`` runs over it
 (queries packed per row, causal). Drafting writes its chained pairs only into that buffer (the pages past the
-frontier are not taken yet when drafts are made); advancing copies the new pairs back into the pages. Eager only:
-the gather and the host index building are the parts a graphed round would replace.
+frontier are not taken yet when drafts are made); advancing copies the new pairs back into the pages. Eager, but
+no call reads a device value back: index tensors cross through pinned memory (``hostcopy.to_device``) and drafts
+are drawn on the device (``draw``), so a round's only host sync is its acceptance readback.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from ninfer.fast.hostcopy import to_device
 
 from .kernels import Residual
 from .layers import StepInputs, attention_mixer, ffn
@@ -73,8 +76,8 @@ class MtpHead:
             base.append(base[-1] + n)
         shape = (sum(n_pages), ps) + tuple(pools.k.shape[3:])
         kv = _Gathered(pools.k.new_empty(shape), pools.v.new_empty(shape),
-                       torch.tensor([[b + min(i, n - 1) for i in range(max(n_pages))] for b, n in zip(base, n_pages)],
-                                    dtype=torch.int32, device=self.model.device), [b * ps for b in base])
+                       to_device([[b + min(i, n - 1) for i in range(max(n_pages))] for b, n in zip(base, n_pages)],
+                                 self.model.device), [b * ps for b in base])
         src = [self._flat_page_positions(r, 1, c) for r, c in zip(rows, committed) if c]
         if src:
             dst = torch.cat([torch.arange(b, b + c, device=self.model.device)
@@ -93,33 +96,35 @@ class MtpHead:
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)
-        return StepInputs(positions=torch.tensor(pos, **i32), slot_mapping=torch.tensor(slots, device=dev),
-                          slot_ids=torch.zeros(len(sel), **i32), block_table=kv.table[torch.tensor(sel, device=dev)],
-                          cu_seqlens=torch.tensor(cu, **i32), prefix_lens=torch.tensor(first, **i32))
+        return StepInputs(positions=to_device(pos, dev), slot_mapping=to_device(slots, dev, torch.long),
+                          slot_ids=torch.zeros(len(sel), **i32), block_table=kv.table[to_device(sel, dev, torch.long)],
+                          cu_seqlens=to_device(cu, dev), prefix_lens=to_device(first, dev))
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def advance(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
-                tokens: Sequence[Sequence[int]], hidden: Sequence[torch.Tensor]) -> None:
-        """Row i consumed tokens[i] at starts[i].. with final-normed hidden[i] [T_i, H]: add the pairs this
-        completes, (h_p, x_{p+1}) for p = starts[i]-1 .. starts[i]+T_i-2 (none for p < 0), to the MTP KV and store
-        h_{starts[i]+T_i-1}. The reference MTP backend's `advance` (`reference/program/mtp_backend.py`), batched
-        over rows."""
+    def advance(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int], tokens: torch.Tensor,
+                hidden: Sequence[torch.Tensor]) -> None:
+        """Row i consumed its T_i tokens (packed along tokens [sum T_i] on the device, in row order) at starts[i]..
+        with final-normed hidden[i] [T_i, H]: add the pairs this completes, (h_p, x_{p+1}) for p = starts[i]-1 ..
+        starts[i]+T_i-2 (none for p < 0), to the MTP KV and store h_{starts[i]+T_i-1}. The reference MTP backend's
+        `advance` (`reference/program/mtp_backend.py`), batched over rows."""
         dev = self.model.device
-        h_in, x_in, firsts, lens = [], [], [], []
-        for slot, start, toks, hid in zip(slots, starts, tokens, hidden):
+        h_in, x_at, firsts, lens, offset = [], [], [], [], 0
+        for slot, start, hid in zip(slots, starts, hidden):
+            n = hid.shape[0]
             if start == 0:
                 h_in.append(hid[:-1])
-                x_in.extend(toks[1:])
             else:
                 h_in.append(torch.cat([self.hidden[slot][None], hid[:-1].to(self.hidden.dtype)]))
-                x_in.extend(toks)
+            x_at.extend(range(offset + (start == 0), offset + n))
             firsts.append(max(start - 1, 0))
-            lens.append(len(toks) - (start == 0))
+            lens.append(n - (start == 0))
+            offset += n
         sel = [i for i, n in enumerate(lens) if n]
         if sel:
             kv = self._gather(rows, firsts, lens)
             step = self._step(kv, sel, [firsts[i] for i in sel], [lens[i] for i in sel])
-            self._forward(torch.cat([h_in[i] for i in sel]), torch.tensor(x_in, device=dev), step, kv)
+            x_in = tokens.index_select(0, to_device(x_at, dev, torch.long))
+            self._forward(torch.cat([h_in[i] for i in sel]), x_in, step, kv)
             # the new pairs back into the pages: pair p at page position p + 1
             dst = torch.cat([self._flat_page_positions(rows[i], firsts[i] + 1, lens[i]) for i in sel])
             src = step.slot_mapping
@@ -130,35 +135,23 @@ class MtpHead:
             self.hidden[slot].copy_(hid[-1])
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
-              ks: Sequence[int], draw) -> list[list[int]]:
-        """Up to ks[i] chained drafts for row i from its committed MTP state (nothing in the pools changes): the
-        first from (h_{F-1}, pending), each next from the previous MTP output and draft. ``draw(i, j, logits [V]
-        on the host) -> token | None`` draws row i's draft j (None ends that row's drafts)."""
+              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """max(ks) chained draft steps for the rows with ks[i] > 0 from their committed MTP state (nothing in the
+        pools changes): the first from (h_{F-1}, pending), each next from the previous MTP output and draft.
+        ``draw(j, live [b] long batch rows, logits [b, V]) -> tokens [b] long`` draws draft j on the device; a row
+        past its own ks[i] drafts on (its extra drafts are never read), so no step waits for the host."""
         dev = self.model.device
-        committed = [f - 1 for f in frontiers]
-        out: list[list[int]] = [[] for _ in slots]
         live = [i for i, k in enumerate(ks) if k]
         if not live:
-            return out
-        kv = self._gather([rows[i] for i in live], [committed[i] for i in live], [ks[i] for i in live])
+            return
+        most = max(ks)
+        committed = [frontiers[i] - 1 for i in live]
+        kv = self._gather([rows[i] for i in live], committed, [most] * len(live))
         local = list(range(len(live)))  # each live row's index in kv
-        h = self.hidden[torch.tensor([slots[i] for i in live], device=dev)]  # [b, H]
-        x = [pending[i] for i in live]
-        for j in range(max(ks)):
-            step = self._step(kv, local, [committed[i] + j for i in live], [1] * len(live))
-            h = self._forward(h, torch.tensor(x, device=dev), step, kv)
-            logits = self.model.logits(h).cpu()  # [b, V]: one host copy per draft step
-            keep = []
-            for n, i in enumerate(live):
-                t = draw(i, j, logits[n])
-                if t is not None:
-                    out[i].append(t)
-                    if len(out[i]) < ks[i]:
-                        keep.append(n)
-            if not keep:
-                break
-            live, local = [live[n] for n in keep], [local[n] for n in keep]
-            h = h[torch.tensor(keep, device=dev)]
-            x = [out[i][-1] for i in live]
-        return out
-
+        h = self.hidden[to_device([slots[i] for i in live], dev, torch.long)]  # [b, H]
+        x = to_device([pending[i] for i in live], dev, torch.long)
+        at = to_device(live, dev, torch.long)
+        for j in range(most):
+            step = self._step(kv, local, [c + j for c in committed], [1] * len(live))
+            h = self._forward(h, x, step, kv)
+            x = draw(j, at, self.model.logits(h))

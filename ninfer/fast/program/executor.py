@@ -4,9 +4,10 @@ Prefill and control run FastModel's prefill on the live slot and block-table row
 graph, which starts with each row's backup copy (live slot -> the backup slot of its row) and ends with the device
 sampler's draw. The sampler's per-row tables follow the committed outputs (`record`).
 
-With the MTP backend (`model.mtp`), a round is `draft` (the MTP head, k' chained steps per row) and `verify` (each
-row backed up, then every row's [pending, drafts] in one multi-query target pass, `FastModel.verify`), eager;
-acceptance is the host's `ninfer.sampling.accept` in the core. Every consumption of tokens (prefill, verify, feed)
+With the MTP backend (`model.mtp`), a round is `draft` (the MTP head, k' chained steps per row, each draft drawn on
+the device), `verify` (each row backed up, then every row's [pending, drafts] in one multi-query target pass,
+`FastModel.verify`, reading the drafts on the device) and `accept` (`SpecSampler`: p per verified position and
+`spec_accept` on the device, one host copy of the results), eager. Every consumption of tokens (prefill, verify, feed)
 also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and
 `feed` runs the decode recurrence (`FastModel.verify`), so a replayed block equals the same tokens decoded.
 
@@ -28,9 +29,12 @@ import torch
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
+from ninfer.contracts import RowFailure
 from ninfer.fast.sampling import DeviceSampler, SampleRow
+from ninfer.fast.sampling.draft_block import DraftBlock, LazyFed
+from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.program_core import ActiveSequence, Drawn
-from ninfer.sampling import RowContext, SamplingError, draw_draft
+from ninfer.sampling import Accepted, RowContext
 
 from .dflash_backend import FastDFlashBackend
 from .images import ImageInputs, ModelHistory
@@ -46,13 +50,15 @@ def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) ->
 class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
-                 images: ImageInputs | None = None):
+                 images: ImageInputs | None = None, draft_tokens: int = 0):
         self.model, self.runner, self.sampler = model, runner, sampler
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
         self.images = images or ImageInputs(None, model.device)
         self.mtp = model.mtp  # the speculative backend's head (None: plain decoding or DFlash)
         self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
+        # a round's draws and acceptance on the device (None: plain decoding)
+        self.spec = SpecSampler(sampler, draft_tokens) if draft_tokens else None
 
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         """[T] on the device. On CUDA through pinned memory, queued without waiting: a copy from pageable memory
@@ -72,8 +78,8 @@ class FastExecutor:
             return self._prefill_dflash(seq, start, tokens, captures)
         if self.mtp is None:
             return self.model.prefill(self._tokens(tokens), slot, seq.row, start, captures=captures)  # [V] fp32
-        logits, hidden = self.model.prefill(self._tokens(tokens), slot, seq.row, start, return_hidden=True,
-                                            captures=captures)
+        ids = self._tokens(tokens)
+        logits, hidden = self.model.prefill(ids, slot, seq.row, start, return_hidden=True, captures=captures)
         # the MTP layer advances segment by segment up to each capture, whose slot then takes the stored hidden,
         # and in the model's prefill pieces inside a segment: the calls a prefill cut at the captures would make
         piece = self.model.plan.max_prefill_tokens
@@ -81,7 +87,7 @@ class FastExecutor:
         for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
             for s in range(a, b, piece):
                 e = min(s + piece, b)
-                self.mtp.advance([slot], [seq.row], [s], [tokens[s - start:e - start]], [hidden[s - start:e - start]])
+                self.mtp.advance([slot], [seq.row], [s], ids[s - start:e - start], [hidden[s - start:e - start]])
             if i < len(captures):
                 self.mtp.hidden[captures[i][1]].copy_(self.mtp.hidden[slot])
         return logits
@@ -130,32 +136,34 @@ class FastExecutor:
 
     # ---- speculative backend (MTP, DFlash) -----------------------------------------------------------------
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
-              ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
+              ) -> DraftBlock | list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
+        """The MTP head's drafts drawn on the device (a `DraftBlock`: the host sees them only through the
+        round's readback); DFlash's from its backend."""
         if self.dflash is not None:
             return self.dflash.draft(seqs, ctxs, ks)
-        qs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
-        drafted: list[list[int]] = [[] for _ in seqs]
-
-        def draw(i: int, j: int, logits: torch.Tensor) -> int | None:
-            try:
-                x, q = draw_draft(logits, ctxs[i], seqs[i].frontier + 1 + j, drafted[i])
-            except SamplingError:
-                return None  # a draft distribution that cannot be drawn from ends the drafts, not the request
-            drafted[i].append(x)
-            qs[i].append(q)
-            return x
-
+        block = DraftBlock.empty(ks, self.spec.k, self.model.cfg.vocab_size, self.device,
+                                 [c.params.is_greedy for c in ctxs])
+        rows = self.spec.draft_rows(seqs, ctxs, self.spec.k)
         self.mtp.draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
-                       [s.pending for s in seqs], ks, draw)
-        return [(tuple(d), q) for d, q in zip(drafted, qs)]
+                       [s.pending for s in seqs], ks, lambda j, live, logits: self.spec.draw(rows, block, j, live,
+                                                                                           logits))
+        return block
 
-    def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+    def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Back each row up, then consume every row's [pending, d1..dk'] at its frontier in one target pass;
-        fp32 logits [k' + 1, V] per row, on the host (the core's acceptance reads them there)."""
+        fp32 logits [k' + 1, V] per row, on the device. Fed blocks of a `DraftBlock` are read there."""
         for s in seqs:
             self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
-        logits = self._step(seqs, feds).cpu()  # [N, V]: one host copy per round
+        logits = self._step(seqs, feds)  # [N, V]
         return list(torch.split(logits, [len(f) for f in feds]))
+
+    def accept(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], drafts, targets: Sequence[Any],
+               masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
+        """Every row's acceptance on the device (`SpecSampler.accept`), one host copy for the batch."""
+        block = drafts if isinstance(drafts, DraftBlock) else \
+            DraftBlock.from_host(drafts, [c.params.is_greedy for c in ctxs], self.spec.k, self.model.cfg.vocab_size,
+                                 self.device)
+        return self.spec.accept(seqs, ctxs, block, targets, masks)
 
     def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> torch.Tensor:
         """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the backend's state following; logits
@@ -163,10 +171,14 @@ class FastExecutor:
         slots, rows, starts = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
         lens = [len(f) for f in feds]
         taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
-        logits, hidden = self.model.verify(self._tokens([t for f in feds for t in f]), slots, rows, starts, lens,
-                                           taps=taps, rope_deltas=[ImageInputs.rope_delta(s) for s in seqs])
+        if feds and isinstance(feds[0], LazyFed):
+            tokens = feds[0].block.fed_tokens([s.pending for s in seqs])
+        else:
+            tokens = self._tokens([t for f in feds for t in f])
+        logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps,
+                                           rope_deltas=[ImageInputs.rope_delta(s) for s in seqs])
         if self.mtp is not None:
-            self.mtp.advance(slots, rows, starts, feds, list(torch.split(hidden, lens)))
+            self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)))
         if self.dflash is not None:
             self.dflash.advance(rows, starts, lens, taps)
         return logits

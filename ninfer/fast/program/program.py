@@ -115,7 +115,7 @@ class FastProgram(Program):
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
-                                     ImageInputs(vision, model.device))
+                                     ImageInputs(vision, model.device), c.draft_tokens)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,

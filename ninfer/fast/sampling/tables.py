@@ -12,6 +12,7 @@ from typing import Hashable, Sequence
 
 import torch
 
+from ninfer.fast.hostcopy import to_device
 from ninfer.fast.ops.sample.layout import bitmask_words, ids_bitmask
 from ninfer.sampling import SamplingParams
 from ninfer.sampling.processors import min_tokens_blocked
@@ -82,6 +83,6 @@ class SequenceTables:
                 self.invalid[row] = True
             flat.extend(row * self.vocab + t for t in tokens if 0 <= t < self.vocab)
         if flat:
-            index = torch.tensor(flat, dtype=torch.int64).to(self.device, non_blocking=True)  # [N]
+            index = to_device(flat, self.device, torch.int64)  # [N], queued without a host wait
             self.counts.view(-1).index_add_(0, index, torch.ones_like(index, dtype=torch.int32))
 

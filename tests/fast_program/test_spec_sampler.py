@@ -1,0 +1,147 @@
+"""SpecSampler (the fast round's draws on the device) against the host definition ``ninfer.sampling``: each draft
+equals ``draw_draft`` along the row's own chain (greedy, temperature, top-k/top-p, min-p, penalties that see the
+earlier drafts, bias, min_tokens), and each block's acceptance (tokens, failures, logprobs) equals ``accept`` with
+grammar rows per draft prefix, for drafts from the device and from a host drafter (point-mass q). Rows of one call
+have different parameters and room; logits past a row's block are NaN, so a read past it shows. CPU, naive ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from ninfer.contracts import RowFailure
+from ninfer.fast.ops.sample.layout import pack_bits
+from ninfer.fast.sampling import DeviceSampler
+from ninfer.fast.sampling.draft_block import DraftBlock
+from ninfer.fast.sampling.spec import SpecSampler
+from ninfer.sampling import RowContext, SamplingError, SamplingParams, accept, draw_draft
+
+V, K, EOS = 61, 3, 5
+PARAMS = [SamplingParams(temperature=0.0),
+          SamplingParams(temperature=0.9, top_k=12, top_p=0.8, logprobs=3),
+          SamplingParams(temperature=1.1, min_p=0.05, presence_penalty=0.7, frequency_penalty=0.2),
+          SamplingParams(temperature=0.0, repetition_penalty=1.3, logit_bias=((7, 3.0), (9, -2.0)), min_tokens=6,
+                         logprobs=0),
+          SamplingParams(temperature=0.7)]
+
+
+@dataclass
+class Seq:
+    row: int
+    frontier: int
+    prompt: list[int]
+    outputs: list[int]
+    handle: object = field(default_factory=object)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    @property
+    def pending(self) -> int:
+        return self.outputs[-1]
+
+
+def _rows(gen: torch.Generator):
+    seqs, ctxs = [], []
+    for b, p in enumerate(PARAMS):
+        prompt = torch.randint(0, V, (4 + b,), generator=gen).tolist()
+        outputs = torch.randint(0, V, (1 + b % 3,), generator=gen).tolist()
+        seqs.append(Seq(row=(b * 3) % len(PARAMS), frontier=len(prompt) + len(outputs) - 1, prompt=prompt,
+                        outputs=outputs))
+        ctxs.append(RowContext(p, 1000 + 17 * b, prompt, outputs, (EOS,)))
+    return seqs, ctxs
+
+
+def _spec():
+    return SpecSampler(DeviceSampler(V, len(PARAMS), len(PARAMS), "cpu", kernels="naive", eos_token_ids=(EOS,)), K)
+
+
+def test_device_drafts_equal_draw_draft():
+    gen = torch.Generator().manual_seed(3)
+    seqs, ctxs = _rows(gen)
+    rooms = [3, 2, 3, 1, 0]
+    spec = _spec()
+    block = DraftBlock.empty(rooms, K, V, torch.device("cpu"), [c.params.is_greedy for c in ctxs])
+    rows = spec.draft_rows(seqs, ctxs, K)
+    live = torch.tensor([b for b, k in enumerate(rooms) if k])
+    logits = 3 * torch.randn(K, len(live), V, generator=gen)
+    logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn: its drafts end after one
+    for j in range(K):
+        spec.draw(rows, block, j, live, logits[j])
+    for n, b in enumerate(live.tolist()):
+        drafts, qs = [], []
+        for j in range(rooms[b]):
+            try:
+                x, q = draw_draft(logits[j, n], ctxs[b], seqs[b].frontier + 1 + j, drafts)
+            except SamplingError:
+                break
+            drafts.append(x)
+            qs.append(q)
+        assert int(block.num[b]) == len(drafts), b
+        assert block.tokens[b, :len(drafts)].tolist() == drafts, b
+        for j, q in enumerate(qs):
+            if q is not None:
+                assert torch.allclose(torch.softmax(block.z[b, j].double(), -1), q, atol=1e-6), (b, j)
+
+
+def _masks(gen, lens):
+    """Row 4 under a grammar: one random bitmask per verified position, one of them forbidding everything."""
+    out = []
+    for b, n in enumerate(lens):
+        if b != 4:
+            out.append([None] * (n + 1))
+            continue
+        rows = [pack_bits(torch.rand(V, generator=gen) < 0.6) for _ in range(n + 1)]
+        out.append(rows)
+    return out
+
+
+@pytest.mark.parametrize("host_drafts", [False, True], ids=["device-drafts", "host-drafts"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_device_acceptance_equals_accept(host_drafts, seed):
+    gen = torch.Generator().manual_seed(40 + seed)
+    seqs, ctxs = _rows(gen)
+    rooms = [3, 3, 2, 3, 3] if seed % 2 else [0, 3, 3, 1, 0]  # a random row without drafts still samples
+    spec = _spec()
+    # drafts near the target (so acceptance runs long) or a point mass on a random id
+    target = [2.0 * torch.randn(n + 1, V, generator=gen) for n in rooms]
+    draft_logits = [t[:-1] + 0.5 * torch.randn(t.shape[0] - 1, V, generator=gen) for t in target]
+    if host_drafts:
+        pairs = []
+        for b, n in enumerate(rooms):
+            drafts = [int(torch.argmax(target[b][j])) if j % 2 == 0 else int(torch.randint(0, V, (1,),
+                                                                                             generator=gen))
+                      for j in range(n)]
+            q = [None] * n if ctxs[b].params.is_greedy else \
+                [torch.nn.functional.one_hot(torch.tensor(d), V).double() for d in drafts]
+            pairs.append((tuple(drafts), q))
+        block = DraftBlock.from_host(pairs, [c.params.is_greedy for c in ctxs], K, V, torch.device("cpu"))
+    else:
+        block = DraftBlock.empty(rooms, K, V, torch.device("cpu"), [c.params.is_greedy for c in ctxs])
+        rows = spec.draft_rows(seqs, ctxs, K)
+        live = torch.tensor([b for b, k in enumerate(rooms) if k])
+        for j in range(K):
+            spec.draw(rows, block, j, live, torch.stack([draft_logits[b][min(j, rooms[b] - 1)] for b in
+                                                         live.tolist()]))
+        pairs = [block[b] for b in range(len(rooms))]
+    masks = _masks(gen, rooms)
+    poisoned = [torch.cat([t, torch.full((K + 1 - t.shape[0], V), float("nan"))]) for t in target]
+    got = spec.accept(seqs, ctxs, block, [t[:n + 1] for t, n in zip(poisoned, rooms)], masks)
+    for b, (drafts, q) in enumerate(pairs):
+        n = int(block.num[b])
+        try:
+            want = accept(target[b][:len(drafts) + 1], drafts[:n], q[:n], ctxs[b], seqs[b].frontier + 1,
+                          masks[b][:n + 1])
+        except SamplingError as e:
+            assert got[b] == e.failure, b
+            continue
+        assert not isinstance(got[b], RowFailure), (b, got[b])
+        assert got[b].tokens == want.tokens, (b, got[b].tokens, want.tokens)
+        if want.logprobs is None:
+            assert got[b].logprobs is None
+            continue
+        for (lp, top), (wlp, wtop) in zip(got[b].logprobs, want.logprobs):
+            assert abs(lp - wlp) < 1e-5 and [t for t, _ in top] == [t for t, _ in wtop], b

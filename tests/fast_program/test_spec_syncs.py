@@ -1,0 +1,46 @@
+"""Host syncs of the fast Program's speculative round, counted on any device (``ninfer.testing.host_syncs``): a
+round of greedy and sampled rows (with logprobs) makes exactly one, its readback, and committing it (with the
+replay of a cut block) none. A regression (a per-position ``.item()``, a list built straight onto the device, the
+drafts read back before verify) fails here, where the GPU would only show it as a slower round."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.sampling import SamplingParams
+from ninfer.testing.host_syncs import count_host_syncs
+from ninfer.testing.speculation import ForcedDrafts
+
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, presence_penalty=0.5, logprobs=2)
+
+
+def _start(program, prompt, params, seed):
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt, max_new_tokens=40,
+                                                    sampling=params, seed=seed)))
+    h = program.advance(txn).handle
+    while (batch := program.prefill(h, 64)) is None:
+        pass
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return h
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["mtp-drafts", "forced-drafts"])
+def test_a_round_syncs_once_and_its_commit_never(make_fast_spec, mtp_reference_model, prompt_of, forced):
+    program = make_fast_spec(3)
+    if forced:  # a host drafter (the draft hook replaced): its drafts cross to the device without a wait
+        ForcedDrafts(mtp_reference_model).install(program)
+    handles = [_start(program, prompt_of(n, seed=n), p, 7) for n, p in ((9, GREEDY), (14, SAMPLED))]
+    for i in range(6):
+        with count_host_syncs() as syncs:
+            batch = program.decode(handles)
+        assert syncs.count == 1 and "host_sync" in syncs.sites[0], syncs.sites
+        # the last round cuts every block after one token (the terminal rule: a replay from the backup)
+        last = i == 5
+        with count_host_syncs() as syncs:
+            program.commit(batch.take(), [RowDecision(1, True) if last else RowDecision(row.produced, False)
+                                          for row in batch.rows])
+        assert syncs.count == 0, syncs.sites
+        program.check_invariants()
+    assert not forced or max(row.produced for row in batch.rows) > 1  # the cut replayed drafts
