@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +64,15 @@ def _ops(kernels: str):
     return layer_norm, vision_rotary
 
 
+class Frames(NamedTuple):
+    """The frames of the encode in progress: their length (h * w), their bounds [t + 1] for the packed attention
+    kernel, the grid's rotary cos/sin [h * w, head_dim / 2]."""
+    length: int
+    cu_seqlens: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class FastVisionTower:
     def __init__(self, vcfg: VisionConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device,
                  kernels: str = "triton"):
@@ -81,7 +90,9 @@ class FastVisionTower:
         w["patch_embed.proj.weight"] = w["patch_embed.proj.weight"].reshape(vcfg.hidden_size, -1)
         self.w = w
         self._act = _INPLACE_ACTS[vcfg.hidden_act]
-        self._fused_gelu = self.device.type == "cuda" and vcfg.hidden_act in _TANH_GELU
+        # the epilogue's tanh is not the reference's to fp32's last bits: fused in bf16/fp16 only (fp32 mode is the
+        # tight check against the reference tower)
+        self._fused_gelu = self.device.type == "cuda" and dtype != torch.float32 and vcfg.hidden_act in _TANH_GELU
         half = vcfg.head_dim // 2
         self.inv_freq = 1.0 / vcfg.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float32,
                                                                device=self.device) / half)
@@ -159,9 +170,11 @@ class FastVisionTower:
         ws = self.workspace
         self._embed(ws, pixels, grid)
         self._mark("embed")
+        cos, sin = self._grid(h, w)[2:]
+        frames = Frames(h * w, torch.arange(0, N + 1, h * w, dtype=torch.int32, device=self.device), cos, sin)
         pending = None
         for i in range(v.depth):
-            pending = self.block(ws, i, N, h * w, pending)
+            pending = self.block(ws, i, N, frames, pending)
         return self.merge(ws, N, pending)
 
     def _embed(self, ws: VisionWorkspace, pixels: torch.Tensor, grid: tuple[int, int, int]) -> None:
@@ -186,7 +199,7 @@ class FastVisionTower:
             pos.addcmul_(tap, wts[:, j:j + 1])
         x.view(t, hw, H).add_(pos)
 
-    def block(self, ws: VisionWorkspace, i: int, N: int, frame_len: int,
+    def block(self, ws: VisionWorkspace, i: int, N: int, frames: Frames,
               pending: torch.Tensor | None) -> torch.Tensor:
         """ViT block i over the residual ``x`` [N, H] in place; ``pending`` is the previous projection's bias, not
         yet in ``x`` (None before the first block). Returns this block's pending bias (fc2's)."""
@@ -199,10 +212,9 @@ class FastVisionTower:
         torch.addmm(W[p + "attn.qkv.bias"], y, W[p + "attn.qkv.weight"].t(), out=qkv)
         self._mark("qkv")
         q3 = qkv.view(N, 3, nh, d)
-        cos, sin = self._grid_rotary(frame_len)
-        self._rotary(q3, cos, sin)
+        self._rotary(q3, frames.cos, frames.sin)
         self._mark("rotary")
-        o = self.attend(ws, q3, N, frame_len)
+        o = self.attend(ws, q3, N, frames)
         self._mark("attention")
         x.addmm_(o.reshape(N, H), W[p + "attn.proj.weight"].t())
         self._mark("proj")
@@ -215,17 +227,11 @@ class FastVisionTower:
         self._mark("fc2")
         return W[p + "mlp.linear_fc2.bias"]
 
-    def _grid_rotary(self, frame_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # the grid of the encode in progress is the most recently used one
-        cos, sin = next(reversed(self._grids.values()))[2:]
-        assert cos.shape[0] == frame_len
-        return cos, sin
-
-    def attend(self, ws: VisionWorkspace, q3: torch.Tensor, N: int, frame_len: int) -> torch.Tensor:
+    def attend(self, ws: VisionWorkspace, q3: torch.Tensor, N: int, frames: Frames) -> torch.Tensor:
         v = self.cfg
-        cu = torch.arange(0, N + 1, frame_len, dtype=torch.int32, device=self.device)
         out = ws.take("o", (N, v.num_heads, v.head_dim))
-        return self._candidates[self.attention.name](q3[:, 0], q3[:, 1], q3[:, 2], cu, frame_len, out)
+        return self._candidates[self.attention.name](q3[:, 0], q3[:, 1], q3[:, 2], frames.cu_seqlens, frames.length,
+                                                     out)
 
     def fc1(self, y: torch.Tensor, p: str, out: torch.Tensor) -> None:
         b, w = self.w[p + "mlp.linear_fc1.bias"], self.w[p + "mlp.linear_fc1.weight"]
