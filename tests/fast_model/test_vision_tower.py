@@ -85,3 +85,32 @@ def test_workspace_bound_covers_an_encode(artifact):
     torch.cuda.reset_peak_memory_stats()
     fast.encode(pixels, grid)
     assert torch.cuda.max_memory_allocated() - base <= fast.workspace_bytes(n) + (1 << 20)
+
+
+def test_the_fastest_agreeing_candidate_is_kept():
+    """measure: a candidate that raises or disagrees with the first is skipped with the reason; the fastest of
+    the rest is kept (the times here are injected: the real timer is CUDA events)."""
+    from ninfer.fast.model.vision_attend import measure
+    from ninfer.fast.ops.vision_attention import vision_attention_naive
+
+    def agreeing(ms):
+        def attend(q, k, v, cu, L, out):
+            return vision_attention_naive(q, k, v, cu)
+        attend.ms = ms
+        return attend
+
+    def wrong(q, k, v, cu, L, out):
+        return vision_attention_naive(q, k, v, cu) + 1.0
+
+    def refuses(q, k, v, cu, L, out):
+        raise RuntimeError("No available kernel.\nmore text")
+
+    wrong.ms = refuses.ms = 0.1  # faster than all: never kept
+    found = {"first": agreeing(3.0), "fast": agreeing(1.0), "wrong": wrong, "refuses": refuses, "slow": agreeing(5.0)}
+    q, k, v = torch.randn(3, 10, 2, 8).unbind(0)
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    choice = measure(found, q, k, v, cu, 10, torch.empty(10, 2, 8), timer=lambda fn, repeats: fn.func.ms)
+    assert choice.name == "fast"
+    times = dict(choice.timings)
+    assert list(times) == list(found) and (times["first"], times["slow"]) == (3.0, 5.0)
+    assert times["refuses"] == "skipped: No available kernel." and "relative RMS" in times["wrong"]

@@ -76,9 +76,10 @@ def _ms(fn: Callable[[], torch.Tensor], repeats: int) -> float:
     return start.elapsed_time(end) / repeats
 
 
-def measure(found: dict[str, Attend], q, k, v, cu, frame_len: int, out: torch.Tensor,
-            repeats: int = 3) -> AttentionChoice:
-    """Time every candidate on these inputs (CUDA) and return the fastest that agrees with the first."""
+def measure(found: dict[str, Attend], q, k, v, cu, frame_len: int, out: torch.Tensor, repeats: int = 3,
+            timer: Callable[[Callable[[], torch.Tensor], int], float] = _ms) -> AttentionChoice:
+    """Time every candidate on these inputs (``timer``: CUDA events) and return the fastest that agrees with the
+    first."""
     names = list(found)
     ref = found[names[0]](q, k, v, cu, frame_len, out).clone()
     timings: list[tuple[str, float | str]] = []
@@ -94,6 +95,6 @@ def measure(found: dict[str, Attend], q, k, v, cu, frame_len: int, out: torch.Te
         if not err < AGREE:
             timings.append((name, f"skipped: relative RMS {err:.1e} against {names[0]}"))
             continue
-        timings.append((name, _ms(fn, repeats)))
+        timings.append((name, timer(fn, repeats)))
     timed = [(ms, name) for name, ms in timings if isinstance(ms, float)]
     return AttentionChoice(min(timed)[1], tuple(timings))

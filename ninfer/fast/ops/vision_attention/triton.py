@@ -34,15 +34,16 @@ def _block(qa, qb, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, rows0, s, seg_len, h, s
         amask = amask & (n < seg_len)[:, None]
         bmask = bmask & (n < seg_len)[:, None]
     ka = tl.load(k_ptr + rows * sk0 + h * sk1 + da[None, :], mask=amask, other=0.0)  # [BN, DA]
-    s_ij = tl.dot(qa, tl.trans(ka))  # [BM, BN]
+    s_ij = tl.dot(qa, tl.trans(ka))  # [BM, BN], unscaled
     if SPLIT:
         kb = tl.load(k_ptr + rows * sk0 + h * sk1 + db[None, :], mask=bmask, other=0.0)  # [BN, DB]
         s_ij = tl.dot(qb, tl.trans(kb), acc=s_ij)
-    s_ij = s_ij * qk_scale
     if MASK:
         s_ij = tl.where((n < seg_len)[None, :], s_ij, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s_ij, axis=1))  # finite: every block has at least one key
-    p = tl.math.exp2(s_ij - m_new[:, None])
+    # m_i is in scaled (log2) units; the scale is positive, so max then scale equals scale then max, and the
+    # scale and the subtraction are one FMA per score
+    m_new = tl.maximum(m_i, tl.max(s_ij, axis=1) * qk_scale)  # finite: every block has at least one key
+    p = tl.math.exp2(s_ij * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     va = tl.load(v_ptr + rows * sv0 + h * sv1 + da[None, :], mask=amask, other=0.0)
