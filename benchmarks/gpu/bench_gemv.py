@@ -5,7 +5,10 @@ Each implementation is timed inside a CUDA graph of back-to-back calls (as in a 
 through enough weight copies to exceed the L2 cache, so every call streams its weight from HBM as a real layer
 does. Printed per shape: us per call and achieved TB/s (weight bytes / time) of both, a verdict, and how many
 calls a decode step makes (so the step total can be read off). gate_up rows also time the fused SwiGLU form
-against cuBLAS followed by the swiglu kernel. ``--sweep`` adds a few alternative kernel configurations per shape
+against cuBLAS followed by the swiglu kernel. The decode layer's fusions are timed beside them: an input
+projection (in_proj, qkv, gate_up, router) as RMSNorm + cuBLAS against the GEMV with the norm in its prologue, an
+output projection (out_proj, o_proj, down) as cuBLAS against the GEMV adding the residual in place: the
+measurements behind ``_norm_gemv_wins`` and ``_residual_gemv_wins`` (ninfer/fast/model/kernels.py). ``--sweep`` adds a few alternative kernel configurations per shape
 and names the fastest, to retune ``pick_config``; ``--lm-head`` adds the [V, H] lm_head (2 GB on 9B).
 
 Run: python benchmarks/gpu/bench_gemv.py [--models 0.8B,9B,35B-A3B] [--sweep] [--lm-head]   # ~20-30 s, H200
@@ -31,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapes import config  # noqa: E402
 
 from ninfer.fast.ops.gemv import GemvConfig, gemv, gemv_swiglu, pick_config  # noqa: E402
+from ninfer.fast.ops.rmsnorm import rmsnorm  # noqa: E402
 from ninfer.fast.ops.swiglu import swiglu  # noqa: E402
 
 ROWS = (1, 8)
@@ -45,6 +49,7 @@ class Shape:
     N: int
     per_step: int  # calls in one decode step
     fused: bool = False  # gate_up [gate | up], followed by SwiGLU
+    role: str = "in"  # "in": reads the normed residual stream; "out": adds to it
 
 
 def decode_shapes(model: str, lm_head: bool) -> list[Shape]:
@@ -52,16 +57,16 @@ def decode_shapes(model: str, lm_head: bool) -> list[Shape]:
     H, n_gdn, n_attn, L = cfg.hidden_size, len(cfg.linear_layers), len(cfg.attention_layers), cfg.num_hidden_layers
     q_rows = cfg.num_attention_heads * cfg.head_dim
     shapes = [Shape("in_proj", H, cfg.conv_dim + cfg.linear_value_dim + 2 * cfg.linear_num_value_heads, n_gdn),
-              Shape("out_proj", cfg.linear_value_dim, H, n_gdn),
+              Shape("out_proj", cfg.linear_value_dim, H, n_gdn, role="out"),
               Shape("qkv", H, 2 * q_rows + 2 * cfg.num_key_value_heads * cfg.head_dim, n_attn),
-              Shape("o_proj", q_rows, H, n_attn)]
+              Shape("o_proj", q_rows, H, n_attn, role="out")]
     if cfg.is_moe:
         Is = cfg.shared_expert_intermediate_size
         shapes += [Shape("router", H, cfg.num_experts + 1, L), Shape("shared_gate_up", H, 2 * Is, L, True),
-                   Shape("shared_down", Is, H, L)]
+                   Shape("shared_down", Is, H, L, role="out")]
     else:
         I = cfg.intermediate_size
-        shapes += [Shape("gate_up", H, 2 * I, L, True), Shape("down", I, H, L)]
+        shapes += [Shape("gate_up", H, 2 * I, L, True), Shape("down", I, H, L, role="out")]
     if lm_head:
         shapes.append(Shape("lm_head", H, cfg.vocab_size, 1))
     return shapes
@@ -122,11 +127,26 @@ def bench_shape(s: Shape, M: int, dev: str, sweep: bool, num_sms: int) -> dict:
     if s.fused:
         r["cublas_swiglu_us"] = time_us(lambda w: swiglu(F.linear(x, w)), weights, reps)
         r["fused_us"] = time_us(lambda w: gemv_swiglu(x, w), weights, reps)
+    r.update(bench_fusion(s, x, weights, reps))
     if sweep:
         timed = [(time_us(lambda w: gemv(x, w, config=c), weights, reps), c) for c in sweep_configs(M, s, num_sms)]
         best_us, best = min(timed, key=lambda t: t[0])
         r["best_us"], r["best_config"] = best_us, asdict(best)
     return r
+
+
+def bench_fusion(s: Shape, x: torch.Tensor, weights: list[torch.Tensor], reps: int) -> dict:
+    """The decode layer's fused forms against their unfused pairs (an input projection's norm; an output
+    projection's residual add, which unfused rides on the next norm and costs the bare cuBLAS call)."""
+    if s.role == "out":
+        h = torch.randn(x.shape[0], s.N, device=x.device, dtype=x.dtype)
+        return {"residual_us": time_us(lambda w: gemv(x, w, out=h, residual=h), weights, reps)}
+    nw = torch.randn(s.K, device=x.device, dtype=x.dtype) * 0.1
+    if s.fused:
+        return {"norm_cublas_us": time_us(lambda w: swiglu(F.linear(rmsnorm(x, nw, 1e-6)[0], w)), weights, reps),
+                "norm_fused_us": time_us(lambda w: gemv_swiglu(x, w, norm_weight=nw, eps=1e-6), weights, reps)}
+    return {"norm_cublas_us": time_us(lambda w: F.linear(rmsnorm(x, nw, 1e-6)[0], w), weights, reps),
+            "norm_fused_us": time_us(lambda w: gemv(x, w, norm_weight=nw, eps=1e-6), weights, reps)}
 
 
 def _short(c: dict) -> str:
@@ -142,6 +162,12 @@ def line(r: dict) -> str:
     if "fused_us" in r:
         text += (f"\n{'':>14} +swiglu: cuBLAS+swiglu {r['cublas_swiglu_us']:8.2f} us   gemv_swiglu "
                  f"{r['fused_us']:8.2f} us   {verdict(r['cublas_swiglu_us'], r['fused_us'])}")
+    if "norm_fused_us" in r:
+        text += (f"\n{'':>14} +norm: rmsnorm+cuBLAS {r['norm_cublas_us']:8.2f} us   gemv with norm "
+                 f"{r['norm_fused_us']:8.2f} us   {verdict(r['norm_cublas_us'], r['norm_fused_us'])}")
+    if "residual_us" in r:
+        text += (f"\n{'':>14} +residual: cuBLAS {r['cublas_us']:8.2f} us   gemv adding the residual "
+                 f"{r['residual_us']:8.2f} us   {verdict(r['cublas_us'], r['residual_us'])}")
     if "best_us" in r:
         text += f"\n{'':>14} sweep best {r['best_us']:8.2f} us {tb(r['best_us']):4.2f} TB/s {_short(r['best_config'])}"
     return text
