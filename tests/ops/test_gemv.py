@@ -100,7 +100,8 @@ def _norm_inputs(M, K, dtype):
 @pytest.mark.parametrize("config", [None] + SPLITS, ids=lambda c: "auto" if c is None else f"s{c.splits}_bk{c.bk}")
 @pytest.mark.parametrize("M", [1, 3, 8])
 def test_gemv_norm_prologue(M, config, dtype):
-    # every split normalises with the rstd of the whole row, not of its own K range
+    # both forms of the fused norm: in the loop (auto, and bk 256 > K: one program per row block) and the prologue
+    # (split-K), where every split normalises with the rstd of the whole row, not of its own K range
     N, K = SHAPES[-1]
     x, nw = _norm_inputs(M, K, dtype)
     w = _inputs(M, N, K, dtype)[1]

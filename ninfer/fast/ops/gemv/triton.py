@@ -12,9 +12,11 @@ int32 table that the last program resets to zero, so it stays clean between call
 ``gemv_swiglu`` reads a fused [gate | up] weight with gate row i and up row I + i interleaved in one tile, and its
 epilogue writes silu(gate) * up, so the [M, 2I] projection never reaches memory.
 
-Two decode-layer fusions save a launch each (docs/ops.md, "gemv"): ``norm_weight`` puts the zero-centred RMSNorm of
-x in the prologue (every program first sums x^2 over the whole of K, a few KB read from L2, then normalises each x
-tile as it loads it, rounded to x's dtype exactly where the rmsnorm op rounds its output), and ``residual`` adds the
+Two decode-layer fusions save a launch each (docs/ops.md, "gemv"): ``norm_weight`` fuses the zero-centred RMSNorm
+of x. A program that streams all of K sums x^2 along the way, feeds x * (1 + w) to the dot and scales its sums by
+each row's rstd at the end (no extra pass, no latency before the weight stream); under split-K a program sees only
+part of K, so every program first sums x^2 over the whole row (a few KB read from L2) and feeds
+x * rstd * (1 + w), rounded to x's dtype as the rmsnorm op's output is. ``residual`` adds the
 residual stream in the epilogue (the projection rounded to the io dtype first, as the unfused add saw it), in place
 when ``out`` is the residual: each output element is read and written by the one program that owns it.
 
@@ -38,6 +40,8 @@ _MAX_SPLITS = 8
 # split-K only runs with fewer row blocks than 2 * SMs, far below this
 _ARRIVAL_SLOTS = 1024
 _arrivals: dict[torch.device, torch.Tensor] = {}
+# the fused norm's forms, the values _dot_rows's NORM compares against
+_NORM_NONE, _NORM_PROLOGUE, _NORM_IN_LOOP = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -76,12 +80,14 @@ def _row_rstd(x_rows, mask_m, K, eps, BM: tl.constexpr, BK: tl.constexpr):
 def _dot_rows(x_ptr, w_ptr, nw_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, k_hi, K, eps,
               BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FP32_DOT: tl.constexpr,
               NORM: tl.constexpr):
-    """x[m, k_lo:k_hi] @ w[rows, k_lo:k_hi]^T -> [BM, BW] fp32; with NORM x is rmsnorm(x) * (1 + nw)."""
+    """x[m, k_lo:k_hi] @ w[rows, k_lo:k_hi]^T -> [BM, BW] fp32; with NORM (``_NORM_PROLOGUE`` or, when k_lo..k_hi
+    is all of K, ``_NORM_IN_LOOP``) x is rmsnorm(x) * (1 + nw)."""
     kk = tl.arange(0, BK)
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x  # [BM, 1]
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w  # [BW, 1]
     acc = tl.zeros((BM, BW), dtype=tl.float32)
-    if NORM:
+    ss = tl.zeros((BM,), dtype=tl.float32)
+    if NORM == 1:
         rstd = _row_rstd(x_rows, mask_m, K, eps, BM, BK)
     for k0 in range(k_lo, k_hi, BK):
         k = k0 + kk
@@ -97,14 +103,21 @@ def _dot_rows(x_ptr, w_ptr, nw_ptr, stride_x, stride_w, m, mask_m, rows, valid, 
             w = tl.load(w_rows + k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
             if NORM:
                 nw = tl.load(nw_ptr + k, mask=mk, other=0.0).to(tl.float32)
-        if NORM:
+        if NORM == 1:
             # the rmsnorm op's arithmetic and its one rounding to the io dtype: the same operand it would store
             x = (x.to(tl.float32) * rstd[:, None] * (1.0 + nw[None, :])).to(x.dtype)
+        elif NORM == 2:
+            # the row's scale is a factor of every sum: applied once at the end
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+            x = (xf * (1.0 + nw[None, :])).to(x.dtype)
         if FP32_DOT:
             acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             # bf16 x bf16 products are exact in fp32 and the tensor cores accumulate in fp32
             acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    if NORM == 2:
+        acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
     return acc
 
 
@@ -226,11 +239,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: 
     # the interpreter's bf16 arithmetic is wrong, and fp32 operands must not be rounded to tf32
     fp32_dot = os.environ.get("TRITON_INTERPRET") == "1" or torch.float32 in (x.dtype, w.dtype)
     r = y if residual is None else residual
+    norm = _NORM_NONE if norm_weight is None else (_NORM_PROLOGUE if splits > 1 else _NORM_IN_LOOP)
     _gemv_kernel[(blocks, splits)](
         x, w, x if norm_weight is None else norm_weight, r, y, part, arrivals, M, R, K, k_per, splits, n_out, eps,
         x.stride(0), w.stride(0), r.stride(0), y.stride(0),
         BM=MAX_ROWS, BW=cfg.rows, BK=cfg.bk, EVEN_K=K % cfg.bk == 0, SPLIT=splits > 1, SWIGLU=swiglu,
-        FP32_DOT=fp32_dot, NORM=norm_weight is not None, RESIDUAL=residual is not None, num_warps=cfg.num_warps,
+        FP32_DOT=fp32_dot, NORM=norm, RESIDUAL=residual is not None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return y
 
