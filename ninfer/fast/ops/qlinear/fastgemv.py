@@ -121,11 +121,10 @@ def _int4_tile(x_rows, mask_m, w_rows, valid, k0, C: tl.constexpr, BM: tl.conste
 
 
 @triton.jit
-def _int4_tile_vec(x_ptr, w_rows, valid, k0, C: tl.constexpr, BW: tl.constexpr, HAS_ZERO: tl.constexpr):
-    """``_int4_tile`` for one row of x, kept 2-D: [BW, 16] per word, and sum(x) [16]. x's vectors are slices of the
-    weight tile's layout, so they need no conversion through shared memory."""
+def _int4_tile_vec(x_ptr, words, k0, C: tl.constexpr, BW: tl.constexpr, HAS_ZERO: tl.constexpr):
+    """``_int4_tile`` for one row of x and the tile's loaded words, kept 2-D: [BW, 16] per word, and sum(x) [16].
+    x's vectors are slices of the weight tile's layout, so they need no conversion through shared memory."""
     j = tl.arange(0, 16)
-    words = tl.load(w_rows + (k0 // 8 + j)[None, :], mask=valid[:, None], other=0)  # [BW, 16] int32
     part = tl.zeros((BW, 16), dtype=tl.float32)
     xsum = tl.zeros((16,), dtype=tl.float32)
     for t in tl.static_range(8):
@@ -157,9 +156,16 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, M, R, 
         acc = tl.zeros((BW, 16), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BW, 16), dtype=tl.float32)
+    j = tl.arange(0, 16)
+    if VEC:
+        # the next tile's words load while this one decodes: the loop's only HBM stream, two tiles in flight
+        nxt = tl.load(w_rows + (k_lo // 8 + j)[None, :], mask=valid[:, None], other=0)
     for k0 in range(k_lo, k_hi, 128):
         if VEC:
-            part, xsum = _int4_tile_vec(x_ptr, w_rows, valid, k0, 0 if HAS_ZERO else 8, BW, HAS_ZERO)
+            words = nxt
+            more = (k0 + 128 + j * 0) < k_hi  # [16]: a tile follows in this split
+            nxt = tl.load(w_rows + (k0 // 8 + 16 + j)[None, :], mask=valid[:, None] & more[None, :], other=0)
+            part, xsum = _int4_tile_vec(x_ptr, words, k0, 0 if HAS_ZERO else 8, BW, HAS_ZERO)
         else:
             part, xsum = _int4_tile(x_rows, mask_m, w_rows, valid, k0, 0 if HAS_ZERO else 8, BM, BW, HAS_ZERO,
                                     USE_DOT, FP32_DOT)
