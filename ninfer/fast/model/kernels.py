@@ -143,7 +143,7 @@ def triton_kernels() -> Kernels:
         return linear(stream_norm(res, weight, eps), w)
 
     def norm_linear_swiglu(res, weight, eps, w):
-        if res.delta is None and _norm_swiglu_gemv_wins(res.h, w):
+        if res.delta is None and isinstance(w, torch.Tensor) and _gemv_wins(res.h, w, fused=True):
             return gemv.gemv_swiglu(res.h, w, norm_weight=weight, eps=eps)
         return linear_swiglu(stream_norm(res, weight, eps), w)
 
@@ -175,40 +175,23 @@ def _gemv_wins(x, w, fused: bool) -> bool:
     return w.shape[0] <= 1024 and size >= 2 << 20
 
 
-# From this many rows pick_config gives the GEMV the 32-row tile it has at M = 8, where it streamed every wide 9B
-# and 35B-A3B projection faster than cuBLAS on the H200 (benchmarks/results/2026-12-01-h200-gemv-49b7bc1.json, us:
-# 9B in_proj 27.9 / 30.0, out_proj 12.5 / 13.1, gate_up + SwiGLU 53.5 / 57.7, down 29.6 / 30.8; qkv 24.6 / 23.7,
-# which the norm it saves turns into a win). Only the fused forms take it: there the GEMV also saves a launch.
-_WIDE_TILE_ROWS = 5
-
-
-def _stream_gemv_rows(x) -> bool:
-    return _WIDE_TILE_ROWS <= x.shape[0] <= _GEMV_ROWS
-
-
 def _residual_gemv_wins(x, w) -> bool:
-    """Where the GEMV adding the residual in its epilogue beats the projection alone: where it wins bare, at the
-    wide tile's row counts, and below 2 MB, where both are launch-bound and the add it takes lets the next
-    sublayer's norm move into that one's GEMV prologue (a whole norm launch saved)."""
+    """Where the GEMV adding the residual in its epilogue beats the projection alone: where it wins bare, and below
+    2 MB, where both are launch-bound and the add it takes lets the next sublayer's norm move into that one's GEMV
+    prologue (a whole norm launch saved)."""
     if not isinstance(w, torch.Tensor) or x.shape[0] > _GEMV_ROWS:
         return False
-    return _gemv_wins(x, w, fused=False) or _stream_gemv_rows(x) or w.numel() * w.element_size() < 2 << 20
+    return _gemv_wins(x, w, fused=False) or w.numel() * w.element_size() < 2 << 20
 
 
 def _norm_gemv_wins(x, w) -> bool:
     """Where the GEMV with the RMSNorm in its prologue beats a norm launch plus the projection. Estimated from the
     H200's GEMV table (docs/performance.md): at M = 1 the GEMV trails cuBLAS by ~0.1 us per MB on wide outputs
     (0.8B in_proj, 16.8 MB: 8.3 against 6.5 us), and the norm it saves costs ~2 us plus a launch gap, so wide
-    projections up to 24 MB (the 0.8B class) take the GEMV and the 9B class (84 MB and more) stays on cuBLAS at
-    M < 5; at the wide tile's row counts every projection takes it."""
+    projections up to 24 MB (the 0.8B class) take the GEMV and the 9B class (84 MB and more) stays on cuBLAS."""
     if not isinstance(w, torch.Tensor) or x.shape[0] > _GEMV_ROWS:
         return False
-    return _gemv_wins(x, w, fused=False) or _stream_gemv_rows(x) or w.numel() * w.element_size() <= 24 << 20
-
-
-def _norm_swiglu_gemv_wins(x, w) -> bool:
-    """The SwiGLU GEMV with the norm in its prologue: where the SwiGLU GEMV wins, and at the wide tile's rows."""
-    return isinstance(w, torch.Tensor) and (_gemv_wins(x, w, fused=True) or _stream_gemv_rows(x))
+    return _gemv_wins(x, w, fused=False) or w.numel() * w.element_size() <= 24 << 20
 
 
 def naive_kernels() -> Kernels:
