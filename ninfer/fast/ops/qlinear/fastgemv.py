@@ -75,16 +75,10 @@ def fast_kind(w: QuantWeight) -> bool:
 
 
 @triton.jit
-def _place(T: tl.constexpr):
-    # where nibble T of a word sits when _nibble reads it, in nibbles
-    return T if T < 5 else T - 3
-
-
-@triton.jit
 def _nibble(words, T: tl.constexpr, C: tl.constexpr):
     """Nibble T of each int32 word as fp32 (u - C) * 16^P: in place (P = T) while it lies inside the 23 mantissa
     bits, nibbles 5..7 after one shift by 12 bits (P = T - 3)."""
-    P: tl.constexpr = _place(T)
+    P: tl.constexpr = T - 3 * (T >= 5)  # where nibble T sits when read, in nibbles
     if T >= 5:
         words = words >> 12
     bits = (words & (15 << (4 * P))) | 0x4B000000
@@ -108,7 +102,7 @@ def _int4_tile(x_rows, mask_m, w_rows, valid, k0, C: tl.constexpr, BM: tl.conste
         xt = tl.load(x_rows + (k0 + 16 * t + j)[None, :], mask=mask_m[:, None], other=0.0).to(tl.float32)
         if HAS_ZERO:
             xsum += xt
-        xs = xt * (1.0 / (1 << (4 * _place(t))))  # the nibble's power of 16, exact
+        xs = xt * (1.0 / (1 << (4 * (t - 3 * (t >= 5)))))  # the nibble's power of 16, exact
         v = _nibble(words, t, C)  # [BW, 16]
         if USE_DOT:
             if FP32_DOT:
@@ -131,7 +125,7 @@ def _int4_tile_vec(x_ptr, words, k0, C: tl.constexpr, BW: tl.constexpr, HAS_ZERO
         xt = tl.load(x_ptr + k0 + 16 * t + j).to(tl.float32)
         if HAS_ZERO:
             xsum += xt
-        part += _nibble(words, t, C) * (xt * (1.0 / (1 << (4 * _place(t)))))[None, :]
+        part += _nibble(words, t, C) * (xt * (1.0 / (1 << (4 * (t - 3 * (t >= 5))))))[None, :]
     return part, xsum
 
 
