@@ -5,7 +5,7 @@ only a device profile sees (benchmarks/gpu/profile_fast.py).
 
 ``with LaunchCounter() as c: ...`` records ``(section, name)`` per launch; ``c.section("gdn")`` attributes the
 launches inside it, and ``c.syncs`` lists the ops that read a device value back (a graph body must have none).
-``count_step(fn)`` counts one call with the fast model's sublayers as sections (``gdn``, ``attention``, ``ffn``;
+``count_step(fn)`` counts one call (a decode step, a prefill piece) with the fast model's sublayers as sections (``gdn``, ``attention``, ``ffn``;
 the rest is ``step``). Run the code once before counting: an autotuned kernel's first call launches every
 configuration it times.
 """

@@ -14,6 +14,7 @@ import torch
 from _fast_env import DEVICE
 from _fast_setup import build_pair, place_sequences, tiny_config
 from ninfer.fast.model import kernels as kernels_module
+from ninfer.testing.host_syncs import count_host_syncs
 from ninfer.testing.launches import LaunchCounter, count_step
 
 I32 = dict(dtype=torch.int32, device=DEVICE)
@@ -48,6 +49,38 @@ def test_decode_step_launches_per_layer():
     assert counter.names("ffn") == FFN * (n_gdn + n_attn)
     assert counter.names("step") == STEP
     assert counter.syncs == []
+
+
+# a prefill piece (one sequence, T tokens): a GDN layer is its norm, in_proj, the conv, the chunked rule's initial
+# state copy and three passes, the gated norm, the final state's copy into the slot and out_proj; attention its norm,
+# qkv, RoPE + KV write, the flash kernel, the output gate (sigmoid, mul) and o_proj; an FFN norm, gate_up, SwiGLU,
+# down. The step's own: the slot reset (start 0), the piece's positions and KV slots, the embedding, the final norm
+# and the lm_head of the last token.
+GDN_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_conv_prefill_kernel", "aten.copy_", "_chunk_prep_kernel",
+               "_chunk_state_kernel", "_chunk_output_kernel", "_gated_norm_kernel", "aten.copy_", "aten.mm"]
+ATTENTION_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_rope_kv_write_kernel", "_prefill_kernel", "aten.sigmoid",
+                     "aten.mul", "aten.mm"]
+FFN_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_swiglu_kernel", "aten.mm"]
+
+
+def test_prefill_piece_launches_per_layer_and_reads_nothing_back():
+    cfg = tiny_config()
+    pair = build_pair(cfg, torch.float32, "triton", max_context=1024, page_size=16)
+    slots, rows = place_sequences(pair.fast, 3)
+    tokens = torch.arange(1, 41, device=DEVICE)
+    pair.fast.prefill(tokens, slots[0], rows[0], 0)
+    counter = count_step(lambda: pair.fast.prefill(tokens, slots[1], rows[1], 0))
+    n_gdn, n_attn = len(cfg.linear_layers), len(cfg.attention_layers)
+    assert counter.names("gdn") == GDN_PREFILL * n_gdn
+    assert counter.names("attention") == ATTENTION_PREFILL * n_attn
+    assert counter.names("ffn") == FFN_PREFILL * (n_gdn + n_attn)
+    assert len(counter.names("step")) <= 17 and counter.syncs == []
+    # no host read inside the model call: not from a cached prefix, not with a checkpoint inside the piece (its
+    # chunk table crosses through pinned memory, queued)
+    with count_host_syncs() as seen:
+        pair.fast.prefill(tokens[:24], slots[1], rows[1], 40)
+        pair.fast.prefill(tokens, slots[2], rows[2], 0, captures=[(20, slots[0])])
+    assert seen.sites == []
 
 
 def _meta(*shape):

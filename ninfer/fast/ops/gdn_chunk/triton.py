@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.hostcopy import to_device
+
 from .naive import chunk_ends
 
 
@@ -301,9 +303,9 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0 and DK <= 128
     BT = chunk_size
     var = bool(cuts)
-    if var:  # the chunk starts, then T: [NT + 1] int32 (one small host-to-device copy, only with cuts)
+    if var:  # the chunk starts, then T: [NT + 1] int32 (one small queued copy through pinned memory, only with cuts)
         ends = chunk_ends(T, BT, cuts)
-        cu = torch.tensor([0, *ends], dtype=torch.int32, device=qkv.device)
+        cu = to_device([0, *ends], qkv.device)
         NT = len(ends)
     else:
         NT = triton.cdiv(T, BT)
