@@ -4,6 +4,7 @@ tokens, the bandwidth floor of every decode case, and peak device memory. Each p
 others; a wall-clock deadline skips what no longer fits. Prints a table last; writes JSON to $OUT when set.
 
 Run: python benchmarks/gpu/bench_fast.py [--models 0.8B,9B,35B-A3B] [--deadline-s 330] [--out DIR]
+         [--kernels triton,triton-fused]   # each op table in turn, the second and later as "MODEL/TABLE" rows
      python benchmarks/gpu/bench_fast.py --smoke   # the same code paths on a CPU: tiny shape, naive kernels
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -115,8 +116,10 @@ def bench_prefill(run: Run, name: str, model, entry: dict) -> None:
         rows.append({"T": T, "ms": ms, "tok_s": T / ms * 1e3, "finite": bool(torch.isfinite(last).all())})
 
 
-def bench_model(run: Run, name: str, bw: float) -> None:
-    entry = run.results["models"].setdefault(name, {})
+def bench_model(run: Run, name: str, bw: float, suffix: str = "") -> None:
+    """One model's decode, prefill, memory and parity; its results under ``name + suffix`` (an op table's)."""
+    label = name + suffix
+    entry = run.results["models"].setdefault(label, {})
     t = time.monotonic()
     cfg, plan, model, source = build(name, run.s)
     entry.update(build_s=time.monotonic() - t, weight_bytes=model.weights.nbytes, plan_bytes=plan.total_bytes,
@@ -135,7 +138,7 @@ def bench_model(run: Run, name: str, bw: float) -> None:
             entry.update(transient_peak_bytes=entry["peak_allocated_bytes"] - resident,
                          workspace_planned_bytes=plan.workspace_bytes)
         # after the memory numbers: the parity check's own weight copies are not the engine's memory
-        if name in PARITY_MODELS and run.left() > 60:
+        if name in PARITY_MODELS and label == name and run.left() > 60:
             entry["parity"] = run.part(f"{name} parity", parity, model, source)
     finally:
         del model
@@ -144,14 +147,20 @@ def bench_model(run: Run, name: str, bw: float) -> None:
 
 
 def main() -> int:
-    args = bench_arguments(330.0, "tiny shape on the CPU with the naive kernels").parse_args()
+    ap = bench_arguments(330.0, "tiny shape on the CPU with the naive kernels")
+    ap.add_argument("--kernels", default="triton", help="op tables to time in turn, e.g. triton,triton-fused "
+                                                        "(--smoke: naive only)")
+    args = ap.parse_args()
     run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "bench_fast.json")
     if not run.need_cuda(args.smoke, print_table):
         return 1
     bw = (run.part("bandwidth", hbm_bandwidth) or {}) if not args.smoke else {}
     run.results["bandwidth"] = bw
-    run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model,
-                   bw.get("copy_tb_s", 0.0))
+    tables = [run.s.kernels] if args.smoke else args.kernels.split(",")
+    for i, kernels in enumerate(tables):
+        run.s = replace(run.s, kernels=kernels)
+        run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model,
+                       bw.get("copy_tb_s", 0.0), "" if i == 0 else f"/{kernels}")
     print_table(run.results)
     return 0
 

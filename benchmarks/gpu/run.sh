@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu/run.sh tests    # ops, fast model, fast Program (+ property harness), oracle diff, e2e serve
 #   bash benchmarks/gpu/run.sh engine   # bench_engine.py (with idle between decode steps, async off/on) then bench_fast.py
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
-#   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, profile_fast.py
+#   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, bench_fast.py triton vs triton-fused (0.8B), profile_fast.py
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (<= 240 s)
@@ -89,6 +89,9 @@ run_micro() {
     echo "== op micro-benchmarks and per-kernel profile"
     timeout 150 "$PY" benchmarks/gpu/bench_gemv.py || echo "bench_gemv rc=$?"
     timeout 150 "$PY" benchmarks/gpu/bench_ops.py || echo "bench_ops rc=$?"
+    # the fused decode GEMVs (opt-in "triton-fused") against the default table, executor and graphs, same call
+    timeout 200 "$PY" benchmarks/gpu/bench_fast.py --models "${MICRO_MODELS:-0.8B}" --kernels triton,triton-fused \
+        --deadline-s 190 ${OUT:+--out "$OUT/fused"} || echo "bench_fast fused rc=$?"
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_fast.py --models "$MODELS" ${OUT:+--out "$OUT"} \
         || echo "profile_fast rc=$?"
 }

@@ -46,8 +46,9 @@ def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: cuda when available.")
-@click.option("--kernels", type=click.Choice(["auto", "triton", "naive"]), default="auto", show_default=True,
-              help="auto: triton, except naive for bf16 on CPU.")
+@click.option("--kernels", type=click.Choice(["auto", "triton", "triton-fused", "naive"]), default="auto",
+              show_default=True, help="auto: triton, except naive for bf16 on CPU; triton-fused adds the decode "
+                                      "GEMVs with the norm in their prologue and the residual add in their epilogue.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--tolerance", default=None, type=float,
               help="Max logits relative RMS [default: 1e-2 bf16 or fp32 Triton on CUDA (TF32), else 1e-4].")

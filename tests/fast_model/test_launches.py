@@ -1,10 +1,18 @@
 """Launches per decode step, counted (``ninfer.testing.launches``: Triton launches and kernel-running torch ops)
-through the interpreter on the tiny model, per layer kind: a GDN layer is 5 launches (in_proj with its norm, the GDN
-step, out_proj adding the residual, gate_up with its norm and SwiGLU, down adding the residual), an attention layer
-7 (qkv with its norm, RoPE + KV write, attention and its split merge with the output gate, o_proj, gate_up, down),
-and the step's own 4 (KV addressing, embedding, final norm, lm_head; a bf16 model adds the logits' fp32 cast).
-The shape rules send the real 0.8B decode projections down the same fused paths (checked on meta tensors), so its
-step is those counts over its 18 + 6 layers plus the step's own launches. Before the fusions: 7, 11 and 12-13."""
+through the interpreter on the tiny model, per layer kind and per op table.
+
+"triton-fused" (opt-in): a GDN layer is 5 launches (in_proj with its norm, the GDN step, out_proj adding the
+residual, gate_up with its norm and SwiGLU, down adding the residual), an attention layer 7 (qkv with its norm,
+RoPE + KV write, attention and its split merge with the output gate, o_proj, gate_up, down). The shape rules send
+the real 0.8B decode projections down the same fused paths (checked on meta tensors), so its step is those counts
+over its 18 + 6 layers plus the step's own launches.
+
+"triton" (the default, since the fused forms slowed the 0.8B step on the H200): every norm is the add + RMSNorm
+kernel and every projection the plain GEMV or cuBLAS (at the tiny shapes cuBLAS, but for the SwiGLU GEMV): a GDN
+layer is 7 launches, an attention layer 9 (the output gate stays in the attention kernel's store).
+
+Both add the step's own 4 (KV addressing, embedding, final norm, lm_head; a bf16 model adds the logits' fp32
+cast). Before any fusion: 7, 11 and 12-13."""
 
 from collections import Counter
 
@@ -18,9 +26,15 @@ from ninfer.testing.host_syncs import count_host_syncs
 from ninfer.testing.launches import LaunchCounter, count_step
 
 I32 = dict(dtype=torch.int32, device=DEVICE)
-GDN = ["_gemv_kernel", "_recurrent_kernel", "_gemv_kernel"]
-ATTENTION = ["_gemv_kernel", "_rope_kv_write_kernel", "_decode_kernel", "_merge_kernel", "_gemv_kernel"]
-FFN = ["_gemv_kernel", "_gemv_kernel"]
+# per op table: a GDN layer's, an attention layer's and an FFN's launches
+LAUNCHES = {
+    "triton-fused": (["_gemv_kernel", "_recurrent_kernel", "_gemv_kernel"],
+                     ["_gemv_kernel", "_rope_kv_write_kernel", "_decode_kernel", "_merge_kernel", "_gemv_kernel"],
+                     ["_gemv_kernel", "_gemv_kernel"]),
+    "triton": (["_rmsnorm_kernel", "aten.mm", "_recurrent_kernel", "aten.mm"],
+               ["_rmsnorm_kernel", "aten.mm", "_rope_kv_write_kernel", "_decode_kernel", "_merge_kernel", "aten.mm"],
+               ["_rmsnorm_kernel", "_gemv_kernel", "aten.mm"]),
+}
 # the rows' block tables and KV slots, the embedding, the final norm and the lm_head (an fp32 model: no logits cast)
 STEP = ["_decode_slots_kernel", "aten.embedding", "_rmsnorm_kernel", "aten.mm"]
 
@@ -32,10 +46,11 @@ def _poison_and_seed():
     yield
 
 
-def test_decode_step_launches_per_layer():
+@pytest.mark.parametrize("kernels", sorted(LAUNCHES))
+def test_decode_step_launches_per_layer(kernels):
     # a context capacity past 256 keys, so attention splits the keys and merges them (as at real context sizes)
     cfg = tiny_config()
-    pair = build_pair(cfg, torch.float32, "triton", max_context=1024, page_size=16)
+    pair = build_pair(cfg, torch.float32, kernels, max_context=1024, page_size=16)
     slots, rows = place_sequences(pair.fast, 2)
     for s, r in zip(slots, rows):
         pair.fast.prefill(torch.arange(1, 9, device=DEVICE), s, r, 0)
@@ -44,9 +59,10 @@ def test_decode_step_launches_per_layer():
     pair.fast.decode(*args)
     counter = count_step(lambda: pair.fast.decode(*args))
     n_gdn, n_attn = len(cfg.linear_layers), len(cfg.attention_layers)
-    assert counter.names("gdn") == GDN * n_gdn
-    assert counter.names("attention") == ATTENTION * n_attn
-    assert counter.names("ffn") == FFN * (n_gdn + n_attn)
+    gdn, attention, ffn = LAUNCHES[kernels]
+    assert counter.names("gdn") == gdn * n_gdn
+    assert counter.names("attention") == attention * n_attn
+    assert counter.names("ffn") == ffn * (n_gdn + n_attn)
     assert counter.names("step") == STEP
     assert counter.syncs == []
 
@@ -90,7 +106,7 @@ def _meta(*shape):
 @pytest.mark.parametrize("M", [1, 8])
 def test_real_0p8b_projections_take_the_fused_paths(M):
     """The 0.8B decode projections (hidden 1024, GDN in_proj 8224, attention qkv 5120, FFN 3584) at B = M take the
-    fused GEMVs the tiny model's count runs through, so its 5 and 7 launches per layer hold there."""
+    fused GEMVs the tiny model's "triton-fused" count runs through, so its 5 and 7 launches per layer hold there."""
     x, x_gdn, x_attn, x_ffn = _meta(M, 1024), _meta(M, 2048), _meta(M, 2048), _meta(M, 3584)
     assert kernels_module._norm_gemv_wins(x, _meta(8224, 1024))  # GDN in_proj
     assert kernels_module._norm_gemv_wins(x, _meta(5120, 1024))  # attention qkv

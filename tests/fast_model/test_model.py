@@ -17,6 +17,7 @@ from ninfer.testing.numerics import assert_close
 FP32_TOL = 1e-2 if ON_GPU else 1e-4
 BF16_TOL = 2e-2
 MODES = [pytest.param(torch.float32, "triton", FP32_TOL, id="fp32-triton"),
+         pytest.param(torch.float32, "triton-fused", FP32_TOL, id="fp32-triton-fused"),
          pytest.param(torch.bfloat16, "triton" if ON_GPU else "naive", BF16_TOL, id="bf16")]
 I32 = dict(dtype=torch.int32, device=DEVICE)
 
@@ -63,7 +64,7 @@ def _run_scenario(pair, prompt_splits, steps, tol):
 def test_dense_prefill_and_decode_match_reference(dtype, kernels, tol):
     pair = build_pair(tiny_config(), dtype, kernels)
     # three lengths; the third is prefilled in two calls (a continuation at start_pos 4)
-    splits = [(2,), (5,), (4, 3)] if kernels == "triton" and not ON_GPU else [(9,), (70,), (40, 30)]
+    splits = [(2,), (5,), (4, 3)] if kernels.startswith("triton") and not ON_GPU else [(9,), (70,), (40, 30)]
     _run_scenario(pair, splits, steps=2 if not ON_GPU else 4, tol=tol)
 
 
@@ -75,7 +76,7 @@ def test_moe_prefill_and_decode_match_reference(dtype, kernels, tol):
     # leave top-k selection to this test and tests/ops/test_moe.py.
     top_k = 2 if tol <= 1e-4 else 8
     pair = build_pair(tiny_config(moe=True, layers=(L, F), top_k=top_k), dtype, kernels)
-    splits = [(3,), (6,), (2, 2)] if kernels == "triton" and not ON_GPU else [(9,), (70,), (40, 30)]
+    splits = [(3,), (6,), (2, 2)] if kernels.startswith("triton") and not ON_GPU else [(9,), (70,), (40, 30)]
     _run_scenario(pair, splits, steps=2 if not ON_GPU else 4, tol=tol)
 
 

@@ -10,9 +10,10 @@ and dequantize-then-GEMM otherwise; ``moe_experts`` takes quantized expert stack
 its parts one by one (docs/quantization.md, "fast Program").
 
 The residual stream between sublayers is a ``Residual``: ``norm_linear`` (and its SwiGLU form) norms it into a
-projection, ``linear_residual`` adds a sublayer's output projection to it. Where the decode GEMV runs those
-projections the norm sits in its prologue and the add in its epilogue (one launch each instead of a norm, a GEMV
-and an add); elsewhere the output waits in ``Residual.delta`` for the next norm, the fused add + RMSNorm kernel.
+projection, ``linear_residual`` adds a sublayer's output projection to it. With the "triton-fused" table, where the
+decode GEMV runs those projections the norm sits in its prologue and the add in its epilogue (one launch each
+instead of a norm, a GEMV and an add); elsewhere, and in the default "triton" table, the output waits in
+``Residual.delta`` for the next norm, the fused add + RMSNorm kernel.
 """
 
 from __future__ import annotations
@@ -96,7 +97,13 @@ def _stream_norm(rmsnorm: Callable) -> Callable:
     return norm
 
 
-def triton_kernels() -> Kernels:
+def triton_kernels(fused_decode: bool = False) -> Kernels:
+    """The fast path's op table. ``fused_decode`` ("triton-fused") takes the GEMVs with the RMSNorm in their prologue
+    and the residual add in their epilogue where the shape rules below pick them; off (the default "triton"), every
+    norm is the add + RMSNorm kernel and every projection the plain GEMV or cuBLAS. The fused forms are opt-in
+    because on the H200 they slowed the 0.8B executor step at B=1 from 1.14 to 1.91 ms (docs/performance.md, fourth
+    session) and no measurement yet says which pair lost; ``bench_fast.py --kernels triton,triton-fused`` (run.sh
+    micro) times both in one call so the rules can be set per shape."""
     from ninfer.fast.ops import (decode_slots, gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention,
                                  prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
@@ -138,25 +145,25 @@ def triton_kernels() -> Kernels:
     stream_norm = _stream_norm(norm)
 
     def norm_linear(res, weight, eps, w):
-        if res.delta is None and _norm_gemv_wins(res.h, w):
+        if fused_decode and res.delta is None and _norm_gemv_wins(res.h, w):
             return gemv.gemv(res.h, w, norm_weight=weight, eps=eps)
         return linear(stream_norm(res, weight, eps), w)
 
     def norm_linear_swiglu(res, weight, eps, w):
-        if res.delta is None and isinstance(w, torch.Tensor) and _gemv_wins(res.h, w, fused=True):
+        if fused_decode and res.delta is None and isinstance(w, torch.Tensor) and _gemv_wins(res.h, w, fused=True):
             return gemv.gemv_swiglu(res.h, w, norm_weight=weight, eps=eps)
         return linear_swiglu(stream_norm(res, weight, eps), w)
 
     def linear_residual(x, w, res):
         assert res.delta is None, "linear_residual: the stream's last output was never added"
-        if _residual_gemv_wins(x, w):
+        if fused_decode and _residual_gemv_wins(x, w):
             gemv.gemv(x, w, out=res.h, residual=res.h)
         else:
             res.delta = linear(x, w)
 
-    return Kernels("triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write, gdn_decode.gdn_decode, conv_prefill,
-                   gdn_chunk.gdn_chunk, paged_decode_attention.paged_decode_attention,
-                   prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
+    return Kernels("triton-fused" if fused_decode else "triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write,
+                   gdn_decode.gdn_decode, conv_prefill, gdn_chunk.gdn_chunk,
+                   paged_decode_attention.paged_decode_attention, prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
                    slot_copy.slot_copy, dflash_conv, dflash_select, stream_norm, norm_linear, norm_linear_swiglu,
                    linear_residual, decode_slots.decode_slots)
 
@@ -250,8 +257,8 @@ def naive_kernels() -> Kernels:
 
 
 def get_kernels(name: str) -> Kernels:
-    if name == "triton":
-        return triton_kernels()
+    if name in ("triton", "triton-fused"):
+        return triton_kernels(fused_decode=name == "triton-fused")
     if name == "naive":
         return naive_kernels()
-    raise ValueError(f"unknown kernel backend {name!r}; expected 'triton' or 'naive'")
+    raise ValueError(f"unknown kernel backend {name!r}; expected 'triton', 'triton-fused' or 'naive'")
