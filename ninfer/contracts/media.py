@@ -76,6 +76,12 @@ class PromptMedia:
         tail = np.arange(max(start, n), max(end, n), dtype=np.int64) + self.rope_delta
         return np.concatenate([head, np.broadcast_to(tail, (3, tail.size))], axis=1)
 
+    def drafter_positions(self, start: int, end: int) -> np.ndarray:
+        """int64 [end - start]: the 1-D RoPE positions a text-only drafter (DFlash, DFlash2) rotates sequence
+        indices start..end-1 at: MRoPE's temporal row, which is the ordinary position on text (shifted by
+        rope_delta after an image) and an image's start on its tokens (vLLM's drafters take the same row)."""
+        return self.positions_for(start, end)[0]
+
     def check(self, token_ids: Sequence[int]) -> str | None:
         """Why these media do not fit ``token_ids`` (None when they do): each image's grid is whole merge blocks
         with one row of pixels per patch, every placeholder belongs to exactly one image, each image's run is its

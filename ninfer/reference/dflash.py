@@ -91,14 +91,16 @@ class Drafter:
         v = _proj(x, w, "v_proj", c).view(T, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         return apply_rope(k, cos, sin), v
 
-    def extend(self, ctx: DrafterContext, taps: torch.Tensor, start: int, window: int | None) -> None:
+    def extend(self, ctx: DrafterContext, taps: torch.Tensor, start: int, window: int | None,
+               positions: torch.Tensor | None = None) -> None:
         """Append the context of positions start.. from the target taps [T, n * H] (the tapped layers' outputs
-        concatenated), then keep only the last `window` positions (None: all)."""
+        concatenated), then keep only the last `window` positions (None: all). `positions` [T]: their rotary
+        positions where those are not the indices (a sequence with images, `PromptMedia.drafter_positions`)."""
         assert ctx.end == start, f"drafter context ends at {ctx.end}, the consumed tokens start at {start}"
         c = self.cfg
         feats = rms_norm(F.linear(taps.to(self.dtype), self.root["fc.weight"]), self.root["hidden_norm.weight"],
                          c.rms_norm_eps)  # [T, H]
-        cos, sin = self._rope(torch.arange(start, start + feats.shape[0]))
+        cos, sin = self._rope(torch.arange(start, start + feats.shape[0]) if positions is None else positions)
         for i, cache in enumerate(ctx.kv):
             cache.append(*self._kv(self.root.sub(f"layers.{i}.self_attn"), feats, cos, sin))
         if window is not None and ctx.kv[0].length > window:
@@ -106,11 +108,13 @@ class Drafter:
             ctx.kv = [KVCache(k.k[:, drop:].clone(), k.v[:, drop:].clone()) for k in ctx.kv]
             ctx.start += drop
 
-    def block(self, ctx: DrafterContext, anchor: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def block(self, ctx: DrafterContext, anchor: int, block_size: int, rope_delta: int = 0
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """One non-causal pass over [anchor, MASK x (B-1)] at positions ctx.end ..: the drafts' logits [B-1, V] and
-        final-normed hidden [B-1, H] (slots 1..B-1). `ctx` is read, never extended."""
+        final-normed hidden [B-1, H] (slots 1..B-1). `ctx` is read, never extended. The block rotates at its
+        positions + `rope_delta` (after a prompt with images)."""
         c = self.cfg
-        F0 = ctx.end
+        F0 = ctx.end + rope_delta
         ids = torch.tensor([anchor] + [c.mask_token_id] * (block_size - 1))
         x = self.embed[ids].to(self.dtype)  # [B, H]
         cos, sin = self._rope(torch.arange(F0, F0 + block_size))

@@ -161,11 +161,14 @@ class ReferenceModel:
         return out
 
     def mtp_forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, state: SequenceState, step: int = 0,
-                    return_hidden: bool = False):
+                    return_hidden: bool = False, positions: torch.Tensor | None = None,
+                    embeds: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Draft logits [T, V] from hidden [T, H] and the token after each, next_tokens [T].
 
         Uses MTP layer ``step % mtp_num_hidden_layers`` and extends that layer's KV in ``state.mtp_kv``.
         With ``return_hidden`` also returns the MTP output h' [T, H] (the hidden for a chained draft).
+        ``positions`` [3, T] (MRoPE, a sequence with images) and ``embeds`` (image rows of next_tokens) as for
+        `mtp_hidden`.
         """
         if not self.has_mtp:
             raise RuntimeError("this model was built without MTP weights (no 'mtp.*' tensors)")
@@ -174,7 +177,8 @@ class ReferenceModel:
                              f"{tuple(next_tokens.shape)} must be [T, H] and [T]")
         _check_tokens(next_tokens, self.cfg.vocab_size)
         layer = step % self.cfg.mtp_num_hidden_layers
-        h = mtp_hidden(hidden.to(self.dtype), next_tokens, self.root, self.cfg, state.mtp_kv[layer], layer)
+        h = mtp_hidden(hidden.to(self.dtype), next_tokens, self.root, self.cfg, state.mtp_kv[layer], layer,
+                       positions, embeds)
         logits = self.logits(h)
         return (logits, h) if return_hidden else logits
 

@@ -164,11 +164,12 @@ def _split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _mtp_tensors(cfg: Qwen35Config, seed: int, dtype: torch.dtype, per_expert: bool) -> dict[str, torch.Tensor]:
+def _mtp_tensors(cfg: Qwen35Config, seed: int, dtype: torch.dtype, per_expert: bool,
+                 std_weights: float = 0.02) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed + 1)
     out = {}
     for spec in mtp_parameters(cfg):
-        std = 0.1 if spec.kind == "norm" else 0.02
+        std = 0.1 if spec.kind == "norm" else std_weights
         t = torch.randn(spec.shape, generator=g) * std
         out[spec.name] = t.to(torch.float32 if spec.kind == "fp32" else dtype)
     return _split_experts(out) if per_expert else out
@@ -248,7 +249,7 @@ def write_tiny_tokenizer(out: Path, *, chat_template_in_config: bool = False) ->
 
 
 def make_hf_checkpoint(dir: str | Path, *, moe: bool = False, tie: bool = False, multimodal: bool = False,
-                       mtp: bool = True, hv_per_hk: int = 2, sharded: bool = False, per_expert: bool = False,
+                       mtp: bool = True, mtp_std: float = 0.02, hv_per_hk: int = 2, sharded: bool = False, per_expert: bool = False,
                        vocab: int = 512, seed: int = 0, num_layers: int = 4, dtype: torch.dtype = torch.float32,
                        tokenizer: bool = True, chat_template_in_config: bool = False) -> Path:
     """Write a tiny random Qwen3.5 HF checkpoint directory and return its path.
@@ -258,7 +259,8 @@ def make_hf_checkpoint(dir: str | Path, *, moe: bool = False, tie: bool = False,
     - ``multimodal``: keys under ``model.language_model.*`` plus a real tiny ``model.visual.*`` tower built by
       transformers (:func:`tiny_vision_config`), and a nested ``qwen3_5``/``qwen3_5_moe`` config with
       ``text_config``, ``vision_config`` and the tiny tokenizer's vision token ids.
-    - ``mtp``: add random ``mtp.*`` tensors (shapes of ``mtp_parameters``) and ``mtp_num_hidden_layers=1``.
+    - ``mtp``: add random ``mtp.*`` tensors (shapes of ``mtp_parameters``) and ``mtp_num_hidden_layers=1``; their
+      matrices of std ``mtp_std`` (large enough, the head's attention visibly depends on positions).
     - ``sharded``: three ``model-0000k-of-00003.safetensors`` files plus ``model.safetensors.index.json``.
     - ``per_expert``: MoE experts as ``mlp.experts.{e}.{gate,up,down}_proj.weight`` instead of the fused form.
     - ``tokenizer``: write a byte-level ``tokenizer.json``, ``tokenizer_config.json`` and a chat template
@@ -276,7 +278,7 @@ def make_hf_checkpoint(dir: str | Path, *, moe: bool = False, tie: bool = False,
     text_cfg["dtype"] = str(dtype).removeprefix("torch.")
     tensors = _text_tensors(model, tie, per_expert)
     if mtp:
-        tensors.update(_mtp_tensors(Qwen35Config.from_hf(text_cfg), seed, dtype, per_expert))
+        tensors.update(_mtp_tensors(Qwen35Config.from_hf(text_cfg), seed, dtype, per_expert, mtp_std))
     if multimodal:
         tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
                    for k, v in tensors.items()}

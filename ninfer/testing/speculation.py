@@ -17,6 +17,7 @@ import torch
 
 from ninfer.program_core import ActiveSequence
 from ninfer.reference.model import ReferenceModel
+from ninfer.reference.vision import VisionTower
 from ninfer.sampling import RowContext, processed_logits
 
 
@@ -31,8 +32,10 @@ def _length(seq: ActiveSequence, k: int) -> int:
 
 
 class ForcedDrafts:
-    def __init__(self, model: ReferenceModel):
-        self.model = model
+    def __init__(self, model: ReferenceModel, vision: VisionTower | None = None):
+        """`vision`: the tower that encodes the images of a prompt with images (its teacher reads their
+        features and MRoPE positions, as the Program's target does)."""
+        self.model, self.vision = model, vision
         self.forced: list[tuple[int, int]] = []  # (acceptance length, drafts) of every row, for coverage checks
         self._memo: dict[tuple, list[int]] = {}  # (params, *consumed tokens, pending, *continuation[:i]) -> the rest
 
@@ -54,15 +57,28 @@ class ForcedDrafts:
         return list(ahead[:n])
 
     def _greedy(self, seq: ActiveSequence, ctx: RowContext, n: int) -> list[int]:
-        state = self.model.new_state()
-        logits = self.model.prefill(torch.tensor(list(seq.tokens) + [seq.pending]), state, chunked=False)[-1]
+        state, media = self.model.new_state(), seq.media
+        tokens = list(seq.tokens) + [seq.pending]
+        logits = self.model.prefill(torch.tensor(tokens if media is None else media.model_ids(tokens)), state,
+                                    chunked=False, **self._image_inputs(seq, len(tokens)))[-1]
         out: list[int] = []
         for j in range(n):
             z = processed_logits(logits.float(), ctx.at(seq.frontier + 1 + j, out, None))
             out.append(int(torch.argmax(z)))
             if j + 1 < n:
-                logits = self.model.decode_step(out[-1], state)
+                at = seq.frontier + 1 + j
+                positions = None if media is None else torch.from_numpy(media.positions_for(at, at + 1))
+                logits = self.model.decode_step(out[-1], state, positions=positions)
         return out
+
+    def _image_inputs(self, seq: ActiveSequence, n: int) -> dict:
+        """The MRoPE positions [3, n] and image rows of a sequence with images (nothing for text)."""
+        if seq.media is None:
+            return {}
+        images = seq.media.images
+        feats = [self.vision.encode(torch.from_numpy(img.pixels), img.grid) for img in images]
+        rows = torch.cat([torch.arange(img.offset, img.end) for img in images])
+        return {"positions": torch.from_numpy(seq.media.positions_for(0, n)), "embeds": (rows, torch.cat(feats))}
 
     def __call__(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
                  ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:

@@ -7,6 +7,10 @@ and a backup, a checkpoint, a host replica and a replay carry it. Drafting is on
 [pending, MASK x k] at the frontier, read-only: the block's K/V never persist. DFlash takes slot j's draft from its
 own logits; DFlash2 walks the candidate selector from the pending token, each slot's scores depending on the token
 taken before it. Both draw with `draw_draft`, so greedy rows take the argmax and sampled rows carry q.
+
+The drafter is a text-only stack with 1-D RoPE: over a prompt with images it rotates at MRoPE's temporal row
+(`PromptMedia.drafter_positions`), and its blocks after the prompt at position + rope_delta (docs/speculative.md,
+"Images").
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from ninfer.contracts.media import PromptMedia
 from ninfer.models.qwen3_5.drafter import DrafterKind
 from ninfer.program_core import ActiveSequence
 from ninfer.reference.dflash import Drafter, DrafterContext
@@ -35,13 +40,15 @@ class DFlashBackend:
         return self.drafter.empty_context()
 
     def advance(self, ctx: DrafterContext, tokens: Sequence[int], start: int, hidden: torch.Tensor,
-                taps: dict[int, torch.Tensor]) -> None:
-        self.drafter.extend(ctx, torch.cat([taps[i] for i in self.layers], dim=-1), start, self.window)
+                taps: dict[int, torch.Tensor], media: PromptMedia | None = None, embeds=None) -> None:
+        positions = None if media is None else torch.from_numpy(media.drafter_positions(start, start + len(tokens)))
+        self.drafter.extend(ctx, torch.cat([taps[i] for i in self.layers], dim=-1), start, self.window, positions)
 
     def draft(self, ctx: DrafterContext, seq: ActiveSequence, rctx: RowContext, k: int
               ) -> tuple[tuple[int, ...], list[torch.Tensor | None]]:
         assert ctx.end == seq.frontier, f"drafter context ends at {ctx.end}, the frontier is {seq.frontier}"
-        logits, hidden = self.drafter.block(ctx, seq.pending, self.block_size)  # [B-1, V], [B-1, H]
+        delta = 0 if seq.media is None else seq.media.rope_delta
+        logits, hidden = self.drafter.block(ctx, seq.pending, self.block_size, delta)  # [B-1, V], [B-1, H]
         selector = None
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             selector = CandidateSelector(self.drafter.root.sub("candidate_selector"), self.drafter.cfg.selector_top_k,

@@ -8,7 +8,8 @@ stores always hold the live state and the core's backup slot holds the committed
 With a speculative backend (`mtp_backend`, `dflash_backend`) every consumption of tokens also advances the slot's
 backend state (the MTP pairs it completes, the drafter context of its positions), so that state is a function of
 the consumed tokens like the rest of the live state: backups, checkpoints, replays and resumes carry it without a
-second bookkeeping. Drafting (`draft`) runs on a private copy.
+second bookkeeping. Drafting (`draft`) runs on a private copy. A backend sees what the target consumed: the model
+ids, the image rows and the sequence's MRoPE positions (a verify rotates at index + rope_delta like a decode).
 
 A sequence with images (`seq.media`) embeds the pad id at each placeholder, replaces those rows with the image's
 features from the vision tower, and rotates with the Frontend's MRoPE positions (index + rope_delta after the
@@ -24,6 +25,7 @@ from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import torch
 
+from ninfer.contracts.media import PromptMedia
 from ninfer.program_core import ActiveSequence, Drawn
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.state import SequenceState
@@ -33,6 +35,14 @@ from ninfer.sampling import RowContext, SamplingError, draw
 from .stores import KVPages, StateSlots
 
 
+def _rows_in(embeds: tuple[torch.Tensor, torch.Tensor] | None, a: int, b: int):
+    """The (rows, features) of `embeds` among token rows [a, b), rows relative to a (None when there are none)."""
+    if embeds is None:
+        return None
+    keep = (embeds[0] >= a) & (embeds[0] < b)
+    return (embeds[0][keep] - a, embeds[1][keep]) if bool(keep.any()) else None
+
+
 class Backend(Protocol):
     """A speculative backend's state and drafts (`mtp_backend` describes the calls)."""
 
@@ -40,7 +50,9 @@ class Backend(Protocol):
 
     def empty(self) -> Any: ...
 
-    def advance(self, state: Any, tokens: Sequence[int], start: int, hidden: torch.Tensor, taps: dict) -> None: ...
+    def advance(self, state: Any, tokens: Sequence[int], start: int, hidden: torch.Tensor, taps: dict,
+                media: PromptMedia | None = None, embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> None: ...
 
     def draft(self, state: Any, seq: ActiveSequence, ctx: RowContext, k: int
               ) -> tuple[tuple[int, ...], list[torch.Tensor | None]]: ...
@@ -96,11 +108,13 @@ class ReferenceExecutor:
 
     def _write(self, seq: ActiveSequence, state: SequenceState, start: int, tokens: Sequence[int],
                hidden: torch.Tensor, taps: dict[int, torch.Tensor] | None,
-               captures: Sequence[tuple[int, int]] = (), at: Sequence[SequenceState] = ()) -> None:
+               captures: Sequence[tuple[int, int]] = (), at: Sequence[SequenceState] = (),
+               embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """The positions consumed from `start`, the advanced GDN state and (with a backend) the backend state back
-        into the stores; hidden [T, H] is the target's final-normed output over `tokens`, taps its layers'. Each
-        capture (frontier, slot) gets the GDN state `at` its frontier and the backend state there: the backend
-        advances segment by segment between the captures, as a prefill cut at them would."""
+        into the stores; hidden [T, H] is the target's final-normed output over `tokens` (model ids), taps its
+        layers', `embeds` the image rows it embedded. Each capture (frontier, slot) gets the GDN state `at` its
+        frontier and the backend state there: the backend advances segment by segment between the captures, as a
+        prefill cut at them would."""
         slot = seq.handle.slot
         self.pages.write(seq.table, state.kv, start, state.next_position)
         self.slots.store(slot, state.gdn)
@@ -111,7 +125,8 @@ class ReferenceExecutor:
         for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
             if bstate is not None:
                 part = None if taps is None else {n: t[a - start:b - start] for n, t in taps.items()}
-                self.backend.advance(bstate, tokens[a - start:b - start], a, hidden[a - start:b - start], part)
+                self.backend.advance(bstate, tokens[a - start:b - start], a, hidden[a - start:b - start], part,
+                                     seq.media, _rows_in(embeds, a - start, b - start))
             if i < len(captures):
                 self.slots.store_backend(captures[i][1], None if bstate is None else bstate.clone())
         if bstate is not None:
@@ -125,11 +140,11 @@ class ReferenceExecutor:
         state at the frontier, the model's chunks restarting there."""
         state, taps = self._state(seq, start), self._taps()
         inputs = self._model_inputs(seq, start, tokens)
+        ids = inputs.pop("tokens")
         at: list[SequenceState] | None = [] if captures else None
-        logits, hidden = self.model.prefill(inputs.pop("tokens"), state, chunked=chunked, return_hidden=True,
-                                            taps=taps, checkpoints=at, at=[f - start for f, _ in captures] or None,
-                                            **inputs)
-        self._write(seq, state, start, tokens, hidden, taps, captures, at or ())
+        logits, hidden = self.model.prefill(ids, state, chunked=chunked, return_hidden=True, taps=taps,
+                                            checkpoints=at, at=[f - start for f, _ in captures] or None, **inputs)
+        self._write(seq, state, start, ids.tolist(), hidden, taps, captures, at or (), inputs.get("embeds"))
         return logits
 
     def _draw(self, seq: ActiveSequence, logits: torch.Tensor, position: int, mask: Any | None) -> Drawn:

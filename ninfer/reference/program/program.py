@@ -39,9 +39,6 @@ def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Dra
     return DFlashBackend(drafter, block, window)
 
 
-NO_VISION_SPECULATIVE = "images are not served with a speculative backend (its drafts would need MRoPE positions)"
-
-
 class ReferenceProgram(Program):
     def __init__(self, model: ReferenceModel, config: ReferenceProgramConfig = ReferenceProgramConfig(),
                  drafter: Drafter | None = None, vision: VisionTower | None = None):
@@ -58,8 +55,6 @@ class ReferenceProgram(Program):
         self.pages = StagedPages(cfg, self.stage_plan, c.kv_pages, c.page_size, c.dtype) if self.link else \
             KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
         backend = _backend(c.speculative, model, drafter)
-        if vision is not None and backend is not None:
-            raise ValueError(NO_VISION_SPECULATIVE)
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,

@@ -1,0 +1,89 @@
+"""Image prompts with a speculative backend on the reference Program (docs/speculative.md, "Images"): greedy with
+MTP, DFlash or DFlash2 (real drafts and ForcedDrafts) equals greedy without on prompts with two images, prefill
+chunks cut inside them; every draft equals the one computed from scratch with the documented positions (the MTP
+pair at p's MRoPE position with the image feature as x_{p+1}'s embedding, the drafter at MRoPE's temporal row and
+position + rope_delta); a sampled request resumed from a checkpoint after an image equals its cold run."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PIL.Image")
+
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
+from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig  # noqa: E402
+from ninfer.sampling import SamplingParams  # noqa: E402
+from ninfer.testing.image_prompts import ScratchDrafts, image_request, multimodal_artifacts, vision_prompt  # noqa: E402
+from ninfer.testing.serving import assert_drained, in_turns, serve  # noqa: E402
+from ninfer.testing.sessions import token_request  # noqa: E402
+from ninfer.testing.speculation import ForcedDrafts  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return multimodal_artifacts(tmp_path_factory.mktemp("vs"))
+
+
+@pytest.fixture(scope="module")
+def vp(artifacts):
+    return vision_prompt(artifacts["mtp"])
+
+
+def _program(artifacts, method: str | None, k: int = 0, forced: bool = False) -> ReferenceProgram:
+    spec = None if method is None else SpeculativeConfig(SpeculativeMethod(method), k)
+    path = artifacts["mtp" if method is None else method]
+    program = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(max_concurrency=2, max_context=256,
+                                                                          speculative=spec), vision=True)
+    return ForcedDrafts(program.model, program.executor.vision).install(program) if forced else program
+
+
+def _requests(vp, **kw):
+    return [image_request(vp, (1, 2), [7, 8], 10, **kw), image_request(vp, (3,), [9], 10, sizes=((64, 96),), **kw)]
+
+
+@pytest.fixture(scope="module")
+def plain(artifacts, vp):
+    return [r.token_ids for r in serve(_program(artifacts, None), _requests(vp, sampling=GREEDY),
+                                       max_concurrency=2, prefill_chunk=7, prefix_caching=False)]
+
+
+@pytest.mark.parametrize("method, k, forced", [("mtp", 3, False), ("mtp", 3, True), ("dflash", 7, True),
+                                               ("dflash2", 7, False)])
+def test_greedy_with_a_backend_equals_greedy_without(artifacts, vp, plain, method, k, forced):
+    program = _program(artifacts, method, k, forced)
+    out = serve(program, _requests(vp, sampling=GREEDY), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+    assert [r.token_ids for r in out] == plain and all(len(t) == 10 for t in plain)
+    if forced:
+        assert sum(r.usage.accepted_draft_tokens for r in out) > 2
+    assert_drained(program)
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash"])
+def test_drafts_equal_the_drafts_from_scratch(artifacts, vp, method):
+    """Sampled rows (q compared too) and chunks cut inside the images: the backend state built piece by piece,
+    verified and rolled back equals the one-pass computation at the documented positions."""
+    program = _program(artifacts, method, 3 if method == "mtp" else 7)
+    drafter = None if method == "mtp" else program.drafter
+    check = ScratchDrafts(program.model, program.executor.vision, drafter, 8)
+    check.install(program)
+    sampled = dict(sampling=SamplingParams(temperature=1.0), seed=3)
+    serve(program, _requests(vp, **sampled), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+    assert check.checked > 12
+
+
+@pytest.mark.parametrize("method, k", [("mtp", 3), ("dflash2", 7)])
+def test_a_prefix_hit_after_an_image_equals_the_cold_run(artifacts, vp, method, k):
+    """Sampled tokens depend on the drafts, the drafts on the backend state at the checkpoint after the image."""
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    first = image_request(vp, (4,), [7, 8, 9], 4, sizes=((90, 150),), **sampled)
+    after = first.media.images[0].end + 1  # past <|vision_end|>
+    first = token_request(first.prompt, 4, media=first.media, capture_hints=(after,), **sampled)
+    again = lambda: image_request(vp, (4,), [10, 11, 12], 10, sizes=((90, 150),), **sampled)  # noqa: E731
+    program = _program(artifacts, method, k)
+    _, (hit,) = in_turns(program, [[first], [again()]], max_concurrency=1, prefill_chunk=48)
+    assert hit.usage.cached_prompt_tokens >= after
+    (cold,) = serve(_program(artifacts, method, k), [again()], max_concurrency=1, prefix_caching=False)
+    assert hit.token_ids == cold.token_ids
+    assert_drained(program, published=True)
