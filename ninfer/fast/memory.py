@@ -61,6 +61,7 @@ class MemoryPlan:
     mtp: bool = False  # the MTP head's weights, KV layer and per-slot hidden are planned
     drafter: tuple[int, int, int] | None = None  # a DFlash drafter's (layers, nkv, head_dim): its KV in every page
     scratch_pages: int = 0  # drafter pages per block-table row for a draft block's own K/V
+    verify_rows: int = 0  # token rows of the speculative verify graphs' static outputs (max_seqs * (k + 1))
 
     @property
     def page_bytes(self) -> int:
@@ -107,6 +108,18 @@ def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch
     return max(prefill, decode) + sampling_bytes(cfg.vocab_size, max_batch)
 
 
+def verify_bytes(cfg: Qwen35Config, rows: int, dtype: torch.dtype) -> int:
+    """The speculative verify graphs (``ninfer.fast.verify_graphs``) over ``rows`` token rows: their static
+    outputs (fp32 logits and the hidden, allocated beside the graphs) and the transients of one pass in the graphs'
+    pool (a decode step's of that many rows, ``workspace_bytes``), which the eager allocator's share does not
+    cover since no plain decode graph is captured under a backend."""
+    if not rows:
+        return 0
+    act = torch.finfo(dtype).bits // 8
+    outputs = rows * (4 * cfg.vocab_size + act * cfg.hidden_size)
+    return outputs + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(cfg.vocab_size, rows)
+
+
 def sampling_bytes(vocab: int, max_batch: int) -> int:
     """An upper estimate of the device sampler's bytes (``ninfer.fast.sampling``): per-sequence tables (bias and
     counts, 8 B a token, and two bitmasks), the z workspace and the sort variant's transients (sorted values and
@@ -138,14 +151,16 @@ def scratch_pages_per_row(drafter: DrafterConfig, page_size: int) -> int:
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
                 max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
-                extra_workspace: int = 0, drafter: DrafterConfig | None = None) -> MemoryPlan:
+                extra_workspace: int = 0, drafter: DrafterConfig | None = None,
+                verify_width: int = 0) -> MemoryPlan:
     """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
     (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits. ``mtp``
     adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot. A quantized model
     passes the bytes its loaded weights really hold (``weight_bytes_resident``, the MTP head's included) and its
     dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``.
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
-    transients."""
+    transients. ``verify_width`` (k + 1 of an MTP backend) adds the verify graphs' outputs and pool
+    (``verify_bytes``) for ``max_seqs`` blocks of that many tokens."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -159,6 +174,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
+    work += verify_bytes(cfg, max_seqs * verify_width, dtype)
     page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name, with_mtp=mtp)
     scratch = 0
     if drafter is not None:
@@ -178,7 +194,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
-                      workspace_bytes=work, mtp=mtp, scratch_pages=scratch,
+                      workspace_bytes=work, mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
                       drafter=None if drafter is None else (drafter.num_hidden_layers, drafter.num_key_value_heads,
                                                             drafter.head_dim))
 

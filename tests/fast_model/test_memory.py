@@ -5,7 +5,7 @@ import torch
 
 from _fast_env import DEVICE
 from _fast_setup import tiny_config
-from ninfer.fast.memory import allocate_pools, plan_memory, workspace_bytes
+from ninfer.fast.memory import allocate_pools, plan_memory, verify_bytes, workspace_bytes
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
 
 
@@ -33,6 +33,20 @@ def test_too_small_a_budget_names_what_is_missing():
     with pytest.raises(MemoryError, match="needs 25"):
         plan_memory(cfg, fixed + 10 * page, max_seqs=2, max_context=100, page_size=4, dtype=torch.float32,
                     max_prefill_tokens=64)
+
+
+def test_verify_graphs_take_their_outputs_and_pool_off_the_pages():
+    """An MTP backend's verify graphs (k = 3: blocks of 4 rows each) cost their fp32 logits and hidden rows plus one
+    pass's transients in their pool; the KV pages get what is left."""
+    cfg = tiny_config()
+    kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, mtp=True)
+    plain, spec = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=4, **kw)
+    outputs = 12 * (4 * cfg.vocab_size + 4 * cfg.hidden_size)
+    assert verify_bytes(cfg, 12, torch.float32) >= outputs + 12 * 4 * cfg.vocab_size
+    assert (plain.verify_rows, spec.verify_rows) == (0, 12)
+    assert spec.workspace_bytes - plain.workspace_bytes == verify_bytes(cfg, 12, torch.float32)
+    taken = verify_bytes(cfg, 12, torch.float32) / plain.page_bytes
+    assert plain.num_pages - taken - 1 < spec.num_pages <= plain.num_pages - taken
 
 
 def test_pools_have_the_planned_geometry_and_a_dummy_row():

@@ -73,9 +73,12 @@ class FastModel:
 
     def backup_slots(self, slot_ids: torch.Tensor, table_rows: torch.Tensor, backup_base: int) -> None:
         """Copy each row's GDN state (conv window and S of every GDN layer) from its slot into the backup slot of
-        its block-table row, ``backup_base + row``: the committed state a rejected decode step goes back to. Device
-        ids only, so it runs inside the decode graph."""
-        for pool in (self.pools.conv, self.pools.ssm):
+        its block-table row, ``backup_base + row``: the committed state a rejected decode step goes back to (with the
+        MTP head, the stored hidden too, as ``DeviceState.copy_slot`` copies it). Device ids only, so it runs inside
+        the decode and verify graphs."""
+        pools = (self.pools.conv, self.pools.ssm) if self.pools.mtp_hidden is None else \
+            (self.pools.conv, self.pools.ssm, self.pools.mtp_hidden[None])  # [1, slots + 1, H]: h_{t-1} too
+        for pool in pools:
             self.kernels.slot_copy(pool, slot_ids, table_rows, backup_base)
 
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
@@ -183,6 +186,11 @@ class FastModel:
                           slot_ids=torch.full((1,), slot, **i32), block_table=table,
                           cu_seqlens=torch.arange(0, 2 * n, n, **i32), prefix_lens=torch.full((1,), start, **i32),
                           prefill_slot=slot, captures=captures, max_prefix=start)
+
+    def hidden_states(self, tokens: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """tokens [T] through every layer at ``step``'s addressing (built by the caller, e.g. the verify graphs'
+        static buffers); the final-normed hidden [T, H]."""
+        return self._layers(tokens, step)
 
     def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -43,10 +43,10 @@ class FastProgramConfig(ProgramConfig):
         speculates; MemoryError when one max_context sequence does not fit the budget. ``weight_bytes`` /
         ``extra_workspace``: a quantized model's resident text-weight bytes and dequantization transient
         (``plan_memory``); ``drafter``: the DFlash drafter a DFlash method runs (its weights, context pages and
-        scratch)."""
+        scratch). An MTP backend plans its verify graphs over blocks of k + 1 tokens."""
+        mtp = self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP
         return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
                            dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
-                           mtp=self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP,
-                           weight_bytes_resident=weight_bytes,
-                           extra_workspace=extra_workspace, drafter=drafter)
+                           mtp=mtp, weight_bytes_resident=weight_bytes, extra_workspace=extra_workspace,
+                           drafter=drafter, verify_width=self.draft_tokens + 1 if mtp else 0)

@@ -7,7 +7,9 @@ sampler's draw. The sampler's per-row tables follow the committed outputs (`reco
 With the MTP backend (`model.mtp`), a round is `draft` (the MTP head, k' chained steps per row, each draft drawn on
 the device), `verify` (each row backed up, then every row's [pending, drafts] in one multi-query target pass,
 `FastModel.verify`, reading the drafts on the device) and `accept` (`SpecSampler`: p per verified position and
-`spec_accept` on the device, one host copy of the results), eager. Every consumption of tokens (prefill, verify, feed)
+`spec_accept` on the device, one host copy of the results). The target pass and a cut block's replay run from the
+verify graphs' static buffers (`VerifyGraphRunner`, one graph per exact B on CUDA), which back the rows up
+themselves. Every consumption of tokens (prefill, verify, feed)
 also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and
 `feed` runs the decode recurrence (`FastModel.verify`), so a replayed block equals the same tokens decoded.
 
@@ -27,6 +29,7 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 
 from ninfer.fast.graph_runner import DecodeGraphRunner
+from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
 from ninfer.contracts import RowFailure
@@ -50,7 +53,8 @@ def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) ->
 class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
-                 images: ImageInputs | None = None, draft_tokens: int = 0):
+                 images: ImageInputs | None = None, draft_tokens: int = 0,
+                 verifier: VerifyGraphRunner | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
@@ -59,6 +63,8 @@ class FastExecutor:
         self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
         # a round's draws and acceptance on the device (None: plain decoding)
         self.spec = SpecSampler(sampler, draft_tokens) if draft_tokens else None
+        # the verify and replay graphs of the MTP round (None: eager multi-query passes, as DFlash's need taps)
+        self.verifier = verifier
 
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         """[T] on the device. On CUDA through pinned memory, queued without waiting: a copy from pageable memory
@@ -152,10 +158,15 @@ class FastExecutor:
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Back each row up, then consume every row's [pending, d1..dk'] at its frontier in one target pass;
         fp32 logits [k' + 1, V] per row, on the device. Fed blocks of a `DraftBlock` are read there."""
-        for s in seqs:
-            self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
-        logits = self._step(seqs, feds)  # [N, V]
+        if not self._graphed([len(f) for f in feds]):
+            for s in seqs:
+                self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
+        logits = self._step(seqs, feds, backup=True)  # [N, V]
         return list(torch.split(logits, [len(f) for f in feds]))
+
+    def _graphed(self, lens: Sequence[int]) -> bool:
+        """Whether these blocks run through the verify graphs' static buffers (`verify_graphs.py`)."""
+        return self.verifier is not None and self.verifier.fits(lens)
 
     def accept(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], drafts, targets: Sequence[Any],
                masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
@@ -165,18 +176,23 @@ class FastExecutor:
                                  self.device)
         return self.spec.accept(seqs, ctxs, block, targets, masks)
 
-    def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]], backup: bool = False
+              ) -> torch.Tensor:
         """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the backend's state following; logits
-        [N, V] fp32."""
+        [N, V] fp32. Through the verify graph of (B, backup) where the blocks fit it (that graph backs the rows up
+        first), else the eager multi-query pass."""
         slots, rows, starts = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
         lens = [len(f) for f in feds]
+        deltas = [ImageInputs.rope_delta(s) for s in seqs]
         taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
         if feds and isinstance(feds[0], LazyFed):
             tokens = feds[0].block.fed_tokens([s.pending for s in seqs])
         else:
             tokens = self._tokens([t for f in feds for t in f])
-        logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps,
-                                           rope_deltas=[ImageInputs.rope_delta(s) for s in seqs])
+        if self._graphed(lens):
+            logits, hidden = self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
+        else:
+            logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
         if self.mtp is not None:
             self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)))
         if self.dflash is not None:

@@ -25,6 +25,7 @@ from ninfer.fast.model.quantized import artifact_quant
 from ninfer.fast.model.vision import FastVisionTower
 from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
 from ninfer.fast.sampling import DeviceSampler
+from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.models.qwen3_5.pages import PageAllocator
@@ -103,10 +104,14 @@ class FastProgram(Program):
             if vision is not None and vision_patches:
                 vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
-        # eager on the same buffers elsewhere. A speculative round is eager (FastExecutor.verify): no plain decode
-        # graph would ever run
+        # eager on the same buffers elsewhere. Under a backend no plain decode graph would ever run; the MTP round's
+        # target pass and a cut block's replay have their own graphs per exact B (verify_graphs.py)
+        verifier = None
         if c.speculative is None:
             self.runner.capture()
+        elif mtp:
+            verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0))
+            verifier.capture()
         self.sampler.capture()
         if self.runner.use_graphs:
             prefill = measure_prefill(model, self.runner, piece, _signature(model))
@@ -115,7 +120,7 @@ class FastProgram(Program):
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
-                                     ImageInputs(vision, model.device), c.draft_tokens)
+                                     ImageInputs(vision, model.device), c.draft_tokens, verifier)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,

@@ -1,0 +1,180 @@
+"""CUDA graphs of the speculative round's target pass: one per exact number of rows B (blocks of at most k + 1
+tokens, every row's [pending, d1..dk'] at its frontier), with each row's backup copy first, and one for B = 1
+without it: the replay of a partly accepted block (`speculation.rollback` -> `FastExecutor.feed`).
+
+Stability note: a graph is keyed by (B, backup) alone; the per-round quantities are graph *input data* in static
+buffers (``VerifyInputs``): the tokens, each row's GDN slot, block-table row and frontier, each token's position,
+rotary position and row, the packed block starts and the GDN recurrence's steps. Page ids are read on the device
+from ``pools.block_tables`` through the rows, as the decode graph does.
+
+Layout of a pass over B rows of lens n_i <= width = k + 1 (N = sum n_i real tokens, T = B * width rows in all): the
+real blocks packed at rows 0..N-1 exactly as ``FastModel.verify`` packs them, then T - N pad rows forming one more
+block on the plan's dummy row (positions 0.., prefix 0), so every pad token writes its K/V into the dummy page and
+attends there (finite values, no live page touched). The GDN recurrence runs width steps over B rows each; step j
+of a row whose block is shorter points at the last pad row with slot -1, which reads zeros and writes nothing.
+
+Without CUDA (or with ``use_graphs=False``) the same static buffers drive an eager pass, so CPU tests prove this
+path. The outputs (``logits`` [T, V] fp32, ``hidden`` [T, H]) are buffers allocated once beside the graphs and
+counted in the memory plan (``plan.verify_rows``); the next pass overwrites them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.model import FastModel
+from ninfer.fast.model.layers import StepInputs
+
+
+class VerifyInputs:
+    """Every host-made index of a pass in one int32 tensor (one pinned copy a pass on CUDA); tokens apart, since
+    a round's drafts are already on the device."""
+
+    def __init__(self, max_batch: int, width: int, device: torch.device):
+        self.max_batch, self.width = max_batch, width
+        T, R = max_batch * width, max_batch + 1  # token rows; rows with the pad block
+        # (name, length) in packing order
+        self.layout = (("slot_ids", R), ("table_rows", R), ("starts", R), ("cu", R + 1), ("positions", T),
+                       ("rope_positions", T), ("block", T), ("step_rows", width * max_batch),
+                       ("step_slots", width * max_batch))
+        size = sum(n for _, n in self.layout)
+        self.packed = torch.zeros(size, dtype=torch.int32, device=device)
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        self.staging = torch.zeros(size, dtype=torch.int32, pin_memory=pin)  # the host mirror
+        self._staging_np = self.staging.numpy()
+        self._copied = torch.cuda.Event() if pin else None  # the mirror's last copy; reuse waits for it
+        self.tokens = torch.zeros(T, dtype=torch.long, device=device)  # [T]
+        self.views, self._host_views, at = {}, {}, 0
+        for name, n in self.layout:
+            self.views[name] = self.packed[at:at + n]
+            self._host_views[name] = self._staging_np[at:at + n]
+            at += n
+        for name in ("step_rows", "step_slots"):  # [width, max_batch]
+            self.views[name] = self.views[name].view(width, max_batch)
+            self._host_views[name] = self._host_views[name].reshape(width, max_batch)
+
+    def fill(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int], lens: Sequence[int],
+             rope_deltas: Sequence[int], pad_row: int) -> int:
+        """Write one pass's indices (B rows, lens[i] <= width) into the mirror and queue its copy; returns B."""
+        B, W = len(lens), self.width
+        if not 1 <= B <= self.max_batch or min(lens) < 1 or max(lens) > W:
+            raise ValueError(f"a verify pass takes 1..{self.max_batch} blocks of 1..{W} tokens, got {list(lens)}")
+        if self._copied is not None:
+            self._copied.synchronize()
+        h = self._host_views
+        T, N = B * W, sum(lens)
+        h["slot_ids"][:B], h["slot_ids"][B] = slots, -1
+        h["table_rows"][:B], h["table_rows"][B] = rows, pad_row
+        h["starts"][:B], h["starts"][B] = starts, 0
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        h["cu"][:B + 2] = cu + [T]
+        h["positions"][:N] = [s + j for s, n in zip(starts, lens) for j in range(n)]
+        h["positions"][N:T] = range(T - N)
+        h["rope_positions"][:T] = h["positions"][:T]
+        h["rope_positions"][:N] += [d for d, n in zip(rope_deltas, lens) for _ in range(n)]
+        h["block"][:N] = [i for i, n in enumerate(lens) for _ in range(n)]
+        h["block"][N:T] = B
+        for j in range(W):
+            h["step_rows"][j, :B] = [c + j if n > j else T - 1 for c, n in zip(cu, lens)]
+            h["step_slots"][j, :B] = [s if n > j else -1 for s, n in zip(slots, lens)]
+        self.packed.copy_(self.staging, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        return B
+
+    def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int) -> None:
+        """Warm-up/capture inputs: B full blocks at position 0 of the dummy slot and row."""
+        self.fill([dummy_slot] * B, [dummy_row] * B, [0] * B, [self.width] * B, [0] * B, dummy_row)
+        self.tokens.zero_()
+
+
+class VerifyGraphRunner:
+    def __init__(self, model: FastModel, max_batch: int, width: int, backup_base: int,
+                 use_graphs: bool | None = None):
+        plan = model.plan
+        if not 1 <= max_batch <= plan.max_seqs or max_batch * width > plan.verify_rows:
+            raise ValueError(f"{max_batch} blocks of {width} tokens exceed the plan's {plan.max_seqs} rows or its "
+                             f"{plan.verify_rows} verify rows")
+        self.model, self.max_batch, self.width, self.backup_base = model, max_batch, width, backup_base
+        on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
+        self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
+        self.inputs = VerifyInputs(max_batch, width, model.device)
+        T = max_batch * width
+        self.logits = torch.zeros(T, model.cfg.vocab_size, dtype=torch.float32, device=model.device)  # [T, V]
+        self.hidden = torch.zeros(T, model.cfg.hidden_size, dtype=plan.dtype, device=model.device)  # [T, H]
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+
+    def _step_inputs(self, B: int) -> StepInputs:
+        """The pass's addressing from the static buffers, on the device (graph-safe: no host read)."""
+        v, ps, T = self.inputs.views, self.model.plan.page_size, B * self.width
+        table = self.model.pools.block_tables.index_select(0, v["table_rows"][:B + 1].long())  # [B + 1, max_pages]
+        pos = v["positions"][:T]
+        pages = table[v["block"][:T].long(), (pos // ps).long()].long()
+        steps = [(v["step_rows"][j, :B].long(), v["step_slots"][j, :B]) for j in range(self.width)]
+        return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=v["slot_ids"][:B],
+                          block_table=table, cu_seqlens=v["cu"][:B + 2], prefix_lens=v["starts"][:B + 1],
+                          max_prefix=self.model.plan.max_context, gdn_steps=steps,
+                          rope_positions=v["rope_positions"][:T])
+
+    def _pass(self, B: int, backup: bool) -> None:
+        """The graph body: the rows' backup copies (verify), then the target pass into ``logits`` / ``hidden``."""
+        m, v, T = self.model, self.inputs.views, B * self.width
+        if backup:
+            m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
+        hidden = m.hidden_states(self.inputs.tokens[:T], self._step_inputs(B))
+        self.hidden[:T].copy_(hidden)
+        self.logits[:T].copy_(m.logits(hidden))
+
+    def capture(self, warmup: int = 2) -> None:
+        """Every (B, backup) graph, largest first, one shared pool; the replay's is (1, no backup)."""
+        if not self.use_graphs:
+            return
+        keys = [(B, True) for B in range(self.max_batch, 0, -1)] + [(1, False)]
+        stream = torch.cuda.Stream(device=self.model.device)
+        plan = self.model.plan
+        with no_collection_during_capture():
+            for B, backup in keys:
+                self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(warmup):
+                        self._pass(B, backup)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    self._pass(B, backup)
+                if self._pool is None:
+                    self._pool = graph.pool()
+                self.graphs[B, backup] = graph
+        torch.cuda.synchronize(self.model.device)
+
+    def fits(self, lens: Sequence[int]) -> bool:
+        return 1 <= len(lens) <= self.max_batch and max(lens) <= self.width
+
+    def run(self, tokens: torch.Tensor, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
+            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [N = sum lens] on the device, packed as ``FastModel.verify`` takes them. Replays (B, backup)'s
+        graph, or runs the same pass eagerly; returns (logits [N, V] fp32, hidden [N, H]), views of the static
+        outputs that the next pass overwrites."""
+        B = self.inputs.fill(slots, rows, starts, lens, rope_deltas, self.model.plan.dummy_row)
+        N = tokens.shape[0]
+        if N != sum(lens):
+            raise ValueError(f"{N} tokens for blocks of lens {list(lens)}")
+        self.inputs.tokens[:N].copy_(tokens)
+        graph = self.graphs.get((B, backup))
+        if graph is not None:
+            graph.replay()
+        else:
+            self._pass(B, backup)
+        return self.logits[:N], self.hidden[:N]
+
+    def reset(self) -> None:
+        """Drop the graphs and their pool (before the model's tensors are freed)."""
+        self.graphs.clear()
+        self._pool = None

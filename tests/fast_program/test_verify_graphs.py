@@ -1,0 +1,122 @@
+"""The MTP round's target pass and a cut block's replay through the verify graphs' static buffers
+(`ninfer/fast/verify_graphs.py`) against the eager passes, round by round: the same tokens and logprobs, and the
+same state in the pools (every live slot's conv window, S and stored hidden, every layer's K/V below each frontier,
+the MTP layer's included). On CPU the static path runs eagerly and is compared with the eager multi-query pass
+(`FastModel.verify`, which packs no pad rows); with NINFER_TEST_DEVICE=cuda the captured graphs are compared with
+both, byte for byte with the static path run eagerly."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.fast.verify_graphs import VerifyInputs
+from ninfer.sampling import SamplingParams
+from ninfer.testing.numerics import assert_close
+
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+PARAMS = (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, logprobs=2))
+
+
+def _start(program, prompt, params, seed):
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt, max_new_tokens=30,
+                                                    sampling=params, seed=seed)))
+    h = program.advance(txn).handle
+    while (batch := program.prefill(h, 64)) is None:
+        pass
+    program.commit(batch.take(), [RowDecision(1, False)])
+    return h
+
+
+def _state(program, handles):
+    """Every live slot's GDN state and stored hidden, and all K/V (target and MTP layers) below each frontier."""
+    pools, ps, out = program.model.pools, program.config.page_size, []
+    for h in handles:
+        seq = program.sequence(h)
+        out += [pools.conv[:, h.slot], pools.ssm[:, h.slot], pools.mtp_hidden[h.slot]]
+        pos = torch.arange(seq.frontier)
+        pages = torch.tensor(seq.table, dtype=torch.long)[pos // ps].to(pools.k.device)
+        out += [t[:, pages, (pos % ps).to(pools.k.device)] for t in (pools.k, pools.v)]
+    return [t.clone() for t in out]
+
+
+def _drive(program, prompts, rounds: int, seed: int, replays: list[int]):
+    """Two rows decoding; from a random round on, a row's first block of more than one token is cut inside (a
+    terminal keep < produced: the replay through B = 1's graph, counted in `replays`), after which the other
+    decodes on alone. Yields (rows, state) per round."""
+    rng = random.Random(seed)
+    handles = [_start(program, p, params, 11 + i) for i, (p, params) in enumerate(zip(prompts, PARAMS))]
+    cut_from, done = {h: rng.randrange(3, rounds - 1) for h in handles}, set()
+    for i in range(rounds):
+        live = [h for h in handles if h not in done]
+        if not live:
+            break
+        batch = program.decode(live)
+        rows = [(r.tokens, r.logprobs, r.top_logprobs, r.drafted) for r in batch.rows]
+        decisions = []
+        for h, r in zip(live, batch.rows):
+            if i >= cut_from[h] and r.produced > 1:
+                decisions.append(RowDecision(rng.randrange(1, r.produced), True))
+                done.add(h)
+                replays.append(i)
+            else:
+                decisions.append(RowDecision(r.produced, False))
+        program.commit(batch.take(), decisions)
+        program.check_invariants()
+        yield rows, _state(program, live)
+
+
+@pytest.mark.parametrize("other", ["multi-query", "eager-static"])
+@pytest.mark.parametrize("forced", [True, False], ids=["forced-drafts", "mtp-drafts"])
+def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forced, other):
+    if other == "eager-static" and not ON_GPU:
+        pytest.skip("without CUDA the static path is the eager one: nothing is captured")
+    replays: list[int] = []
+    for life in range(3):
+        prompts = [prompt_of(9 + 6 * life, seed=life), prompt_of(14 + life, seed=40 + life)]
+        static, eager = make_fast_spec(3, forced=forced), make_fast_spec(3, forced=forced)
+        assert static.executor.verifier.graphs or not ON_GPU
+        if other == "multi-query":
+            eager.executor.verifier = None
+        else:
+            eager.executor.verifier.graphs.clear()
+        pairs = zip(_drive(static, prompts, 8, life, replays), _drive(eager, prompts, 8, life, []))
+        for n, ((rows, state), (rows_eager, state_eager)) in enumerate(pairs):
+            if other == "eager-static":
+                assert rows == rows_eager, (life, n)
+                assert all(torch.equal(a, b) for a, b in zip(state, state_eager)), (life, n)
+                continue
+            # pad rows change the GEMMs' row count, and with it their rounding on some BLAS paths: the tokens are
+            # the same, logprobs and state agree to rounding
+            assert [r[0] for r in rows] == [r[0] for r in rows_eager], (life, n)
+            for r, e in zip(rows, rows_eager):
+                assert r[3] == e[3] and (r[1] is None) == (e[1] is None)
+                if r[1] is not None:
+                    assert torch.allclose(torch.tensor(r[1]), torch.tensor(e[1]), atol=1e-4), (life, n)
+                    assert [[t for t, _ in top] for top in r[2]] == [[t for t, _ in top] for top in e[2]]
+            for a, b in zip(state, state_eager):
+                assert_close(f"life {life} round {n}", a, b, 1e-2 if ON_GPU else 1e-5)
+        assert n >= 3
+    assert len(replays) >= (3 if forced else 0), replays  # random MTP weights: their drafts are seldom kept
+
+
+def test_the_static_inputs_pad_every_short_block():
+    """Blocks of lens 2, 4 and 1 at width 4: the real tokens packed first, the pad block on the pad row at
+    positions 0.., every short row's later GDN steps on the last pad row with slot -1."""
+    inputs = VerifyInputs(max_batch=4, width=4, device=torch.device("cpu"))
+    inputs.fill([0, 0, 0, 0], [3, 3, 3, 3], [1, 1, 1, 1], [4, 4, 4, 4], [0] * 4, 9)  # a full pass first: stale
+    assert inputs.fill([5, 6, 7], [2, 0, 1], [10, 3, 7], [2, 4, 1], [0, 100, 0], 9) == 3
+    v = {name: t.tolist() for name, t in inputs.views.items()}
+    assert v["slot_ids"][:4] == [5, 6, 7, -1] and v["table_rows"][:4] == [2, 0, 1, 9]
+    assert v["starts"][:4] == [10, 3, 7, 0] and v["cu"][:5] == [0, 2, 6, 7, 12]
+    assert v["positions"][:12] == [10, 11, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]
+    assert v["rope_positions"][:12] == [10, 11, 103, 104, 105, 106, 7, 0, 1, 2, 3, 4]
+    assert v["block"][:12] == [0, 0, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3]
+    assert [r[:3] for r in v["step_rows"]] == [[0, 2, 6], [1, 3, 11], [11, 4, 11], [11, 5, 11]]
+    assert [r[:3] for r in v["step_slots"]] == [[5, 6, 7], [5, 6, -1], [-1, 6, -1], [-1, 6, -1]]
+    with pytest.raises(ValueError, match="blocks of 1..4"):
+        inputs.fill([5], [2], [10], [5], [0], 9)
