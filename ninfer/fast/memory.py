@@ -110,14 +110,12 @@ def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch
 
 def verify_bytes(cfg: Qwen35Config, rows: int, dtype: torch.dtype) -> int:
     """The speculative verify graphs (``ninfer.fast.verify_graphs``) over ``rows`` token rows: their static
-    outputs (fp32 logits and the hidden, allocated beside the graphs) and the transients of one pass in the graphs'
-    pool (a decode step's of that many rows, ``workspace_bytes``), which the eager allocator's share does not
-    cover since no plain decode graph is captured under a backend."""
+    output (fp32 logits, allocated beside the graphs) and the transients of one pass in the graphs' pool (a decode
+    step's of that many rows, ``workspace_bytes``), which the eager allocator's share does not cover since no plain
+    decode graph is captured under a backend."""
     if not rows:
         return 0
-    act = torch.finfo(dtype).bits // 8
-    outputs = rows * (4 * cfg.vocab_size + act * cfg.hidden_size)
-    return outputs + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(cfg.vocab_size, rows)
+    return rows * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(cfg.vocab_size, rows)
 
 
 def sampling_bytes(vocab: int, max_batch: int) -> int:

@@ -14,8 +14,12 @@ attends there (finite values, no live page touched). The GDN recurrence runs wid
 of a row whose block is shorter points at the last pad row with slot -1, which reads zeros and writes nothing.
 
 Without CUDA (or with ``use_graphs=False``) the same static buffers drive an eager pass, so CPU tests prove this
-path. The outputs (``logits`` [T, V] fp32, ``hidden`` [T, H]) are buffers allocated once beside the graphs and
-counted in the memory plan (``plan.verify_rows``); the next pass overwrites them.
+path. The output (``logits`` [T, V] fp32) is a buffer allocated once beside the graphs and counted in the memory
+plan (``plan.verify_rows``); the next pass overwrites it.
+
+With the MTP head the pass also advances it (`MtpHead.advance_paged`): every consumed token completes one pair,
+written at the target's KV slot (the MTP layer's pair p sits at page position p + 1) and attending over its row's
+pages from key 1 with one decode-attention row per token, so the graph needs no gathered copy of the MTP KV.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class VerifyInputs:
         T, R = max_batch * width, max_batch + 1  # token rows; rows with the pad block
         # (name, length) in packing order
         self.layout = (("slot_ids", R), ("table_rows", R), ("starts", R), ("cu", R + 1), ("positions", T),
-                       ("rope_positions", T), ("block", T), ("step_rows", width * max_batch),
+                       ("rope_positions", T), ("block", T), ("h_src", T), ("step_rows", width * max_batch),
                        ("step_slots", width * max_batch))
         size = sum(n for _, n in self.layout)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
@@ -57,8 +61,9 @@ class VerifyInputs:
             self._host_views[name] = self._host_views[name].reshape(width, max_batch)
 
     def fill(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int], lens: Sequence[int],
-             rope_deltas: Sequence[int], pad_row: int) -> int:
-        """Write one pass's indices (B rows, lens[i] <= width) into the mirror and queue its copy; returns B."""
+             rope_deltas: Sequence[int], pad_row: int, pad_slot: int) -> int:
+        """Write one pass's indices (B rows, lens[i] <= width) into the mirror and queue its copy; returns B. The pad
+        block sits on table row `pad_row` and state slot `pad_slot` (the dummy ones)."""
         B, W = len(lens), self.width
         if not 1 <= B <= self.max_batch or min(lens) < 1 or max(lens) > W:
             raise ValueError(f"a verify pass takes 1..{self.max_batch} blocks of 1..{W} tokens, got {list(lens)}")
@@ -66,7 +71,7 @@ class VerifyInputs:
             self._copied.synchronize()
         h = self._host_views
         T, N = B * W, sum(lens)
-        h["slot_ids"][:B], h["slot_ids"][B] = slots, -1
+        h["slot_ids"][:B], h["slot_ids"][B] = slots, pad_slot
         h["table_rows"][:B], h["table_rows"][B] = rows, pad_row
         h["starts"][:B], h["starts"][B] = starts, 0
         cu = [0]
@@ -79,6 +84,11 @@ class VerifyInputs:
         h["rope_positions"][:N] += [d for d, n in zip(rope_deltas, lens) for _ in range(n)]
         h["block"][:N] = [i for i, n in enumerate(lens) for _ in range(n)]
         h["block"][N:T] = B
+        # the MTP pair of token t: the hidden before it, the row's stored one (row T + i) for its first token
+        h["h_src"][:T] = range(-1, T - 1)
+        h["h_src"][cu[:B]] = [T + i for i in range(B)]
+        if N < T:
+            h["h_src"][N] = T + B
         for j in range(W):
             h["step_rows"][j, :B] = [c + j if n > j else T - 1 for c, n in zip(cu, lens)]
             h["step_slots"][j, :B] = [s if n > j else -1 for s, n in zip(slots, lens)]
@@ -89,7 +99,7 @@ class VerifyInputs:
 
     def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int) -> None:
         """Warm-up/capture inputs: B full blocks at position 0 of the dummy slot and row."""
-        self.fill([dummy_slot] * B, [dummy_row] * B, [0] * B, [self.width] * B, [0] * B, dummy_row)
+        self.fill([dummy_slot] * B, [dummy_row] * B, [1] * B, [self.width] * B, [0] * B, dummy_row, dummy_slot)
         self.tokens.zero_()
 
 
@@ -106,7 +116,6 @@ class VerifyGraphRunner:
         self.inputs = VerifyInputs(max_batch, width, model.device)
         T = max_batch * width
         self.logits = torch.zeros(T, model.cfg.vocab_size, dtype=torch.float32, device=model.device)  # [T, V]
-        self.hidden = torch.zeros(T, model.cfg.hidden_size, dtype=plan.dtype, device=model.device)  # [T, H]
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
@@ -122,14 +131,29 @@ class VerifyGraphRunner:
                           max_prefix=self.model.plan.max_context, gdn_steps=steps,
                           rope_positions=v["rope_positions"][:T])
 
+    def _mtp_inputs(self, B: int, step: StepInputs) -> StepInputs:
+        """The MTP layer's addressing of the same tokens: pair p = position - 1 at the target's KV slot, one decode
+        attention row per token over its row's pages, keys 1..position (the pad block's from key 0)."""
+        v, T = self.inputs.views, B * self.width
+        block = v["block"][:T]
+        pos = step.positions
+        return StepInputs(positions=pos, slot_mapping=step.slot_mapping, slot_ids=v["slot_ids"][:B],
+                          block_table=step.block_table.index_select(0, block.long()), context_lens=pos + 1,
+                          first_keys=(block < B).to(torch.int32), rope_positions=pos - 1)
+
     def _pass(self, B: int, backup: bool) -> None:
-        """The graph body: the rows' backup copies (verify), then the target pass into ``logits`` / ``hidden``."""
+        """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
+        its advance over the consumed tokens (`MtpHead.advance_paged`)."""
         m, v, T = self.model, self.inputs.views, B * self.width
         if backup:
             m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
-        hidden = m.hidden_states(self.inputs.tokens[:T], self._step_inputs(B))
-        self.hidden[:T].copy_(hidden)
+        step = self._step_inputs(B)
+        tokens = self.inputs.tokens[:T]
+        hidden = m.hidden_states(tokens, step)
         self.logits[:T].copy_(m.logits(hidden))
+        if m.mtp is not None:
+            m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, step), v["h_src"][:T], v["slot_ids"][:B + 1],
+                                v["cu"][1:B + 1] - 1)
 
     def capture(self, warmup: int = 2) -> None:
         """Every (B, backup) graph, largest first, one shared pool; the replay's is (1, no backup)."""
@@ -158,11 +182,12 @@ class VerifyGraphRunner:
         return 1 <= len(lens) <= self.max_batch and max(lens) <= self.width
 
     def run(self, tokens: torch.Tensor, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
-            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool) -> torch.Tensor:
         """tokens [N = sum lens] on the device, packed as ``FastModel.verify`` takes them. Replays (B, backup)'s
-        graph, or runs the same pass eagerly; returns (logits [N, V] fp32, hidden [N, H]), views of the static
-        outputs that the next pass overwrites."""
-        B = self.inputs.fill(slots, rows, starts, lens, rope_deltas, self.model.plan.dummy_row)
+        graph, or runs the same pass eagerly; returns logits [N, V] fp32, a view of the static output that the next
+        pass overwrites."""
+        plan = self.model.plan
+        B = self.inputs.fill(slots, rows, starts, lens, rope_deltas, plan.dummy_row, plan.dummy_slot)
         N = tokens.shape[0]
         if N != sum(lens):
             raise ValueError(f"{N} tokens for blocks of lens {list(lens)}")
@@ -172,7 +197,7 @@ class VerifyGraphRunner:
             graph.replay()
         else:
             self._pass(B, backup)
-        return self.logits[:N], self.hidden[:N]
+        return self.logits[:N]
 
     def reset(self) -> None:
         """Drop the graphs and their pool (before the model's tensors are freed)."""

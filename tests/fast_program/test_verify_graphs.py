@@ -105,18 +105,20 @@ def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forc
 
 
 def test_the_static_inputs_pad_every_short_block():
-    """Blocks of lens 2, 4 and 1 at width 4: the real tokens packed first, the pad block on the pad row at
-    positions 0.., every short row's later GDN steps on the last pad row with slot -1."""
+    """Blocks of lens 2, 4 and 1 at width 4: the real tokens packed first, the pad block on the pad row and slot at
+    positions 0.., every short row's later GDN steps on the last pad row with slot -1, each token's MTP pair on the
+    hidden before it (a block's first on its row's stored hidden, rows 12.. of [hidden ; stored])."""
     inputs = VerifyInputs(max_batch=4, width=4, device=torch.device("cpu"))
-    inputs.fill([0, 0, 0, 0], [3, 3, 3, 3], [1, 1, 1, 1], [4, 4, 4, 4], [0] * 4, 9)  # a full pass first: stale
-    assert inputs.fill([5, 6, 7], [2, 0, 1], [10, 3, 7], [2, 4, 1], [0, 100, 0], 9) == 3
+    inputs.fill([0, 0, 0, 0], [3, 3, 3, 3], [1, 1, 1, 1], [4, 4, 4, 4], [0] * 4, 9, 8)  # a full pass first: stale
+    assert inputs.fill([5, 6, 7], [2, 0, 1], [10, 3, 7], [2, 4, 1], [0, 100, 0], 9, 8) == 3
     v = {name: t.tolist() for name, t in inputs.views.items()}
-    assert v["slot_ids"][:4] == [5, 6, 7, -1] and v["table_rows"][:4] == [2, 0, 1, 9]
+    assert v["slot_ids"][:4] == [5, 6, 7, 8] and v["table_rows"][:4] == [2, 0, 1, 9]
     assert v["starts"][:4] == [10, 3, 7, 0] and v["cu"][:5] == [0, 2, 6, 7, 12]
     assert v["positions"][:12] == [10, 11, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]
     assert v["rope_positions"][:12] == [10, 11, 103, 104, 105, 106, 7, 0, 1, 2, 3, 4]
     assert v["block"][:12] == [0, 0, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3]
+    assert v["h_src"][:12] == [12, 0, 13, 2, 3, 4, 14, 15, 7, 8, 9, 10]
     assert [r[:3] for r in v["step_rows"]] == [[0, 2, 6], [1, 3, 11], [11, 4, 11], [11, 5, 11]]
     assert [r[:3] for r in v["step_slots"]] == [[5, 6, 7], [5, 6, -1], [-1, 6, -1], [-1, 6, -1]]
     with pytest.raises(ValueError, match="blocks of 1..4"):
-        inputs.fill([5], [2], [10], [5], [0], 9)
+        inputs.fill([5], [2], [10], [5], [0], 9, 8)

@@ -43,6 +43,8 @@ class StepInputs:
     # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with
     # images, or [T] int32 after one (position + rope_delta, MRoPE's three rows equal: plain RoPE)
     rope_positions: torch.Tensor | None = None
+    # decode: [B] int32 the first key each row attends to (None: key 0), the MTP layer's pages hold no key at 0
+    first_keys: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -114,7 +116,8 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, res: Residual
                                 max_prefix=step.max_prefix)
         o = o * torch.sigmoid(gate)  # [T, nh, d]
     else:  # the output gate in the attention kernel's store
-        o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens, gate=gate)
+        o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens, gate=gate,
+                                     first_keys=step.first_keys)
     k.linear_residual(o.reshape(T, nh * d), w.o_proj, res)
 
 

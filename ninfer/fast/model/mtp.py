@@ -48,16 +48,16 @@ class MtpHead:
         self.pool = len(model.cfg.attention_layers)  # the MTP layer's index in pools.k / pools.v
         self.hidden = model.pools.mtp_hidden  # [slots + 1, H]
 
-    # ---- the head -------------------------------------------------------------------------------------------
-    def _forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, step: StepInputs, kv: _Gathered
-                 ) -> torch.Tensor:
-        """hidden [T, H] (h_p), next_tokens [T] (x_{p+1}) -> h' [T, H]; writes the T pairs' K/V into ``kv``."""
+    def forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, step: StepInputs, k_pages: torch.Tensor,
+                v_pages: torch.Tensor) -> torch.Tensor:
+        """hidden [T, H] (h_p), next_tokens [T] (x_{p+1}) -> h' [T, H]; writes the T pairs' K/V into the pages
+        [P, page_size, nkv, d] at ``step.slot_mapping`` and attends through ``step``'s table."""
         k, w, eps = self.model.kernels, self.w, self.cfg.rms_norm_eps
         e = k.rmsnorm(F.embedding(next_tokens, self.model.weights.embed), w.norm_embedding, eps)[0]
         hn = k.rmsnorm(hidden.to(e.dtype), w.norm_hidden, eps)[0]
         u = k.linear(torch.cat([e, hn], dim=-1), w.fc)  # [T, H]
         res = Residual(u)
-        attention_mixer(k, self.cfg, w.layer.mixer, res, w.layer.input_norm, kv.k, kv.v, step)
+        attention_mixer(k, self.cfg, w.layer.mixer, res, w.layer.input_norm, k_pages, v_pages, step)
         ffn(k, self.cfg, w.layer.ffn, res, w.layer.post_norm)
         return k.norm(res, w.norm, eps)
 
@@ -100,7 +100,6 @@ class MtpHead:
                           slot_ids=torch.zeros(len(sel), **i32), block_table=kv.table[to_device(sel, dev, torch.long)],
                           cu_seqlens=to_device(cu, dev), prefix_lens=to_device(first, dev))
 
-    # ---- state ----------------------------------------------------------------------------------------------
     def advance(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int], tokens: torch.Tensor,
                 hidden: Sequence[torch.Tensor]) -> None:
         """Row i consumed its T_i tokens (packed along tokens [sum T_i] on the device, in row order) at starts[i]..
@@ -124,7 +123,7 @@ class MtpHead:
             kv = self._gather(rows, firsts, lens)
             step = self._step(kv, sel, [firsts[i] for i in sel], [lens[i] for i in sel])
             x_in = tokens.index_select(0, to_device(x_at, dev, torch.long))
-            self._forward(torch.cat([h_in[i] for i in sel]), x_in, step, kv)
+            self.forward(torch.cat([h_in[i] for i in sel]), x_in, step, kv.k, kv.v)
             # the new pairs back into the pages: pair p at page position p + 1
             dst = torch.cat([self._flat_page_positions(rows[i], firsts[i] + 1, lens[i]) for i in sel])
             src = step.slot_mapping
@@ -133,6 +132,18 @@ class MtpHead:
                 pool.view(-1, *pool.shape[2:])[dst] = tmp.view(-1, *tmp.shape[2:])[src]
         for slot, hid in zip(slots, hidden):
             self.hidden[slot].copy_(hid[-1])
+
+    def advance_paged(self, hidden: torch.Tensor, tokens: torch.Tensor, step: StepInputs, h_src: torch.Tensor,
+                      slots: torch.Tensor, last: torch.Tensor) -> None:
+        """`advance` for blocks that all start past position 0, on the pages directly (the verify graphs' body, no
+        host read): token t (x_{p+1}, at page position p + 1 = step.positions[t]) pairs with h_src[t] of
+        [hidden [T, H] ; the stored hidden of `slots`], and its K/V land at the target's ``step.slot_mapping``; the
+        attention reads keys 1..p + 1 of its row's pages (``step.first_keys``, ``step.context_lens``) and rotates at
+        p. Then slot i stores hidden[last[i]]."""
+        h_in = torch.cat([hidden, self.hidden.index_select(0, slots.long())]).index_select(0, h_src.long())
+        pools = self.model.pools
+        self.forward(h_in, tokens, step, pools.k[self.pool], pools.v[self.pool])
+        self.hidden.index_copy_(0, slots[:last.shape[0]].long(), hidden.index_select(0, last.long()))
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
               ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
@@ -153,5 +164,5 @@ class MtpHead:
         at = to_device(live, dev, torch.long)
         for j in range(most):
             step = self._step(kv, local, [c + j for c in committed], [1] * len(live))
-            h = self._forward(h, x, step, kv)
+            h = self.forward(h, x, step, kv.k, kv.v)
             x = draw(j, at, self.model.logits(h))

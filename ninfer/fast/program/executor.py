@@ -189,10 +189,9 @@ class FastExecutor:
             tokens = feds[0].block.fed_tokens([s.pending for s in seqs])
         else:
             tokens = self._tokens([t for f in feds for t in f])
-        if self._graphed(lens):
-            logits, hidden = self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
-        else:
-            logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
+        if self._graphed(lens):  # the graph advances the MTP head too
+            return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
+        logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
         if self.mtp is not None:
             self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)))
         if self.dflash is not None:
