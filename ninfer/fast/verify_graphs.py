@@ -97,9 +97,10 @@ class VerifyInputs:
             self._copied.record()
         return B
 
-    def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int) -> None:
-        """Warm-up/capture inputs: B full blocks at position 0 of the dummy slot and row."""
-        self.fill([dummy_slot] * B, [dummy_row] * B, [1] * B, [self.width] * B, [0] * B, dummy_row, dummy_slot)
+    def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int, start: int = 1) -> None:
+        """Warm-up/capture (and benchmark) inputs: B full blocks at position `start` of the dummy slot and row (which
+        maps every position to the dummy page)."""
+        self.fill([dummy_slot] * B, [dummy_row] * B, [start] * B, [self.width] * B, [0] * B, dummy_row, dummy_slot)
         self.tokens.zero_()
 
 
@@ -141,7 +142,7 @@ class VerifyGraphRunner:
                           block_table=step.block_table.index_select(0, block.long()), context_lens=pos + 1,
                           first_keys=(block < B).to(torch.int32), rope_positions=pos - 1)
 
-    def _pass(self, B: int, backup: bool) -> None:
+    def body(self, B: int, backup: bool) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
         its advance over the consumed tokens (`MtpHead.advance_paged`)."""
         m, v, T = self.model, self.inputs.views, B * self.width
@@ -168,11 +169,11 @@ class VerifyGraphRunner:
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     for _ in range(warmup):
-                        self._pass(B, backup)
+                        self.body(B, backup)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    self._pass(B, backup)
+                    self.body(B, backup)
                 if self._pool is None:
                     self._pool = graph.pool()
                 self.graphs[B, backup] = graph
@@ -196,7 +197,7 @@ class VerifyGraphRunner:
         if graph is not None:
             graph.replay()
         else:
-            self._pass(B, backup)
+            self.body(B, backup)
         return self.logits[:N]
 
     def reset(self) -> None:

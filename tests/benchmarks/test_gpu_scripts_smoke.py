@@ -92,6 +92,10 @@ def test_bench_spec_smoke_fast(tmp_path):
     results = json.loads((tmp_path / "bench_spec.json").read_text())
     assert results["errors"] == {} and results["program"] == "fast"
     _check_spec(results)
+    # the verify graphs' own times: nothing is captured on the CPU, the same body runs eagerly
+    graphs = results["models"]["tiny"]["verify_graphs"]
+    assert [(r["B"], r["pass"]) for r in graphs] == [(1, "verify"), (2, "verify"), (1, "replay")]
+    assert all(r["graph_ms"] is None and _positive(r["eager_ms"]) and r["k"] == 3 for r in graphs)
 
 
 @pytest.mark.parametrize("program, method", [("fast", "dflash2"), ("reference", "dflash")])

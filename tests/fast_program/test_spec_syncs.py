@@ -17,7 +17,7 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, presence_penalty=0.5, logpr
 
 
 def _start(program, prompt, params, seed):
-    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt, max_new_tokens=40,
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt, max_new_tokens=64,
                                                     sampling=params, seed=seed)))
     h = program.advance(txn).handle
     while (batch := program.prefill(h, 64)) is None:
@@ -32,15 +32,19 @@ def test_a_round_syncs_once_and_its_commit_never(make_fast_spec, mtp_reference_m
     if forced:  # a host drafter (the draft hook replaced): its drafts cross to the device without a wait
         ForcedDrafts(mtp_reference_model).install(program)
     handles = [_start(program, prompt_of(n, seed=n), p, 7) for n, p in ((9, GREEDY), (14, SAMPLED))]
-    for i in range(6):
+    for i in range(12):
         with count_host_syncs() as syncs:
             batch = program.decode(handles)
         assert syncs.count == 1 and "host_sync" in syncs.sites[0], syncs.sites
-        # the last round cuts every block after one token (the terminal rule: a replay from the backup)
-        last = i == 5
+        # from round 5 on, the first round where a block kept drafts cuts every block after one token (the terminal
+        # rule: a replay from the backup); which round that is depends on the forced lengths and on the target's
+        # argmax agreeing with the teacher's, which differ between the CPU and the GPU model
+        last = i >= 5 and (max(row.produced for row in batch.rows) > 1 or (not forced and i == 5))
         with count_host_syncs() as syncs:
             program.commit(batch.take(), [RowDecision(1, True) if last else RowDecision(row.produced, False)
                                           for row in batch.rows])
         assert syncs.count == 0, syncs.sites
         program.check_invariants()
-    assert not forced or max(row.produced for row in batch.rows) > 1  # the cut replayed drafts
+        if last:
+            break
+    assert last and (not forced or max(row.produced for row in batch.rows) > 1)  # the cut replayed drafts

@@ -1,0 +1,57 @@
+"""The fast MTP round's verify graphs timed on their own (`ninfer/fast/verify_graphs.py`): per B, one verify pass
+(backup copies, target pass, MTP advance) replayed from its captured graph against the same body run eagerly, and
+the B = 1 replay graph (a cut block's replay) likewise, at a context of `context` positions on the plan's dummy slot
+and row (no live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graph's
+device time from the host work around it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def _median_ms(call, device: str, reps: int) -> float:
+    """Median wall ms of `call`, each bracketed by device syncs (CUDA events would hide nothing here: the
+    eager body's host launches are part of what it costs)."""
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def verify_graph_times(program, batches, context: int, device: str, reps: int = 20) -> list[dict]:
+    """One row per B (and one for the replay): graph ms (None where nothing was captured: CPU) and eager ms."""
+    verifier = getattr(program.executor, "verifier", None)
+    if verifier is None:
+        return []
+    plan, rows = program.model.plan, []
+    start = min(context, plan.max_context - verifier.width)
+    cases = [(B, True) for B in batches if B <= verifier.max_batch] + [(1, False)]
+    for B, backup in cases:
+        def fill():
+            verifier.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row, start)
+        fill()
+        graph = verifier.graphs.get((B, backup))
+        row = {"B": B, "k": verifier.width - 1, "pass": "verify" if backup else "replay", "context": start,
+               "graph_ms": None if graph is None else _median_ms(graph.replay, device, reps),
+               "eager_ms": _median_ms(lambda: verifier.body(B, backup), device, reps)}
+        rows.append(row)
+    return rows
+
+
+def print_verify_graphs(name: str, rows: list[dict]) -> None:
+    for r in rows:
+        graph = "not captured" if r["graph_ms"] is None else f"{r['graph_ms']:.2f} ms"
+        print(f"  {name} {r['pass']} graph B={r['B']} k={r['k']} ctx {r['context']}: graph {graph}, same body eager "
+              f"{r['eager_ms']:.2f} ms")
