@@ -45,7 +45,9 @@ class Watch:
         def watched_verify(seqs, feds):
             out = verify(seqs, feds)
             for s, fed, lg in zip(seqs, feds, out):
-                self.logits[(tuple(s.prompt), s.frontier, tuple(fed))] = lg.detach().float().cpu()
+                # a copy: the fast Program's logits are views of its verify graphs' output, which the next pass
+                # (a replay at commit) overwrites
+                self.logits[(tuple(s.prompt), s.frontier, tuple(fed))] = lg.detach().float().cpu().clone()
             return out
 
         ex.prefill, ex.verify = watched_prefill, watched_verify

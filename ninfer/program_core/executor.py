@@ -53,7 +53,8 @@ class ModelExecutor(Protocol):
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> list[Any]:
         """For every row: save the committed state into `backup_slot(row)`, then consume fed = [pending, drafts]
         at the frontier in place, in one target pass; fp32 logits [len(fed), V] per row (row i: the distribution
-        at frontier + 1 + i)."""
+        at frontier + 1 + i), valid until the executor's next model call (the fast Program's are views of its verify
+        graphs' output, which the next pass overwrites)."""
 
     # optional: accept(seqs, ctxs, drafts, targets, grammar) -> [Accepted | RowFailure] per row, grammar[i] one mask
     # row per verified position: `ninfer.sampling.accept` on the executor's device (the fast Program's one host
