@@ -16,6 +16,9 @@ Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
 
 With the MTP head the k/v pools hold one more layer (index ``n_attn``): the MTP layer's KV, paged in the same
 block table (docs/speculative.md), and each slot keeps the target's last final-normed hidden beside its GDN state.
+With its draft graphs (``plan.scratch_pages`` > 0) the k/v pools also hold ``scratch_pages`` pages per block-table
+row, the dummy row included, after the dummy page: where a draft's chained MTP pairs go (the frontier's partial page
+copied in first), so drafting writes no page of any sequence.
 
 With a DFlash drafter (``plan.drafter``) every page also holds the drafter's context K/V in its own geometry
 (``dk``/``dv``: its layers, KV heads and head dim), indexed by the same block table (position p at page position
@@ -60,7 +63,7 @@ class MemoryPlan:
     workspace_bytes: int
     mtp: bool = False  # the MTP head's weights, KV layer and per-slot hidden are planned
     drafter: tuple[int, int, int] | None = None  # a DFlash drafter's (layers, nkv, head_dim): its KV in every page
-    scratch_pages: int = 0  # drafter pages per block-table row for a draft block's own K/V
+    scratch_pages: int = 0  # per block-table row: DFlash's drafter pages or the MTP draft's k/v pages
     verify_rows: int = 0  # token rows of the speculative verify graphs' static outputs (max_seqs * (k + 1))
 
     @property
@@ -108,14 +111,23 @@ def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch
     return max(prefill, decode) + sampling_bytes(cfg.vocab_size, max_batch)
 
 
-def verify_bytes(cfg: Qwen35Config, rows: int, dtype: torch.dtype) -> int:
-    """The speculative verify graphs (``ninfer.fast.verify_graphs``) over ``rows`` token rows: their static
-    output (fp32 logits, allocated beside the graphs) and the transients of one pass in the graphs' pool (a decode
-    step's of that many rows, ``workspace_bytes``), which the eager allocator's share does not cover since no plain
-    decode graph is captured under a backend."""
-    if not rows:
+def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.dtype) -> int:
+    """The MTP round's graphs for ``max_seqs`` rows and blocks of ``width`` = k + 1 tokens: the verify graphs'
+    static logits (fp32, ``max_seqs * width`` rows, ``ninfer.fast.verify_graphs``), the draft graphs' (fp32 logits
+    and the chained hidden of ``max_seqs`` rows, ``ninfer.fast.draft_graphs``), and one pass's transients in each
+    set's pool (a decode step's of that many rows, ``workspace_bytes``), which the eager allocator's share does not
+    cover since no plain decode graph is captured under a backend."""
+    if not width:
         return 0
-    return rows * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(cfg.vocab_size, rows)
+    act, rows = torch.finfo(dtype).bits // 8, max_seqs * width
+    outputs = rows * 4 * cfg.vocab_size + max_seqs * (4 * cfg.vocab_size + act * cfg.hidden_size)
+    pools = [workspace_bytes(cfg, 1, n, dtype) - sampling_bytes(cfg.vocab_size, n) for n in (rows, max_seqs)]
+    return outputs + sum(pools)
+
+
+def mtp_scratch_pages(page_size: int, k: int) -> int:
+    """Pages that hold k chained draft pairs starting anywhere in a page (page positions F .. F + k - 1)."""
+    return -(-(page_size - 1 + k) // page_size)
 
 
 def sampling_bytes(vocab: int, max_batch: int) -> int:
@@ -157,8 +169,8 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     passes the bytes its loaded weights really hold (``weight_bytes_resident``, the MTP head's included) and its
     dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``.
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
-    transients. ``verify_width`` (k + 1 of an MTP backend) adds the verify graphs' outputs and pool
-    (``verify_bytes``) for ``max_seqs`` blocks of that many tokens."""
+    transients. ``verify_width`` (k + 1 of an MTP backend) adds the round's graphs (``spec_graph_bytes``) for
+    ``max_seqs`` blocks of that many tokens, and the draft's scratch pages in the k/v pools."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -172,9 +184,12 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
-    work += verify_bytes(cfg, max_seqs * verify_width, dtype)
+    work += spec_graph_bytes(cfg, max_seqs, verify_width, dtype)
     page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name, with_mtp=mtp)
     scratch = 0
+    if mtp and verify_width:
+        scratch = mtp_scratch_pages(page_size, verify_width - 1)
+        work += (max_seqs + 1) * scratch * page_bytes
     if drafter is not None:
         act = torch.finfo(dtype).bits // 8
         w += act * sum(p.numel for p in drafter_parameters(drafter).values())
@@ -201,8 +216,8 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
 class Pools:
     """The planned state tensors; the tensors never change identity, only their contents do."""
     plan: MemoryPlan
-    k: torch.Tensor  # [n_attn, num_pages + 1, page_size, nkv, d]
-    v: torch.Tensor  # [n_attn, num_pages + 1, page_size, nkv, d]
+    k: torch.Tensor  # [n_attn, num_pages + 1 (+ (max_seqs + 1) * scratch with the MTP head), page_size, nkv, d]
+    v: torch.Tensor
     conv: torch.Tensor  # [n_gdn, slots + 1, conv_dim, K - 1]
     ssm: torch.Tensor  # [n_gdn, slots + 1, HV, dk, dv] fp32
     block_tables: torch.Tensor  # [max_seqs + 1, max_pages_per_seq] int32
@@ -215,7 +230,8 @@ class Pools:
         return (self.k, self.v) if self.dk is None else (self.k, self.v, self.dk, self.dv)
 
     def scratch_page(self, row: int, j: int) -> int:
-        """Drafter page j of block-table row `row`'s scratch (a draft block's own K/V)."""
+        """Scratch page j of block-table row `row`: of the drafter's pools (a DFlash block's own K/V) or, with the
+        MTP head, of the k/v pools (a draft's chained MTP pairs)."""
         return self.plan.num_pages + 1 + row * self.plan.scratch_pages + j
 
     def reset_slot(self, slot: int) -> None:
@@ -231,7 +247,8 @@ def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | s
     dummy page/slot start clean). The dummy row of the block table points only at the dummy page."""
     P, ps = plan.num_pages + 1, plan.page_size
     n_attn, n_gdn = len(cfg.attention_layers) + cfg.mtp_num_hidden_layers * plan.mtp, len(cfg.linear_layers)
-    kv_shape = (n_attn, P, ps, cfg.num_key_value_heads, cfg.head_dim)
+    kv_pages = P + (plan.max_seqs + 1) * plan.scratch_pages if plan.mtp else P  # the MTP draft's scratch
+    kv_shape = (n_attn, kv_pages, ps, cfg.num_key_value_heads, cfg.head_dim)
     HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     tables = torch.zeros(plan.max_seqs + 1, plan.max_pages_per_seq, dtype=torch.int32, device=device)
     tables[plan.dummy_row] = plan.dummy_page

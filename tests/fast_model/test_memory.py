@@ -5,7 +5,7 @@ import torch
 
 from _fast_env import DEVICE
 from _fast_setup import tiny_config
-from ninfer.fast.memory import allocate_pools, plan_memory, verify_bytes, workspace_bytes
+from ninfer.fast.memory import allocate_pools, plan_memory, spec_graph_bytes, workspace_bytes
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
 
 
@@ -35,17 +35,21 @@ def test_too_small_a_budget_names_what_is_missing():
                     max_prefill_tokens=64)
 
 
-def test_verify_graphs_take_their_outputs_and_pool_off_the_pages():
-    """An MTP backend's verify graphs (k = 3: blocks of 4 rows each) cost their fp32 logits rows plus one pass's
-    transients in their pool; the KV pages get what is left."""
+def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
+    """An MTP backend's graphs (k = 3: verify blocks of 4 rows each) cost their fp32 logits, the draft's hidden, one
+    pass's transients in each pool and every row's scratch pages (the dummy row's too); the KV pages get the rest,
+    and the k/v pools hold the scratch after the dummy page."""
     cfg = tiny_config()
     kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, mtp=True)
     plain, spec = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=4, **kw)
-    assert verify_bytes(cfg, 12, torch.float32) >= 2 * 12 * 4 * cfg.vocab_size  # the output and a pass's logits
-    assert (plain.verify_rows, spec.verify_rows) == (0, 12)
-    assert spec.workspace_bytes - plain.workspace_bytes == verify_bytes(cfg, 12, torch.float32)
-    taken = verify_bytes(cfg, 12, torch.float32) / plain.page_bytes
+    graphs = spec_graph_bytes(cfg, 3, 4, torch.float32)
+    assert graphs >= (2 * 12 + 2 * 3) * 4 * cfg.vocab_size  # the outputs and a pass's logits, verify and draft
+    assert (plain.verify_rows, spec.verify_rows, plain.scratch_pages, spec.scratch_pages) == (0, 12, 0, 2)
+    assert spec.workspace_bytes - plain.workspace_bytes == graphs + 4 * 2 * plain.page_bytes
+    taken = (graphs + 8 * plain.page_bytes) / plain.page_bytes
     assert plain.num_pages - taken - 1 < spec.num_pages <= plain.num_pages - taken
+    pools = allocate_pools(cfg, plan_memory(cfg, 1 << 24, verify_width=4, **kw), DEVICE)
+    assert pools.k.shape[1] == pools.plan.num_pages + 1 + 4 * 2 == pools.scratch_page(3, 1) + 1
 
 
 def test_pools_have_the_planned_geometry_and_a_dummy_row():

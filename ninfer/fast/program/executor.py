@@ -9,7 +9,8 @@ the device), `verify` (each row backed up, then every row's [pending, drafts] in
 `FastModel.verify`, reading the drafts on the device) and `accept` (`SpecSampler`: p per verified position and
 `spec_accept` on the device, one host copy of the results). The target pass and a cut block's replay run from the
 verify graphs' static buffers (`VerifyGraphRunner`, one graph per exact B on CUDA), which back the rows up
-themselves. Every consumption of tokens (prefill, verify, feed)
+themselves; the MTP head's chained draft steps run from the draft graphs' (`DraftGraphRunner`), each step's draw
+between two replays. Every consumption of tokens (prefill, verify, feed)
 also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and
 `feed` runs the decode recurrence (`FastModel.verify`), so a replayed block equals the same tokens decoded.
 
@@ -28,6 +29,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
+from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
@@ -54,7 +56,7 @@ class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
                  images: ImageInputs | None = None, draft_tokens: int = 0,
-                 verifier: VerifyGraphRunner | None = None):
+                 verifier: VerifyGraphRunner | None = None, drafter: DraftGraphRunner | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
@@ -65,6 +67,8 @@ class FastExecutor:
         self.spec = SpecSampler(sampler, draft_tokens) if draft_tokens else None
         # the verify and replay graphs of the MTP round (None: eager multi-query passes, as DFlash's need taps)
         self.verifier = verifier
+        # the MTP draft's graphs (None: the head's eager chained steps over a gathered copy of its KV)
+        self.drafter = drafter
 
     def _tokens(self, tokens: Sequence[int]) -> torch.Tensor:
         """[T] on the device. On CUDA through pinned memory, queued without waiting: a copy from pageable memory
@@ -150,7 +154,7 @@ class FastExecutor:
         block = DraftBlock.empty(ks, self.spec.k, self.model.cfg.vocab_size, self.device,
                                  [c.params.is_greedy for c in ctxs])
         rows = self.spec.draft_rows(seqs, ctxs, self.spec.k)
-        self.mtp.draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
+        (self.mtp if self.drafter is None else self.drafter).draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
                        [s.pending for s in seqs], ks, lambda j, live, logits: self.spec.draw(rows, block, j, live,
                                                                                            logits))
         return block

@@ -16,6 +16,7 @@ import torch
 
 from ninfer.contracts import CostFacts, PrefillCosts, ProgramLimits
 from ninfer.errors import DoesNotFitError, UnavailableError
+from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.memory import allocate_pools, scratch_pages_per_row
 from ninfer.fast.model import FastModel
@@ -105,13 +106,16 @@ class FastProgram(Program):
                 vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         # eager on the same buffers elsewhere. Under a backend no plain decode graph would ever run; the MTP round's
-        # target pass and a cut block's replay have their own graphs per exact B (verify_graphs.py)
-        verifier = None
+        # target pass and a cut block's replay (verify_graphs.py) and its draft (draft_graphs.py) have their own
+        # graphs per exact B
+        verifier = drafter_graphs = None
         if c.speculative is None:
             self.runner.capture()
         elif mtp:
             verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0))
             verifier.capture()
+            drafter_graphs = DraftGraphRunner(model, c.max_concurrency)
+            drafter_graphs.capture()
         self.sampler.capture()
         if self.runner.use_graphs:
             prefill = measure_prefill(model, self.runner, piece, _signature(model))
@@ -120,7 +124,7 @@ class FastProgram(Program):
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
-                                     ImageInputs(vision, model.device), c.draft_tokens, verifier)
+                                     ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,

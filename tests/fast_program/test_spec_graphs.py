@@ -1,9 +1,10 @@
-"""The MTP round's target pass and a cut block's replay through the verify graphs' static buffers
-(`ninfer/fast/verify_graphs.py`) against the eager passes, round by round: the same tokens and logprobs, and the
-same state in the pools (every live slot's conv window, S and stored hidden, every layer's K/V below each frontier,
-the MTP layer's included). On CPU the static path runs eagerly and is compared with the eager multi-query pass
-(`FastModel.verify`, which packs no pad rows); with NINFER_TEST_DEVICE=cuda the captured graphs are compared with
-both, byte for byte with the static path run eagerly."""
+"""The MTP round through its graphs' static buffers (the draft, `ninfer/fast/draft_graphs.py`; the target pass and
+a cut block's replay, `ninfer/fast/verify_graphs.py`) against the eager round, round by round: the same drafts,
+tokens and logprobs, and the same state in the pools (every live slot's conv window, S and stored hidden, every
+layer's K/V below each frontier, the MTP layer's included). On CPU the static path runs eagerly and is compared with
+the eager round (`MtpHead.draft` over a gathered copy of the MTP KV, the multi-query `FastModel.verify`, which packs
+no pad rows); with NINFER_TEST_DEVICE=cuda the captured graphs are compared with both, byte for byte with the static
+path run eagerly."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
 from ninfer.fast.verify_graphs import VerifyInputs
 from ninfer.sampling import SamplingParams
 from ninfer.testing.numerics import assert_close
+from ninfer.testing.spec_driving import record_drafts
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 PARAMS = (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, logprobs=2))
@@ -70,7 +72,7 @@ def _drive(program, prompts, rounds: int, seed: int, replays: list[int]):
         yield rows, _state(program, live)
 
 
-@pytest.mark.parametrize("other", ["multi-query", "eager-static"])
+@pytest.mark.parametrize("other", ["eager-round", "eager-static"])
 @pytest.mark.parametrize("forced", [True, False], ids=["forced-drafts", "mtp-drafts"])
 def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forced, other):
     if other == "eager-static" and not ON_GPU:
@@ -79,11 +81,13 @@ def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forc
     for life in range(3):
         prompts = [prompt_of(9 + 6 * life, seed=life), prompt_of(14 + life, seed=40 + life)]
         static, eager = make_fast_spec(3, forced=forced), make_fast_spec(3, forced=forced)
-        assert static.executor.verifier.graphs or not ON_GPU
-        if other == "multi-query":
-            eager.executor.verifier = None
+        assert (static.executor.verifier.graphs and static.executor.drafter.graphs) or not ON_GPU
+        if other == "eager-round":
+            eager.executor.verifier = eager.executor.drafter = None
         else:
             eager.executor.verifier.graphs.clear()
+            eager.executor.drafter.graphs.clear()
+        drafts, drafts_eager = record_drafts(static), record_drafts(eager)
         pairs = zip(_drive(static, prompts, 8, life, replays), _drive(eager, prompts, 8, life, []))
         for n, ((rows, state), (rows_eager, state_eager)) in enumerate(pairs):
             if other == "eager-static":
@@ -100,7 +104,7 @@ def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forc
                     assert [[t for t, _ in top] for top in r[2]] == [[t for t, _ in top] for top in e[2]]
             for a, b in zip(state, state_eager):
                 assert_close(f"life {life} round {n}", a, b, 1e-2 if ON_GPU else 1e-5)
-        assert n >= 3
+        assert n >= 3 and drafts == drafts_eager and sum(map(len, drafts)) > 10
     assert len(replays) >= (3 if forced else 0), replays  # random MTP weights: their drafts are seldom kept
 
 
@@ -122,3 +126,26 @@ def test_the_static_inputs_pad_every_short_block():
     assert [r[:3] for r in v["step_slots"]] == [[5, 6, 7], [5, 6, -1], [-1, 6, -1], [-1, 6, -1]]
     with pytest.raises(ValueError, match="blocks of 1..4"):
         inputs.fill([5], [2], [10], [5], [0], 9, 8)
+
+
+def test_drafting_writes_only_scratch_pages(make_fast_spec, prompt_of):
+    """The draft graphs' chain goes to the rows' scratch pages: every page of the pool (the dummy page included),
+    every state slot and the block tables are unchanged by a draft; the scratch holds the frontier's partial page."""
+    from ninfer.program_core.speculation import row_context
+
+    program = make_fast_spec(3)
+    handles = [_start(program, prompt_of(n, seed=n), p, 5) for n, p in ((10, PARAMS[0]), (13, PARAMS[1]))]
+    pools, plan = program.model.pools, program.model.plan
+    seqs = [program.sequence(h) for h in handles]
+    before = [t.clone() for t in (pools.k[:, :plan.num_pages + 1], pools.v[:, :plan.num_pages + 1], pools.conv,
+                                   pools.ssm, pools.mtp_hidden, pools.block_tables)]
+    block = program.executor.draft(seqs, [row_context(program, s) for s in seqs], [3, 2])
+    assert [len(block.host(b)) for b in range(2)] == [3, 2]
+    after = (pools.k[:, :plan.num_pages + 1], pools.v[:, :plan.num_pages + 1], pools.conv, pools.ssm,
+             pools.mtp_hidden, pools.block_tables)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    ps, layer = plan.page_size, program.model.mtp.pool
+    for s in seqs:  # the committed pairs of the frontier's page, copied into the row's first scratch page
+        F = s.frontier
+        scratch = pools.k[layer, pools.scratch_page(s.row, 0), :F % ps]
+        assert F % ps and torch.equal(scratch, pools.k[layer, s.table[F // ps], :F % ps])

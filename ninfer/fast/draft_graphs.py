@@ -1,0 +1,137 @@
+"""CUDA graphs of the MTP head's draft: per exact number of drafting rows B, a ``start`` graph (each row's private
+table, its frontier's partial page copied into its scratch, the chain seeded with the stored hidden and the pending
+token) and a ``step`` graph (one chained MTP step of every row: its pair's K/V into the scratch, attention over the
+row's pages, the draft logits; the chain's hidden and position advanced in place), replayed once per draft position.
+Each step's draw (``SpecSampler.draw``) runs between two replays on the ``logits`` buffer and writes the drawn
+tokens into ``tokens``, the next step's input.
+
+Stability note: graphs are keyed by (kind, B) alone; the per-round quantities (each row's slot, block-table row,
+frontier and pending token) are one int32 tensor of input data, copied in once a round; page ids are read on the
+device from ``pools.block_tables``. The chain never writes a sequence's pages: chained pair F - 1 + j goes to page
+position F + j, which the core takes only at verify, so a row's private table points its frontier's page and the
+ones after at the row's scratch pages in the k/v pools (``Pools.scratch_page``; the dummy row has its own, which
+warm-up and capture use), the partial page copied there first. The attention is one decode-attention row per draft
+over the private table, keys 1..F + j (page position 0 holds no pair: ``first_keys``), rotated at F - 1 + j as the
+eager ``MtpHead.draft`` rotates. Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.hostcopy import to_device
+from ninfer.fast.model import FastModel
+from ninfer.fast.model.layers import StepInputs
+
+_ROWS = ("slot_ids", "table_rows", "frontiers", "pending")
+
+
+class DraftGraphRunner:
+    def __init__(self, model: FastModel, max_batch: int, use_graphs: bool | None = None):
+        plan, dev = model.plan, model.device
+        if model.mtp is None or not plan.scratch_pages or not 1 <= max_batch <= plan.max_seqs:
+            raise ValueError(f"draft graphs need the MTP head, scratch pages and 1..{plan.max_seqs} rows; the plan "
+                             f"has mtp={plan.mtp}, {plan.scratch_pages} scratch pages")
+        self.model, self.max_batch = model, max_batch
+        on_cuda = dev.type == "cuda" and torch.cuda.is_available()
+        self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
+        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [4, max_batch]
+        self.slot_ids, self.table_rows, self.frontiers, self.pending = self.packed.unbind(0)
+        self.table = torch.zeros(max_batch, plan.max_pages_per_seq, dtype=torch.int32, device=dev)  # private
+        self.positions = torch.zeros(max_batch, dtype=torch.int32, device=dev)  # the chain's next page position
+        self.hidden = torch.zeros(max_batch, model.cfg.hidden_size, dtype=plan.dtype, device=dev)  # [B, H]
+        self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)  # the next step's input tokens
+        self.logits = torch.zeros(max_batch, model.cfg.vocab_size, dtype=torch.float32, device=dev)  # [B, V]
+        self._pages = torch.arange(plan.max_pages_per_seq, device=dev)  # [max_pages]
+        self._first = torch.ones(max_batch, dtype=torch.int32, device=dev)  # every row's first key
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+
+    def start(self, B: int) -> None:
+        """The ``start`` graph's body: private tables, partial pages into the scratch, the chain seeded."""
+        plan, pools, mtp = self.model.plan, self.model.pools, self.model.mtp
+        rows, F, ps = self.table_rows[:B].long(), self.frontiers[:B], plan.page_size
+        table = pools.block_tables.index_select(0, rows)  # [B, max_pages]
+        first = (F // ps).long()  # the frontier's page index
+        base = plan.num_pages + 1 + rows * plan.scratch_pages  # each row's first scratch page
+        ahead = self._pages[None, :] - first[:, None]  # [B, max_pages]
+        scratch = base[:, None] + ahead.clamp(0, plan.scratch_pages - 1)
+        self.table[:B] = torch.where(ahead >= 0, scratch, table.long()).to(torch.int32)
+        partial = table.gather(1, first[:, None])[:, 0].long()
+        for pool in (pools.k[mtp.pool], pools.v[mtp.pool]):  # [pages, page_size, nkv, d]
+            pool.index_copy_(0, base, pool.index_select(0, partial))
+        self.hidden[:B].copy_(mtp.hidden.index_select(0, self.slot_ids[:B].long()))
+        self.tokens[:B].copy_(self.pending[:B])
+        self.positions[:B].copy_(F)
+
+    def step(self, B: int) -> None:
+        """The ``step`` graph's body: chained pair positions - 1 of every row, its draft logits into ``logits``."""
+        pools, mtp, ps = self.model.pools, self.model.mtp, self.model.plan.page_size
+        pos, table = self.positions[:B], self.table[:B]
+        page = table.gather(1, (pos // ps).long()[:, None])[:, 0].long()
+        step = StepInputs(positions=pos, slot_mapping=page * ps + (pos % ps).long(), slot_ids=self.slot_ids[:B],
+                          block_table=table, context_lens=pos + 1, first_keys=self._first[:B],
+                          rope_positions=pos - 1)
+        h = mtp.forward(self.hidden[:B], self.tokens[:B], step, pools.k[mtp.pool], pools.v[mtp.pool])
+        self.hidden[:B].copy_(h)
+        self.logits[:B].copy_(self.model.logits(h))
+        self.positions[:B] += 1
+
+    def capture(self, warmup: int = 2) -> None:
+        """Both graphs for every B, largest first, one shared pool, on the dummy slot and row."""
+        if not self.use_graphs:
+            return
+        plan, stream = self.model.plan, torch.cuda.Stream(device=self.model.device)
+        with no_collection_during_capture():
+            for B in range(self.max_batch, 0, -1):
+                self._fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B)
+                for kind, body in (("start", self.start), ("step", self.step)):
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        for _ in range(warmup):
+                            body(B)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self._pool):
+                        body(B)
+                    if self._pool is None:
+                        self._pool = graph.pool()
+                    self.graphs[kind, B] = graph
+        torch.cuda.synchronize(self.model.device)
+
+    def _fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],
+              pending: Sequence[int]) -> int:
+        B = len(slots)
+        self.packed[:, :B].copy_(to_device([list(slots), list(rows), list(frontiers), list(pending)],
+                                           self.model.device))
+        return B
+
+    def _run(self, kind: str, B: int) -> None:
+        graph = self.graphs.get((kind, B))
+        if graph is not None:
+            graph.replay()
+        else:
+            (self.start if kind == "start" else self.step)(B)
+
+    def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
+              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """``MtpHead.draft``'s contract through the graphs: max(ks) chained steps for the rows with ks[i] > 0,
+        ``draw(j, live [b] long batch rows, logits [b, V]) -> tokens [b] long`` between them; nothing of any
+        sequence changes."""
+        live = [i for i, k in enumerate(ks) if k]
+        if not live:
+            return
+        B = self._fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending)))
+        self._run("start", B)
+        at = to_device(live, self.model.device, torch.long)
+        for j in range(max(ks)):
+            self._run("step", B)
+            self.tokens[:B].copy_(draw(j, at, self.logits[:B]))
+
+    def reset(self) -> None:
+        """Drop the graphs and their pool (before the model's tensors are freed)."""
+        self.graphs.clear()
+        self._pool = None
