@@ -159,7 +159,7 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
 
     start = time.monotonic()
     bar = tqdm(total=3, desc="Loading", unit="step", disable=not progress, leave=False)
-    frontend, facts = _frontend(path, options, vision_refusal(path, options, kind, speculative))
+    frontend, facts = _frontend(path, options, vision_refusal(path, options))
     bar.update(1)
     name = options.served_model_name or facts.name or path.stem
     rt = Runtime(options, name, path, facts.random_weights, kind, frontend, frontend.max_context, facts.weights,
@@ -186,8 +186,9 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
     return rt
 
 
-def vision_refusal(path: Path, options: RuntimeOptions, kind: str, speculative: SpeculativeConfig | None) -> str | None:
-    """Why the Vision feature is not prepared (what an image request's 400 says), or None when it is."""
+def vision_refusal(path: Path, options: RuntimeOptions) -> str | None:
+    """Why the Vision feature is not prepared (what an image request's 400 says), or None when it is. Both
+    Programs serve images, with or without a speculative backend."""
     from ninfer.artifact import open_artifact
     from ninfer.models.qwen3_5.params import VISION
 
@@ -198,8 +199,6 @@ def vision_refusal(path: Path, options: RuntimeOptions, kind: str, speculative: 
         return "the scoring purpose takes text only"
     if options.limit_mm_per_prompt == 0:
         return "this server takes no images (--limit-mm-per-prompt 0)"
-    if speculative is not None and kind != "reference":
-        return "images are not served with --speculative-config on the fast Program yet (issue 11)"
     return None
 
 

@@ -134,13 +134,16 @@ class VerifyGraphRunner:
 
     def _mtp_inputs(self, B: int, step: StepInputs) -> StepInputs:
         """The MTP layer's addressing of the same tokens: pair p = position - 1 at the target's KV slot, one decode
-        attention row per token over its row's pages, keys 1..position (the pad block's from key 0)."""
+        attention row per token over its row's pages, keys 1..position (the pad block's from key 0), rotating at
+        the target's rotary position - 1: p + rope_delta after a prompt with images, which is p's MRoPE position in
+        all three rows (for p the prompt's last index too, since a prompt with images ends in text:
+        docs/speculative.md, "Images")."""
         v, T = self.inputs.views, B * self.width
         block = v["block"][:T]
         pos = step.positions
         return StepInputs(positions=pos, slot_mapping=step.slot_mapping, slot_ids=v["slot_ids"][:B],
                           block_table=step.block_table.index_select(0, block.long()), context_lens=pos + 1,
-                          first_keys=(block < B).to(torch.int32), rope_positions=pos - 1)
+                          first_keys=(block < B).to(torch.int32), rope_positions=step.rope_positions - 1)
 
     def body(self, B: int, backup: bool) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head

@@ -12,7 +12,6 @@ PIL = pytest.importorskip("PIL.Image")
 from ninfer.contracts import RequestRejected  # noqa: E402
 from ninfer.frontend import ChatRequest  # noqa: E402
 from ninfer.frontend.media import ImageData  # noqa: E402
-from ninfer.program_core.speculative import SpeculativeConfig  # noqa: E402
 from ninfer.runtime_options import RuntimeOptions, WiringError, parse_image_limit  # noqa: E402
 from ninfer.wiring import build_runtime, vision_refusal  # noqa: E402
 
@@ -43,15 +42,10 @@ def default_model():
 
 def test_refusal_reasons(vision_model, default_model):
     opts = RuntimeOptions(model=str(vision_model))
-    assert vision_refusal(vision_model, opts, "reference", None) is None
-    assert "no vision weights" in vision_refusal(default_model, opts, "reference", None)
-    assert "--limit-mm-per-prompt 0" in vision_refusal(vision_model, RuntimeOptions(limit_mm_per_prompt=0),
-                                                       "reference", None)
-    assert vision_refusal(vision_model, opts, "fast", None) is None  # the fast Program serves images too
-    spec = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 1})
-    assert vision_refusal(vision_model, opts, "reference", spec) is None  # images compose with every backend
-    assert "--speculative-config" in vision_refusal(vision_model, opts, "fast", spec)
-    assert "scoring" in vision_refusal(vision_model, RuntimeOptions(purpose="scoring"), "reference", None)
+    assert vision_refusal(vision_model, opts) is None  # either Program, with or without a speculative backend
+    assert "no vision weights" in vision_refusal(default_model, opts)
+    assert "--limit-mm-per-prompt 0" in vision_refusal(vision_model, RuntimeOptions(limit_mm_per_prompt=0))
+    assert "scoring" in vision_refusal(vision_model, RuntimeOptions(purpose="scoring"))
 
 
 @pytest.mark.parametrize("limit, served", [(0, False), (2, True)])

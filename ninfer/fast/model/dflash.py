@@ -108,17 +108,20 @@ class FastDrafter:
             self._kv_write(lw, feats, no_queries, positions, slots, kp, vp)
 
     def block(self, anchors: list[int], frontiers: list[int], tables: torch.Tensor, block_size: int,
-              k_pages: list[torch.Tensor], v_pages: list[torch.Tensor], first_keys: list[int] | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              k_pages: list[torch.Tensor], v_pages: list[torch.Tensor], first_keys: list[int] | None = None,
+              rope_deltas: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass over [anchor, MASK x (B-1)] at positions frontier.. for each of R rows: the drafts' logits
         [R, B-1, V] fp32 and the final-normed hidden [R, B-1, H]. `tables` [R, max_pages] int32 names each row's
         pages of positions < frontier + B (the context's, then the scratch pages the block's own K/V go to);
-        `first_keys` [R] the first context key each row attends to (a draft window; None: 0)."""
+        `first_keys` [R] the first context key each row attends to (a draft window; None: 0); `rope_deltas` [R]
+        what each row's block rotates at beyond its positions (rope_delta after a prompt with images; None: 0)."""
         c, kern, B, R = self.cfg, self.k, block_size, len(anchors)
         dev = self.embed.device
         i32 = dict(device=dev, dtype=torch.int32)
         ids = torch.tensor([t for a in anchors for t in [a] + [c.mask_token_id] * (B - 1)], device=dev)  # [R * B]
         positions = torch.tensor([f + j for f in frontiers for j in range(B)], **i32)
+        rope = positions if not any(rope_deltas or ()) else \
+            torch.tensor([f + d + j for f, d in zip(frontiers, rope_deltas) for j in range(B)], **i32)
         ps = k_pages[0].shape[1]
         rows = torch.arange(R, device=dev).repeat_interleave(B)
         slots = tables[rows, (positions // ps).long()].long() * ps + (positions % ps).long()
@@ -132,7 +135,7 @@ class FastDrafter:
             if lw.conv is not None:
                 h, attn_later = self._prepare(h, lw.conv[0], lw.conv[1], B)
             q = kern.linear(h, lw.q).view(R * B, c.num_attention_heads, c.head_dim)
-            q = self._kv_write(lw, h, q, positions, slots, kp, vp)
+            q = self._kv_write(lw, h, q, rope, slots, kp, vp)
             a = kern.paged_decode_attention(q, kp, vp, q_tables, lens, first_keys=first)
             a = kern.linear(a.reshape(R * B, -1), lw.o)
             x = x + (a if attn_later is None else kern.dflash_conv(a, attn_later, lw.conv[0][1], B))

@@ -121,7 +121,7 @@ class FastModel:
             step = self._prefill_inputs(n, slot_id, block_table_row, at, inner)
             if rope_positions is not None:
                 step.rope_positions = rope_positions[:, s:s + n].contiguous()
-            hidden = self._layers(tokens[s:s + n], step, sink, _piece_rows(embeds, s, n))
+            hidden = self._layers(tokens[s:s + n], step, sink, piece_rows(embeds, s, n))
             if sink is not None:
                 pieces.append(sink)
             if all_logits:
@@ -226,7 +226,7 @@ class FastModel:
         return self.kernels.linear(hidden, lm_head).float()
 
 
-def _piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):
+def piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):
     """The (rows, features) of ``embeds`` inside the prefill piece [start, start + n), rows relative to it."""
     if embeds is None:
         return None

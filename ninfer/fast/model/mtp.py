@@ -6,7 +6,9 @@ Its state at frontier t is the MTP layer's KV over the pairs (h_p, x_{p+1}), p <
 h_{t-1} (``pools.mtp_hidden[slot]``, beside the slot's GDN state, so slot copies, backups and the host tier carry
 it). The KV is paged in the sequence's own block table, in the k/v pools' extra layer: pair p at page position
 p + 1, so a step from frontier F writes page positions >= F only and every position below a checkpoint's frontier
-stays immutable and shareable. Its RoPE position is p (the reference's KV length; RoPE scores are relative).
+stays immutable and shareable. Its RoPE position is p (the reference's KV length; RoPE scores are relative), or for
+a sequence with images p's MRoPE position (three rows, index + rope_delta after the prompt), with an image token
+x_{p+1} embedded by its feature as the target embedded it (docs/speculative.md, "Images").
 
 Attention reads pair p's keys 0..p, which sit at page positions 1..p+1: the row's keys are gathered into a private
 paged buffer (one layer, whole context) where pair p sits at position p, and ``prefill_attention`` runs over it
@@ -21,9 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ninfer.contracts.media import PromptMedia
 from ninfer.fast.hostcopy import to_device
 
 from .kernels import Residual
@@ -48,12 +52,13 @@ class MtpHead:
         self.pool = len(model.cfg.attention_layers)  # the MTP layer's index in pools.k / pools.v
         self.hidden = model.pools.mtp_hidden  # [slots + 1, H]
 
-    def forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor, step: StepInputs, k_pages: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, step: StepInputs, k_pages: torch.Tensor,
                 v_pages: torch.Tensor) -> torch.Tensor:
-        """hidden [T, H] (h_p), next_tokens [T] (x_{p+1}) -> h' [T, H]; writes the T pairs' K/V into the pages
-        [P, page_size, nkv, d] at ``step.slot_mapping`` and attends through ``step``'s table."""
+        """hidden [T, H] (h_p), embedded [T, H] (x_{p+1}'s input row: its embedding, an image token's feature) ->
+        h' [T, H]; writes the T pairs' K/V into the pages [P, page_size, nkv, d] at ``step.slot_mapping`` and
+        attends through ``step``'s table."""
         k, w, eps = self.model.kernels, self.w, self.cfg.rms_norm_eps
-        e = k.rmsnorm(F.embedding(next_tokens, self.model.weights.embed), w.norm_embedding, eps)[0]
+        e = k.rmsnorm(embedded, w.norm_embedding, eps)[0]
         hn = k.rmsnorm(hidden.to(e.dtype), w.norm_hidden, eps)[0]
         u = k.linear(torch.cat([e, hn], dim=-1), w.fc)  # [T, H]
         res = Residual(u)
@@ -87,8 +92,10 @@ class MtpHead:
                 tmp.view(-1, *shape[2:])[dst] = pool.view(-1, *shape[2:])[src_all]
         return kv
 
-    def _step(self, kv: _Gathered, sel: Sequence[int], first: Sequence[int], lens: Sequence[int]) -> StepInputs:
-        """Addressing of `lens[i]` new pairs of gathered row sel[i], starting at pair index first[i]."""
+    def _step(self, kv: _Gathered, sel: Sequence[int], first: Sequence[int], lens: Sequence[int],
+              media: Sequence[PromptMedia | None] = ()) -> StepInputs:
+        """Addressing of `lens[i]` new pairs of gathered row sel[i], starting at pair index first[i]; with a row
+        of `media` (per entry of sel) that has images, the pairs rotate at their MRoPE positions."""
         dev = self.model.device
         i32 = dict(device=dev, dtype=torch.int32)
         pos = [f + j for f, n in zip(first, lens) for j in range(n)]
@@ -96,16 +103,23 @@ class MtpHead:
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)
-        return StepInputs(positions=to_device(pos, dev), slot_mapping=to_device(slots, dev, torch.long),
+        step = StepInputs(positions=to_device(pos, dev), slot_mapping=to_device(slots, dev, torch.long),
                           slot_ids=torch.zeros(len(sel), **i32), block_table=kv.table[to_device(sel, dev, torch.long)],
                           cu_seqlens=to_device(cu, dev), prefix_lens=to_device(first, dev))
+        if any(m is not None for m in media):
+            rope = [np.arange(f, f + n)[None].repeat(3, 0) if m is None else m.positions_for(f, f + n)
+                    for m, f, n in zip(media, first, lens)]
+            step.rope_positions = to_device(np.concatenate(rope, axis=1).tolist(), dev)  # [3, T] int32
+        return step
 
     def advance(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int], tokens: torch.Tensor,
-                hidden: Sequence[torch.Tensor]) -> None:
+                hidden: Sequence[torch.Tensor], media: Sequence[PromptMedia | None] | None = None,
+                embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Row i consumed its T_i tokens (packed along tokens [sum T_i] on the device, in row order) at starts[i]..
         with final-normed hidden[i] [T_i, H]: add the pairs this completes, (h_p, x_{p+1}) for p = starts[i]-1 ..
         starts[i]+T_i-2 (none for p < 0), to the MTP KV and store h_{starts[i]+T_i-1}. The reference MTP backend's
-        `advance` (`reference/program/mtp_backend.py`), batched over rows."""
+        `advance` (`reference/program/mtp_backend.py`), batched over rows. `media[i]`: row i's images (its MRoPE
+        positions), `embeds` (rows of `tokens` [n] long, features [n, H]): the image rows the target embedded."""
         dev = self.model.device
         h_in, x_at, firsts, lens, offset = [], [], [], [], 0
         for slot, start, hid in zip(slots, starts, hidden):
@@ -121,8 +135,12 @@ class MtpHead:
         sel = [i for i, n in enumerate(lens) if n]
         if sel:
             kv = self._gather(rows, firsts, lens)
-            step = self._step(kv, sel, [firsts[i] for i in sel], [lens[i] for i in sel])
-            x_in = tokens.index_select(0, to_device(x_at, dev, torch.long))
+            step = self._step(kv, sel, [firsts[i] for i in sel], [lens[i] for i in sel],
+                              [media[i] for i in sel] if media else ())
+            x = F.embedding(tokens, self.model.weights.embed)  # [sum T_i, H], the target's input rows
+            if embeds is not None:
+                x[embeds[0]] = embeds[1].to(x.dtype)
+            x_in = x.index_select(0, to_device(x_at, dev, torch.long))
             self.forward(torch.cat([h_in[i] for i in sel]), x_in, step, kv.k, kv.v)
             # the new pairs back into the pages: pair p at page position p + 1
             dst = torch.cat([self._flat_page_positions(rows[i], firsts[i] + 1, lens[i]) for i in sel])
@@ -142,13 +160,16 @@ class MtpHead:
         p. Then slot i stores hidden[last[i]]."""
         h_in = torch.cat([hidden, self.hidden.index_select(0, slots.long())]).index_select(0, h_src.long())
         pools = self.model.pools
-        self.forward(h_in, tokens, step, pools.k[self.pool], pools.v[self.pool])
+        self.forward(h_in, F.embedding(tokens, self.model.weights.embed), step, pools.k[self.pool],
+                     pools.v[self.pool])
         self.hidden.index_copy_(0, slots[:last.shape[0]].long(), hidden.index_select(0, last.long()))
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
-              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
+              media: Sequence[PromptMedia | None] | None = None) -> None:
         """max(ks) chained draft steps for the rows with ks[i] > 0 from their committed MTP state (nothing in the
-        pools changes): the first from (h_{F-1}, pending), each next from the previous MTP output and draft.
+        pools changes): the first from (h_{F-1}, pending), each next from the previous MTP output and draft, draft j
+        the pair at F - 1 + j (its MRoPE position for a row of `media` with images).
         ``draw(j, live [b] long batch rows, logits [b, V]) -> tokens [b] long`` draws draft j on the device; a row
         past its own ks[i] drafts on (its extra drafts are never read), so no step waits for the host."""
         dev = self.model.device
@@ -162,7 +183,8 @@ class MtpHead:
         h = self.hidden[to_device([slots[i] for i in live], dev, torch.long)]  # [b, H]
         x = to_device([pending[i] for i in live], dev, torch.long)
         at = to_device(live, dev, torch.long)
+        rows_media = [media[i] for i in live] if media else ()
         for j in range(most):
-            step = self._step(kv, local, [c + j for c in committed], [1] * len(live))
-            h = self.forward(h, x, step, kv.k, kv.v)
+            step = self._step(kv, local, [c + j for c in committed], [1] * len(live), rows_media)
+            h = self.forward(h, F.embedding(x, self.model.weights.embed), step, kv.k, kv.v)
             x = draw(j, at, self.model.logits(h))

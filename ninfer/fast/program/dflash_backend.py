@@ -8,7 +8,9 @@ bounded by the frontier (positions at and past it are rewritten before they are 
 ``copy_page`` carry it, and host replicas of pages include it (`DeviceState`). Nothing of it is in the GDN slot, so
 backups, rollbacks and aborts need nothing extra. A draft block's own K/V go to the row's scratch pages
 (``Pools.scratch_page``): the frontier's partial page is copied in first, so drafting writes no page of any
-sequence. A draft window W is a first-key bound (keys max(0, F - W)..), the reference's "last W positions".
+sequence. A draft window W is a first-key bound (keys max(0, F - W)..), the reference's "last W positions". Over a
+prompt with images the context rotates at MRoPE's temporal row and a block at its positions + rope_delta, the
+page positions staying the sequence indices (docs/speculative.md, "Images").
 
 Drafting: one `FastDrafter.block` for all rows of the round; DFlash draws slot j's draft from its own logits, DFlash2
 walks the candidate selector (`dflash_select`, all rows per slot) from the pending token. Both draw on the host with
@@ -20,8 +22,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
+from ninfer.contracts.media import PromptMedia
 from ninfer.fast.memory import Pools
 from ninfer.fast.model.dflash import FastDrafter
 from ninfer.models.qwen3_5.drafter import DrafterKind
@@ -41,15 +45,21 @@ class FastDFlashBackend:
         self.k_pages, self.v_pages = list(pools.dk), list(pools.dv)  # per drafter layer [P', ps, nkv', d']
 
     def advance(self, rows: Sequence[int], starts: Sequence[int], lens: Sequence[int],
-                taps: dict[int, torch.Tensor]) -> None:
+                taps: dict[int, torch.Tensor], media: Sequence[PromptMedia | None] | None = None) -> None:
         """Rows consumed lens[i] tokens at starts[i].. (packed along the taps' rows, [sum(lens), H] each): their
-        context K/V into the rows' pages."""
+        context K/V into the rows' pages, rotated at `PromptMedia.drafter_positions` for a row of `media` with
+        images (else the positions)."""
         dev, ps = self.pools.k.device, self.page_size
         pos = torch.tensor([s + j for s, n in zip(starts, lens) for j in range(n)], device=dev)  # [N]
         row = torch.tensor([r for r, n in zip(rows, lens) for _ in range(n)], device=dev)
         slots = self.pools.block_tables[row, pos // ps].long() * ps + pos % ps
         feats = torch.cat([taps[i] for i in self.layers], dim=-1)  # [N, n_taps * H]
-        self.drafter.extend(feats, pos.to(torch.int32), slots, self.k_pages, self.v_pages)
+        rope = pos.to(torch.int32)
+        if media and any(m is not None for m in media):
+            rope = torch.tensor(np.concatenate([np.arange(s, s + n) if m is None else m.drafter_positions(s, s + n)
+                                                for m, s, n in zip(media, starts, lens)]), dtype=torch.int32,
+                                device=dev)
+        self.drafter.extend(feats, rope, slots, self.k_pages, self.v_pages)
 
     def warm(self, tokens: int) -> None:
         """Run every drafter kernel once before serving (Triton compiles on first use): an extension of `tokens`
@@ -94,8 +104,10 @@ class FastDFlashBackend:
             return out
         rows = [seqs[i] for i in live]
         first = None if self.window is None else [max(0, s.frontier - self.window) for s in rows]
+        deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
         logits, hidden = self.drafter.block([s.pending for s in rows], [s.frontier for s in rows], self._tables(rows),
-                                            self.block_size, self.k_pages, self.v_pages, first)  # [R, B-1, V/H]
+                                            self.block_size, self.k_pages, self.v_pages, first,
+                                            deltas)  # [R, B-1, V/H]
         drafts: list[list[int]] = [[] for _ in live]
         qs: list[list[torch.Tensor | None]] = [[] for _ in live]
         going = list(range(len(live)))  # rows still drafting

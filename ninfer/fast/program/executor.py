@@ -20,7 +20,10 @@ block pass (and DFlash2's selector walk).
 
 A sequence with images (`seq.media`, `images.py`): prefill pieces embed the pad id at the placeholders, take the
 tower's features there and rotate with the 3-row MRoPE positions; decode and forced tokens rotate at position +
-rope_delta (a graph input row, so a text row's delta 0 costs nothing); the sampler's tables see the model ids.
+rope_delta (a graph input row, so a text row's delta 0 costs nothing); the sampler's tables see the model ids. With a
+backend, verify rotates every query at position + rope_delta, and the backend's state follows with the positions
+docs/speculative.md ("Images") fixes: the MTP pairs at their MRoPE positions with an image token embedded by its
+feature, the drafter context at MRoPE's temporal row.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
+from ninfer.fast.model.model import piece_rows
 from ninfer.contracts import RowFailure
 from ninfer.fast.sampling import DeviceSampler, SampleRow
 from ninfer.fast.sampling.draft_block import DraftBlock, LazyFed
@@ -78,18 +82,23 @@ class FastExecutor:
             return host.to(self.device)
         return host.pin_memory().to(self.device, non_blocking=True)
 
+    def _inputs(self, seq: ActiveSequence, start: int, end: int) -> tuple[torch.Tensor, dict]:
+        """Model ids [T] of prompt indices start..end on the device and, for a prompt with images, prefill's
+        `rope_positions` and `embeds` (`ImageInputs.prefill_args`)."""
+        if seq.media is None:
+            return self._tokens(seq.prompt[start:end]), {}
+        return self.images.prefill_args(seq, start, end)
+
     def prefill(self, seq: ActiveSequence, start: int, end: int,
                 captures: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
-        tokens, slot = seq.prompt[start:end], seq.handle.slot
-        if seq.media is not None:  # images are refused with a speculative backend
-            ids, image_args = self.images.prefill_args(seq, start, end)
-            return self.model.prefill(ids, slot, seq.row, start, captures=captures, **image_args)  # [V] fp32
+        slot = seq.handle.slot
         if self.dflash is not None:
-            return self._prefill_dflash(seq, start, tokens, captures)
+            return self._prefill_dflash(seq, start, end, captures)
+        ids, image_args = self._inputs(seq, start, end)
         if self.mtp is None:
-            return self.model.prefill(self._tokens(tokens), slot, seq.row, start, captures=captures)  # [V] fp32
-        ids = self._tokens(tokens)
-        logits, hidden = self.model.prefill(ids, slot, seq.row, start, return_hidden=True, captures=captures)
+            return self.model.prefill(ids, slot, seq.row, start, captures=captures, **image_args)  # [V] fp32
+        logits, hidden = self.model.prefill(ids, slot, seq.row, start, return_hidden=True, captures=captures,
+                                            **image_args)
         # the MTP layer advances segment by segment up to each capture, whose slot then takes the stored hidden,
         # and in the model's prefill pieces inside a segment: the calls a prefill cut at the captures would make
         piece = self.model.plan.max_prefill_tokens
@@ -97,27 +106,29 @@ class FastExecutor:
         for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
             for s in range(a, b, piece):
                 e = min(s + piece, b)
-                self.mtp.advance([slot], [seq.row], [s], ids[s - start:e - start], [hidden[s - start:e - start]])
+                self.mtp.advance([slot], [seq.row], [s], ids[s - start:e - start], [hidden[s - start:e - start]],
+                                 [seq.media], piece_rows(image_args.get("embeds"), s - start, e - s))
             if i < len(captures):
                 self.mtp.hidden[captures[i][1]].copy_(self.mtp.hidden[slot])
         return logits
 
-    def _prefill_dflash(self, seq: ActiveSequence, start: int, tokens: Sequence[int],
+    def _prefill_dflash(self, seq: ActiveSequence, start: int, end: int,
                         captures: Sequence[tuple[int, int]]) -> torch.Tensor:
         """Prefill in the model's own pieces, each piece's taps turned into drafter context at once (so the taps of
         every layer are held for one piece only, as the memory plan counts them); a capture on a piece boundary
         takes the live slot there, one inside a piece is the model's. The context is paged: captures copy nothing
         of it."""
         slot, piece = seq.handle.slot, max(GDN_CHUNK, self.model.plan.max_prefill_tokens // GDN_CHUNK * GDN_CHUNK)
-        for s in range(0, len(tokens), piece):
-            at, n = start + s, min(piece, len(tokens) - s)
+        for at in range(start, end, piece):
+            n = min(piece, end - at)
             for f, cap in captures:
                 if f == at:
                     self.store.copy_slot(slot, cap)
             taps: dict[int, torch.Tensor] = {}
-            logits = self.model.prefill(self._tokens(tokens[s:s + n]), slot, seq.row, at, taps=taps,
-                                        captures=[(f, c) for f, c in captures if at < f < at + n])
-            self.dflash.advance([seq.row], [at], [n], taps)
+            ids, image_args = self._inputs(seq, at, at + n)
+            logits = self.model.prefill(ids, slot, seq.row, at, taps=taps,
+                                        captures=[(f, c) for f, c in captures if at < f < at + n], **image_args)
+            self.dflash.advance([seq.row], [at], [n], taps, [seq.media])
         return logits  # [V] fp32 of the last token
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
@@ -156,7 +167,8 @@ class FastExecutor:
         rows = self.spec.draft_rows(seqs, ctxs, self.spec.k)
         (self.mtp if self.drafter is None else self.drafter).draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
                        [s.pending for s in seqs], ks, lambda j, live, logits: self.spec.draw(rows, block, j, live,
-                                                                                           logits))
+                                                                                           logits),
+                       [s.media for s in seqs])
         return block
 
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -196,10 +208,11 @@ class FastExecutor:
         if self._graphed(lens):  # the graph advances the MTP head too
             return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
         logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
+        media = [s.media for s in seqs]
         if self.mtp is not None:
-            self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)))
+            self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)), media)
         if self.dflash is not None:
-            self.dflash.advance(rows, starts, lens, taps)
+            self.dflash.advance(rows, starts, lens, taps, media)
         return logits
 
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:

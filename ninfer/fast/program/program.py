@@ -42,9 +42,6 @@ from .executor import FastExecutor
 from .images import HELD, ImageInputs
 from .stores import DeviceState
 
-NO_VISION_SPECULATIVE = "images are not served with a speculative backend (its drafts would need MRoPE positions)"
-
-
 def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None) -> FastDFlashBackend | None:
     """The DFlash backend the config names over the plan's drafter pools, or the start-up error naming the field
     (the reference Program's checks: `drafter_fit`)."""
@@ -78,8 +75,6 @@ class FastProgram(Program):
         if mtp and model.mtp is None:
             raise MissingBackendWeights(c.speculative.method, c.speculative.method.needs)
         dflash = _dflash(c, model, drafter)
-        if vision is not None and c.speculative is not None:
-            raise ValueError(NO_VISION_SPECULATIVE)
         self.model = model
         self.device = model.device
         state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.page_bytes

@@ -1,0 +1,117 @@
+"""Image prompts with a speculative backend on the fast Program (docs/speculative.md, "Images"), fp32 on the tiny
+multimodal checkpoint: the naive kernels on CPU, Triton with NINFER_TEST_DEVICE=cuda.
+
+Sampled requests with two images, prefill chunks cut inside them, through MTP, DFlash and DFlash2 with their real
+drafts: every draft and every token equal the reference Program's (the device MTP head, the paged drafter context
+and the verify pass at position + rope_delta follow the reference); the MTP and DFlash drafts equal their
+from-scratch computation at the documented positions; greedy with forced acceptance equals greedy without; a
+sampled request resumed from a checkpoint after an image equals its cold run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("PIL.Image")
+
+from ninfer.fast.program import FastProgram  # noqa: E402
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
+from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig  # noqa: E402
+from ninfer.sampling import SamplingParams  # noqa: E402
+from ninfer.testing.image_prompts import ScratchDrafts, image_request, multimodal_artifacts, vision_prompt  # noqa: E402
+from ninfer.testing.serving import assert_drained, in_turns, serve  # noqa: E402
+from ninfer.testing.sessions import token_request  # noqa: E402
+from ninfer.testing.spec_driving import record_drafts  # noqa: E402
+from ninfer.testing.speculation import ForcedDrafts  # noqa: E402
+
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+LIMITS = dict(max_concurrency=2, max_context=256)
+KS = {"mtp": 3, "dflash": 7, "dflash2": 7}
+SAMPLED = dict(sampling=SamplingParams(temperature=1.0), seed=3)
+TOL = 2e-2 if ON_GPU else 1e-4  # q of a sampled draft; the GPU's fp32 tl.dot is TF32
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return multimodal_artifacts(tmp_path_factory.mktemp("fvs"))
+
+
+@pytest.fixture(scope="module")
+def vp(artifacts):
+    return vision_prompt(artifacts["mtp"])
+
+
+def _fast(artifacts, vp, method: str | None, forced: bool = False) -> FastProgram:
+    spec = None if method is None else {"method": method, "num_speculative_tokens": KS[method]}
+    patches = vp.processor.max_pixels // vp.processor.patch_size ** 2
+    program = FastProgram.from_artifact(artifacts[method or "mtp"], **LIMITS, budget_bytes=1 << 30, device=DEVICE,
+                                        page_size=4, kv_pages=200, dtype=torch.float32, speculative_config=spec,
+                                        kernels="triton" if ON_GPU else "naive", vision_patches=patches)
+    if forced:
+        ref = _reference(artifacts, None)
+        ForcedDrafts(ref.model, ref.executor.vision).install(program)
+    return program
+
+
+def _reference(artifacts, method: str | None) -> ReferenceProgram:
+    spec = None if method is None else SpeculativeConfig(SpeculativeMethod(method), KS[method])
+    return ReferenceProgram.from_artifact(artifacts[method or "mtp"], ReferenceProgramConfig(**LIMITS,
+                                                                                             speculative=spec),
+                                          vision=True)
+
+
+def _requests(vp, **kw):
+    return [image_request(vp, (1, 2), [7, 8], 10, **kw), image_request(vp, (3,), [9], 10, sizes=((64, 96),), **kw)]
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash", "dflash2"])
+def test_drafts_and_tokens_equal_the_reference_programs(artifacts, vp, method):
+    runs = []
+    for program in (_fast(artifacts, vp, method), _reference(artifacts, method)):
+        drafts = record_drafts(program)
+        out = serve(program, _requests(vp, **SAMPLED), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+        runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
+        assert_drained(program)
+    (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
+    assert sum(len(d) for d in fast_drafts) > 12 and fast_drafts == ref_drafts
+    assert fast_out == ref_out
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash"])
+def test_drafts_equal_the_drafts_from_scratch(artifacts, vp, method):
+    program = _fast(artifacts, vp, method)
+    ref = _reference(artifacts, method)
+    check = ScratchDrafts(ref.model, ref.executor.vision, ref.drafter, KS[method] + 1, tol=TOL)
+    check.install(program)
+    serve(program, _requests(vp, **SAMPLED), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+    assert check.checked > 12
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash2"])
+def test_greedy_with_forced_drafts_equals_greedy_without(artifacts, vp, method):
+    greedy = dict(sampling=SamplingParams(temperature=0.0))
+    plain = serve(_fast(artifacts, vp, None), _requests(vp, **greedy), max_concurrency=2, prefill_chunk=7,
+                  prefix_caching=False)
+    program = _fast(artifacts, vp, method, forced=True)
+    out = serve(program, _requests(vp, **greedy), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+    assert [r.token_ids for r in out] == [r.token_ids for r in plain]
+    assert sum(r.usage.accepted_draft_tokens for r in out) > 2
+    assert_drained(program)
+
+
+@pytest.mark.parametrize("method", ["mtp", "dflash"])
+def test_a_prefix_hit_after_an_image_equals_the_cold_run(artifacts, vp, method):
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    first = image_request(vp, (4,), [7, 8, 9], 4, sizes=((90, 150),), **sampled)
+    after = first.media.images[0].end + 1  # past <|vision_end|>
+    first = token_request(first.prompt, 4, media=first.media, capture_hints=(after,), **sampled)
+    again = lambda: image_request(vp, (4,), [10, 11, 12], 10, sizes=((90, 150),), **sampled)  # noqa: E731
+    program = _fast(artifacts, vp, method)
+    _, (hit,) = in_turns(program, [[first], [again()]], max_concurrency=1, prefill_chunk=48)
+    assert hit.usage.cached_prompt_tokens >= after
+    (cold,) = serve(_fast(artifacts, vp, method), [again()], max_concurrency=1, prefix_caching=False)
+    assert hit.token_ids == cold.token_ids
+    assert_drained(program, published=True)
