@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 
@@ -18,14 +24,20 @@ JSON = {**HI, "response_format": {"type": "json_object"}}
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def worker_runtime(gen_runtime):
-    """The generation Runtime with a compile timeout (so compiles run in worker processes), one worker at most."""
-    tokenizer = gen_runtime.frontend.tokenizer
-    compiler = GrammarCompiler(tokenizer, max_threads=1, compile_timeout=60.0)
-    frontend = Frontend(tokenizer, max_context=gen_runtime.max_context, grammar=compiler)
-    yield dataclasses.replace(gen_runtime, frontend=frontend)
+@pytest.fixture
+def compiler(gen_runtime):
+    """A compiler with a compile timeout (so compiles run in worker processes), one worker at most; a fresh one
+    per test: no idle worker and no cached grammar from an earlier test."""
+    compiler = GrammarCompiler(gen_runtime.frontend.tokenizer, max_threads=1, compile_timeout=60.0)
+    yield compiler
     compiler.close()
+
+
+@pytest.fixture
+def worker_runtime(gen_runtime, compiler):
+    """The generation Runtime over that compiler."""
+    frontend = Frontend(gen_runtime.frontend.tokenizer, max_context=gen_runtime.max_context, grammar=compiler)
+    return dataclasses.replace(gen_runtime, frontend=frontend)
 
 
 def _refuse(error: OSError):
@@ -56,6 +68,64 @@ def test_a_worker_that_cannot_start_is_a_typed_503(worker_runtime, make_client, 
     _refused(c, "grammar_unavailable")
     monkeypatch.undo()
     assert c.post(CHAT, json=JSON).status_code == 200
+
+
+def test_no_descriptors_for_a_worker_is_a_503(worker_runtime, make_client, monkeypatch):
+    """EMFILE first shows at the worker's socket pair, before any spawn."""
+    c = make_client(worker_runtime)
+
+    def socketpair():
+        raise OSError(errno.EMFILE, "Too many open files")
+    # only the workers module's view of socket: the test client's event loop needs real socket pairs
+    monkeypatch.setattr(workers, "socket", types.SimpleNamespace(socketpair=socketpair))
+    for _ in range(2):
+        _refused(c, "grammar_overloaded")
+    assert c.post(CHAT, json=HI).status_code == 200
+    monkeypatch.undo()
+    assert c.post(CHAT, json=JSON).status_code == 200
+
+
+def _spawns(code: str):
+    """A Popen that starts `python -c code` in place of the worker, with the worker's descriptors and env."""
+    real = subprocess.Popen
+
+    def popen(args, **kwargs):
+        return real([sys.executable, "-c", code], **kwargs)
+    return popen
+
+
+@pytest.mark.parametrize("code", ["import sys; sys.exit(3)", "import time; time.sleep(60)"], ids=["exits", "stalls"])
+def test_a_worker_that_dies_or_stalls_before_ready_is_a_503(worker_runtime, compiler, make_client, monkeypatch,
+                                                             code):
+    """A process that ends or is not ready in time never saw the grammar: the host's problem (503, retry), not
+    the schema's (400, simplify it)."""
+    c = make_client(worker_runtime)
+    monkeypatch.setattr(workers, "BOOT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(workers.subprocess, "Popen", _spawns(code))
+    start = time.monotonic()
+    _refused(c, "grammar_overloaded")
+    # the boot timeout bounds a stalled child that never reads its setup (sleep 60: the send would block till then)
+    assert time.monotonic() - start < 30
+    assert c.post(CHAT, json=HI).status_code == 200
+    monkeypatch.undo()
+    # no successor was started under the failing host: the next structured request starts a working one
+    assert c.post(CHAT, json=JSON).status_code == 200
+    assert compiler.workers.pids()["busy"] == []
+
+
+def test_a_worker_that_ended_while_idle_is_not_handed_out(worker_runtime, compiler, make_client):
+    """An idle worker the OOM killer or an operator ended is reaped and replaced, not failed on a request."""
+    c = make_client(worker_runtime)
+    assert c.post(CHAT, json=JSON).status_code == 200
+    pool = compiler.workers
+    (pid,) = pool.pids()["idle"]
+    os.kill(pid, signal.SIGKILL)
+    # dead and waitable, not reaped (WNOWAIT): what the pool finds when the next compile comes
+    assert os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT) is not None
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+    resp = c.post(CHAT, json={**HI, "response_format": schema})  # not the cached grammar: it needs a worker
+    assert resp.status_code == 200, resp.text
+    assert pool.pids()["idle"] != [pid]
 
 
 class _TimesOut:

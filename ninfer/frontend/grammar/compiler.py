@@ -110,8 +110,8 @@ def _unavailable(e: WorkerStartFailed) -> RequestRejected:
     whether to retry; requests without structured output are unaffected."""
     log.warning("%s", e)
     if e.transient:
-        return RequestRejected(RejectReason.GRAMMAR_OVERLOADED, "the server is out of processes for structured "
-                               "output compiles right now; retry later, or send the request without it")
+        return RequestRejected(RejectReason.GRAMMAR_OVERLOADED, "the server could not start a process for "
+                               "structured output compiles right now; retry later, or send the request without it")
     return RequestRejected(RejectReason.GRAMMAR_UNAVAILABLE, "structured output is unavailable on this server "
                            "(its grammar compiler cannot start); send the request without it")
 

@@ -43,13 +43,16 @@ class WorkerLost(Exception):
 
 
 class WorkerStartFailed(Exception):
-    """The host refused to start a worker process (an OSError spawning it). `transient`: it is out of processes,
-    memory or descriptors for now; otherwise the compiler cannot start at all (no interpreter, no permission).
-    The message is the OS's and may name server paths: it is for the log, not for a client."""
+    """No worker process could be made ready: the host refused its socket pair or its spawn (an OSError), or it
+    ended or stalled before it was ready (no grammar had been sent to it yet). `transient`: it is out of processes,
+    memory or descriptors for now, or the process died or stalled while starting (a retry starts a fresh one);
+    otherwise the compiler cannot start at all (no interpreter, no permission). The message is the OS's and may
+    name server paths: it is for the log, not for a client."""
 
-    def __init__(self, error: OSError):
-        super().__init__(f"the grammar compiler process could not be started: {error}")
-        self.transient = error.errno in _TRANSIENT
+    def __init__(self, error: OSError | str):
+        super().__init__(f"the grammar compiler process could not be started: {error}" if isinstance(error, OSError)
+                         else error)
+        self.transient = not isinstance(error, OSError) or error.errno in _TRANSIENT
 
 
 class CompileFailed(Exception):
@@ -104,7 +107,10 @@ def _serve(conn: Connection) -> None:
 
 class _Worker:
     def __init__(self, info_json: str, threads: int):
-        mine, theirs = socket.socketpair()
+        try:
+            mine, theirs = socket.socketpair()  # EMFILE/ENFILE first show here: it takes two descriptors
+        except OSError as e:
+            raise WorkerStartFailed(e) from e
         env = dict(os.environ)
         # the child imports this same ninfer tree, whatever the parent's sys.path was built from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
@@ -118,6 +124,7 @@ class _Worker:
             theirs.close()  # the child holds its own copy: the child's exit is EOF here
         self.conn = Connection(mine.detach())
         self._setup = (info_json, threads)  # sent on first use: the child imports XGrammar meanwhile
+        self._sender: threading.Thread | None = None
         self.ready = False
 
     @property
@@ -125,6 +132,7 @@ class _Worker:
         return self.process.pid
 
     def compile(self, tag_json: str, timeout: float | None) -> str:
+        """Raises WorkerStartFailed if the process never got ready, WorkerLost if it ended while compiling."""
         if not self.ready:
             self._await_ready()
         try:
@@ -150,29 +158,44 @@ class _Worker:
                 raise CompileTimeout()
 
     def _await_ready(self) -> None:
+        """A process that ends or stalls before it is ready failed to start (the host's problem: it had no grammar
+        yet), not a compile: WorkerStartFailed, so the request is told to retry, not to simplify its schema."""
+        # The setup (the vocabulary, MBs) fills the socket until the child reads it: sent on a thread, so that a
+        # child stalled before its first read is bounded by BOOT_TIMEOUT_S too (kill() ends the send with EPIPE).
+        self._sender = threading.Thread(target=self._send_setup, args=(self._setup,), daemon=True,
+                                        name="ninfer-grammar-setup")
+        self._sender.start()
         try:
-            self.conn.send(self._setup)
             if not self.conn.poll(BOOT_TIMEOUT_S):
-                raise WorkerLost(f"the grammar compiler process did not start within {BOOT_TIMEOUT_S:g} s")
+                raise WorkerStartFailed(f"the grammar compiler process was not ready within {BOOT_TIMEOUT_S:g} s")
             self.conn.recv()
         except (EOFError, OSError):
-            raise WorkerLost(self._ended()) from None
+            raise WorkerStartFailed(self._ended("was ready")) from None
+        self._sender.join()  # the child read it all before it answered
         self.ready, self._setup = True, None
 
-    def _ended(self) -> str:
+    def _send_setup(self, setup: tuple[str, int]) -> None:
+        try:
+            self.conn.send(setup)
+        except OSError:
+            pass  # the child ended: the waiting thread sees its EOF
+
+    def _ended(self, before: str = "answered") -> str:
         try:
             code = self.process.wait(1.0)
         except subprocess.TimeoutExpired:
             code = None
         how = "is still running" if code is None else (f"was killed by signal {-code}" if code < 0
                                                        else f"exited with status {code}")
-        return f"the grammar compiler process {how} before it answered"
+        return f"the grammar compiler process {how} before it {before}"
 
     def kill(self) -> None:
         """SIGKILL and reap: the compile's CPU time ends now, and no zombie stays."""
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+        if self._sender is not None:
+            self._sender.join()  # its send ends with the child's socket: only then may the descriptor close
         self.conn.close()
 
 
@@ -201,6 +224,9 @@ class CompilerWorkers:
             except CompileFailed:
                 self._give_back(worker)  # XGrammar answered: the worker is fine
                 raise
+            except WorkerStartFailed:
+                self._replace(worker, fresh=False)  # the host just failed a start: the next compile tries its own
+                raise
             except BaseException:
                 self._replace(worker)  # timed out, cancelled, died, or this thread was interrupted mid-compile
                 raise
@@ -212,6 +238,9 @@ class CompilerWorkers:
             if self._closed:
                 raise WorkerLost("the grammar compiler is shut down")
             worker = self._idle.pop() if self._idle else None
+        if worker is not None and worker.process.poll() is not None:
+            worker.kill()  # it ended while idle (the OOM killer, an operator): reaped, and no request's failure
+            worker = None
         if worker is None:
             worker = _Worker(self._info_json, self._threads)  # not under the lock: it forks a process
         with self._lock:
@@ -226,11 +255,12 @@ class CompilerWorkers:
             else:
                 self._idle.append(worker)
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker, fresh: bool = True) -> None:
+        """Kill and drop `worker`; with `fresh`, start its successor now so the next compile does not wait."""
         worker.kill()
         with self._lock:
             self._busy.discard(worker)
-            if self._closed:
+            if self._closed or not fresh:
                 return
         try:
             fresh = _Worker(self._info_json, self._threads)
