@@ -12,7 +12,8 @@ position F + j, which the core takes only at verify, so a row's private table po
 ones after at the row's scratch pages in the k/v pools (``Pools.scratch_page``; the dummy row has its own, which
 warm-up and capture use), the partial page copied there first. The attention is one decode-attention row per draft
 over the private table, keys 1..F + j (page position 0 holds no pair: ``first_keys``), rotated at F - 1 + j as the
-eager ``MtpHead.draft`` rotates. Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
+eager ``MtpHead.draft`` rotates (+ rope_delta after a prompt with images: the pair's MRoPE position in all three
+rows, docs/speculative.md "Images"). Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
+from ninfer.contracts.media import PromptMedia
 from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
 
-_ROWS = ("slot_ids", "table_rows", "frontiers", "pending")
+_ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas")
 
 
 class DraftGraphRunner:
@@ -38,8 +41,8 @@ class DraftGraphRunner:
         self.model, self.max_batch = model, max_batch
         on_cuda = dev.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [4, max_batch]
-        self.slot_ids, self.table_rows, self.frontiers, self.pending = self.packed.unbind(0)
+        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [5, max_batch]
+        self.slot_ids, self.table_rows, self.frontiers, self.pending, self.rope_deltas = self.packed.unbind(0)
         self.table = torch.zeros(max_batch, plan.max_pages_per_seq, dtype=torch.int32, device=dev)  # private
         self.positions = torch.zeros(max_batch, dtype=torch.int32, device=dev)  # the chain's next page position
         self.hidden = torch.zeros(max_batch, model.cfg.hidden_size, dtype=plan.dtype, device=dev)  # [B, H]
@@ -74,8 +77,9 @@ class DraftGraphRunner:
         page = table.gather(1, (pos // ps).long()[:, None])[:, 0].long()
         step = StepInputs(positions=pos, slot_mapping=page * ps + (pos % ps).long(), slot_ids=self.slot_ids[:B],
                           block_table=table, context_lens=pos + 1, first_keys=self._first[:B],
-                          rope_positions=pos - 1)
-        h = mtp.forward(self.hidden[:B], self.tokens[:B], step, pools.k[mtp.pool], pools.v[mtp.pool])
+                          rope_positions=pos - 1 + self.rope_deltas[:B])
+        h = mtp.forward(self.hidden[:B], F.embedding(self.tokens[:B], self.model.weights.embed), step,
+                        pools.k[mtp.pool], pools.v[mtp.pool])
         self.hidden[:B].copy_(h)
         self.logits[:B].copy_(self.model.logits(h))
         self.positions[:B] += 1
@@ -87,7 +91,7 @@ class DraftGraphRunner:
         plan, stream = self.model.plan, torch.cuda.Stream(device=self.model.device)
         with no_collection_during_capture():
             for B in range(self.max_batch, 0, -1):
-                self._fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B)
+                self._fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B)
                 for kind, body in (("start", self.start), ("step", self.step)):
                     stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(stream):
@@ -103,10 +107,10 @@ class DraftGraphRunner:
         torch.cuda.synchronize(self.model.device)
 
     def _fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],
-              pending: Sequence[int]) -> int:
+              pending: Sequence[int], rope_deltas: Sequence[int]) -> int:
         B = len(slots)
-        self.packed[:, :B].copy_(to_device([list(slots), list(rows), list(frontiers), list(pending)],
-                                           self.model.device))
+        self.packed[:, :B].copy_(to_device([list(slots), list(rows), list(frontiers), list(pending),
+                                            list(rope_deltas)], self.model.device))
         return B
 
     def _run(self, kind: str, B: int) -> None:
@@ -117,14 +121,16 @@ class DraftGraphRunner:
             (self.start if kind == "start" else self.step)(B)
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
-              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
+              media: Sequence[PromptMedia | None] | None = None) -> None:
         """``MtpHead.draft``'s contract through the graphs: max(ks) chained steps for the rows with ks[i] > 0,
         ``draw(j, live [b] long batch rows, logits [b, V]) -> tokens [b] long`` between them; nothing of any
-        sequence changes."""
+        sequence changes. A row of `media` with images rotates at its positions + rope_delta."""
         live = [i for i, k in enumerate(ks) if k]
         if not live:
             return
-        B = self._fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending)))
+        deltas = [0 if m is None else m.rope_delta for m in (media or [None] * len(ks))]
+        B = self._fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas)))
         self._run("start", B)
         at = to_device(live, self.model.device, torch.long)
         for j in range(max(ks)):

@@ -165,10 +165,10 @@ class FastExecutor:
         block = DraftBlock.empty(ks, self.spec.k, self.model.cfg.vocab_size, self.device,
                                  [c.params.is_greedy for c in ctxs])
         rows = self.spec.draft_rows(seqs, ctxs, self.spec.k)
-        (self.mtp if self.drafter is None else self.drafter).draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
-                       [s.pending for s in seqs], ks, lambda j, live, logits: self.spec.draw(rows, block, j, live,
-                                                                                           logits),
-                       [s.media for s in seqs])
+        head = self.mtp if self.drafter is None else self.drafter
+        head.draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
+                   [s.pending for s in seqs], ks, lambda j, live, logits: self.spec.draw(rows, block, j, live, logits),
+                   [s.media for s in seqs])
         return block
 
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
