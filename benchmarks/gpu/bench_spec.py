@@ -9,8 +9,9 @@ own. Per model and B = 1, 2, 4, 8: ms per round, emitted tokens per row and roun
 L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths. Each
 round is split into phases (`Phases`: draft, verify, accept on the device, replay of a cut block, each between
 device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains.
-On the fast Program the verify graphs are also timed on their own (`spec_graphs.py`: per B the captured verify pass
-against the same body run eagerly, and the B = 1 replay graph), in the JSON as `verify_graphs`.
+On the fast Program the round's graphs are also timed on their own (`spec_graphs.py`: per B the captured verify
+pass against the same body run eagerly, the B = 1 replay graph and the draft's graphs), in the JSON as
+`round_graphs`.
 
 `--method dflash` (or dflash2) runs issue 12's benchmark instead: a random drafter of the published geometry
 (`shapes.published_drafter`: 5 layers at the target's hidden size, made on the device), blocks 8 and 16 (k = 7,
@@ -37,7 +38,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlog import Run, bench_arguments, close, free_device  # noqa: E402
 from shapes import config, published_drafter, random_drafter_source, random_prompt, random_source  # noqa: E402
-from spec_graphs import verify_graph_times  # noqa: E402
+from spec_graphs import round_graph_times  # noqa: E402
 from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections, targets  # noqa: E402
 
 from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
@@ -311,7 +312,7 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
     program, engine = build(s, name, k)
     try:
         if s.program == "fast" and s.method == "mtp":
-            entry["verify_graphs"] = verify_graph_times(program, s.batches, s.prompt_len, s.device,
+            entry["round_graphs"] = round_graph_times(program, s.batches, s.prompt_len, s.device,
                                                         reps=3 if s.device == "cpu" else 20)
             run.save()
         phases = Phases(program, s.device)

@@ -1,8 +1,9 @@
-"""The fast MTP round's verify graphs timed on their own (`ninfer/fast/verify_graphs.py`): per B, one verify pass
-(backup copies, target pass, MTP advance) replayed from its captured graph against the same body run eagerly, and
-the B = 1 replay graph (a cut block's replay) likewise, at a context of `context` positions on the plan's dummy slot
-and row (no live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graph's
-device time from the host work around it.
+"""The fast MTP round's graphs timed on their own: per B, one verify pass (backup copies, target pass, MTP advance;
+`ninfer/fast/verify_graphs.py`) replayed from its captured graph against the same body run eagerly, the B = 1 replay
+graph (a cut block's replay) likewise, and the draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained
+steps, without the draws between them), at a context of `context` positions on the plan's dummy slot and row (no
+live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graphs' device time
+from the host work around them.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def _median_ms(call, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def verify_graph_times(program, batches, context: int, device: str, reps: int = 20) -> list[dict]:
-    """One row per B (and one for the replay): graph ms (None where nothing was captured: CPU) and eager ms."""
+def round_graph_times(program, batches, context: int, device: str, reps: int = 20) -> list[dict]:
+    """One row per B and pass (verify, draft; and one replay): graph ms (None where nothing was captured: CPU) and
+    eager ms of the same bodies."""
     verifier = getattr(program.executor, "verifier", None)
     if verifier is None:
         return []
@@ -39,18 +41,38 @@ def verify_graph_times(program, batches, context: int, device: str, reps: int = 
     start = min(context, plan.max_context - verifier.width)
     cases = [(B, True) for B in batches if B <= verifier.max_batch] + [(1, False)]
     for B, backup in cases:
-        def fill():
-            verifier.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row, start)
-        fill()
+        verifier.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row, start)
         graph = verifier.graphs.get((B, backup))
         row = {"B": B, "k": verifier.width - 1, "pass": "verify" if backup else "replay", "context": start,
                "graph_ms": None if graph is None else _median_ms(graph.replay, device, reps),
                "eager_ms": _median_ms(lambda: verifier.body(B, backup), device, reps)}
         rows.append(row)
+    return rows + _draft_times(program, [B for B, backup in cases if backup], start, device, reps)
+
+
+def _draft_times(program, batches, context: int, device: str, reps: int) -> list[dict]:
+    """Per B: the start graph and k step graphs in a row (the draws left out), against the same bodies eagerly."""
+    drafter, k, plan = program.executor.drafter, program.executor.spec.k, program.model.plan
+    rows = []
+    for B in batches:
+        drafter.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [context] * B, [0] * B, [0] * B)
+        graphs = [drafter.graphs.get(("start", B))] + [drafter.graphs.get(("step", B))] * k
+        bodies = [drafter.start] + [drafter.step] * k
+
+        def replay():
+            for g in graphs:
+                g.replay()
+
+        def eager():
+            for body in bodies:
+                body(B)
+        rows.append({"B": B, "k": k, "pass": "draft", "context": context,
+                     "graph_ms": None if None in graphs else _median_ms(replay, device, reps),
+                     "eager_ms": _median_ms(eager, device, reps)})
     return rows
 
 
-def print_verify_graphs(name: str, rows: list[dict]) -> None:
+def print_round_graphs(name: str, rows: list[dict]) -> None:
     for r in rows:
         graph = "not captured" if r["graph_ms"] is None else f"{r['graph_ms']:.2f} ms"
         print(f"  {name} {r['pass']} graph B={r['B']} k={r['k']} ctx {r['context']}: graph {graph}, same body eager "

@@ -11,7 +11,7 @@ measurement, is why every projected figure is labelled projected.
 from __future__ import annotations
 
 from runlog import print_problems
-from spec_graphs import print_verify_graphs
+from spec_graphs import print_round_graphs
 
 # (checkpoint and workload, reported mean acceptance length, k it was reported at, source) -- perf-anchors.md s. 2-3
 ANCHORS = (
@@ -145,7 +145,7 @@ def print_table(r: dict) -> None:
                   f"{s['ms_per_token']:9.3f} {s['tok_s']:7.0f} {s['draft_ms']:8.2f} {a.get('step_ms', 0):8.2f} "
                   f"{a.get('tok_s', 0):8.0f} | {s.get('verify_ms', 0):7.2f} {s.get('accept_ms', 0):7.2f} "
                   f"{s.get('replay_ms', 0):7.2f} {s.get('host_ms', 0):7.2f}")
-        print_verify_graphs(name, m.get("verify_graphs", []))
+        print_round_graphs(name, m.get("round_graphs", []))
         if "dflash_targets" in m:
             print_dflash(name, m)
             continue

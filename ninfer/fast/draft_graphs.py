@@ -91,7 +91,7 @@ class DraftGraphRunner:
         plan, stream = self.model.plan, torch.cuda.Stream(device=self.model.device)
         with no_collection_during_capture():
             for B in range(self.max_batch, 0, -1):
-                self._fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B)
+                self.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B)
                 for kind, body in (("start", self.start), ("step", self.step)):
                     stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(stream):
@@ -106,8 +106,10 @@ class DraftGraphRunner:
                     self.graphs[kind, B] = graph
         torch.cuda.synchronize(self.model.device)
 
-    def _fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],
-              pending: Sequence[int], rope_deltas: Sequence[int]) -> int:
+    def fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],
+             pending: Sequence[int], rope_deltas: Sequence[int]) -> int:
+        """The rows' (slot, block-table row, frontier, pending token, rope delta) into the inputs, one copy; returns
+        B."""
         B = len(slots)
         self.packed[:, :B].copy_(to_device([list(slots), list(rows), list(frontiers), list(pending),
                                             list(rope_deltas)], self.model.device))
@@ -130,7 +132,7 @@ class DraftGraphRunner:
         if not live:
             return
         deltas = [0 if m is None else m.rope_delta for m in (media or [None] * len(ks))]
-        B = self._fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas)))
+        B = self.fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas)))
         self._run("start", B)
         at = to_device(live, self.model.device, torch.long)
         for j in range(max(ks)):
