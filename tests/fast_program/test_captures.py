@@ -1,6 +1,7 @@
 """Captures inside a prefill piece, on both Programs (with and without the MTP backend): the piece stays one model
 call, whose checkpoints equal those a prefill cut at the same frontiers captures (every resume from them yields the
-same tokens and logprobs, and equals the cold run)."""
+same tokens and logprobs, and equals the cold run); captures exactly on a piece or chunk boundary and one token
+either side resume to the cold run, with and without MTP and DFlash."""
 
 from __future__ import annotations
 
@@ -119,3 +120,47 @@ def test_a_capture_inside_a_piece_equals_one_captured_by_cutting(make, prompt_of
         assert_same(got[0], want)
     for prog in (one, cut, cold):
         prog.check_invariants()
+
+
+# The fast model prefills in pieces of max_prefill_tokens (64 or 128 here); the Engine cuts the 150-token prompt in
+# chunks [0, 100) and [100, 150). Each triple puts a capture exactly on one boundary and one either side: a model
+# piece boundary (64, 128 at pieces of 64: the live state between two pieces), a GDN chunk boundary inside a piece
+# (64 at pieces of 128: gdn_chunk's cuts= on its own chunk grid), the end of the Engine's chunk (100: capture_due).
+BOUNDARY_PROMPT, BOUNDARY_CHUNKS = 150, (100, 64)
+BOUNDARIES = [(63, 64, 65), (127, 128, 129), (99, 100, 101)]
+
+
+@pytest.fixture(params=["reference", "reference_mtp", "reference_dflash", "fast_64", "fast_128", "fast_mtp_64",
+                        "fast_dflash_64"])
+def make_boundary(request, make_fast, make_reference, make_fast_spec, make_reference_spec, make_fast_dflash,
+                  make_reference_dflash):
+    return {"reference": make_reference, "reference_mtp": lambda: make_reference_spec(2),
+            "reference_dflash": lambda: make_reference_dflash("dflash", 15),
+            "fast_64": lambda: make_fast(max_prefill_tokens=64), "fast_128": lambda: make_fast(max_prefill_tokens=128),
+            "fast_mtp_64": lambda: make_fast_spec(2, max_prefill_tokens=64),
+            "fast_dflash_64": lambda: make_fast_dflash("dflash", 15, max_prefill_tokens=64)}[request.param]
+
+
+def test_a_capture_on_or_beside_a_piece_boundary_resumes_as_the_cold_run(make_boundary, prompt_of):
+    prompt, cold = prompt_of(BOUNDARY_PROMPT, seed=5), make_boundary()
+    for rid, frontiers in enumerate(BOUNDARIES, start=1):
+        prog = make_boundary()
+        r = materialize(prog, prompt, rid, captures=frontiers)
+        assert sorted(r.captures) == sorted(frontiers)
+        generate(prog, r.handle, 1, BOUNDARY_CHUNKS)
+        published = run(prog, ResourceChoice(TransitionKind.CAPTURE, handle=r.handle)).published
+        run(prog, ResourceChoice(TransitionKind.RELEASE, handle=r.handle))
+        ids = {info.tokens: info.id for info in published}
+        assert set(frontiers) <= set(ids)
+        for f in frontiers:
+            resumed = prompt[:f] + prompt_of(6, seed=f)
+            r = materialize(prog, resumed, 10 + f, source=ids[f])
+            assert r.reused_tokens == f
+            got = generate(prog, r.handle, 5, [64])
+            run(prog, ResourceChoice(TransitionKind.RELEASE, handle=r.handle))
+            r = materialize(cold, resumed, 10 + f)
+            want = generate(cold, r.handle, 5, [256])
+            run(cold, ResourceChoice(TransitionKind.RELEASE, handle=r.handle))
+            assert_same(got, want), f
+        prog.check_invariants()
+    cold.check_invariants()
