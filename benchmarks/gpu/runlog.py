@@ -87,12 +87,14 @@ def print_problems(results: dict) -> None:
 
 
 def close(program, engine) -> None:
-    """Stop the Engine and drop the Program's CUDA graphs (their pool holds device memory; the reference Program
-    has no graph runner)."""
+    """Stop the Engine and drop the Program's CUDA graphs (their pools hold device memory: the decode graphs and,
+    with the MTP backend, the round's verify and draft graphs; the reference Program has none)."""
     engine.shutdown()
-    runner = getattr(program, "runner", None)
-    if runner is not None:
-        runner.reset()
+    executor = getattr(program, "executor", None)
+    for runner in (getattr(program, "runner", None), getattr(executor, "verifier", None),
+                   getattr(executor, "drafter", None)):
+        if runner is not None:
+            runner.reset()
 
 
 def free_device(device: str) -> None:
