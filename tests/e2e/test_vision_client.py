@@ -1,7 +1,8 @@
 """Images through `ninfer serve` with the real `openai` client, on a random-weight multimodal model with the real
 vocabulary (ninfer.testing.vision_model): data URLs in every accepted format, allowed local files, prefix reuse over
-a repeated image with identical output (and none across different images), /tokenize's exact count, and hostile
-media answered 400 with the server still serving. The Program is the reference one, or the fast one with
+a repeated image with identical output (and none across different images), /tokenize's exact count, hostile
+media answered 400 with the server still serving, and an image chat on a server with the MTP backend equal to the
+plain one. The Program is the reference one, or the fast one with
 NINFER_TEST_DEVICE=cuda (tests/e2e/conftest.py); the test ids carry it."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.e2e.conftest import PROGRAM, LiveServer, program_args  # noqa: E402
 
 MAX_BYTES = 300_000
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+LOGPROB_TOL = 5e-2 if PROGRAM == "fast" else 1e-3  # the fast Program serves bf16: verify and decode round apart
 
 
 def _picture(w: int, h: int, seed: int):
@@ -55,12 +57,16 @@ def media_dir(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module", params=[PROGRAM])
-def server(request, tmp_path_factory, media_dir):
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory):
     from ninfer.testing.vision_model import build_vision_test_model
 
-    model = build_vision_test_model(tmp_path_factory.mktemp("vm") / "vision.ninfer")
-    srv = LiveServer([str(model), *program_args(), "--max-model-len", "1024", "--max-num-seqs", "2",
+    return build_vision_test_model(tmp_path_factory.mktemp("vm") / "vision.ninfer")
+
+
+@pytest.fixture(scope="module", params=[PROGRAM])
+def server(request, tmp_path_factory, media_dir, vision_model):
+    srv = LiveServer([str(vision_model), *program_args(), "--max-model-len", "1024", "--max-num-seqs", "2",
                       "--served-model-name", "vl", "--limit-mm-per-prompt", '{"image": 3}',
                       "--allowed-local-media-path", str(media_dir / "allowed"), "--media-max-bytes", str(MAX_BYTES),
                       "--media-max-pixels", "4000000"], tmp_path_factory.mktemp("vserve") / "server.log")
@@ -75,6 +81,21 @@ def server(request, tmp_path_factory, media_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def mtp_client(tmp_path_factory, vision_model):
+    """The same model served with the MTP head drafting 3 tokens a round."""
+    srv = LiveServer([str(vision_model), *program_args(), "--max-model-len", "1024", "--max-num-seqs", "2",
+                      "--served-model-name", "vl", "--speculative-config",
+                      '{"method": "mtp", "num_speculative_tokens": 3}'],
+                     tmp_path_factory.mktemp("vspec") / "server.log")
+    try:
+        srv.wait_ready()
+        srv.wait_log("speculative mtp (k=3)")
+        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        srv.stop()
 
 
 def _chat(client, messages, **kw):
@@ -149,3 +170,20 @@ def test_image_count_and_placement_limits(client):
         _chat(client, [{"role": "user", "content": [part, {"type": "text", "text": "<|image_pad|>"}]}])
     two = _chat(client, [{"role": "user", "content": [part, {"type": "text", "text": "and"}, part]}])
     assert two.choices[0].finish_reason == "length"
+
+
+def test_an_image_chat_with_mtp_equals_the_plain_one(client, mtp_client):
+    """Images compose with a speculative backend (docs/speculative.md, "Images"): greedy output token for token the
+    plain server's, one image and two, the drafts counted in the usage extension."""
+    first = _data_url(_encoded(_picture(100, 70, 9), "PNG"))
+    second = {"type": "image_url", "image_url": {"url": _data_url(_encoded(_picture(64, 64, 11), "JPEG"),
+                                                                  "image/jpeg")}}
+    two = [{"role": "user", "content": [*_ask(first)[0]["content"], second]}]
+    for messages in (_ask(first), two):
+        plain, spec = (c.chat.completions.create(model="vl", messages=messages, max_tokens=16, temperature=0,
+                                                 logprobs=True, extra_body=NO_THINK) for c in (client, mtp_client))
+        got, want = spec.choices[0].logprobs.content, plain.choices[0].logprobs.content
+        assert [t.token for t in got] == [t.token for t in want]
+        # a verify pass at a wrong rotary position shows here even where the random model's argmax does not move
+        assert [t.logprob for t in got] == pytest.approx([t.logprob for t in want], abs=LOGPROB_TOL)
+        assert spec.usage.model_extra["speculative_decoding"]["draft_tokens"] > 0
