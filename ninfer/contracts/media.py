@@ -91,8 +91,10 @@ class PromptMedia:
             t, h, w = img.grid
             if min(t, h, w) < 1 or h % img.merge or w % img.merge:
                 return f"image {i}: grid {img.grid} is not whole {img.merge}x{img.merge} merge blocks"
-            if np.ndim(img.pixels) != 2 or np.shape(img.pixels)[0] != t * h * w:
-                return f"image {i}: pixels of shape {np.shape(img.pixels)} for a {t}x{h}x{w} patch grid"
+            if not isinstance(img.pixels, np.ndarray) or img.pixels.dtype.kind != "f":
+                return f"image {i}: pixels must be a float numpy array, not {_kind(img.pixels)}"
+            if img.pixels.ndim != 2 or img.pixels.shape[0] != t * h * w:
+                return f"image {i}: pixels of shape {img.pixels.shape} for a {t}x{h}x{w} patch grid"
             if img.offset < covered or img.end > len(token_ids):
                 return f"image {i} (tokens {img.offset}..{img.end}) overlaps another or passes the prompt end"
             if tuple(token_ids[img.offset:img.end]) != placeholder_ids(img.digest, img.tokens):
@@ -100,6 +102,12 @@ class PromptMedia:
             covered = img.end
         if sum(1 for t in token_ids if t >= PLACEHOLDER_BASE) != sum(img.tokens for img in self.images):
             return "the prompt has placeholder ids outside its images"
+        if not isinstance(self.positions, np.ndarray) or self.positions.dtype.kind not in "iu":
+            return f"positions must be an integer numpy array, not {_kind(self.positions)}"
         if tuple(np.shape(self.positions)) != (3, len(token_ids)):
             return f"positions of shape {tuple(np.shape(self.positions))} for a {len(token_ids)}-token prompt"
         return None
+
+
+def _kind(x: Any) -> str:
+    return f"a {x.dtype} array" if isinstance(x, np.ndarray) else type(x).__name__

@@ -27,7 +27,10 @@ SLOTS_PER_SEQUENCE = 2
 
 class ProgramCore:
     """`config` needs page_size, max_context, checkpoint_slots and pages_for(tokens). `slots` is any pool with
-    take/give/free/total; `rows`, when given, is one block-table row per lane, taken at the claim."""
+    take/give/free/total; `rows`, when given, is one block-table row per lane, taken at the claim. A Program with a
+    vision tower sets `vision` to its VisionConfig: image prompts are then checked against it at the plan."""
+
+    vision: Any = None  # the vision tower's VisionConfig (None: no tower; the Engine refuses image prompts)
 
     def __init__(self, config: Any, alloc: PageAllocator, slots: IdPool, host: HostTier, store: PhysicalStore,
                  page_bytes: int, rows: IdPool | None = None):
@@ -106,6 +109,10 @@ class ProgramCore:
         return verdict or ResourcePlan(choice, self._revision, next(self._ids))
 
     def _materialize_verdict(self, choice: ResourceChoice) -> Infeasible | None:
+        if choice.media is not None and self.vision is not None:
+            why = self.vision.media_mismatch(choice.media)
+            if why is not None:
+                return Infeasible(f"the prompt's images do not fit this model's vision tower: {why}", permanent=True)
         root, total, ctx = self.root_pages(choice), self.alloc.total, len(choice.prompt) + choice.max_new_tokens
         if root > total or ctx > self.config.max_context:
             return Infeasible(f"needs {root} KV pages of {total} and {ctx} of {self.config.max_context} context "

@@ -158,3 +158,25 @@ def test_a_resume_inside_an_image_encodes_it_again(artifact, vp):
     (want,) = _stream(_reference(artifact), [again()], prefix_caching=False, max_concurrency=1)
     assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=TOL)
     assert fast.executor.images.held() == 0
+
+
+@pytest.mark.parametrize("forge", ["patch", "image_token_id"])
+def test_media_the_tower_cannot_take_fail_their_request_alone(artifact, vp, forge):
+    """Media of another model's tower (pad id, patch size) are refused at admission; the other request is served."""
+    import dataclasses
+
+    from ninfer.contracts import FinishReason
+
+    good, other = _request(vp, [1], [7]), _request(vp, [2], [7])
+    media, img = other.media, other.media.images[0]
+    media = dataclasses.replace(media, image_token_id=10**6) if forge == "image_token_id" else \
+        dataclasses.replace(media, images=(dataclasses.replace(img, pixels=img.pixels[:, :-1]),))
+    prog = _fast(artifact, vp)
+    engine = Engine(prog, EngineConfig(max_concurrency=2), threaded=False)
+    handles = [engine.submit(good), engine.submit(dataclasses.replace(other, media=media))]
+    engine.run_until_idle()
+    ok, bad = (h.result(timeout=0) for h in handles)
+    assert engine.available, engine.failure
+    assert ok.finish_reason is FinishReason.LENGTH
+    assert bad.finish_reason is FinishReason.REJECTED and "vision tower" in bad.error, bad.error
+    assert_drained(prog)

@@ -94,3 +94,41 @@ def test_inconsistent_media_is_refused_before_the_program_sees_it(artifact, visi
         forged = dataclasses.replace(media, images=(bad,))
         with pytest.raises(RequestRejected, match="image 0: (pixels of shape|grid)"):
             Engine(_program(artifact), threaded=False).submit(token_request(request.prompt, 5, media=forged))
+
+
+def _forgeries(media):
+    """Media that pass `PromptMedia.check` (the Engine's own) but do not fit the model's tower."""
+    import dataclasses
+
+    img = media.images[0]
+    yield "patch", dataclasses.replace(media, images=(dataclasses.replace(img, pixels=img.pixels[:, :-1]),))
+    yield "pixels", dataclasses.replace(media, images=(dataclasses.replace(img, pixels=img.pixels.tolist()),))
+    yield "image_token_id", dataclasses.replace(media, image_token_id=10**6)
+    yield "positions", dataclasses.replace(media, positions=media.positions.tolist())
+
+
+@pytest.mark.parametrize("what", ["patch", "pixels", "image_token_id", "positions"])
+def test_media_the_tower_cannot_take_fail_their_request_alone(artifact, vision_prompt, what):
+    """A library caller's media can be consistent and still not be this model's: refused at submission (not numpy
+    arrays) or at admission (another pad id or patch size: a 400 at the Gateway), while the other request is served
+    and the Engine stays up."""
+    from ninfer.contracts import FinishReason
+
+    good, _ = _request(vision_prompt, 6, [7, 8])
+    other, media = _request(vision_prompt, 7, [7, 8])  # another image: nothing of `good` serves it
+    forged = token_request(other.prompt, 5, media=dict(_forgeries(media))[what])
+    prog = _program(artifact)
+    engine = Engine(prog, threaded=False)
+    handles = [engine.submit(good)]
+    if what in ("pixels", "positions"):
+        with pytest.raises(RequestRejected, match="must be an? (float|integer) numpy array, not list"):
+            engine.submit(forged)
+    else:
+        handles.append(engine.submit(forged))
+    engine.run_until_idle()
+    results = [h.result(timeout=0) for h in handles]
+    assert engine.available, engine.failure
+    assert results[0].finish_reason is FinishReason.LENGTH and len(results[0].token_ids) == 5
+    for bad in results[1:]:
+        assert bad.finish_reason is FinishReason.REJECTED and "vision tower" in bad.error, bad.error
+    prog.check_invariants()

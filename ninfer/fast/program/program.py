@@ -115,6 +115,7 @@ class FastProgram(Program):
         if self.runner.use_graphs:
             prefill = measure_prefill(model, self.runner, piece, _signature(model))
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
+        self.vision = None if vision is None else vision.cfg
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)

@@ -56,6 +56,7 @@ class ReferenceProgram(Program):
             KVPages(cfg, c.kv_pages, c.page_size, c.dtype)
         backend = _backend(c.speculative, model, drafter)
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
+        self.vision = None if vision is None else vision.cfg
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
