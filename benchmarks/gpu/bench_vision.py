@@ -20,6 +20,7 @@ Run: python benchmarks/gpu/bench_vision.py [--out DIR]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -88,7 +89,7 @@ def image_request(v: VisionConfig, vocab: int, px: int, text: int, seed: int, im
                       rng.standard_normal((side * side, v.patch_dim)).astype(np.float32))
     prompt = head + list(placeholder_ids(digest, n)) + tail
     positions, delta = mrope_positions(len(prompt), [img])
-    media = PromptMedia((img,), min(v.image_token_id, vocab - 1), positions, delta)
+    media = PromptMedia((img,), v.image_token_id, positions, delta)
     return GenerationRequest(tuple(prompt), TokenSession(1), 1, media=media)
 
 
@@ -117,6 +118,8 @@ def bench_engine(v: VisionConfig, smoke: bool, repeats: int) -> dict:
     else:  # measured before the tower loads: vision_bytes counts its weights
         from ninfer.fast.memory import device_budget
         budget = device_budget(0.9)
+    # the pad id the model embeds at an image's places is the tower's, inside this (random) model's vocabulary
+    v = dataclasses.replace(v, image_token_id=min(v.image_token_id, cfg.vocab_size - 1))
     tower = random_tower(v, device, torch.float32 if smoke else torch.bfloat16, kernels)
     program = FastProgram.build(cfg, random_source(cfg, device), settings, device=device, kernels=kernels,
                                 budget_bytes=budget - vision_bytes(tower, patches), vision=tower,
