@@ -14,6 +14,11 @@ same way is compared logit for logit. Per request:
 ``forced=True`` replaces both drafters by ``ForcedDrafts`` over the reference model (the same teacher on both
 sides), so every acceptance length and the rollback of a partly accepted block are exercised even though random
 weights make the MTP head's own drafts almost never right.
+
+``images=N`` (an artifact with a vision tower) puts N random images of odd sizes after each prompt's first token,
+through the Frontend's vision prompt (placeholders, MRoPE positions): both Programs serve them with the vision tower,
+so verification at position + rope_delta and the backend's positions over the images (docs/speculative.md,
+"Images") are compared too.
 """
 
 from __future__ import annotations
@@ -99,13 +104,44 @@ class SpecDiffReport:
         return "\n".join(lines)
 
 
-def _requests(prompts: torch.Tensor, max_tokens: int, seed: int) -> list:
+def _requests(prompts: list[tuple[int, ...]], media: list, max_tokens: int, seed: int) -> list:
     from ninfer.sampling import SamplingParams
     from ninfer.testing.sessions import token_request
 
     sampled = SamplingParams(temperature=0.8, top_p=0.95)
-    return [token_request(p.tolist(), max_tokens, sampling=sampled if i % 2 else None, seed=seed + i)
-            for i, p in enumerate(prompts)]
+    return [token_request(p, max_tokens, sampling=sampled if i % 2 else None, seed=seed + i, media=m)
+            for i, (p, m) in enumerate(zip(prompts, media))]
+
+
+def _with_images(artifact_path: str | Path, tokens: torch.Tensor, images: int, seed: int
+                 ) -> tuple[list[tuple[int, ...]], list, int]:
+    """Each row of random `tokens` with `images` random images after its first token: (prompts with placeholder
+    ids, their PromptMedia, the most patches of one image)."""
+    import numpy as np
+    from PIL import Image
+
+    from ninfer.artifact import open_artifact
+    from ninfer.frontend.image_processor import ImageProcessorConfig, process_image
+    from ninfer.frontend.vision_prompt import VisionLimits, VisionPrompt
+
+    with open_artifact(artifact_path) as art:
+        v = art.config.vision
+        if v is None:
+            raise ValueError("images need an artifact with a vision tower")
+        data = art.resource("preprocessor_config.json") if "preprocessor_config.json" in art.resources else None
+    vp = VisionPrompt(v, ImageProcessorConfig.from_json(data, v), VisionLimits(images))
+    marks = (v.vision_start_token_id, v.image_token_id, v.vision_end_token_id)
+    rng = np.random.RandomState(seed)
+    prompts, media, most = [], [], 0
+    for row in tokens.tolist():
+        text = [1 if t in marks or t == v.video_token_id else t for t in row]
+        shots = [process_image(vp.processor, Image.fromarray(rng.randint(0, 256, (h, w, 3), dtype=np.uint8)))
+                 for h, w in rng.randint(40, 160, (images, 2))]
+        ids, _, m = vp.expand(text[:1] + list(marks) * images + text[1:], [], shots)
+        prompts.append(tuple(ids))
+        media.append(m)
+        most = max([most] + [int(np.prod(i.grid)) for i in m.images])
+    return prompts, media, most
 
 
 def _serve(program: Any, requests: list, lanes: int) -> tuple[list, Watch]:
@@ -129,43 +165,50 @@ def _row(i: int, prompt: tuple[int, ...], ref, other, ref_watch: Watch, other_wa
 def run_spec_diff(artifact_path: str | Path, speculative: dict, *, prompts: int = 2, prompt_len: int = 32,
                   decode_steps: int = 8, seed: int = 0, device: str = "cpu", kernels: str = "naive",
                   dtype: torch.dtype = torch.float32, tolerance: float = 1e-4, forced: bool = False,
-                  make_other: Callable[[Any, int, int], Any] | None = None) -> SpecDiffReport:
+                  images: int = 0, make_other: Callable[[Any, int, int], Any] | None = None) -> SpecDiffReport:
     """Serve the same requests on the reference Program and on `make_other(spec, lanes, max_context)` (default:
-    the fast Program on `device` with `kernels` in `dtype`), both speculating as `speculative` says."""
+    the fast Program on `device` with `kernels` in `dtype`), both speculating as `speculative` says; `images`
+    random images in every prompt (both Programs with the vision tower)."""
+    from ninfer.artifact import open_artifact
     from ninfer.program_core.speculative import SpeculativeConfig
     from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
     spec = SpeculativeConfig.parse(speculative)
     if spec is None:
         raise ValueError("run_spec_diff needs a speculative config")
-    lanes, max_context = prompts, prompt_len + decode_steps + spec.num_speculative_tokens + 1
+    gen = torch.Generator().manual_seed(seed)
+    with open_artifact(artifact_path) as art:
+        vocab = art.config.vocab_size
+    tokens = torch.randint(0, vocab, (prompts, prompt_len), generator=gen)
+    texts, media, patches = [tuple(t) for t in tokens.tolist()], [None] * prompts, 0
+    if images:
+        texts, media, patches = _with_images(artifact_path, tokens, images, seed)
+    lanes = prompts
+    max_context = max(map(len, texts)) + decode_steps + spec.num_speculative_tokens + 1
     ref = ReferenceProgram.from_artifact(artifact_path, ReferenceProgramConfig(
-        max_concurrency=lanes, max_context=max_context, speculative=spec))
+        max_concurrency=lanes, max_context=max_context, speculative=spec), vision=bool(images))
     if make_other is None:
         from ninfer.fast.program import FastProgram
 
         other = FastProgram.from_artifact(artifact_path, max_concurrency=lanes, max_context=max_context,
                                           speculative_config=speculative, budget_bytes=1 << 40,
                                           kv_pages=2 * lanes * -(-max_context // 16), device=device,
-                                          kernels=kernels, dtype=dtype)
+                                          kernels=kernels, dtype=dtype, vision_patches=patches)
         setup = f"fast {str(dtype).removeprefix('torch.')} on {device}, {kernels} kernels"
     else:
         other, setup = make_other(spec, lanes, max_context), "the given Program"
     if forced:
         from ninfer.testing.speculation import ForcedDrafts
 
-        ForcedDrafts(ref.model).install(ref)
-        ForcedDrafts(ref.model).install(other)
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, ref.limits.vocab_size, (prompts, prompt_len), generator=gen)
-    requests = _requests(tokens, decode_steps, seed)
+        ForcedDrafts(ref.model, ref.executor.vision).install(ref)
+        ForcedDrafts(ref.model, ref.executor.vision).install(other)
     with torch.no_grad():
-        ref_out, ref_watch = _serve(ref, requests, lanes)
-        other_out, other_watch = _serve(other, _requests(tokens, decode_steps, seed), lanes)
-    rows = tuple(_row(i, tuple(tokens[i].tolist()), r, o, ref_watch, other_watch)
-                 for i, (r, o) in enumerate(zip(ref_out, other_out)))
+        ref_out, ref_watch = _serve(ref, _requests(texts, media, decode_steps, seed), lanes)
+        other_out, other_watch = _serve(other, _requests(texts, media, decode_steps, seed), lanes)
+    rows = tuple(_row(i, texts[i], r, o, ref_watch, other_watch) for i, (r, o) in enumerate(zip(ref_out, other_out)))
     unmatched = sum(k not in other_watch.logits for k in ref_watch.logits)
     setup += f" vs reference fp32 on cpu, {spec.name}{', forced drafts' if forced else ''}"
+    setup += f", {images} image{'s' if images > 1 else ''} a prompt" if images else ""
     return SpecDiffReport(str(artifact_path), setup, rows, unmatched, tolerance)
 
 

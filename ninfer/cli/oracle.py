@@ -57,9 +57,11 @@ def oracle_hf(checkpoint: Path, prompts: int, prompt_len: int, decode_steps: int
                    "Programs with this backend through the Engine (accepted tokens, acceptance, block logits).")
 @click.option("--forced-drafts", is_flag=True,
               help="With --speculative-config: drafts that force every acceptance length (ForcedDrafts).")
+@click.option("--images", default=0, show_default=True, type=click.IntRange(0, 8),
+              help="With --speculative-config: random images in every prompt (a model with a vision tower).")
 def oracle_diff(model: str | None, prompts: int, prompt_len: int, decode_steps: int, dtype: str, device: str,
                 kernels: str, seed: int, tolerance: float | None, speculative_config: str | None,
-                forced_drafts: bool) -> None:
+                forced_drafts: bool, images: int) -> None:
     """Compare the fast model's logits with the reference model's on MODEL; exit 1 over the thresholds."""
     import torch
 
@@ -79,9 +81,12 @@ def oracle_diff(model: str | None, prompts: int, prompt_len: int, decode_steps: 
     kw = dict(prompts=prompts, prompt_len=prompt_len, decode_steps=decode_steps, seed=seed, device=device,
               dtype=DTYPES[dtype])
     if raw is None:
+        if images:
+            raise WiringError("--images: the image prompts are compared with --speculative-config only")
         sys.exit(main_diff(path, kernels=None if kernels == "auto" else kernels, tolerance=tolerance, **kw))
     from oracle.spec_diff import main_spec_diff
 
     kernels = default_kernels(DTYPES[dtype], device) if kernels == "auto" else kernels
     tolerance = default_tolerance(DTYPES[dtype], device, kernels) if tolerance is None else tolerance
-    sys.exit(main_spec_diff(path, raw, kernels=kernels, tolerance=tolerance, forced=forced_drafts, **kw))
+    sys.exit(main_spec_diff(path, raw, kernels=kernels, tolerance=tolerance, forced=forced_drafts, images=images,
+                            **kw))

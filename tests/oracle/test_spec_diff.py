@@ -133,3 +133,37 @@ def test_fast_against_reference_with_dflash2(drafter_artifact, forced, device, k
         assert report.unmatched == 0
     if forced:
         assert sum(r.accepted for r in report.rows) > 5
+
+
+@pytest.fixture(scope="module")
+def image_artifacts(tmp_path_factory):
+    from ninfer.testing.image_prompts import multimodal_artifacts
+    return multimodal_artifacts(tmp_path_factory.mktemp("spec_diff_images"))
+
+
+@pytest.mark.parametrize("device, kernels", DEVICES)
+@pytest.mark.parametrize("method, k, forced", [("mtp", 3, True), ("mtp", 3, False), ("dflash", 7, False),
+                                               ("dflash2", 7, True)])
+def test_fast_against_reference_on_image_prompts(image_artifacts, method, k, forced, device, kernels):
+    """Two images in every prompt (docs/speculative.md, "Images"): every verified block (rotated at position +
+    rope_delta), accepted length and, with their own drafts, every block's drafts agree."""
+    pytest.importorskip("PIL.Image")
+    tolerance = default_tolerance(torch.float32, device, kernels)
+    report = run_spec_diff(image_artifacts[method], {"method": method, "num_speculative_tokens": k}, forced=forced,
+                           tolerance=tolerance, images=2, **{**RUN, "device": device, "kernels": kernels})
+    assert not report.failures, report.failures
+    assert report.setup.endswith("2 images a prompt")
+    assert all(r.equal and r.lengths_equal and r.blocks > 1 for r in report.rows)
+    assert 0 < report.worst_rel_rms < report.tolerance
+    if device == "cpu":
+        assert report.unmatched == 0
+
+
+def test_cli_images(image_artifacts):
+    runner = CliRunner()
+    got = runner.invoke(main, ["oracle", "diff", "--model", str(image_artifacts["mtp"]), "--speculative-config",
+                               '{"method":"mtp","num_speculative_tokens":2}', "--images", "1", "--dtype", "float32",
+                               "--device", "cpu", "--kernels", "naive", "--prompt-len", "7", "--decode-steps", "6"])
+    assert got.exit_code == 0 and "1 image a prompt" in got.output, got.output
+    bad = runner.invoke(main, ["oracle", "diff", "--model", str(image_artifacts["mtp"]), "--images", "1"])
+    assert bad.exit_code != 0 and "--images" in bad.output
