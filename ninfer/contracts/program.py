@@ -37,8 +37,10 @@ class PrefillCosts:
     configuration (`signature` names both), for the Scheduler's chunk sizing (engine/chunking.py). A piece of t
     tokens from frontier f takes ``max(floor_s, fixed_s + t * token_s) + t * (f + t / 2) * pair_s`` seconds (the
     floor: a short piece still reads every weight once; the last term: attention over the keys before each
-    token); one plain decode step at B rows ``decode_step_s[B - 1]``. The
-    defaults are the generic fallback of a Program that measured nothing (`measured` False): the Scheduler then
+    token); one plain decode step at B rows ``decode_step_s[B - 1]``. A piece that fits one of `graph_buckets` (the
+    lengths the Program replays as a graph, padded to the smallest that holds it) takes that bucket's measured
+    ``graph_piece_s`` at frontier 0 plus ``t * f * pair_s``: no per-piece launch cost, the bucket's padded tokens.
+    The defaults are the generic fallback of a Program that measured nothing (`measured` False): the Scheduler then
     runs fixed chunks (docs/engine.md); the fast Program measures its own at start on CUDA."""
 
     signature: str = "generic"
@@ -49,13 +51,23 @@ class PrefillCosts:
     decode_step_s: tuple[float, ...] = ()  # B = 1, 2, ..; empty: not measured (no plain decode graphs)
     max_piece: int = 8192  # the most tokens one prefill call runs as one piece
     measured: bool = False
+    graph_buckets: tuple[int, ...] = ()  # ascending piece lengths replayed as graphs (none: every piece eager)
+    graph_piece_s: tuple[float, ...] = ()  # a replay of each bucket at frontier 0, non-decreasing
+    graph_fixed_s: float = 0.0  # what a graphed piece costs beyond its tokens (reported; piece_s uses the above)
 
     def __post_init__(self) -> None:
-        if min(self.fixed_s, self.token_s, self.pair_s, self.floor_s, *self.decode_step_s) < 0 or self.max_piece < 1:
+        if min(self.fixed_s, self.token_s, self.pair_s, self.floor_s, self.graph_fixed_s, *self.decode_step_s,
+               *self.graph_piece_s) < 0 or self.max_piece < 1:
             raise ValueError(f"PrefillCosts need non-negative costs and a positive piece, got {self}")
+        if len(self.graph_buckets) != len(self.graph_piece_s) or list(self.graph_buckets) != \
+                sorted(set(self.graph_buckets)) or list(self.graph_piece_s) != sorted(self.graph_piece_s):
+            raise ValueError(f"PrefillCosts need one non-decreasing time per ascending graph bucket, got {self}")
 
     def piece_s(self, tokens: int, frontier: int) -> float:
         """Predicted seconds of one prefill call of `tokens` tokens starting at `frontier`."""
+        bucket = next((i for i, b in enumerate(self.graph_buckets) if tokens <= b), None)
+        if bucket is not None:
+            return self.graph_piece_s[bucket] + tokens * frontier * self.pair_s
         return max(self.floor_s, self.fixed_s + tokens * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
 
     def step_s(self, rows: int) -> float | None:

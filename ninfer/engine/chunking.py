@@ -4,7 +4,10 @@
 The Scheduler alternates a prefill chunk with each decode round when both have work, so a decoding row waits one
 decode step plus one chunk between its tokens. With rows decoding, a chunk is the largest multiple of the GDN chunk
 (64 tokens) whose predicted time keeps that wait within ``itl_ratio`` plain steps (with `MARGIN` left for the
-prediction's error); with none decoding it is the Program's largest piece (one-piece prefill throughput). Without
+prediction's error); with none decoding it is the Program's largest piece (one-piece prefill throughput). Where
+not even one GDN chunk fits (a piece's floor or fixed cost above the budget), the decoding rows wait that one
+chunk's time anyway, so the chunk is the most tokens predicted to cost no more than it (a graphed bucket, or the
+flat floor of an eager piece), not one GDN chunk. Without
 measured costs (the generic fallback: the reference Program, a CPU) chunks are `FALLBACK_CHUNK` tokens, as an
 explicit `EngineConfig.prefill_chunk` always is.
 """
@@ -24,7 +27,10 @@ class ChunkVerdict(Enum):
     FIXED = "fixed"  # an explicit chunk size, or no measured costs: that many tokens
     WHOLE = "whole"  # nothing decodes: the Program's largest piece
     ITL = "itl"  # sized so each decoding row's inter-token time stays within the bound
-    FLOOR = "floor"  # even one GDN chunk overruns the bound: one GDN chunk (decode still alternates with it)
+    # even one GDN chunk overruns the bound: the most tokens at no more than one GDN chunk's predicted time (decode
+    # still alternates with it); FLOOR when that is the one GDN chunk
+    THROUGHPUT = "throughput"
+    FLOOR = "floor"
 
 
 def prefill_chunk(costs: PrefillCosts, remaining: int, frontier: int, decode_rows: int, fixed: int | None,
@@ -42,12 +48,22 @@ def prefill_chunk(costs: PrefillCosts, remaining: int, frontier: int, decode_row
     budget = MARGIN * (itl_ratio - 1.0) * step
     if costs.piece_s(min(remaining, largest), frontier) <= budget:
         return min(remaining, largest), ChunkVerdict.ITL
-    # piece_s grows with the tokens, so the largest whole number of GDN chunks that fits is found by bisection
-    # (this runs at every prefill boundary beside decoding rows: O(log) predictions, not one per 64 tokens)
-    lo, hi = 0, min(remaining, largest) // GRID  # lo chunks fit (0: none known), hi + 1 do not
+    chunks = _fitting_chunks(costs, min(remaining, largest), frontier, budget)
+    if chunks:
+        return chunks * GRID, ChunkVerdict.ITL
+    one = min(GRID, remaining)
+    chunks = _fitting_chunks(costs, min(remaining, largest), frontier, costs.piece_s(one, frontier))
+    if chunks > 1:
+        return chunks * GRID, ChunkVerdict.THROUGHPUT
+    return one, ChunkVerdict.FLOOR
+
+
+def _fitting_chunks(costs: PrefillCosts, most: int, frontier: int, budget: float) -> int:
+    """The most whole GDN chunks (of at most `most` tokens) predicted within `budget` (0: not one). piece_s grows
+    with the tokens, so bisection finds it (this runs at every prefill boundary beside decoding rows: O(log)
+    predictions, not one per 64 tokens)."""
+    lo, hi = 0, most // GRID  # lo chunks fit (0: none known), hi + 1 do not
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if costs.piece_s(mid * GRID, frontier) <= budget else (lo, mid - 1)
-    if lo == 0:
-        return min(GRID, remaining), ChunkVerdict.FLOOR
-    return lo * GRID, ChunkVerdict.ITL
+    return lo

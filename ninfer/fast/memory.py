@@ -65,6 +65,9 @@ class MemoryPlan:
     drafter: tuple[int, int, int] | None = None  # a DFlash drafter's (layers, nkv, head_dim): its KV in every page
     scratch_pages: int = 0  # per block-table row: DFlash's drafter pages or the MTP draft's k/v pages
     verify_rows: int = 0  # token rows of the speculative verify graphs' static outputs (max_seqs * (k + 1))
+    # the longest prefill piece with a CUDA graph (ninfer.fast.prefill_graphs; 0: none): its graphs' private pool
+    # keeps one such piece's transients for good, counted in workspace_bytes
+    prefill_graph_tokens: int = 0
 
     @property
     def page_bytes(self) -> int:
@@ -97,6 +100,12 @@ def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch
     projection, the residual stream, the GDN chunk scratch in fp32: gamma, W, U, O and the chunk states) or a
     decode step of ``max_batch`` rows (fp32 logits and split-K attention partials), whichever is larger, plus the
     device sampler's tables and scratch."""
+    per_token = _per_token_bytes(cfg, dtype)
+    decode = max_batch * (4 * cfg.vocab_size + per_token + 64 * cfg.num_attention_heads * cfg.head_dim * 4)
+    return max(prefill_bytes(cfg, tokens, dtype), decode) + sampling_bytes(cfg.vocab_size, max_batch)
+
+
+def _per_token_bytes(cfg: Qwen35Config, dtype: torch.dtype) -> int:
     act = torch.finfo(dtype).bits // 8
     HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     attn_w = 2 * cfg.num_attention_heads * cfg.head_dim + 2 * cfg.num_key_value_heads * cfg.head_dim
@@ -104,11 +113,25 @@ def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch
     ffn_w = 2 * max(cfg.intermediate_size, cfg.shared_expert_intermediate_size,
                     cfg.num_experts_per_tok * cfg.moe_intermediate_size)
     widest = max(attn_w, gdn_w, ffn_w, cfg.conv_dim * 2)
-    per_token = act * (widest + 4 * cfg.hidden_size) + 4 * HV * (dk + 3 * dv + 1)
-    chunk_states = (tokens // 64 + 2) * HV * dk * dv * 4
-    prefill = tokens * per_token + chunk_states + 4 * cfg.vocab_size
-    decode = max_batch * (4 * cfg.vocab_size + per_token + 64 * cfg.num_attention_heads * cfg.head_dim * 4)
-    return max(prefill, decode) + sampling_bytes(cfg.vocab_size, max_batch)
+    return act * (widest + 4 * cfg.hidden_size) + 4 * HV * (dk + 3 * dv + 1)
+
+
+def prefill_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> int:
+    """The transients of one prefill piece of ``tokens``: the widest fused projection, the residual stream, the GDN
+    chunk scratch in fp32 (gamma, W, U, O and the chunk states) and one fp32 logits row."""
+    chunk_states = (tokens // 64 + 2) * cfg.linear_num_value_heads * cfg.linear_key_head_dim * \
+        cfg.linear_value_head_dim * 4
+    return tokens * _per_token_bytes(cfg, dtype) + chunk_states + 4 * cfg.vocab_size
+
+
+def prefill_graph_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> int:
+    """What the prefill graphs' private pool keeps: one piece of ``tokens`` (the largest bucket; the smaller ones
+    replay in the same pool), plus the split attention's partial outputs and softmax statistics in fp32 at the most
+    shares a grid has (8, ``ops/prefill_attention``)."""
+    if tokens == 0:
+        return 0
+    partials = 8 * tokens * cfg.num_attention_heads * (cfg.head_dim + 2) * 4
+    return prefill_bytes(cfg, tokens, dtype) + partials
 
 
 def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.dtype) -> int:
@@ -162,12 +185,13 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
                 max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
                 extra_workspace: int = 0, drafter: DrafterConfig | None = None,
-                verify_width: int = 0) -> MemoryPlan:
+                verify_width: int = 0, prefill_graph_tokens: int = 0) -> MemoryPlan:
     """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
     (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits. ``mtp``
     adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot. A quantized model
     passes the bytes its loaded weights really hold (``weight_bytes_resident``, the MTP head's included) and its
     dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``.
+    ``prefill_graph_tokens``: the longest prefill piece with a CUDA graph, whose pool the workspace keeps.
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
     transients. ``verify_width`` (k + 1 of an MTP backend) adds the round's graphs (``spec_graph_bytes``) for
     ``max_seqs`` blocks of that many tokens, and the draft's scratch pages in the k/v pools."""
@@ -181,7 +205,8 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     hidden = cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     state = (slots + 1) * (gdn_state_bytes_per_sequence(cfg, name) + hidden)
     tables = (max_seqs + 1) * pages_per_seq * 4
-    work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace
+    work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + \
+        prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
     work += spec_graph_bytes(cfg, max_seqs, verify_width, dtype)
@@ -208,6 +233,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
                       workspace_bytes=work, mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
+                      prefill_graph_tokens=prefill_graph_tokens,
                       drafter=None if drafter is None else (drafter.num_hidden_layers, drafter.num_key_value_heads,
                                                             drafter.head_dim))
 

@@ -1,5 +1,6 @@
 """Prefill chunk sizing over the Program's PrefillCosts (engine/chunking.py): the verdicts, the ITL bound they keep
-on a measured cost model shaped like the 9B's on the H200, and the chunks the Engine actually asks for."""
+on a measured cost model shaped like the 9B's on the H200, graphed short pieces against the eager fixed cost
+measured on the 0.8B, and the chunks the Engine actually asks for."""
 
 from __future__ import annotations
 
@@ -59,8 +60,44 @@ def test_a_short_rest_runs_whole_and_a_tiny_budget_runs_one_gdn_chunk():
     assert prefill_chunk(slow, 10, 0, 8, None, 2.5) == (10, ChunkVerdict.FLOOR)
     heavy = dataclasses.replace(NINE_B, floor_s=8e-3, pair_s=0.0)  # a piece reads every weight: 8 ms however short
     assert heavy.piece_s(64, 0) == heavy.piece_s(128, 0) == 8e-3
-    assert prefill_chunk(heavy, 9000, 0, 8, None, 2.5) == (GRID, ChunkVerdict.FLOOR)
+    # over the budget anyway: the decoding rows wait 8 ms for one GDN chunk or for 1 ms + 266 tokens at 38k/s
+    assert prefill_chunk(heavy, 9000, 0, 8, None, 2.5) == (256, ChunkVerdict.THROUGHPUT)
+    assert prefill_chunk(heavy, 100, 0, 8, None, 2.5) == (64, ChunkVerdict.FLOOR)  # 100 would cost more
     assert prefill_chunk(heavy, 9000, 0, 8, None, 4.0)[1] is ChunkVerdict.ITL  # 0.8 * 3 steps = 15 ms fits
+
+
+# 0.8B bf16 on the H200 (docs/performance.md, fourth session): an eager piece has a 12 ms fixed cost, 180k tokens/s,
+# 1.6-2.0 ms steps. The graphed buckets are an assumed shape (not yet measured): about 0.4 ms of weight reads and
+# 0.1 ms fixed, then 180k tokens/s
+ZERO_8B = PrefillCosts(signature="test 0.8B", fixed_s=12e-3, token_s=1 / 180e3, pair_s=1e-10, floor_s=12.1e-3,
+                       decode_step_s=(1.57e-3, 1.64e-3, 1.6e-3, 1.42e-3, 1.6e-3, 1.7e-3, 1.8e-3, 1.95e-3),
+                       measured=True)
+GRAPHED = dataclasses.replace(ZERO_8B, graph_buckets=(64, 128, 256, 512), graph_fixed_s=1e-4,
+                              graph_piece_s=(0.5e-3, 0.8e-3, 1.5e-3, 2.9e-3))
+
+
+def test_graphed_buckets_lift_the_floor():
+    # eager only: one GDN chunk costs 12 ms against a 2.3 ms budget, and every token more costs more: FLOOR
+    assert prefill_chunk(ZERO_8B, 8192, 0, 8, None, 2.5) == (GRID, ChunkVerdict.FLOOR)
+    # a graphed piece costs its bucket: 256 tokens (1.5 ms) fit 0.8 * 1.5 * 1.95 ms, 320 (the 512 bucket) do not
+    assert GRAPHED.piece_s(300, 0) == GRAPHED.piece_s(512, 0) == 2.9e-3
+    assert GRAPHED.piece_s(513, 0) == ZERO_8B.piece_s(513, 0)  # past the largest bucket: eager
+    assert prefill_chunk(GRAPHED, 8192, 0, 8, None, 2.5) == (256, ChunkVerdict.ITL)
+    assert prefill_chunk(GRAPHED, 8192, 0, 0, None, 2.5) == (8192, ChunkVerdict.WHOLE)  # alone: one eager piece
+    frontier, gaps, step = 0, [], GRAPHED.step_s(8)
+    while frontier < 8192:
+        chunk, verdict = prefill_chunk(GRAPHED, 8192 - frontier, frontier, 8, None, 2.5)
+        assert verdict is ChunkVerdict.ITL and chunk >= 128
+        gaps.append(step + GRAPHED.piece_s(chunk, frontier))
+        frontier += chunk
+    assert max(gaps) <= 2.5 * step
+
+
+def test_graph_costs_are_checked():
+    with pytest.raises(ValueError, match="graph bucket"):
+        dataclasses.replace(GRAPHED, graph_piece_s=(1e-3, 0.8e-3, 1.5e-3, 2.9e-3))  # a longer bucket faster
+    with pytest.raises(ValueError, match="graph bucket"):
+        dataclasses.replace(GRAPHED, graph_buckets=(64, 128))
 
 
 def test_an_8192_token_prompt_beside_decoding_rows_keeps_every_gap_within_the_bound():

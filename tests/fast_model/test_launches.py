@@ -68,12 +68,17 @@ def test_decode_step_launches_per_layer(kernels):
 
 
 # a prefill piece (one sequence, T tokens): a GDN layer is its norm, in_proj, the conv, the chunked rule's initial
-# state copy and three passes, the gated norm, the final state's copy into the slot and out_proj; attention its norm,
+# state copy and three passes (the state pass writes the final state into the slot), the gated norm and out_proj;
+# attention its norm,
 # qkv, RoPE + KV write, the flash kernel, the output gate (sigmoid, mul) and o_proj; an FFN norm, gate_up, SwiGLU,
 # down. The step's own: the slot reset (start 0), the piece's positions and KV slots, the embedding, the final norm
 # and the lm_head of the last token.
 GDN_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_conv_prefill_kernel", "aten.copy_", "_chunk_prep_kernel",
-               "_chunk_state_kernel", "_chunk_output_kernel", "_gated_norm_kernel", "aten.copy_", "aten.mm"]
+               "_chunk_state_kernel", "_chunk_output_kernel", "_gated_norm_kernel", "aten.mm"]
+# padded to a graph bucket, the slot a device id: the window and S gathered from the slot and scattered back
+GDN_PADDED = ["_rmsnorm_kernel", "aten.mm", "aten.index_select", "_conv_prefill_kernel", "aten.index_copy_",
+              "aten.index_select", "aten.copy_", "_chunk_prep_kernel", "_chunk_state_kernel", "_chunk_output_kernel",
+              "_gated_norm_kernel", "aten.index_copy_", "aten.mm"]
 ATTENTION_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_rope_kv_write_kernel", "_prefill_kernel", "aten.sigmoid",
                      "aten.mul", "aten.mm"]
 FFN_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_swiglu_kernel", "aten.mm"]
@@ -97,6 +102,17 @@ def test_prefill_piece_launches_per_layer_and_reads_nothing_back():
         pair.fast.prefill(tokens[:24], slots[1], rows[1], 40)
         pair.fast.prefill(tokens, slots[2], rows[2], 0, captures=[(20, slots[0])])
     assert seen.sites == []
+    # the graph body of a piece padded to its bucket: the same launches but for the slot's gathers and scatters,
+    # and no read back (its length, slot, row and start are device data)
+    ids = torch.zeros(64, **I32)
+    ids[:40] = tokens
+    args = (ids, torch.tensor([slots[1]], **I32), torch.tensor([rows[1]], **I32), torch.tensor([40], **I32),
+            torch.tensor([40], **I32))
+    with count_host_syncs() as seen:
+        counter = count_step(lambda: pair.fast.prefill_piece(*args))
+    assert counter.names("gdn") == GDN_PADDED * n_gdn and counter.names("ffn") == FFN_PREFILL * (n_gdn + n_attn)
+    assert counter.names("attention") == ATTENTION_PREFILL * n_attn
+    assert counter.syncs == [] and seen.sites == []
 
 
 def _meta(*shape):

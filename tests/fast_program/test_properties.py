@@ -1,6 +1,7 @@
 """The Engine property harness against the fast Program on the tiny fp32 model (eos 0): random schedules with
 shared prefixes, session turns, cancellations, deadlines, thinking budgets and injected faults; schedule invariance
-against solo runs, and every page and slot not held by a checkpoint free again at teardown. The speculative twin
+against solo runs, and every page and slot not held by a checkpoint free again at teardown. The prefill graphs'
+twin checks the padded pieces against a Program whose every prefill piece is eager. The speculative twin
 runs the MTP backend (k = 3) behind ForcedDrafts, every greedy request equal to its solo run without the backend;
 the DFlash twins run DFlash2 (k = 7, a draft window of 12) behind ForcedDrafts (the drafter context still advanced)
 and DFlash (k = 15) with its real drafts.
@@ -40,12 +41,14 @@ def _mtp_weights():
     return cfg, conf.tiny_weights(cfg, features=("text", "mtp"))
 
 
-def _program(mtp: bool = False, speculative: SpeculativeConfig | None = None) -> FastProgram:
+def _program(mtp: bool = False, speculative: SpeculativeConfig | None = None,
+             prefill_graph_tokens: int = 512) -> FastProgram:
     conf, cfg, weights = _conftest()
     if mtp:
         cfg, weights = _mtp_weights()
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
-                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,), speculative=speculative)
+                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,), speculative=speculative,
+                               prefill_graph_tokens=prefill_graph_tokens)
     return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                              kernels="triton" if conf.ON_GPU else "naive")
 
@@ -83,6 +86,14 @@ Machine.TestCase.settings = settings(settings.default,
                                     max_examples=max(_CI_EXAMPLES, settings.default.max_examples // 20),
                                     stateful_step_count=30)
 TestFastEngine = Machine.TestCase
+
+# Prefill pieces padded to the graph bucket (64 tokens: the context's) against every piece eager: each greedy request
+# equal to its solo run on a Program without prefill graphs
+PrefillGraphs = make_engine_machine(_program, max_concurrency=2, oracle=lambda: _program(prefill_graph_tokens=0))
+PrefillGraphs.TestCase.settings = settings(settings.default,
+                                           max_examples=max(_CI_EXAMPLES // 2, settings.default.max_examples // 40),
+                                           stateful_step_count=30)
+TestPrefillGraphsFastEngine = PrefillGraphs.TestCase
 
 Speculative = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(True))
 # 30 examples on CPU (each speculative round also runs ForcedDrafts' teacher model), 8 on the GPU

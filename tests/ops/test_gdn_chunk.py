@@ -143,3 +143,32 @@ def test_conv_window_at_matches_a_split_prefill(end):
     assert torch.equal(mid, win_head)
     out_tail, _ = gdn_conv_prefill(m[end:].contiguous(), mid, weight)
     assert_close("gdn_conv_prefill.resumed", out_ref[end:], out_tail, 1e-5)
+
+
+# (T real rows, padded rows, chunk): a short last chunk, chunks wholly of padding, one real row
+PAD_SHAPES = ([(100, 512, 64), (64, 128, 64), (1, 64, 64)] if ON_GPU else [(37, 64, 16), (16, 64, 16), (1, 16, 16)])
+
+
+@pytest.mark.parametrize("T,padded,chunk", PAD_SHAPES)
+def test_padded_rows_change_nothing(T, padded, chunk):
+    """A piece padded to a graph bucket, its real length a device value: the real rows' outputs, the states of the
+    real chunks, the final state (written by the state pass into `final_state`) and the conv window equal the
+    unpadded call's bit for bit; the padding rows hold NaN, so reading one would show."""
+    HK, HV, dk, dv = (16, 32, 128, 128) if ON_GPU else (1, 2, 20, 12)
+    x, w = _inputs(T, HK, HV, dk, dv, torch.float32)
+    pad = {n: torch.cat([t, torch.full((padded - T, t.shape[1]), float("nan"), device=DEVICE)]) for n, t in x.items()}
+    length = torch.tensor([T], dtype=torch.int32, device=DEVICE)
+    kw = dict(num_k_heads=HK, head_k_dim=dk, head_v_dim=dv, chunk_size=chunk)
+    s0 = 0.2 * torch.randn(HV, dk, dv, device=DEVICE)
+    for op in (gdn_chunk, gdn_chunk_naive):
+        y_ref, st_ref = op(**x, **w, initial_state=s0, **kw)
+        final = torch.full_like(s0, float("nan"))
+        y, st = op(**pad, **w, initial_state=s0, length=length, final_state=final, **kw)
+        assert torch.equal(y[:T], y_ref) and torch.equal(st[:st_ref.shape[0]], st_ref)
+        assert torch.equal(final, st_ref[-1])
+    C = x["qkv"].shape[1]
+    window, weight = torch.randn(C, 3, device=DEVICE), 0.5 * torch.randn(C, 1, 4, device=DEVICE)
+    for op in (gdn_conv_prefill, gdn_conv_prefill_naive):
+        out_ref, win_ref = op(x["qkv"], window, weight)
+        out, win = op(pad["qkv"], window, weight, length=length)
+        assert torch.equal(out[:T], out_ref) and torch.equal(win, win_ref)

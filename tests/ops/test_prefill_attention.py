@@ -81,3 +81,24 @@ def test_prefill_pipeline_writes_chunk_then_attends(dtype):
     qr = rope_kv_write(q, k, v, pos, slots, k_pages, v_pages, rd, 1e7, wq, wk)
     o = prefill_attention(qr, k_pages, v_pages, table, cu, prefix, max_seqlen=max(lens))
     assert_close("prefill_pipeline", o_ref, o, _tol(dtype))
+
+
+# (lens, prefixes, grid shares, keys a share): prefixes that earn one share (short, or under 4x the chunk), fewer
+# shares than the grid has, and as many; a varlen batch whose sequences earn different counts
+DEVICE_SPLIT_CASES = ([([192], [8000], 8, 1024), ([37, 300], [5000, 130], 4, 1024), ([512], [600], 4, 1024)]
+                      if ON_GPU else [([9], [150], 4, 32), ([5, 20], [5, 97], 4, 16), ([3], [40], 8, 16),
+                                      ([30], [70], 3, 16)])
+
+
+@pytest.mark.parametrize("lens,prefixes,splits,split_keys", DEVICE_SPLIT_CASES)
+def test_prefill_attention_shares_from_the_device_prefix(lens, prefixes, splits, split_keys):
+    """A graph's attention: the grid has a fixed number of shares and each sequence walks as many as its prefix on
+    the device earns (the rest store an empty softmax the merge weighs 0)."""
+    dtype = DOT_IO_DTYPES[0]
+    k_pages, v_pages, table = random_paged_cache([n + p for n, p in zip(lens, prefixes)], 2, 16, 8, dtype, DEVICE)
+    cu, prefix = _varlen(lens, prefixes)
+    q = torch.randn(sum(lens), 4, 16, device=DEVICE).to(dtype)
+    ref = prefill_attention_naive(q, k_pages, v_pages, table, cu, prefix)
+    out = prefill_attention(q, k_pages, v_pages, table, cu, prefix, max_seqlen=max(lens), splits=splits,
+                            device_splits=True, split_keys=split_keys)
+    assert_close("prefill_attention.device_shares", ref, out, _tol(dtype))

@@ -48,13 +48,13 @@ class Kernels:
     rope_kv_write: Callable
     # same arguments as gdn_decode_naive -> y [B, HV*dv]; conv/ssm slots updated in place
     gdn_decode: Callable
-    # (m [T, C], window [C, K-1] updated in place, conv_weight) -> out [T, C]
+    # (m [T, C], window [C, K-1] updated in place, conv_weight, length=None) -> out [T, C]
     gdn_conv_prefill: Callable
-    # same arguments as gdn_chunk_naive -> (y, states)
+    # same arguments as gdn_chunk_naive (length, final_state included) -> (y, states)
     gdn_chunk: Callable
     # (q, k_pages, v_pages, block_table, context_lens, first_keys=None, gate=None) -> [B, nh, d]
     paged_decode_attention: Callable
-    # (q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen) -> [T, nh, d]
+    # (q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen, max_prefix, device_splits) -> [T, nh, d]
     prefill_attention: Callable
     # (logits [T, E], top_k, renormalize) -> (weights fp32, ids int32)
     moe_route: Callable
@@ -118,8 +118,8 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
         # the residual stream is updated in place: one buffer per step instead of one per layer
         return rmsnorm.rmsnorm(x, weight, eps, residual=residual, residual_out=residual)
 
-    def conv_prefill(m, window, conv_weight):
-        return gdn_chunk.gdn_conv_prefill(m, window, conv_weight, window_out=window)[0]
+    def conv_prefill(m, window, conv_weight, length=None):
+        return gdn_chunk.gdn_conv_prefill(m, window, conv_weight, window_out=window, length=length)[0]
 
     def linear(x, w):
         if isinstance(w, QuantWeight):
@@ -217,12 +217,13 @@ def naive_kernels() -> Kernels:
     from ninfer.fast.ops.slot_copy.naive import slot_copy_naive
     from ninfer.fast.ops.swiglu.naive import swiglu_naive
 
-    def conv_prefill(m, window, conv_weight):
-        out, new_window = gdn_conv_prefill_naive(m, window, conv_weight)
+    def conv_prefill(m, window, conv_weight, length=None):
+        out, new_window = gdn_conv_prefill_naive(m, window, conv_weight, length)
         window.copy_(new_window)
         return out
 
-    def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen, max_prefix=0):
+    def prefill_attn(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens, max_seqlen, max_prefix=0,
+                     device_splits=False):
         return prefill_attention_naive(q, k_pages, v_pages, block_table, cu_seqlens, prefix_lens)
 
     def linear(x, w):

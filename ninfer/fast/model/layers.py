@@ -26,7 +26,9 @@ class StepInputs:
     """Per-call addressing shared by all layers of one forward. Decode: T = B rows, one per sequence. Prefill:
     T tokens of one sequence, ``slot_ids`` = [slot] and ``block_table`` = [1, max_pages]. Multi-query decode
     (``FastModel.verify``): the blocks of B sequences packed along T (``cu_seqlens`` [B+1], ``prefix_lens`` [B] =
-    the frontiers), the GDN recurrence stepped over ``gdn_steps``."""
+    the frontiers), the GDN recurrence stepped over ``gdn_steps``. A padded prefill piece (``FastModel.prefill_piece``,
+    a CUDA graph's body): T rows of a bucket, the first ``length`` real, and every quantity that depends on the
+    request (slot, table row, positions, the prefix attention sees, the length) device data."""
     positions: torch.Tensor  # [T] int32 absolute positions
     slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) of every token
     slot_ids: torch.Tensor  # [B] int32 GDN state slots
@@ -45,10 +47,13 @@ class StepInputs:
     rope_positions: torch.Tensor | None = None
     # decode: [B] int32 the first key each row attends to (None: key 0), the MTP layer's pages hold no key at 0
     first_keys: torch.Tensor | None = None
+    # padded prefill: [1] int32 real rows of the piece (a device value); padding rows write no KV (slot -1), leave
+    # the GDN state and conv window alone and are never read by a real row
+    length: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
-        return self.prefill_slot is not None
+        return self.prefill_slot is not None or self.length is not None
 
 
 GDN_CHUNK = 64  # the ops' default chunk size: the grid their chunk states sit on
@@ -78,18 +83,35 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
         return k.linear_residual(out, w.out_proj, res)
+    if step.length is not None:
+        return k.linear_residual(_padded_gdn(k, w, mixed, z, a, b, conv, ssm, step, dims), w.out_proj, res)
     slot, cuts = step.prefill_slot, [c for c, _ in step.captures]
     for c, cap in step.captures:  # the window at a checkpoint: the K-1 inputs before it, read before it advances
         conv[cap].copy_(conv_window_at(mixed, conv[slot], c))
     qkv = k.gdn_conv_prefill(mixed, conv[slot], w.conv)  # [T, C]; the slot's window advances in place
-    # chunks restart at each checkpoint, so its S is one of the chunk states: no second model call
-    out, states = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm[slot], **dims, cuts=cuts)
+    # chunks restart at each checkpoint, so its S is one of the chunk states: no second model call. The state
+    # pass writes the final S into the slot
+    out, states = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm[slot], **dims, cuts=cuts,
+                              final_state=ssm[slot])
     if cuts:
         ends = chunk_ends(mixed.shape[0], GDN_CHUNK, cuts)
         for c, cap in step.captures:
             ssm[cap].copy_(states[ends.index(c)])
-    ssm[slot].copy_(states[-1])
     return k.linear_residual(out, w.out_proj, res)
+
+
+def _padded_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,
+                dims: dict) -> torch.Tensor:
+    """The prefill GDN of a padded piece, its slot a device id: the window and S gathered from the slot and
+    scattered back (the ops mask the rows past ``step.length``). Returns the mixer's output [T, HV*dv]."""
+    window = conv.index_select(0, step.slot_ids)[0]  # [C, K-1]
+    qkv = k.gdn_conv_prefill(mixed, window, w.conv, length=step.length)  # the window advances in place
+    conv.index_copy_(0, step.slot_ids, window[None])
+    final = ssm.new_empty(ssm.shape[1:])  # [HV, dk, dv]
+    out, _ = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm.index_select(0, step.slot_ids)[0], **dims,
+                         length=step.length, final_state=final)
+    ssm.index_copy_(0, step.slot_ids, final[None])
+    return out
 
 
 def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, res: Residual, norm: torch.Tensor,
@@ -113,7 +135,7 @@ def attention_mixer(k: Kernels, cfg: Qwen35Config, w: AttnWeights, res: Residual
                             cfg.rope_theta, w.q_norm, w.k_norm, cfg.rms_norm_eps, mrope_section=cfg.mrope_section)
     if step.cu_seqlens is not None:  # prefill, or multi-query decode: causal inside each packed block
         o = k.prefill_attention(q, k_pages, v_pages, step.block_table, step.cu_seqlens, step.prefix_lens, T,
-                                max_prefix=step.max_prefix)
+                                max_prefix=step.max_prefix, device_splits=step.length is not None)
         o = o * torch.sigmoid(gate)  # [T, nh, d]
     else:  # the output gate in the attention kernel's store
         o = k.paged_decode_attention(q, k_pages, v_pages, step.block_table, step.context_lens, gate=gate,

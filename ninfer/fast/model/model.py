@@ -133,6 +133,18 @@ class FastModel:
         logits = torch.cat(outs) if all_logits else self.logits(hidden[-1:])[0]
         return (logits, torch.cat(hiddens)) if return_hidden else logits
 
+    def prefill_piece(self, tokens: torch.Tensor, slot_id: torch.Tensor, table_row: torch.Tensor,
+                      start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """A prefill piece padded to a bucket: the body of a prefill CUDA graph (``ninfer.fast.prefill_graphs``).
+        tokens [N] int32, of which the first ``length`` are real, of the sequence at GDN slot ``slot_id`` and table
+        row ``table_row`` from position ``start``; all four [1] int32 device data, so one graph per N serves any
+        sequence at any frontier. The padding rows write no KV and leave the slot's GDN state and conv window as
+        the real rows leave them (what `prefill` of the real tokens does, without its slot reset at position 0,
+        which the caller runs). Reads no device value back. Returns the last real token's logits [1, V] fp32."""
+        step = self._padded_inputs(tokens.shape[0], slot_id, table_row, start, length)
+        hidden = self._layers(tokens, step)
+        return self.logits(hidden.index_select(0, (length - 1).long()))
+
     def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
                starts: Sequence[int], lens: Sequence[int], taps: dict[int, torch.Tensor] | None = None,
                rope_deltas: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,6 +203,22 @@ class FastModel:
         """tokens [T] through every layer at ``step``'s addressing (built by the caller, e.g. the verify graphs'
         static buffers); the final-normed hidden [T, H]."""
         return self._layers(tokens, step)
+
+    def _padded_inputs(self, n: int, slot: torch.Tensor, row: torch.Tensor, start: torch.Tensor,
+                       length: torch.Tensor) -> StepInputs:
+        """A padded piece's addressing, from device data only: padding rows get KV slot -1 (written nowhere) and a
+        page index clamped into the table (their positions may run past the context)."""
+        i32 = dict(device=self.device, dtype=torch.int32)
+        ps = self.plan.page_size
+        offsets = torch.arange(n, **i32)  # [n]
+        pos = start + offsets
+        table = self.pools.block_tables.index_select(0, row)  # [1, max_pages]
+        pages = table[0, (pos // ps).clamp(max=table.shape[1] - 1).long()].long()
+        slot_mapping = torch.where(offsets < length, pages * ps + (pos % ps).long(), -1)
+        cu = torch.cat([torch.zeros(1, **i32), length])  # [0, length]: attention's queries are the real rows
+        # the slot id long: the GDN state is gathered from and scattered back to it (index_copy_ takes long ids)
+        return StepInputs(positions=pos, slot_mapping=slot_mapping, slot_ids=slot.long(), block_table=table,
+                          cu_seqlens=cu, prefix_lens=start, length=length)
 
     def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -29,13 +29,20 @@ class FastProgramConfig(ProgramConfig):
 
     dtype: torch.dtype = torch.bfloat16  # weights, activations, KV pages, conv windows (S is always fp32)
     max_prefill_tokens: int = 8192  # the model's prefill piece (bounds the workspace)
+    # the longest prefill piece replayed as a CUDA graph (buckets 64, 128, .. up to it; 0: every piece eager).
+    # Only a plain dense model has them: MTP and DFlash read every piece's hidden or taps, and an MoE block is not
+    # row-wise over a piece's padding rows
+    prefill_graph_tokens: int = 512
 
     def resolved(self, cfg: Qwen35Config) -> "FastProgramConfig":
         """Every None but kv_pages filled in and every range checked."""
         eos = self.checked_eos(cfg)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {self.dtype}")
-        return dataclasses.replace(self, eos_token_ids=eos)
+        if self.prefill_graph_tokens < 0:
+            raise ValueError(f"prefill_graph_tokens must be >= 0, got {self.prefill_graph_tokens}")
+        graphs = self.prefill_graph_tokens if self.speculative is None and not cfg.is_moe else 0
+        return dataclasses.replace(self, eos_token_ids=eos, prefill_graph_tokens=graphs)
 
     def plan(self, cfg: Qwen35Config, budget_bytes: int, weight_bytes: int | None = None,
              extra_workspace: int = 0, drafter: DrafterConfig | None = None) -> MemoryPlan:
@@ -49,4 +56,5 @@ class FastProgramConfig(ProgramConfig):
                            page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
                            dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
                            mtp=mtp, weight_bytes_resident=weight_bytes, extra_workspace=extra_workspace,
-                           drafter=drafter, verify_width=self.draft_tokens + 1 if mtp else 0)
+                           drafter=drafter, verify_width=self.draft_tokens + 1 if mtp else 0,
+                           prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens)

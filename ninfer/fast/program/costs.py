@@ -2,9 +2,10 @@
 row and page, so no live state is touched). For the context cache's cost model: prefill throughput of one piece,
 and a pinned host-to-device copy of one GDN slot's state (the bulk of a short replica) and of one KV page (the
 fixed cost of a copy). For the Scheduler's chunk sizing (the prefill_signature, `PrefillCosts`): three timed
-prefill pieces fit the fixed, per-token and attention cost, and a replay of each captured decode graph times the
-plain step per B. Off CUDA the Program reports the generic fallbacks (`CostFacts()`, `PrefillCosts()`:
-docs/context-cache.md, docs/engine.md).
+prefill pieces fit the fixed, per-token and attention cost of an eager piece, one run of each prefill graph bucket
+(`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, and a replay of
+each captured decode graph times the plain step per B. Off CUDA the Program reports the generic fallbacks
+(`CostFacts()`, `PrefillCosts()`: docs/context-cache.md, docs/engine.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from ninfer.contracts import CostFacts, PrefillCosts
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
+from ninfer.fast.prefill_graphs import PrefillGraphRunner
 
 from .stores import DeviceState
 
@@ -39,11 +41,13 @@ def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFact
                      prefill_tokens_per_s=len(ids) / prefill, measured=True)
 
 
-def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, signature: str) -> PrefillCosts:
+def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, signature: str,
+                    pieces: PrefillGraphRunner | None = None) -> PrefillCosts:
     """Fit ``max(floor, fixed + t * token) + t * (f + t / 2) * pair`` to four prefill pieces on the dummy slot and
     row (t = 64 for the floor, 256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the
     dummy row's every entry is the dummy page, so a deep piece reads real-sized attention over it), and time one
-    replay of each captured greedy decode graph (B = 1..max_batch) on the dummy rows it was captured with."""
+    replay of each captured greedy decode graph (B = 1..max_batch) on the dummy rows it was captured with; with
+    `pieces`, each prefill graph bucket's run (`graph_costs`)."""
     device, plan = model.device, model.plan
     long_t, short_t = min(tokens, MEASURE_TOKENS), min(tokens, SHORT_TOKENS)
     deep = max(0, min(DEEP_FRONTIER, plan.max_context - short_t))
@@ -59,8 +63,22 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, si
     token = max(0.0, (b - a) / (long_t - short_t)) if long_t > short_t else max(0.0, a / short_t)
     floor = piece(min(tokens, FLOOR_TOKENS), 0)
     steps = tuple(_best(device, graph.replay) for graph in _greedy_graphs(runner))
+    buckets, times, fixed = graph_costs(pieces, token, lambda fn: _best(device, fn)) if pieces else ((), (), 0.0)
     return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
-                        floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True)
+                        floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True,
+                        graph_buckets=buckets, graph_piece_s=times, graph_fixed_s=fixed)
+
+
+def graph_costs(pieces: PrefillGraphRunner, token_s: float, timed: Callable[[Callable[[], object]], float]
+                ) -> tuple[tuple[int, ...], tuple[float, ...], float]:
+    """(buckets, seconds of a whole bucket's run at frontier 0 on the dummy slot and row, made non-decreasing so a
+    longer piece never predicts faster, the graphed fixed cost). The fixed cost is the intercept of the line
+    through the two largest buckets (one bucket: less its tokens at the eager per-token cost `token_s`)."""
+    plan = pieces.model.plan
+    raw = [timed(lambda b=b: pieces.run([0] * b, plan.dummy_slot, plan.dummy_row, 0)) for b in pieces.buckets]
+    times = tuple(max(raw[:i + 1]) for i in range(len(raw)))
+    per = token_s if len(times) < 2 else (times[-1] - times[-2]) / (pieces.buckets[-1] - pieces.buckets[-2])
+    return pieces.buckets, times, max(0.0, times[-1] - pieces.buckets[-1] * per)
 
 
 def _greedy_graphs(runner: DecodeGraphRunner) -> list:

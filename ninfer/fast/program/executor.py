@@ -38,6 +38,7 @@ from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
 from ninfer.fast.model.model import piece_rows
+from ninfer.fast.prefill_graphs import PrefillGraphRunner
 from ninfer.contracts import RowFailure
 from ninfer.fast.sampling import DeviceSampler, SampleRow
 from ninfer.fast.sampling.draft_block import DraftBlock, LazyFed
@@ -60,8 +61,10 @@ class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
                  images: ImageInputs | None = None, draft_tokens: int = 0,
-                 verifier: VerifyGraphRunner | None = None, drafter: DraftGraphRunner | None = None):
+                 verifier: VerifyGraphRunner | None = None, drafter: DraftGraphRunner | None = None,
+                 pieces: PrefillGraphRunner | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
+        self.pieces = pieces  # the short prefill pieces' graphs (None: every piece eager)
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
         self.images = images or ImageInputs(None, model.device)
@@ -94,6 +97,8 @@ class FastExecutor:
         slot = seq.handle.slot
         if self.dflash is not None:
             return self._prefill_dflash(seq, start, end, captures)
+        if self.mtp is None and seq.media is None and not captures and self._graphed(end - start):
+            return self.pieces.run(seq.prompt[start:end], slot, seq.row, start)  # [V] fp32, the graph's buffer
         ids, image_args = self._inputs(seq, start, end)
         if self.mtp is None:
             return self.model.prefill(ids, slot, seq.row, start, captures=captures, **image_args)  # [V] fp32
@@ -131,6 +136,11 @@ class FastExecutor:
             self.dflash.advance([seq.row], [at], [n], taps, [seq.media])
         return logits  # [V] fp32 of the last token
 
+    def _graphed(self, n: int) -> bool:
+        """Whether an n-token piece of a plain text prefill replays a bucket graph. A checkpoint inside the piece
+        runs eagerly (its chunk grid restarts there: host-built), as a piece past the largest bucket does."""
+        return self.pieces is not None and self.pieces.bucket(n) is not None
+
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
         return drawn
@@ -151,6 +161,9 @@ class FastExecutor:
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         if self.mtp is None and self.dflash is None:
             rope = ImageInputs.feed_positions(seq, seq.frontier, len(tokens), self.device)
+            if rope is None and self._graphed(len(tokens)):
+                self.pieces.run(tokens, seq.handle.slot, seq.row, seq.frontier)
+                return
             self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier, rope_positions=rope)
             return
         self._step([seq], [tuple(tokens)])

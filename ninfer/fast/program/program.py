@@ -25,6 +25,7 @@ from ninfer.fast.model.model import check_mtp
 from ninfer.fast.model.quantized import artifact_quant
 from ninfer.fast.model.vision import FastVisionTower
 from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
+from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.models.qwen3_5.config import Qwen35Config
@@ -112,15 +113,21 @@ class FastProgram(Program):
             drafter_graphs = DraftGraphRunner(model, c.max_concurrency)
             drafter_graphs.capture()
         self.sampler.capture()
+        # short prefill pieces as graphs (a plain dense model whose plan counted their pool), eager on a CPU
+        graphed = min(plan.prefill_graph_tokens, c.prefill_graph_tokens)
+        self.pieces = PrefillGraphRunner(model, graphed) if prefill_buckets(graphed, piece, piece) else None
+        if self.pieces is not None:
+            self.pieces.capture()
         if self.runner.use_graphs:
-            prefill = measure_prefill(model, self.runner, piece, _signature(model))
+            prefill = measure_prefill(model, self.runner, piece, _signature(model), self.pieces)
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.vision = None if vision is None else vision.cfg
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
-                                     ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs)
+                                     ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs,
+                                     self.pieces)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,

@@ -14,10 +14,15 @@ import torch
 import torch.nn.functional as F
 
 
-def gdn_conv_prefill_naive(m: torch.Tensor, window: torch.Tensor,
-                           conv_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_conv_prefill_naive(m: torch.Tensor, window: torch.Tensor, conv_weight: torch.Tensor,
+                           length: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """m [T, C] pre-conv inputs, window [C, K-1] the K-1 inputs before them, conv_weight [C, 1, K] or [C, K].
-    Returns (silu(conv) [T, C] in m's dtype, the window after the last token [C, K-1] in window's dtype)."""
+    Returns (silu(conv) [T, C] in m's dtype, the window after the last token [C, K-1] in window's dtype). With
+    ``length`` ([1]) only its first rows are real: the window after them, the padding rows of out zero."""
+    if length is not None:
+        n = int(length[0])
+        out, win = gdn_conv_prefill_naive(m[:n], window, conv_weight)
+        return torch.cat([out, out.new_zeros(m.shape[0] - n, m.shape[1])]), win
     T, C = m.shape
     K = conv_weight.shape[-1]
     full = torch.cat([window.float(), m.float().t()], dim=1)  # [C, K-1+T]
@@ -49,10 +54,17 @@ def conv_window_at(m: torch.Tensor, window: torch.Tensor, end: int) -> torch.Ten
 def gdn_chunk_naive(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                     dt_bias: torch.Tensor, norm_weight: torch.Tensor, initial_state: torch.Tensor | None,
                     num_k_heads: int, head_k_dim: int, head_v_dim: int, eps: float = 1e-6,
-                    chunk_size: int = 64, cuts: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+                    chunk_size: int = 64, cuts: Sequence[int] = (), length: torch.Tensor | None = None,
+                    final_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [T, conv_dim] post-conv, z [T, HV*dv], a/b [T, HV], initial_state [HV, dk, dv] (None = zeros).
     Returns (y [T, HV*dv] in qkv's dtype, states [len(chunk_ends(T, chunk_size, cuts)), HV, dk, dv] fp32: S after
-    each chunk, the last one being the final state)."""
+    each chunk, the last one being the final state). ``length`` ([1]): only its first rows are real (y zero past
+    them, the states of its chunks); ``final_state`` [HV, dk, dv] receives the final state."""
+    if length is not None:
+        n = int(length[0])
+        y, states = gdn_chunk_naive(qkv[:n], z[:n], a[:n], b[:n], A_log, dt_bias, norm_weight, initial_state,
+                                    num_k_heads, head_k_dim, head_v_dim, eps, chunk_size, cuts, None, final_state)
+        return torch.cat([y, y.new_zeros(qkv.shape[0] - n, y.shape[1])]), states
     T = qkv.shape[0]
     HK, dk, dv = num_k_heads, head_k_dim, head_v_dim
     HV = a.shape[1]
@@ -76,4 +88,6 @@ def gdn_chunk_naive(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torc
     o = torch.stack(outs)  # [T, HV, dv]
     on = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
     y = on * F.silu(z.float().view(T, HV, dv))
+    if final_state is not None:
+        final_state.copy_(states[-1])
     return y.reshape(T, HV * dv).to(qkv.dtype), torch.stack(states)

@@ -28,11 +28,14 @@ from .naive import chunk_ends
 
 
 @triton.jit
-def _conv_prefill_kernel(m_ptr, win_ptr, w_ptr, out_ptr, T, C, stride_m, stride_o,
-                         K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr):
+def _conv_prefill_kernel(m_ptr, win_ptr, w_ptr, out_ptr, len_ptr, T, C, stride_m, stride_o,
+                         K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BJ: tl.constexpr, LEN: tl.constexpr):
     # tile [BT, BC]: tap i of row t reads input t-K+1+i. The K-1 halo rows above the tile come from m (other
     # programs' rows, L2 hits); only the first row block reaches into the incoming window, and that block alone
     # also writes the new window, so an in-place window is read before it is overwritten by the same program.
+    # LEN: the real rows are a device value (a padded piece); rows past it are neither read nor written
+    if LEN:
+        T = tl.minimum(T, tl.load(len_ptr))
     pid_t = tl.program_id(0)
     t = pid_t * BT + tl.arange(0, BT)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -96,11 +99,15 @@ def _load_rows(qkv_ptr, t, mt, col0, stride_qkv, KB: tl.constexpr, kb: tl.conste
 
 
 @triton.jit
-def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, cu_ptr,
+def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, cu_ptr, len_ptr,
                        T, stride_qkv, stride_a, stride_b,
                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
                        KB: tl.constexpr, NKB: tl.constexpr, VB: tl.constexpr, NVB: tl.constexpr,
-                       SUB: tl.constexpr, VAR: tl.constexpr):
+                       SUB: tl.constexpr, VAR: tl.constexpr, LEN: tl.constexpr):
+    # LEN: rows past the device length are padding, masked as a short last chunk's tail (a chunk wholly past it
+    # stores nothing)
+    if LEN:
+        T = tl.minimum(T, tl.load(len_ptr))
     n = tl.program_id(0)
     hv = tl.program_id(1)
     k_col = HK * DK + (hv // (HV // HK)) * DK
@@ -160,12 +167,18 @@ def _chunk_prep_kernel(qkv_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, gam_ptr, kd_ptr
 
 
 @triton.jit
-def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_ptr, cu_ptr, T, NT, stride_qkv,
+def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_ptr, cu_ptr, len_ptr, final_ptr, T,
+                        NT, stride_qkv,
                         HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, VAR: tl.constexpr):
+                        BK: tl.constexpr, BV: tl.constexpr, VAR: tl.constexpr, LEN: tl.constexpr,
+                        FINAL: tl.constexpr):
     # program (value head, dv block), sequential over chunks with S [BK, BV] in registers: two dots a chunk,
     # V_new = U - W S and S = e^gamma_C S + K^T (kd * V_new), kd = the prep pass's l2norm x decay row scale.
-    # Reads U and states[0], writes V_new (to vn) and states[1:]: rerunning it gives the same result (autotuning)
+    # Reads U and states[0], writes V_new (to vn) and states[1:]: rerunning it gives the same result (autotuning).
+    # LEN: only the chunks of the device length's rows are walked; FINAL: the last S also goes to final_ptr
+    if LEN:
+        T = tl.minimum(T, tl.load(len_ptr))
+        NT = tl.cdiv(T, BT)
     hv = tl.program_id(0)
     k_col = HK * DK + (hv // (HV // HK)) * DK
     o_t = tl.arange(0, BT)
@@ -197,6 +210,8 @@ def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_p
         S = tl.dot(tl.trans(k.to(tl.float32)), v_new * kd[:, None], S * tl.exp(g_last))
         tl.store(states_ptr + (n + 1) * STATE + s_off, S, mask=s_mask)
         g_last = g_next
+    if FINAL:
+        tl.store(final_ptr + s_off, S, mask=s_mask)
 
 
 # (BV, stages), timed once per head shape at first use on a GPU (prefill is never graph-captured). The pass is a
@@ -208,9 +223,12 @@ _chunk_state_tuned = triton.autotune([triton.Config({"BV": bv}, num_warps=4, num
 
 
 @triton.jit
-def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, states_ptr, o_ptr, cu_ptr, T, stride_qkv, scale,
+def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, states_ptr, o_ptr, cu_ptr, len_ptr, T, stride_qkv, scale,
                          HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                         KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, VAR: tl.constexpr):
+                         KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, VAR: tl.constexpr,
+                         LEN: tl.constexpr):
+    if LEN:
+        T = tl.minimum(T, tl.load(len_ptr))
     n = tl.program_id(0)
     hv = tl.program_id(1)
     q_col = (hv // (HV // HK)) * DK
@@ -247,13 +265,16 @@ def _chunk_output_kernel(qkv_ptr, gam_ptr, u_ptr, states_ptr, o_ptr, cu_ptr, T, 
 
 
 @triton.jit
-def _gated_norm_kernel(o_ptr, z_ptr, nw_ptr, y_ptr, stride_z, stride_y, eps,
-                       HV: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr):
-    # one token, all its value heads: y = w * o / rms(o) * silu(z) per head
+def _gated_norm_kernel(o_ptr, z_ptr, nw_ptr, y_ptr, len_ptr, stride_z, stride_y, eps,
+                       HV: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr, LEN: tl.constexpr):
+    # one token, all its value heads: y = w * o / rms(o) * silu(z) per head (LEN: a padding row stores nothing)
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BH)
     vv = tl.arange(0, BV)
-    mask = (h < HV)[:, None] & (vv < DV)[None, :]
+    heads = HV
+    if LEN:  # a padding row masks every head (the limit keeps the mask a tensor for the interpreter)
+        heads = tl.where(t < tl.load(len_ptr), HV, 0)
+    mask = (h < heads)[:, None] & (vv < DV)[None, :]
     col = h[:, None] * DV + vv[None, :]
     o = tl.load(o_ptr + t * HV * DV + col, mask=mask, other=0.0)  # [BH, BV]
     z = tl.load(z_ptr + t * stride_z + col, mask=mask, other=0.0).to(tl.float32)
@@ -263,10 +284,12 @@ def _gated_norm_kernel(o_ptr, z_ptr, nw_ptr, y_ptr, stride_z, stride_y, eps,
 
 
 def gdn_conv_prefill(m: torch.Tensor, window: torch.Tensor, conv_weight: torch.Tensor,
-                     out: torch.Tensor | None = None,
-                     window_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     out: torch.Tensor | None = None, window_out: torch.Tensor | None = None,
+                     length: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """silu(causal depthwise conv) over m [T, C] continuing from window [C, K-1]; conv_weight [C, 1, K] or [C, K].
-    Returns (out [T, C], the window after the last token [C, K-1]); ``window_out`` may alias ``window``."""
+    Returns (out [T, C], the window after the last token [C, K-1]); ``window_out`` may alias ``window``. With
+    ``length`` ([1] int32 on m's device) only the first length rows are real: the window is the one after them and
+    the padding rows of out are left unwritten (no host read: a padded piece's graph body)."""
     T, C = m.shape
     K = conv_weight.shape[-1]
     assert m.stride(1) == 1 and window.is_contiguous() and window.shape == (C, K - 1)
@@ -281,16 +304,20 @@ def gdn_conv_prefill(m: torch.Tensor, window: torch.Tensor, conv_weight: torch.T
     # [32, 128] tiles, 4 warps: 16-byte loads, 136 registers on sm_90 (64 rows need 8 warps to avoid spills)
     BT, BC = 32, 128
     _conv_prefill_kernel[(triton.cdiv(T, BT), triton.cdiv(C, BC))](
-        m, window_out, w, out, T, C, m.stride(0), out.stride(0), K=K, BT=BT, BC=BC,
-        BJ=triton.next_power_of_2(K - 1), num_warps=4)
+        m, window_out, w, out, m if length is None else length, T, C, m.stride(0), out.stride(0), K=K, BT=BT, BC=BC,
+        BJ=triton.next_power_of_2(K - 1), LEN=length is not None, num_warps=4)
     return out, window_out
 
 
 def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
               dt_bias: torch.Tensor, norm_weight: torch.Tensor, initial_state: torch.Tensor | None,
               num_k_heads: int, head_k_dim: int, head_v_dim: int, eps: float = 1e-6,
-              chunk_size: int = 64, cuts: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked gated delta rule + gated RMSNorm for one sequence (same contract as ``gdn_chunk_naive``).
+              chunk_size: int = 64, cuts: Sequence[int] = (), length: torch.Tensor | None = None,
+              final_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked gated delta rule + gated RMSNorm for one sequence (same contract as ``gdn_chunk_naive``, whose
+    ``length`` and ``final_state`` these are: the padding rows and the chunks wholly past the device length are
+    masked as a short call's tail, so the real rows' y and states equal an unpadded call's; the final state is written
+    into ``final_state`` by the state pass itself).
 
     qkv [T, conv_dim] post-conv, z [T, HV*dv], a/b [T, HV], initial_state [HV, dk, dv] fp32 or None.
     Returns (y [T, HV*dv] in qkv's dtype, states [len(chunk_ends(T, C, cuts)), HV, dk, dv] fp32, S after each
@@ -302,7 +329,8 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     assert qkv.stride(1) == 1 and z.stride(1) == 1 and HV % HK == 0 and qkv.shape[1] == 2 * HK * DK + HV * DV
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0 and DK <= 128
     BT = chunk_size
-    var = bool(cuts)
+    var, dev_len = bool(cuts), length is not None
+    assert not (var and dev_len), "cuts take a host length"
     if var:  # the chunk starts, then T: [NT + 1] int32 (one small queued copy through pinned memory, only with cuts)
         ends = chunk_ends(T, BT, cuts)
         cu = to_device([0, *ends], qkv.device)
@@ -324,20 +352,24 @@ def gdn_chunk(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tens
     o = torch.empty(T, HV, DV, **f32)
     if not var:
         cu = gam  # never read without VAR
+    n_ptr = gam if length is None else length  # never read without LEN
     dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, KB=KB, NKB=BK // KB)
-    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, kd, w, u, cu, T, qkv.stride(0), a.stride(0),
-                                 b.stride(0), **dims, VB=VB, NVB=BV_full // VB, SUB=BT // 4, VAR=var, num_warps=4)
-    state_args = (qkv, gam, kd, w, u, states, o, cu, T, NT, qkv.stride(0))
-    state_dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, BK=BK, VAR=var)
+    _chunk_prep_kernel[(NT, HV)](qkv, a, b, A_log, dt_bias, gam, kd, w, u, cu, n_ptr, T, qkv.stride(0), a.stride(0),
+                                 b.stride(0), **dims, VB=VB, NVB=BV_full // VB, SUB=BT // 4, VAR=var, LEN=dev_len,
+                                 num_warps=4)
+    assert final_state is None or (final_state.is_contiguous() and final_state.shape == (HV, DK, DV))
+    state_args = (qkv, gam, kd, w, u, states, o, cu, n_ptr, states if final_state is None else final_state, T, NT,
+                  qkv.stride(0))
+    state_dims = dict(HK=HK, HV=HV, DK=DK, DV=DV, BT=BT, BK=BK, VAR=var, LEN=dev_len, FINAL=final_state is not None)
     if qkv.is_cuda:
         _chunk_state_tuned[lambda meta: (HV, triton.cdiv(DV, meta["BV"]))](*state_args, **state_dims)
     else:
         BV = min(BV_full, 32)
         _chunk_state_kernel[(HV, triton.cdiv(DV, BV))](*state_args, **state_dims, BV=BV)
     # V_new sits in o; each output program reads its V_new block before writing its o block over it
-    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, o, states, o, cu, T, qkv.stride(0), DK ** -0.5,
-                                                        **dims, BV=VB, VAR=var, num_warps=4)
+    _chunk_output_kernel[(NT, HV, triton.cdiv(DV, VB))](qkv, gam, o, states, o, cu, n_ptr, T, qkv.stride(0),
+                                                        DK ** -0.5, **dims, BV=VB, VAR=var, LEN=dev_len, num_warps=4)
     y = qkv.new_empty(T, HV * DV)
-    _gated_norm_kernel[(T,)](o, z, norm_weight, y, z.stride(0), y.stride(0), eps, HV=HV, DV=DV,
-                             BH=triton.next_power_of_2(HV), BV=BV_full, num_warps=4)
+    _gated_norm_kernel[(T,)](o, z, norm_weight, y, n_ptr, z.stride(0), y.stride(0), eps, HV=HV, DV=DV,
+                             BH=triton.next_power_of_2(HV), BV=BV_full, LEN=dev_len, num_warps=4)
     return y, states[1:]

@@ -62,8 +62,9 @@ def _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_s
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_scale,
                     sq0, sq1, so0, so1, stride_page, stride_tok, stride_kvh, stride_bt, ml_ptr, n_rows_total,
-                    G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, SPLITS: tl.constexpr):
+                    split_keys, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, SPLITS: tl.constexpr,
+                    AUTO: tl.constexpr):
     h = tl.program_id(0)
     mb = tl.num_programs(1) - 1 - tl.program_id(1)
     b = tl.program_id(2) // SPLITS
@@ -89,11 +90,19 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_s
         l_i = tl.zeros([BM], dtype=tl.float32)
         acc = tl.zeros([BM, BD], dtype=tl.float32)
         n_full = full // BN
-        for s in range(n_full * j // SPLITS * BN, n_full * (j + 1) // SPLITS * BN, BN):
+        shares = SPLITS
+        if AUTO:
+            # the shares this sequence's cached prefix earns (device data; the grid has SPLITS): the host rule of
+            # _choose_splits, one share per split_keys keys; the shares past them walk nothing and store an empty
+            # softmax (m = -inf, l = 0, acc = 0), which the merge weighs 0
+            shares = tl.minimum(tl.maximum(prefix // split_keys, 1), SPLITS)
+            shares = tl.where(prefix < tl.maximum(4 * q_len, 2 * split_keys), 1, shares)
+        lo, hi = tl.minimum(j, shares), tl.minimum(j + 1, shares)
+        for s in range(n_full * lo // shares * BN, n_full * hi // shares * BN, BN):
             acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale,
                                     stride_page, stride_tok, D, PAGE, BN, BD, False)
         # only the last share walks the diagonal blocks (so every row's statistics there are finite)
-        for s in range(full + (end - full) * (j < SPLITS - 1).to(tl.int32), end, BN):
+        for s in range(full + (end - full) * (j != shares - 1).to(tl.int32), end, BN):
             acc, m_i, l_i = _attend(q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh_off, q_pos, s, end, qk_scale,
                                     stride_page, stride_tok, D, PAGE, BN, BD, True)
         if SPLITS == 1:
@@ -132,8 +141,16 @@ def _choose_splits(q: torch.Tensor, programs: int, max_prefix: int, n_rows: int)
     share at least 1024 keys), else 1."""
     if not q.is_cuda or max_prefix < max(4 * n_rows, 2 * SPLIT_KEYS):
         return 1
+    return max(1, min(grid_splits(q, programs), max_prefix // SPLIT_KEYS))
+
+
+def grid_splits(q: torch.Tensor, programs: int) -> int:
+    """The most shares a grid of `programs` query blocks fills the SMs with (1 off CUDA): shapes only, so a
+    captured graph's grid; each sequence's own count then comes from its prefix on the device."""
+    if not q.is_cuda:
+        return 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return max(1, min(MAX_SPLITS, sms // programs, max_prefix // SPLIT_KEYS))
+    return max(1, min(MAX_SPLITS, sms // programs))
 
 
 SPLIT_KEYS, MAX_SPLITS = 1024, 8
@@ -142,11 +159,14 @@ SPLIT_KEYS, MAX_SPLITS = 1024, 8
 def prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                       cu_seqlens: torch.Tensor, prefix_lens: torch.Tensor, max_seqlen: int,
                       scale: float | None = None, out: torch.Tensor | None = None, max_prefix: int = 0,
-                      splits: int | None = None) -> torch.Tensor:
+                      splits: int | None = None, device_splits: bool = False,
+                      split_keys: int = 0) -> torch.Tensor:
     """Same contract as ``prefill_attention_naive``; ``max_seqlen`` (a host int, the longest chunk) sizes the grid
     so no device value is read back. cu_seqlens [B+1] and prefix_lens [B] are int32 on q's device. ``max_prefix``
     (a host int, the longest cached prefix) lets a short chunk over a long prefix split its key walk; ``splits``
-    forces a number of shares (tests)."""
+    forces a number of shares (tests). ``device_splits``: no host prefix (a CUDA graph's body): the grid has
+    `grid_splits` shares (or ``splits``) and each sequence walks as many as its prefix on the device earns, one per
+    ``split_keys`` keys (default `SPLIT_KEYS`; tests pass fewer)."""
     T, nh, D = q.shape
     _, page, nkv, _ = k_pages.shape
     assert nh % nkv == 0 and q.stride(2) == 1 and k_pages.stride() == v_pages.stride() and k_pages.stride(3) == 1
@@ -160,19 +180,26 @@ def prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Ten
     dims = dict(G=nh // nkv, D=D, PAGE=page, BD=BD)
     n_rows = max(max_seqlen, 1)
     BM, BN, warps, stages = _fixed_blocks(BD, q.element_size())
-    S = splits or _choose_splits(q, nh * triton.cdiv(n_rows, BM) * B, max_prefix, n_rows)
+    programs = nh * triton.cdiv(n_rows, BM) * B
+    if device_splits:
+        S = splits or grid_splits(q, programs)
+    else:
+        S = splits or _choose_splits(q, programs, max_prefix, n_rows)
+    dims["split_keys"] = split_keys or SPLIT_KEYS
     if S > 1:  # fixed tiles: no autotuning of this variant in a request's path
-        return _split_attention(args, dims, out, S, (BM, BN, warps, stages), (nh, triton.cdiv(n_rows, BM), B))
+        return _split_attention(args, dims, out, S, (BM, BN, warps, stages), (nh, triton.cdiv(n_rows, BM), B),
+                                device_splits)
     if q.is_cuda and q.element_size() == 2:
-        _prefill_tuned[lambda meta: (nh, triton.cdiv(n_rows, meta["BM"]), B)](*args, out, 0, **dims, SPLITS=1)
+        _prefill_tuned[lambda meta: (nh, triton.cdiv(n_rows, meta["BM"]), B)](*args, out, 0, **dims, SPLITS=1,
+                                                                              AUTO=False)
     else:
         _prefill_kernel[(nh, triton.cdiv(n_rows, BM), B)](*args, out, 0, **dims, BM=BM, BN=BN, SPLITS=1,
-                                                            num_warps=warps, num_stages=stages)
+                                                            AUTO=False, num_warps=warps, num_stages=stages)
     return out
 
 
 def _split_attention(args: tuple, dims: dict, out: torch.Tensor, S: int, tiles: tuple[int, int, int, int],
-                     grid: tuple[int, int, int]) -> torch.Tensor:
+                     grid: tuple[int, int, int], auto: bool) -> torch.Tensor:
     """The split key walk: S partial outputs and their (m, l), combined as one softmax."""
     T, nh, D = out.shape
     BM, BN, warps, stages = tiles
@@ -180,7 +207,7 @@ def _split_attention(args: tuple, dims: dict, out: torch.Tensor, S: int, tiles: 
     part = torch.empty(S, T, nh, D, **f32)  # unnormalised outputs
     ml = torch.empty(2, S, T, nh, **f32)  # running max (log2 units) and sum of each share
     args = (*args[:3], part, *args[4:])
-    _prefill_kernel[(grid[0], grid[1], grid[2] * S)](*args, ml, T, **dims, BM=BM, BN=BN, SPLITS=S,
+    _prefill_kernel[(grid[0], grid[1], grid[2] * S)](*args, ml, T, **dims, BM=BM, BN=BN, SPLITS=S, AUTO=auto,
                                                      num_warps=warps, num_stages=stages)
     m = ml[0].amax(0)  # [T, nh]: finite, the last share saw each row's own key
     w = torch.exp2(ml[0] - m)  # [S, T, nh]; an empty share (m = -inf) weighs 0
