@@ -29,10 +29,14 @@ def print_table(r: dict, lanes: int) -> None:
     for name, m in r.get("models", {}).items():
         for p in m.get("prefill", []):
             print(f"  {name:8} prefill T={p['T']:>5}: TTFT {p['ttft_ms']:8.1f} ms  {p['tok_s']:>8.0f} tok/s")
+        print_costs(name, m.get("prefill_costs"))
         h = m.get("prefix_hit")
         if h:
+            suffix = h["prompt"] - h["reused"]
+            graphed = any(suffix <= b for b in m.get("prefill_graph_buckets", []))
             print(f"  {name:8} TTFT {h['prompt']} tokens with a {h['prefix']}-token checkpoint hit: "
-                  f"{h['ttft_ms']:.1f} ms (reused {h['reused']}); cold {h['cold_ttft_ms']:.1f} ms")
+                  f"{h['ttft_ms']:.1f} ms (reused {h['reused']}; the {suffix}-token suffix "
+                  f"{'fits a prefill graph bucket' if graphed else 'runs eagerly'}); cold {h['cold_ttft_ms']:.1f} ms")
             print_phases(h)
         print_itl(name, m.get("itl"))
         lg = m.get("long")
@@ -58,6 +62,19 @@ def print_phases(h: dict) -> None:
         print(f"      {name:14} {p['calls']:>3} calls  host {p['host_ms']:7.2f} ms{dev}")
 
 
+def print_costs(name: str, c: dict | None) -> None:
+    """The measured PrefillCosts: an eager piece's fixed cost (host launches) against a graphed one's."""
+    if not c:
+        return
+    if not c["measured"]:
+        print(f"  {name:8} prefill costs: not measured (generic fallback)")
+        return
+    buckets = ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in zip(c["graph_buckets"], c["graph_piece_s"])) or "none"
+    print(f"  {name:8} prefill costs measured at start: eager piece fixed {c['fixed_s'] * 1e3:.2f} ms + "
+          f"{c['token_s'] * 1e6:.2f} us/token (floor {c['floor_s'] * 1e3:.2f} ms); graphed fixed "
+          f"{c['graph_fixed_s'] * 1e3:.3f} ms, bucket ms {buckets}")
+
+
 def print_itl(name: str, d: dict | None) -> None:
     if not d:
         return
@@ -67,4 +84,5 @@ def print_itl(name: str, d: dict | None) -> None:
           f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, plain step {d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
           f"(target <= {d['target']}x) {verdict(d['itl_pass'])}; {len(d['chunks'])} chunks of {sizes[0]}.."
           f"{sizes[-1]} tokens; its prefill {d['prefill_tok_s']:.0f} tok/s against {d['alone_tok_s']:.0f} alone "
-          f"({fmt(d['throughput_share'])}, target >= 0.95) {verdict(d['throughput_pass'])}")
+          f"({fmt(d['throughput_share'])}, target >= 0.95) {verdict(d['throughput_pass'])}; graphed fixed cost "
+          f"{d['costs'].get('graph_fixed_s', 0.0) * 1e3:.3f} ms a piece (eager {d['costs']['fixed_s'] * 1e3:.2f})")

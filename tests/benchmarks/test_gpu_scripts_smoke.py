@@ -44,6 +44,8 @@ def test_bench_engine_smoke(tmp_path):
     assert itl["chunks"] == [100] and itl["gaps"] >= itl["decoding"] and not itl["costs"]["measured"]
     assert all(_positive(itl[k]) for k in ("plain_step_ms", "p99_ms", "prefill_tok_s", "alone_tok_s"))
     assert tiny["long"]["peak_active"] == tiny["long"]["lanes"]  # every long sequence ran at once
+    # the prefill graphs' bucket (the 64-token piece) and the costs the report prints (not measured on the CPU)
+    assert tiny["prefill_graph_buckets"] == [64] and tiny["prefill_costs"]["graph_buckets"] == []
     idle = {(d["B"], d["async"]): d for d in tiny["idle"]}
     assert set(idle) == {(1, False), (2, False), (1, True), (2, True)}
     assert all(d["steps"] >= 2 and d["gap_us_median"] >= 0 and _positive(d["step_ms"]) for d in idle.values())

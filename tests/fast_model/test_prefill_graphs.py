@@ -82,6 +82,8 @@ def test_padded_piece_equals_the_eager_prefill(kernels, n, bucket, start):
 def test_runner_picks_the_bucket_and_resets_at_position_zero():
     (eager, slots, rows), (padded, _, _) = _twins("naive")  # the runner's own logic: the kernels are above
     runner = PrefillGraphRunner(padded, 512)
+    runner.capture()  # on the GPU: the replays below are the graphs'; on a CPU nothing (the same body eagerly)
+    assert len(runner.graphs) == (2 if ON_GPU else 0)
     assert runner.buckets == (64, 128) == prefill_buckets(512, 128, 256)  # the plan's piece caps them
     assert [runner.bucket(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, None]
     tokens = [int(t) for t in torch.randint(1, 60, (90,), generator=torch.Generator().manual_seed(4))]
