@@ -145,7 +145,8 @@ run_vision() {
     NINFER_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest tests/ops/test_vision_attention.py \
         tests/ops/test_vision_rotary.py tests/ops/test_layer_norm.py tests/fast_model/test_vision_tower.py \
         tests/fast_model/test_vision_prefill.py \
-        tests/fast_program/test_vision.py -q -p no:cacheprovider || echo "vision tests rc=$?"
+        tests/fast_program/test_vision.py tests/fast_program/test_vision_speculative.py -q -p no:cacheprovider \
+        || echo "vision tests rc=$?"
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_vision.py ${OUT:+--out "$OUT"} || echo "bench_vision rc=$?"
 }
 
