@@ -90,7 +90,7 @@ def test_drafts_equal_the_drafts_from_scratch(artifacts, vp, method):
     assert check.checked > 12
 
 
-@pytest.mark.parametrize("method", ["mtp", "dflash2"])
+@pytest.mark.parametrize("method", ["mtp", "dflash", "dflash2"])
 def test_greedy_with_forced_drafts_equals_greedy_without(artifacts, vp, method):
     greedy = dict(sampling=SamplingParams(temperature=0.0))
     plain = serve(_fast(artifacts, vp, None), _requests(vp, **greedy), max_concurrency=2, prefill_chunk=7,

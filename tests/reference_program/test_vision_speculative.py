@@ -49,8 +49,8 @@ def plain(artifacts, vp):
                                        max_concurrency=2, prefill_chunk=7, prefix_caching=False)]
 
 
-@pytest.mark.parametrize("method, k, forced", [("mtp", 3, False), ("mtp", 3, True), ("dflash", 7, True),
-                                               ("dflash2", 7, False)])
+@pytest.mark.parametrize("method, k, forced", [("mtp", 3, False), ("mtp", 3, True), ("dflash", 7, False),
+                                               ("dflash", 7, True), ("dflash2", 7, False), ("dflash2", 7, True)])
 def test_greedy_with_a_backend_equals_greedy_without(artifacts, vp, plain, method, k, forced):
     program = _program(artifacts, method, k, forced)
     out = serve(program, _requests(vp, sampling=GREEDY), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
