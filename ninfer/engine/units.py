@@ -12,7 +12,7 @@ then is it accounted, committed into the OutputSession and published.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ninfer.contracts import (ROW_FAILURE_TEXT, EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow,
                               RequestState, RowDecision)
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .records import RequestRecord
 
 _ACTIVE = (RequestState.PREFILL, RequestState.DECODE_READY, RequestState.CONTROL_READY)
+_FAILED = object()  # a session call that raised (`UnitRunner._ask`)
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,15 @@ class UnitRunner:
         program = self.core.program
         if unit.kind == "control":
             rec = recs[0]
-            suffix = rec.request.session.control_suffix()
+            suffix = self._ask(rec, "control suffix", rec.request.session.control_suffix)
+            if suffix is _FAILED:
+                return
             if not suffix:
                 raise EngineFailure(f"request {rec.rid} is ControlReady but its session has no control suffix")
+            bad = next((t for t in suffix if not 0 <= t < program.limits.vocab_size), None)
+            if bad is not None:  # a model call on it would fail the Engine (or assert on the device)
+                self._fail(rec, "control suffix", f"token id {bad} outside the vocabulary")
+                return
             self._commit(program.control(rec.handle, suffix), recs, forced=True)
         elif unit.kind == "prefill":
             rec = recs[0]
@@ -85,20 +92,40 @@ class UnitRunner:
                                      len(self.core.scheduler.decode_ready), config.prefill_chunk,
                                      config.prefill_itl_ratio)  # one lane's chunk per boundary
             # Only the chunk that finishes the prompt samples, so only it needs the grammar's mask.
-            mask = rec.request.session.next_token_mask() if chunk == remaining else None
+            mask = self._ask(rec, "mask", rec.request.session.next_token_mask) if chunk == remaining else None
+            if mask is _FAILED:
+                return
             batch = program.prefill(rec.handle, chunk, mask)
             if batch is not None:
                 self._commit(batch, recs, forced=False)
                 rec.capture_pending = self.core.config.prefix_caching
         else:
-            if program.limits.draft_tokens:  # a speculative backend: each row's grammar over its draft prefixes
-                masks = [r.request.session.draft_masks() for r in recs]
-            else:
-                masks = [r.request.session.next_token_mask() for r in recs]
+            # a speculative backend: each row's grammar over its draft prefixes
+            ask = "draft_masks" if program.limits.draft_tokens else "next_token_mask"
+            masks = [self._ask(r, "mask", getattr(r.request.session, ask)) for r in recs]
+            recs, masks = [r for r, m in zip(recs, masks) if m is not _FAILED], [m for m in masks if m is not _FAILED]
+            if not recs:
+                return
             masked = any(m is not None for m in masks)
             batch = program.decode([r.handle for r in recs], masks if masked else None)
             # a masked round's next masks depend on the tokens just drawn: it stays synchronous
             self._commit(batch, recs, forced=False, ahead=not masked and not program.limits.draft_tokens)
+
+    def _ask(self, rec: "RequestRecord", what: str, call: Callable[[], Any]) -> Any:
+        """A session's answer before a model call (its mask, its control suffix), or _FAILED when the session
+        raised: a Frontend failure ends its own request only, as in `_preview`."""
+        try:
+            return call()
+        except EngineFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - a Frontend failure ends its own request only
+            self._fail(rec, what, str(e))
+            return _FAILED
+
+    def _fail(self, rec: "RequestRecord", what: str, why: str) -> None:
+        """End `rec` alone before its model call: nothing of this unit reached the Program for it."""
+        rec.error = f"frontend {what} failed: {why}"
+        self.enter_terminal(rec, FinishReason.ERROR)
 
     def _commit(self, batch: PendingBatch, recs: Sequence["RequestRecord"], *, forced: bool,
                 ahead: bool = False) -> None:
