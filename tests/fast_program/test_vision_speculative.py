@@ -80,9 +80,14 @@ def test_drafts_and_tokens_equal_the_reference_programs(artifacts, vp, method):
     assert fast_out == ref_out
 
 
-@pytest.mark.parametrize("method", ["mtp", "dflash"])
+@pytest.mark.parametrize("method", ["mtp", "mtp-eager", "dflash"])
 def test_drafts_equal_the_drafts_from_scratch(artifacts, vp, method):
+    """The MTP head's drafts through the draft graphs' buffers and through its eager chained steps."""
+    eager = method.endswith("-eager")
+    method = method.removesuffix("-eager")
     program = _fast(artifacts, vp, method)
+    if eager:
+        program.executor.drafter = None  # MtpHead.draft over a gathered copy of the head's KV
     ref = _reference(artifacts, method)
     check = ScratchDrafts(ref.model, ref.executor.vision, ref.drafter, KS[method] + 1, tol=TOL)
     check.install(program)
