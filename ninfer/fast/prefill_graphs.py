@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.graph_runner import graphs_available
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
 
@@ -86,7 +87,7 @@ class PrefillGraphRunner:
         if not self.buckets:
             raise ValueError(f"no prefill graph bucket fits {largest} tokens, the piece {plan.max_prefill_tokens} "
                              f"and the context {plan.max_context} (the smallest is {GDN_CHUNK})")
-        on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
+        on_cuda = model.device.type == "cuda" and graphs_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
         self.inputs = PrefillInputs(self.buckets[-1], model.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from _fast_env import DEVICE
-from _fast_setup import build_pair, place_sequences, tiny_config
+from _fast_setup import F, L, build_pair, place_sequences, tiny_config
 from ninfer.fast.model import kernels as kernels_module
 from ninfer.testing.host_syncs import count_host_syncs
 from ninfer.testing.launches import LaunchCounter, count_step
@@ -85,7 +85,7 @@ FFN_PREFILL = ["_rmsnorm_kernel", "aten.mm", "_swiglu_kernel", "aten.mm"]
 
 
 def test_prefill_piece_launches_per_layer_and_reads_nothing_back():
-    cfg = tiny_config()
+    cfg = tiny_config(layers=(L, F))  # one layer of each kind: the counts are per layer
     pair = build_pair(cfg, torch.float32, "triton", max_context=1024, page_size=16)
     slots, rows = place_sequences(pair.fast, 3)
     tokens = torch.arange(1, 41, device=DEVICE)

@@ -90,3 +90,17 @@ def test_a_drafter_adds_its_weights_its_context_in_every_page_and_scratch():
     assert pools.dk.shape == (3, plan.num_pages + 1 + 3 * 5, 4, 2, 8) and pools.dv.shape == pools.dk.shape
     assert len(pools.page_pools()) == 4 and pools.scratch_page(2, 4) == plan.num_pages + 1 + 14
     assert plain.drafter is None and allocate_pools(cfg, plain, DEVICE).dk is None
+
+
+def test_the_prefill_graphs_pool_is_planned():
+    """The prefill graphs' private pool keeps the largest bucket's transients for good: the plan counts it in the
+    workspace, taken from the KV pages."""
+    from ninfer.fast.memory import prefill_graph_bytes
+
+    cfg = tiny_config()
+    kw = dict(max_seqs=2, max_context=256, page_size=4, dtype=torch.bfloat16, max_prefill_tokens=1024)
+    plain, graphed = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, prefill_graph_tokens=512, **kw)
+    extra = prefill_graph_bytes(cfg, 512, torch.bfloat16)
+    assert extra > 0 and prefill_graph_bytes(cfg, 0, torch.bfloat16) == 0
+    assert graphed.workspace_bytes == plain.workspace_bytes + extra and graphed.prefill_graph_tokens == 512
+    assert graphed.num_pages < plain.num_pages

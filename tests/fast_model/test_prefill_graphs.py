@@ -55,7 +55,7 @@ def _pools_equal(a, b, exact: bool) -> None:
 
 # (kernels, real tokens, bucket, start): a short last GDN chunk and one wholly of padding, one real token, a fresh
 # sequence (its slot reset by the caller)
-CASES = [("triton", 37, 128, 30), ("triton", 1, 64, 30), ("triton", 20, 64, 0), ("naive", 37, 128, 30)]
+CASES = [("triton", 37, 128, 30), ("triton", 20, 64, 0), ("naive", 1, 64, 30), ("naive", 37, 128, 30)]
 
 
 @pytest.mark.parametrize("kernels,n,bucket,start", CASES)
