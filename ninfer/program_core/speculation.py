@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ninfer.contracts import BatchKind, DraftMasks, PendingBatch, PendingRow, RowFailure
+from ninfer.contracts import BatchKind, DraftMasks, EngineFailure, PendingBatch, PendingRow, RowFailure
 from ninfer.sampling import Accepted, RowContext, SamplingError, accept
 
 from .execution import Provisional, grow
@@ -59,14 +59,15 @@ def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Se
         [(s.pending,) + tuple(d) for s, (d, _) in zip(seqs, drafts)]
     provisional = tuple(Provisional(fed, grow(prog, s, s.frontier + len(fed))) for s, fed in zip(seqs, feds))
     targets = ex.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
+    grammar = [_grammar(m, fed) for m, fed in zip(masks, feds)]
     if hasattr(ex, "accept"):  # acceptance on the executor's device, the same definition as `accept`
-        grammar = [_mask_rows(m, tuple(fed[1:]) if _fills(m) else (0,) * (len(fed) - 1))
-                   for m, fed in zip(masks, feds)]
-        got = ex.accept(seqs, ctxs, drafts, targets, grammar)
-        rows = [_row(s, g, len(fed) - 1) for s, g, fed in zip(seqs, got, feds)]
+        got = ex.accept(seqs, ctxs, drafts, targets,
+                        [[None] * len(fed) if isinstance(g, RowFailure) else g for g, fed in zip(grammar, feds)])
+        rows = [_row(s, g if isinstance(g, RowFailure) else a, len(fed) - 1)
+                for s, a, g, fed in zip(seqs, got, grammar, feds)]
     else:
-        rows = [_accepted_row(s, ctx, tuple(fed[1:]), q, target, mask) for s, ctx, fed, (_, q), target, mask in
-                zip(seqs, ctxs, feds, drafts, targets, masks)]
+        rows = [_accepted_row(s, ctx, tuple(fed[1:]), q, target, g) for s, ctx, fed, (_, q), target, g in
+                zip(seqs, ctxs, feds, drafts, targets, grammar)]
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
 
 
@@ -75,11 +76,25 @@ def _fills(mask: Any | None) -> bool:
     return isinstance(mask, DraftMasks) and mask.fill is not None
 
 
-def _accepted_row(seq: ActiveSequence, ctx: RowContext, drafts: tuple[int, ...], q: list[Any], target: Any,
-                  mask: Any | None) -> PendingRow:
-    """The row of one verified block; a failed row (its request ends alone) when p cannot be drawn from."""
+def _grammar(mask: Any | None, fed: Sequence[int]) -> list[Any | None] | RowFailure:
+    """The grammar rows of the block `fed` ([pending, drafts..]; drafts still on the device are read only when the
+    rows depend on them), or INVALID_SAMPLING_INPUT when its session's `fill` raised: a Frontend failure inside the
+    round ends its own request, and the commit restores the row's provisional state."""
     try:
-        got = accept(target, drafts, q, ctx, seq.frontier + 1, _mask_rows(mask, drafts))
+        return _mask_rows(mask, tuple(fed[1:]) if _fills(mask) else (0,) * (len(fed) - 1))
+    except EngineFailure:
+        raise
+    except Exception:  # noqa: BLE001 - the session's grammar failed: its row alone
+        return RowFailure.INVALID_SAMPLING_INPUT
+
+
+def _accepted_row(seq: ActiveSequence, ctx: RowContext, drafts: tuple[int, ...], q: list[Any], target: Any,
+                  grammar: list[Any | None] | RowFailure) -> PendingRow:
+    """The row of one verified block; a failed row (its request ends alone) when p cannot be drawn from."""
+    if isinstance(grammar, RowFailure):
+        return PendingRow.failed(seq.handle, seq.frontier + 1, grammar)
+    try:
+        got = accept(target, drafts, q, ctx, seq.frontier + 1, grammar)
     except SamplingError as e:
         return PendingRow.failed(seq.handle, seq.frontier + 1, e.failure)
     return _row(seq, got, len(drafts))

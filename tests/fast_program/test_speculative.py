@@ -152,3 +152,39 @@ def test_grammar_rows_constrain_every_draft_prefix(make_fast_spec, prompt_of):
     assert all(t % 2 == i % 2 for r in spec for i, t in enumerate(r.token_ids))
     assert sum(r.usage.accepted_draft_tokens for r in spec) > 0  # some blocks passed the grammar
     assert_drained(program)
+
+
+class _FillBreaks(TokenSession):
+    """Its grammar's draft rows raise once 3 tokens are committed (a Frontend failure inside the round)."""
+
+    def draft_masks(self) -> DraftMasks:
+        def fill(drafts):
+            if len(self.tokens) >= 3:
+                raise RuntimeError("planted: the grammar could not fill the draft rows")
+            return torch.ones(len(drafts) + 1, self.vocab, dtype=torch.bool)  # everything allowed
+        return DraftMasks(fill=fill)
+
+
+@pytest.mark.parametrize("which", ["fast", "reference"])
+def test_draft_rows_that_fail_end_their_request_alone(make_fast_spec, make_reference_spec, prompt_of, which):
+    """The round calls the session's `fill` after the target pass: a failure there fails that row (its state
+    restored), and the other row of the round goes on."""
+    from ninfer.contracts import FinishReason, RowFailure
+    from ninfer.engine.engine import Engine
+    from ninfer.engine.config import EngineConfig
+    from ninfer.engine.records import GenerationRequest
+
+    program = (make_fast_spec if which == "fast" else make_reference_spec)(3)
+    session = _FillBreaks(12, stop_ids=())
+    session.vocab = program.limits.vocab_size
+    prompts = spec_prompts(prompt_of)
+    engine = Engine(program, EngineConfig(max_concurrency=2, check_invariants=True), threaded=False)
+    good = engine.submit(token_request(prompts[0], 12))
+    bad = engine.submit(GenerationRequest(tuple(prompts[1]), session, 12))
+    engine.run_until_idle()
+    assert engine.available, engine.failure
+    ok, failed = good.result(timeout=0), bad.result(timeout=0)
+    assert len(ok.token_ids) == 12 or ok.finish_reason is FinishReason.STOP
+    assert failed.finish_reason is FinishReason.ERROR and failed.failure is RowFailure.INVALID_SAMPLING_INPUT
+    assert len(failed.token_ids) >= 3
+    assert_drained(program)
