@@ -1,9 +1,9 @@
 """The fast MTP round's graphs timed on their own: per B, one verify pass (backup copies, target pass, MTP advance;
 `ninfer/fast/verify_graphs.py`) replayed from its captured graph against the same body run eagerly, the B = 1 replay
 graph (a cut block's replay) likewise, and the draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained
-steps, without the draws between them), at a context of `context` positions on the plan's dummy slot and row (no
-live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graphs' device time
-from the host work around them.
+steps with their draws, greedy and sort variants), at a context of `context` positions on the plan's dummy slot and
+row (no live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graphs'
+device time from the host work around them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import statistics
 import time
 
 import torch
+
+from ninfer.fast.sampling.rows import GREEDY, SORT
 
 
 def _median_ms(call, device: str, reps: int) -> float:
@@ -51,24 +53,28 @@ def round_graph_times(program, batches, context: int, device: str, reps: int = 2
 
 
 def _draft_times(program, batches, context: int, device: str, reps: int) -> list[dict]:
-    """Per B: the start graph and k step graphs in a row (the draws left out), against the same bodies eagerly."""
+    """Per B and draw variant (greedy; sort: sampled rows with top-k/top-p): the start graph and k step graphs in a
+    row, each step with its draw, against the same bodies eagerly."""
     drafter, k, plan = program.executor.drafter, program.executor.spec.k, program.model.plan
     rows = []
     for B in batches:
-        drafter.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [context] * B, [0] * B, [0] * B)
-        graphs = [drafter.graphs.get(("start", B))] + [drafter.graphs.get(("step", B))] * k
-        bodies = [drafter.start] + [drafter.step] * k
+        for variant in (GREEDY, SORT):
+            drafter.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [context] * B, [0] * B, [0] * B, [k] * B)
+            drafter.draws.fill_dummy(B, variant, drafter.spec.tables.dummy_row)
+            keys = [("start", B, None)] + [("step", B, variant)] * k
 
-        def replay():
-            for g in graphs:
-                g.replay()
+            def replay():
+                for key in keys:
+                    drafter.graphs[key].replay()
 
-        def eager():
-            for body in bodies:
-                body(B)
-        rows.append({"B": B, "k": k, "pass": "draft", "context": context,
-                     "graph_ms": None if None in graphs else _median_ms(replay, device, reps),
-                     "eager_ms": _median_ms(eager, device, reps)})
+            def eager():
+                drafter.start(B)
+                for _ in range(k):
+                    drafter.step(B, variant)
+            captured = all(key in drafter.graphs for key in keys)
+            rows.append({"B": B, "k": k, "pass": f"draft ({variant})", "context": context,
+                         "graph_ms": _median_ms(replay, device, reps) if captured else None,
+                         "eager_ms": _median_ms(eager, device, reps)})
     return rows
 
 

@@ -1,13 +1,12 @@
 """CUDA graphs of the MTP head's draft: per exact number of drafting rows B, a ``start`` graph (each row's private
 table, its frontier's partial page copied into its scratch, the chain seeded with the stored hidden and the pending
-token) and a ``step`` graph (one chained MTP step of every row: its pair's K/V into the scratch, attention over the
-row's pages, the draft logits; the chain's hidden and position advanced in place), replayed once per draft position.
-Each step's draw (``SpecSampler.draw``) runs between two replays on the ``logits`` buffer and writes the drawn
-tokens into ``tokens``, the next step's input.
+token, the draws reset) and one ``step`` graph per draw variant (one chained MTP step of every row: its pair's K/V
+into the scratch, attention over the row's pages, the draft logits and their draw, ``SpecSampler.draw_static``; the
+chain's hidden, position and drawn token advanced in place), replayed once per draft position.
 
-Stability note: graphs are keyed by (kind, B) alone; the per-round quantities (each row's slot, block-table row,
-frontier and pending token) are one int32 tensor of input data, copied in once a round; page ids are read on the
-device from ``pools.block_tables``. The chain never writes a sequence's pages: chained pair F - 1 + j goes to page
+Stability note: graphs are keyed by (kind, B, variant) alone; the per-round quantities (each row's slot, block-table
+row, frontier, pending token, rope delta and room) are one int32 tensor of input data and the draws' parameter rows
+another (``StaticDraws``), copied in once a round; page ids are read on the device from ``pools.block_tables``. The chain never writes a sequence's pages: chained pair F - 1 + j goes to page
 position F + j, which the core takes only at verify, so a row's private table points its frontier's page and the
 ones after at the row's scratch pages in the k/v pools (``Pools.scratch_page``; the dummy row has its own, which
 warm-up and capture use), the partial page copied there first. The attention is one decode-attention row per draft
@@ -18,7 +17,7 @@ rows, docs/speculative.md "Images"). Without CUDA (or with ``use_graphs=False``)
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,29 +27,34 @@ from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
+from ninfer.fast.sampling import VARIANTS
+from ninfer.fast.sampling.draft_block import DraftBlock
+from ninfer.fast.sampling.spec import DRAW_STEPS, RowParams, SpecSampler, draw_variant
+from ninfer.fast.sampling.static_draws import StaticDraws
 
-_ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas")
+_ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas", "room")
 
 
 class DraftGraphRunner:
-    def __init__(self, model: FastModel, max_batch: int, use_graphs: bool | None = None):
+    def __init__(self, model: FastModel, max_batch: int, spec: SpecSampler, use_graphs: bool | None = None):
         plan, dev = model.plan, model.device
         if model.mtp is None or not plan.scratch_pages or not 1 <= max_batch <= plan.max_seqs:
             raise ValueError(f"draft graphs need the MTP head, scratch pages and 1..{plan.max_seqs} rows; the plan "
                              f"has mtp={plan.mtp}, {plan.scratch_pages} scratch pages")
-        self.model, self.max_batch = model, max_batch
+        self.model, self.max_batch, self.spec = model, max_batch, spec
+        self.draws = StaticDraws(max_batch, spec.k, model.cfg.vocab_size, dev)
         on_cuda = dev.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [5, max_batch]
-        self.slot_ids, self.table_rows, self.frontiers, self.pending, self.rope_deltas = self.packed.unbind(0)
+        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [6, max_batch]
+        self.slot_ids, self.table_rows, self.frontiers, self.pending, self.rope_deltas, self.draws.room = \
+            self.packed.unbind(0)
         self.table = torch.zeros(max_batch, plan.max_pages_per_seq, dtype=torch.int32, device=dev)  # private
         self.positions = torch.zeros(max_batch, dtype=torch.int32, device=dev)  # the chain's next page position
         self.hidden = torch.zeros(max_batch, model.cfg.hidden_size, dtype=plan.dtype, device=dev)  # [B, H]
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)  # the next step's input tokens
-        self.logits = torch.zeros(max_batch, model.cfg.vocab_size, dtype=torch.float32, device=dev)  # [B, V]
         self._pages = torch.arange(plan.max_pages_per_seq, device=dev)  # [max_pages]
         self._first = torch.ones(max_batch, dtype=torch.int32, device=dev)  # every row's first key
-        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[str, int, str | None], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
     def start(self, B: int) -> None:
@@ -69,9 +73,11 @@ class DraftGraphRunner:
         self.hidden[:B].copy_(mtp.hidden.index_select(0, self.slot_ids[:B].long()))
         self.tokens[:B].copy_(self.pending[:B])
         self.positions[:B].copy_(F)
+        self.draws.reset(B)
 
-    def step(self, B: int) -> None:
-        """The ``step`` graph's body: chained pair positions - 1 of every row, its draft logits into ``logits``."""
+    def step(self, B: int, variant: str) -> None:
+        """The ``step`` graph's body: chained pair positions - 1 of every row, its draft drawn with the variant's
+        steps (`SpecSampler.draw_static`) into ``draws`` and ``tokens`` (the next step's input)."""
         pools, mtp, ps = self.model.pools, self.model.mtp, self.model.plan.page_size
         pos, table = self.positions[:B], self.table[:B]
         page = table.gather(1, (pos // ps).long()[:, None])[:, 0].long()
@@ -81,63 +87,81 @@ class DraftGraphRunner:
         h = mtp.forward(self.hidden[:B], F.embedding(self.tokens[:B], self.model.weights.embed), step,
                         pools.k[mtp.pool], pools.v[mtp.pool])
         self.hidden[:B].copy_(h)
-        self.logits[:B].copy_(self.model.logits(h))
+        self.tokens[:B].copy_(self.spec.draw_static(self.draws, B, DRAW_STEPS[variant], self.model.logits(h)))
         self.positions[:B] += 1
 
     def capture(self, warmup: int = 2) -> None:
-        """Both graphs for every B, largest first, one shared pool, on the dummy slot and row."""
+        """The start graph and one step graph per draw variant for every B, largest first, one shared pool, on the
+        dummy slot and rows (the sampler tables' dummy row)."""
         if not self.use_graphs:
             return
         plan, stream = self.model.plan, torch.cuda.Stream(device=self.model.device)
         with no_collection_during_capture():
             for B in range(self.max_batch, 0, -1):
-                self.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B)
-                for kind, body in (("start", self.start), ("step", self.step)):
-                    stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(stream):
-                        for _ in range(warmup):
-                            body(B)
-                    torch.cuda.current_stream().wait_stream(stream)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self._pool):
-                        body(B)
-                    if self._pool is None:
-                        self._pool = graph.pool()
-                    self.graphs[kind, B] = graph
+                self.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B, [self.spec.k] * B)
+                self._capture(("start", B, None), lambda: self.start(B), stream, warmup)
+                for variant in VARIANTS:
+                    self.draws.fill_dummy(B, variant, self.spec.tables.dummy_row)
+                    # each step from a fresh start: the draft index stays inside 0..k-1
+                    self._capture(("step", B, variant), lambda: self.step(B, variant), stream, warmup,
+                                  before=lambda: self.start(B))
         torch.cuda.synchronize(self.model.device)
 
+    def _capture(self, key, body, stream: torch.cuda.Stream, warmup: int, before=None) -> None:
+        """Warm `body` (each run after `before`) on a side stream, then capture it as graph `key`."""
+        stream.wait_stream(torch.cuda.current_stream())
+        before = before or (lambda: None)
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                before()
+                body()
+            before()  # the captured run's inputs
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            body()
+        if self._pool is None:
+            self._pool = graph.pool()
+        self.graphs[key] = graph
+
     def fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],
-             pending: Sequence[int], rope_deltas: Sequence[int]) -> int:
-        """The rows' (slot, block-table row, frontier, pending token, rope delta) into the inputs, one copy; returns
-        B."""
+             pending: Sequence[int], rope_deltas: Sequence[int], room: Sequence[int]) -> int:
+        """The rows' (slot, block-table row, frontier, pending token, rope delta, drafts it may take) into the
+        inputs, one copy; returns B."""
         B = len(slots)
         self.packed[:, :B].copy_(to_device([list(slots), list(rows), list(frontiers), list(pending),
-                                            list(rope_deltas)], self.model.device))
+                                            list(rope_deltas), list(room)], self.model.device))
         return B
 
-    def _run(self, kind: str, B: int) -> None:
-        graph = self.graphs.get((kind, B))
+    def run(self, kind: str, B: int, variant: str | None = None) -> None:
+        """Replay graph (kind, B, variant), or run its body eagerly when there is none."""
+        graph = self.graphs.get((kind, B, variant))
         if graph is not None:
             graph.replay()
+        elif kind == "start":
+            self.start(B)
         else:
-            (self.start if kind == "start" else self.step)(B)
+            self.step(B, variant)
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
-              ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
+              ks: Sequence[int], params: RowParams, block: DraftBlock,
               media: Sequence[PromptMedia | None] | None = None) -> None:
-        """``MtpHead.draft``'s contract through the graphs: max(ks) chained steps for the rows with ks[i] > 0,
-        ``draw(j, live [b] long batch rows, logits [b, V]) -> tokens [b] long`` between them; nothing of any
-        sequence changes. A row of `media` with images rotates at its positions + rope_delta."""
+        """``MtpHead.draft`` with ``SpecSampler.draw`` through the graphs: max(ks) chained steps, each drawn on the
+        device, for the rows with ks[i] > 0, from the round's parameter rows (``SpecSampler.draft_rows``); the
+        drafts go into `block`. Nothing of any sequence changes. A row of `media` with images rotates at its
+        positions + rope_delta."""
         live = [i for i, k in enumerate(ks) if k]
         if not live:
             return
         deltas = [0 if m is None else m.rope_delta for m in (media or [None] * len(ks))]
-        B = self.fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas)))
-        self._run("start", B)
+        B = self.fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas, ks)))
         at = to_device(live, self.model.device, torch.long)
-        for j in range(max(ks)):
-            self._run("step", B)
-            self.tokens[:B].copy_(draw(j, at, self.logits[:B]))
+        self.draws.load(params.ip, params.fp, at, B)
+        variant = draw_variant(params.steps)
+        self.run("start", B)
+        for _ in range(max(ks)):
+            self.run("step", B, variant)
+        self.draws.store(block, at, B)
 
     def reset(self) -> None:
         """Drop the graphs and their pool (before the model's tensors are freed)."""

@@ -136,14 +136,16 @@ def prefill_graph_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> i
 
 def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.dtype) -> int:
     """The MTP round's graphs for ``max_seqs`` rows and blocks of ``width`` = k + 1 tokens: the verify graphs'
-    static logits (fp32, ``max_seqs * width`` rows, ``ninfer.fast.verify_graphs``), the draft graphs' (fp32 logits
-    and the chained hidden of ``max_seqs`` rows, ``ninfer.fast.draft_graphs``), and one pass's transients in each
-    set's pool (a decode step's of that many rows, ``workspace_bytes``), which the eager allocator's share does not
-    cover since no plain decode graph is captured under a backend."""
+    static logits (fp32, ``max_seqs * width`` rows, ``ninfer.fast.verify_graphs``), the draft graphs' buffers (the
+    chained hidden of ``max_seqs`` rows, ``ninfer.fast.draft_graphs``, and their draws' ``StaticDraws``: fp32 z and
+    96 bytes of parameters per draft), and one pass's transients in each set's pool (a decode step's of that many
+    rows, ``workspace_bytes``), which the eager allocator's share does not cover since no plain decode graph is
+    captured under a backend."""
     if not width:
         return 0
     act, rows = torch.finfo(dtype).bits // 8, max_seqs * width
-    outputs = rows * 4 * cfg.vocab_size + max_seqs * (4 * cfg.vocab_size + act * cfg.hidden_size)
+    draws = max_seqs * (width - 1) * (4 * cfg.vocab_size + 96 + 8)
+    outputs = rows * 4 * cfg.vocab_size + max_seqs * act * cfg.hidden_size + draws
     pools = [workspace_bytes(cfg, 1, n, dtype) - sampling_bytes(cfg.vocab_size, n) for n in (rows, max_seqs)]
     return outputs + sum(pools)
 

@@ -96,8 +96,8 @@ def test_bench_spec_smoke_fast(tmp_path):
     _check_spec(results)
     # the verify graphs' own times: nothing is captured on the CPU, the same body runs eagerly
     graphs = results["models"]["tiny"]["round_graphs"]
-    assert [(r["B"], r["pass"]) for r in graphs] == [(1, "verify"), (2, "verify"), (1, "replay"), (1, "draft"),
-                                                     (2, "draft")]
+    assert [(r["B"], r["pass"]) for r in graphs] == [(1, "verify"), (2, "verify"), (1, "replay"), (1, "draft (greedy)"),
+                                                     (1, "draft (sort)"), (2, "draft (greedy)"), (2, "draft (sort)")]
     assert all(r["graph_ms"] is None and _positive(r["eager_ms"]) and r["k"] == 3 for r in graphs)
 
 

@@ -36,14 +36,15 @@ def test_too_small_a_budget_names_what_is_missing():
 
 
 def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
-    """An MTP backend's graphs (k = 3: verify blocks of 4 rows each) cost their fp32 logits, the draft's hidden, one
-    pass's transients in each pool and every row's scratch pages (the dummy row's too); the KV pages get the rest,
-    and the k/v pools hold the scratch after the dummy page."""
+    """An MTP backend's graphs (k = 3: verify blocks of 4 rows each) cost their fp32 logits, the draft's hidden and
+    draws, one pass's transients in each pool and every row's scratch pages (the dummy row's too); the KV pages get
+    the rest, and the k/v pools hold the scratch after the dummy page."""
     cfg = tiny_config()
     kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, mtp=True)
     plain, spec = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=4, **kw)
     graphs = spec_graph_bytes(cfg, 3, 4, torch.float32)
-    assert graphs >= (2 * 12 + 2 * 3) * 4 * cfg.vocab_size  # the outputs and a pass's logits, verify and draft
+    # the verify logits and a pass's, a draft step's logits and the draws' q: all fp32 rows of the vocabulary
+    assert graphs >= (2 * 12 + 3 + 3 * 3) * 4 * cfg.vocab_size
     assert (plain.verify_rows, spec.verify_rows, plain.scratch_pages, spec.scratch_pages) == (0, 12, 0, 2)
     assert spec.workspace_bytes - plain.workspace_bytes == graphs + 4 * 2 * plain.page_bytes
     taken = (graphs + 8 * plain.page_bytes) / plain.page_bytes

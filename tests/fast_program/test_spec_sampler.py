@@ -16,6 +16,7 @@ from ninfer.fast.ops.sample.layout import pack_bits
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.spec import SpecSampler
+from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.sampling import RowContext, SamplingError, SamplingParams, accept, draw_draft
 
 V, K, EOS = 61, 3, 5
@@ -85,6 +86,38 @@ def test_device_drafts_equal_draw_draft():
         for j, q in enumerate(qs):
             if q is not None:
                 assert torch.allclose(torch.softmax(block.z[b, j].double(), -1), q, atol=1e-6), (b, j)
+
+
+def test_static_draws_equal_the_eager_draws():
+    """The draft graphs' draws (`SpecSampler.draw_static` on `StaticDraws`: the draft index a device scalar, the
+    drafting rows compact) equal `draw` on the round's block, drafts, counts and q, for every parameter mix above
+    and a row that cannot be drawn from, with buffers left dirty by an earlier round of more steps."""
+    gen = torch.Generator().manual_seed(5)
+    seqs, ctxs = _rows(gen)
+    spec = _spec()
+    rows = spec.draft_rows(seqs, ctxs, K)
+    greedy = [c.params.is_greedy for c in ctxs]
+    draws = StaticDraws(len(PARAMS), K, V, torch.device("cpu"))
+    # first K steps over logits every draft of which is drawable, then two steps (no row has more room)
+    for rooms in ([3, 2, 3, 1, 0], [2, 2, 1, 1, 0]):
+        live = torch.tensor([b for b, k in enumerate(rooms) if k])
+        B, steps = len(live), max(rooms)
+        logits = 3 * torch.randn(steps, B, V, generator=gen)
+        if steps < K:
+            logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn
+        draws.load(rows.ip, rows.fp, live, B)
+        draws.room[:B] = torch.tensor([rooms[b] for b in live.tolist()], dtype=torch.int32)
+        draws.reset(B)
+        for j in range(steps):
+            spec.draw_static(draws, B, rows.steps, logits[j])
+    eager = DraftBlock.empty(rooms, K, V, torch.device("cpu"), greedy)
+    for j in range(steps):
+        spec.draw(rows, eager, j, live, logits[j])
+    static = DraftBlock.empty(rooms, K, V, torch.device("cpu"), greedy)
+    draws.store(static, live, B)
+    assert static.num.tolist() == eager.num.tolist() == [1, 2, 1, 1, 0]
+    assert torch.equal(static.tokens, eager.tokens)
+    torch.testing.assert_close(static.z, eager.z, rtol=0, atol=0, equal_nan=True)  # the NaN row's q is NaN
 
 
 def _masks(gen, lens):

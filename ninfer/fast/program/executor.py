@@ -9,10 +9,10 @@ the device), `verify` (each row backed up, then every row's [pending, drafts] in
 `FastModel.verify`, reading the drafts on the device) and `accept` (`SpecSampler`: p per verified position and
 `spec_accept` on the device, one host copy of the results). The target pass and a cut block's replay run from the
 verify graphs' static buffers (`VerifyGraphRunner`, one graph per exact B on CUDA), which back the rows up
-themselves; the MTP head's chained draft steps run from the draft graphs' (`DraftGraphRunner`), each step's draw
-between two replays. Every consumption of tokens (prefill, verify, feed)
-also advances the slot's MTP state (`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and
-`feed` runs the decode recurrence (`FastModel.verify`), so a replayed block equals the same tokens decoded.
+themselves; the MTP head's chained draft steps, each with its draw, run from the draft graphs'
+(`DraftGraphRunner`). Every consumption of tokens (prefill, verify, feed) also advances the slot's MTP state
+(`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and `feed` runs the decode recurrence
+(`FastModel.verify`), so a replayed block equals the same tokens decoded.
 
 With the DFlash backend (`dflash`, `dflash_backend.FastDFlashBackend`) the same consumptions ask the model for the
 target taps and write the drafter context of their positions into the drafter's pages; `draft` is its one batched
@@ -71,7 +71,9 @@ class FastExecutor:
         self.mtp = model.mtp  # the speculative backend's head (None: plain decoding or DFlash)
         self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
         # a round's draws and acceptance on the device (None: plain decoding)
-        self.spec = SpecSampler(sampler, draft_tokens) if draft_tokens else None
+        # (the draft graphs' own when they exist: one sampler's workspaces)
+        self.spec = drafter.spec if drafter is not None else \
+            SpecSampler(sampler, draft_tokens) if draft_tokens else None
         # the verify and replay graphs of the MTP round (None: eager multi-query passes, as DFlash's need taps)
         self.verifier = verifier
         # the MTP draft's graphs (None: the head's eager chained steps over a gathered copy of its KV)
@@ -178,10 +180,13 @@ class FastExecutor:
         block = DraftBlock.empty(ks, self.spec.k, self.model.cfg.vocab_size, self.device,
                                  [c.params.is_greedy for c in ctxs])
         rows = self.spec.draft_rows(seqs, ctxs, self.spec.k)
-        head = self.mtp if self.drafter is None else self.drafter
-        head.draft([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
-                   [s.pending for s in seqs], ks, lambda j, live, logits: self.spec.draw(rows, block, j, live, logits),
-                   [s.media for s in seqs])
+        args = ([s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs],
+                [s.pending for s in seqs], ks)
+        if self.drafter is None:
+            self.mtp.draft(*args, lambda j, live, logits: self.spec.draw(rows, block, j, live, logits),
+                           [s.media for s in seqs])
+        else:
+            self.drafter.draft(*args, rows, block, [s.media for s in seqs])
         return block
 
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:

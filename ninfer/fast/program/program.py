@@ -27,6 +27,7 @@ from ninfer.fast.model.vision import FastVisionTower
 from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
 from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.fast.sampling import DeviceSampler
+from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig
@@ -110,7 +111,7 @@ class FastProgram(Program):
         elif mtp:
             verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0))
             verifier.capture()
-            drafter_graphs = DraftGraphRunner(model, c.max_concurrency)
+            drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens))
             drafter_graphs.capture()
         self.sampler.capture()
         # short prefill pieces as graphs (a plain dense model whose plan counted their pool), eager on a CPU

@@ -33,12 +33,23 @@ from ninfer.sampling import Accepted, RowContext
 from ninfer.sampling.philox import STREAM_DRAFT, gumbel_noise
 
 from .draft_block import DraftBlock
-from .rows import SampleRow, fill_row, host_error, mask_words, row_flags
+from .rows import GREEDY, SAMPLE, SORT, SampleRow, fill_row, host_error, mask_words, row_flags
 from .sampler import DeviceSampler
 from .spec_steps import Steps, adjust, draft_counts, status, truncated
+from .static_draws import StaticDraws
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 _FAILURE = {L.BAD_LOGITS: RowFailure.NON_FINITE_LOGITS, L.ALL_MASKED: RowFailure.NOTHING_ALLOWED}
+# the steps of a draft draw per graph variant (rows.py): steps 1-4 always (each an identity for a row without its
+# flag); the random ones with min-p (an identity at 0), the sort variant with top-k/top-p
+DRAW_STEPS = {GREEDY: Steps(bias=True, min_tokens=True, penalties=True),
+              SAMPLE: Steps(bias=True, min_tokens=True, penalties=True, random=True, min_p=True),
+              SORT: Steps(bias=True, min_tokens=True, penalties=True, random=True, sort=True, min_p=True)}
+
+
+def draw_variant(steps: Steps) -> str:
+    """The draft graph variant whose steps cover `steps` (the round's own)."""
+    return SORT if steps.sort else SAMPLE if steps.random else GREEDY
 
 
 @dataclass
@@ -85,30 +96,57 @@ class SpecSampler:
             plain = self.tables.invalid[s.row]
             entries += [(SampleRow(c.params, c.seed, s.frontier + 1 + j, s.row, s.handle, s.num_outputs + j, s),
                          plain) for j in range(k)]
-        return self._rows(entries, False)
+        rows = self._rows(entries, False)
+        # the draft graph variant's steps: a step no row of the call needs is an identity per row, so the eager
+        # draws and the graphed ones run the same steps
+        rows.steps = DRAW_STEPS[draw_variant(rows.steps)]
+        return rows
 
     def draw(self, rows: RowParams, block: DraftBlock, j: int, live: torch.Tensor, logits: torch.Tensor
              ) -> torch.Tensor:
         """Draft j of the batch rows `live` [b] long from the draft logits [b, V]; recorded in `block`; returns the
         tokens [b] long (the next draft step's inputs)."""
-        k, V = self.k, logits.shape[-1]
-        at = live * k + j
-        ip, fp = rows.ip[at], rows.fp[at]
-        extra = draft_counts(block.tokens[live], torch.full_like(live, j), V) if rows.steps.penalties and j else None
-        x = adjust(logits, ip, fp, None, self.tables, rows.steps, extra)
-        ok = status(x) == L.OK
-        token = torch.argmax(x, dim=-1)
-        if rows.steps.random:
-            z = truncated(x, ip, fp, rows.steps)
-            noise = gumbel_noise(ip[:, L.SEED], ip[:, L.POSITION], V, STREAM_DRAFT)
-            race = torch.argmax(z.double() + noise.double(), dim=-1)
-            token = torch.where(ip[:, L.FLAGS] & L.GREEDY != 0, token, race)
+        at = live * self.k + j
+        upto = torch.full_like(live, j) if j else None  # no drafts before the first: no counts to add
+        token, z, ok = self._draw(rows.ip[at], rows.fp[at], rows.steps, block.tokens[live], upto, logits)
+        if z is not None:
             block.z[live, j] = z
         block.tokens[live, j] = token
         # a row keeps drafting while every draft so far could be drawn: num counts that unbroken prefix
         room = to_device(block.lens, self.device)[live]
         block.num[live] += (ok & (block.num[live] == j) & (j < room)).to(torch.int32)
         return token
+
+    def draw_static(self, d: StaticDraws, B: int, steps: Steps, logits: torch.Tensor) -> torch.Tensor:
+        """`draw` on the draft graphs' buffers (graph-safe): draft d.j of rows 0..B-1 from logits [B, V] with the
+        variant's steps, recorded in `d` (d.j advanced); returns the tokens [B] long."""
+        j = d.j  # [1] long
+        ip, fp = d.ip[:B].index_select(1, j)[:, 0], d.fp[:B].index_select(1, j)[:, 0]  # [B, NI], [B, NF]
+        token, z, ok = self._draw(ip, fp, steps, d.drafts[:B], j.expand(B), logits)
+        if z is not None:
+            d.z[:B].index_copy_(1, j, z[:, None])
+        d.drafts[:B].index_copy_(1, j, token[:, None])
+        num = d.num[:B]
+        num += (ok & (num == j) & (j < d.room[:B])).to(torch.int32)
+        j += 1
+        return token
+
+    def _draw(self, ip: torch.Tensor, fp: torch.Tensor, steps: Steps, prior: torch.Tensor, upto: torch.Tensor | None,
+              logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """One draft per row: the processed logits of the row's parameters (ip/fp [b, NI]/[b, NF]) with its first
+        upto[r] drafts of prior [b, k] in the penalties' history; (tokens [b] long: argmax or, random rows, the race
+        on STREAM_DRAFT; z [b, V] the processed logits, None when no row is random; drawable [b] bool)."""
+        V = logits.shape[-1]
+        extra = draft_counts(prior, upto, V) if steps.penalties and upto is not None else None
+        x = adjust(logits, ip, fp, None, self.tables, steps, extra)
+        ok = status(x) == L.OK
+        token = torch.argmax(x, dim=-1)
+        if not steps.random:
+            return token, None, ok
+        z = truncated(x, ip, fp, steps)
+        noise = gumbel_noise(ip[:, L.SEED], ip[:, L.POSITION], V, STREAM_DRAFT)
+        race = torch.argmax(z.double() + noise.double(), dim=-1)
+        return torch.where(ip[:, L.FLAGS] & L.GREEDY != 0, token, race), z, ok
 
     # ---- acceptance -------------------------------------------------------------------------------------------
     def accept(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
