@@ -164,3 +164,24 @@ def test_a_capture_on_or_beside_a_piece_boundary_resumes_as_the_cold_run(make_bo
             assert_same(got, want), f
         prog.check_invariants()
     cold.check_invariants()
+
+
+def test_the_fast_program_prefills_short_pieces_through_its_graphs(make_fast, prompt_of):
+    """A piece up to the largest bucket (128 here) runs the prefill graphs' padded body, cut at each capture inside
+    it (the checkpoints equal the eager Program's); a longer piece, or a Program without prefill graphs, runs
+    eagerly."""
+    graphed, eager = make_fast(prefill_graph_tokens=128), make_fast(prefill_graph_tokens=0)
+    assert graphed.pieces.buckets == (64, 128) and eager.pieces is None
+    assert make_fast().pieces.buckets == (64, 128, 256)  # the default 512, capped by the 256-token context
+    runs, run_piece = [], graphed.pieces.run
+    graphed.pieces.run = lambda tokens, slot, row, start: runs.append((start, start + len(tokens))) or \
+        run_piece(tokens, slot, row, start)
+    prompt = prompt_of(45, seed=21)
+    ids = [checkpoints(p, prompt, [64]) for p in (graphed, eager)]
+    assert runs == [(0, 13), (13, 30), (30, 45)]
+    for f in CAPTURES:
+        assert_same_state(*(flat(p.store.load_slot(p.ckpts[i[f]].slot)) for p, i in zip((graphed, eager), ids)))
+    runs.clear()
+    r = materialize(graphed, prompt_of(150, seed=3), 9)
+    generate(graphed, r.handle, 2, [150])
+    assert runs == []  # 150 tokens: past the largest bucket, one eager piece

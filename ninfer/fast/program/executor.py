@@ -99,8 +99,8 @@ class FastExecutor:
         slot = seq.handle.slot
         if self.dflash is not None:
             return self._prefill_dflash(seq, start, end, captures)
-        if self.mtp is None and seq.media is None and not captures and self._graphed(end - start):
-            return self.pieces.run(seq.prompt[start:end], slot, seq.row, start)  # [V] fp32, the graph's buffer
+        if self.mtp is None and seq.media is None and self._piece_graphed(end - start):
+            return self._prefill_graphed(seq, start, end, captures)
         ids, image_args = self._inputs(seq, start, end)
         if self.mtp is None:
             return self.model.prefill(ids, slot, seq.row, start, captures=captures, **image_args)  # [V] fp32
@@ -138,10 +138,23 @@ class FastExecutor:
             self.dflash.advance([seq.row], [at], [n], taps, [seq.media])
         return logits  # [V] fp32 of the last token
 
-    def _graphed(self, n: int) -> bool:
-        """Whether an n-token piece of a plain text prefill replays a bucket graph. A checkpoint inside the piece
-        runs eagerly (its chunk grid restarts there: host-built), as a piece past the largest bucket does."""
+    def _piece_graphed(self, n: int) -> bool:
+        """Whether an n-token piece of a plain text prefill replays prefill graphs (a piece past the largest bucket
+        runs eagerly)."""
         return self.pieces is not None and self.pieces.bucket(n) is not None
+
+    def _prefill_graphed(self, seq: ActiveSequence, start: int, end: int,
+                         captures: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """The piece through the prefill graphs, cut at each checkpoint inside it: the live state after a cut is
+        the checkpoint's (an eager call restarts its GDN chunk grid at a checkpoint too, so the states are the
+        same; KV is paged: nothing to copy). Returns the last token's logits [V] fp32 (the graph's buffer)."""
+        slot = seq.handle.slot
+        bounds = [start, *(f for f, _ in captures), end]
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            logits = self.pieces.run(seq.prompt[a:b], slot, seq.row, a)
+            if i < len(captures):
+                self.store.copy_slot(slot, captures[i][1])
+        return logits
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
@@ -163,7 +176,7 @@ class FastExecutor:
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         if self.mtp is None and self.dflash is None:
             rope = ImageInputs.feed_positions(seq, seq.frontier, len(tokens), self.device)
-            if rope is None and self._graphed(len(tokens)):
+            if rope is None and self._piece_graphed(len(tokens)):
                 self.pieces.run(tokens, seq.handle.slot, seq.row, seq.frontier)
                 return
             self.model.prefill(self._tokens(tokens), seq.handle.slot, seq.row, seq.frontier, rope_positions=rope)
