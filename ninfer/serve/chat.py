@@ -64,6 +64,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     handles = await state.preparer.run(lambda: _submit_all(state, body, deadline), deadline=deadline,
                                        disconnected=request.is_disconnected, discard=state.abandon)
     choices = Choices(handles, state.metrics, state.active)
+    choices.pump()
     ident = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": state.model_name,
              "system_fingerprint": state.fingerprint}
     if body.stream:

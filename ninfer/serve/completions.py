@@ -75,6 +75,7 @@ async def completions(body: CompletionRequest, request: Request, state: ServerSt
     handles = await state.preparer.run(lambda: _submit_all(state, body, prepared, deadline), deadline=deadline,
                                        disconnected=request.is_disconnected, discard=state.abandon)
     choices = Choices(handles, state.metrics, state.active)
+    choices.pump()
     if body.stream:
         include = body.stream_options is not None and body.stream_options.include_usage
         return EventStream(_stream(state, body, choices, ident, include, request.is_disconnected),

@@ -2,8 +2,9 @@
 
 Validation is 400 (OpenAI's status for input-schema violations; FastAPI's 422 is overridden), a bad key 401, an
 unknown model or route 404, a slow body 408, an overloaded Engine 429 (queue full) or 503 (Engine unavailable,
-still loading, shutting down; no grammar compiler process could start, for a request with structured output). A 5xx never carries internal exception text: `internal()` logs the detail under an
-error id and the client gets a generic message with that id.
+still loading, shutting down; no grammar compiler process or request thread could start). A 5xx never carries
+internal exception text: `internal()` logs the detail under an error id and the client gets a generic message with
+that id.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def internal(status: int, detail: str, *, code: str = "internal_error", what: st
     log.error("error %s (%d %s): %s", error_id, status, code, detail, exc_info=exc)
     what = what or ("the engine failed" if code == "engine_error" else "internal server error")
     return APIError(status, f"{what} (error id {error_id})", code=code)
+
+
+def host_overloaded(what: str, exc: BaseException) -> APIError:
+    """A 503 for a request the host could not give a thread (or process) now (`RuntimeError: can't start new
+    thread`, an EAGAIN): the server's overload, not the request's fault; the detail goes to the log."""
+    log.warning("%s: %s", what, exc)
+    return APIError(503, f"the server cannot start {what} right now; retry later", code="server_overloaded")
 
 
 def envelope(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Bridging Engine handles (blocking queues on the Engine's side) into the server's event loop.
 
-One pump thread per submitted choice forwards its events into one asyncio queue, tagged with the choice index.
+One pump thread per submitted choice forwards its events into one asyncio queue, tagged with the choice index; the
+pumps start before the response does (a host out of threads is a 503, `Choices.pump`).
 `Choices.close()` runs however a response ends (done, client gone, task cancelled, or a stream closed before its
 body ever ran): it closes every handle, which cancels what still runs and frees its Engine capacity. That is how
 a disconnect reaches the Engine.
@@ -20,6 +21,8 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 from ninfer.contracts import GenerationResult, GenerationStart
 from ninfer.engine.engine import GenerationHandle
 
+from .errors import host_overloaded
+
 DISCONNECT_POLL_S = 0.25
 
 
@@ -30,6 +33,7 @@ class Choices:
     def __init__(self, handles: Sequence[GenerationHandle], metrics=None, registry: set | None = None):
         self.handles, self.metrics, self.registry = list(handles), metrics, registry
         self.phase = ["waiting"] * len(self.handles)
+        self.queue: asyncio.Queue | None = None  # (choice index, event), filled by the pumps (`pump`)
         if metrics is not None:
             metrics.move(waiting=len(self.handles))
         if registry is not None:
@@ -43,6 +47,19 @@ class Choices:
             self._move(index, "running")
         elif isinstance(ev, GenerationResult):
             self._move(index, "done")
+
+    def pump(self) -> None:
+        """Start one pump thread per choice into `queue`, on the running loop: before a response starts, so that a
+        host out of threads answers 503 in the envelope (`host_overloaded`), every handle closed (its Engine
+        capacity freed), and the server goes on serving."""
+        loop, self.queue = asyncio.get_running_loop(), asyncio.Queue()
+        try:
+            for i, h in enumerate(self.handles):
+                threading.Thread(target=_pump, args=(h, i, loop, self.queue), name=f"ninfer-pump-{h.request_id}",
+                                 daemon=True).start()
+        except RuntimeError as e:  # can't start new thread: a pump already started ends with its closed handle
+            self.close()
+            raise host_overloaded("a thread for this request's output", e) from None
 
     def cancel(self) -> int:
         """Ask the Engine to end every unfinished choice; their events keep flowing to the response. Returns
@@ -85,12 +102,10 @@ def _pump(handle: GenerationHandle, index: int, loop: asyncio.AbstractEventLoop,
 
 async def choice_events(choices: Choices, disconnected: Callable[[], Awaitable[bool]] | None = None) \
         -> AsyncIterator[tuple[int, object]]:
-    """(choice index, event) in arrival order until every choice has its GenerationResult, or the client left."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    for i, h in enumerate(choices.handles):
-        threading.Thread(target=_pump, args=(h, i, loop, queue), name=f"ninfer-pump-{h.request_id}",
-                         daemon=True).start()
+    """(choice index, event) in arrival order until every choice has its GenerationResult, or the client left; the
+    choices' pumps are started (`Choices.pump`)."""
+    queue = choices.queue
+    assert queue is not None, "choice_events before Choices.pump"
     remaining, checked = len(choices), time.monotonic()
     try:
         while remaining:

@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 from ninfer.frontend.grammar.workers import current_cancel
 from ninfer.frontend.media import ImageData
 
-from .errors import APIError
+from .errors import APIError, host_overloaded
 
 CANCEL_POLL_S = 0.05  # how often a waiting remote fetch looks at its request's cancel event and deadline
 
@@ -179,7 +179,10 @@ def _remote(url: str, where: str, policy: MediaPolicy) -> bytes:
     deadline, whichever comes first."""
     cancel, deadline = current_cancel(), time.monotonic() + policy.fetch_timeout
     fetch = _Fetch(url, where, policy, deadline)
-    threading.Thread(target=fetch.run, name="ninfer-media-fetch", daemon=True).start()
+    try:
+        threading.Thread(target=fetch.run, name="ninfer-media-fetch", daemon=True).start()
+    except RuntimeError as e:  # can't start new thread: the host's overload, not the request's
+        raise host_overloaded("a media fetch", e) from None
     while not fetch.done.wait(CANCEL_POLL_S):
         if cancel is not None and cancel.is_set():
             fetch.stop.set()

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from ninfer.frontend.grammar.workers import cancellable
 
-from .errors import APIError
+from .errors import APIError, host_overloaded
 
 T = TypeVar("T")
 POLL_S = 0.25  # how often a waiting request looks at its client and deadline
@@ -45,7 +45,12 @@ class Preparer:
                                f"{self.workers + self.backlog}); retry later", code="overloaded")
             self._pending += 1
         job = _Job(fn, deadline)
-        future = self._pool.submit(job.run)
+        try:
+            future = self._pool.submit(job.run)  # starts a worker thread while the pool has fewer than `workers`
+        except RuntimeError as e:  # can't start new thread: the host's overload, not this request's fault
+            with self._lock:
+                self._pending -= 1
+            raise host_overloaded("a preparation thread", e) from None
         future.add_done_callback(self._done)  # also when cancelled before it ran
         try:
             return await self._wait(future, disconnected, deadline)
