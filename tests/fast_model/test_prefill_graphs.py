@@ -15,6 +15,8 @@ from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.testing.numerics import assert_close
 
 I32 = dict(dtype=torch.int32, device=DEVICE)
+# where not byte for byte: CPU rounding of the naive ops, or TF32 GEMMs of other row counts on the GPU
+TOL = 1e-2 if ON_GPU else 1e-5
 
 
 @functools.cache
@@ -50,7 +52,7 @@ def _pools_equal(a, b, exact: bool) -> None:
         if exact:
             assert torch.equal(x, y), name
         else:
-            assert_close(f"pools.{name}", x, y, 1e-5)
+            assert_close(f"pools.{name}", x, y, TOL)
 
 
 # (kernels, real tokens, bucket, start): a short last GDN chunk and one wholly of padding, one real token, a fresh
@@ -75,7 +77,7 @@ def test_padded_piece_equals_the_eager_prefill(kernels, n, bucket, start):
     if exact:
         assert torch.equal(out[0], ref)
     else:
-        assert_close("prefill_piece.logits", ref, out[0], 1e-5 if not ON_GPU else 1e-3)
+        assert_close("prefill_piece.logits", ref, out[0], TOL)
     _pools_equal(eager, padded, exact)
 
 
@@ -90,7 +92,7 @@ def test_runner_picks_the_bucket_and_resets_at_position_zero():
     for start, piece in ((0, tokens[:70]), (70, tokens[70:])):  # the slot's earlier state is overwritten at 0
         ref = eager.prefill(torch.tensor(piece, device=DEVICE), slots[1], rows[1], start)
         out = runner.run(piece, slots[1], rows[1], start)
-        assert_close("runner.logits", ref, out, 1e-5 if not ON_GPU else 1e-3)
+        assert_close("runner.logits", ref, out, TOL)
     _pools_equal(eager, padded, False)
     with pytest.raises(ValueError, match="1..128"):
         runner.run(tokens[:1] * 129, slots[1], rows[1], 0)
