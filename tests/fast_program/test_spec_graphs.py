@@ -149,3 +149,33 @@ def test_drafting_writes_only_scratch_pages(make_fast_spec, prompt_of):
         F = s.frontier
         scratch = pools.k[layer, pools.scratch_page(s.row, 0), :F % ps]
         assert F % ps and torch.equal(scratch, pools.k[layer, s.table[F // ps], :F % ps])
+
+
+def test_each_pass_replays_its_own_graphs(make_fast, make_fast_spec, prompt_of):
+    """The executor's dispatch: a plain Program's short prefill piece and forced tokens go through the prefill
+    graphs (`pieces`), an MTP Program's verify and replay through the verify graphs and its draft through the draft
+    graphs (two dispatch rules once shared one method name, and the prefill graphs went silently unused)."""
+    calls = []
+
+    def spy(obj, name):
+        run = getattr(obj, name)
+        setattr(obj, name, lambda *a, **kw: calls.append((type(obj).__name__, name)) or run(*a, **kw))
+
+    plain = make_fast()
+    spy(plain.executor.pieces, "run")
+    h = _start(plain, prompt_of(9, seed=1), PARAMS[0], 3)
+    assert ("PrefillGraphRunner", "run") in calls and plain.sequence(h).frontier == 9
+    calls.clear()
+    program = make_fast_spec(3, forced=True)
+    spy(program.executor.verifier, "run")
+    spy(program.executor.drafter, "run")
+    h = _start(program, prompt_of(9, seed=1), PARAMS[0], 3)
+    assert not calls  # a prefill under a backend is eager
+    batch = program.decode([h])
+    program.commit(batch.take(), [RowDecision(1, batch.rows[0].produced > 1)])
+    assert calls.count(("VerifyGraphRunner", "run")) == 1 + (batch.rows[0].produced > 1)
+    program = make_fast_spec(3)
+    spy(program.executor.drafter, "run")
+    h = _start(program, prompt_of(9, seed=1), PARAMS[0], 3)
+    program.decode([h])
+    assert ("DraftGraphRunner", "run") in calls

@@ -205,13 +205,13 @@ class FastExecutor:
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Back each row up, then consume every row's [pending, d1..dk'] at its frontier in one target pass;
         fp32 logits [k' + 1, V] per row, on the device. Fed blocks of a `DraftBlock` are read there."""
-        if not self._graphed([len(f) for f in feds]):
+        if not self._verify_graphed([len(f) for f in feds]):
             for s in seqs:
                 self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
         logits = self._step(seqs, feds, backup=True)  # [N, V]
         return list(torch.split(logits, [len(f) for f in feds]))
 
-    def _graphed(self, lens: Sequence[int]) -> bool:
+    def _verify_graphed(self, lens: Sequence[int]) -> bool:
         """Whether these blocks run through the verify graphs' static buffers (`verify_graphs.py`)."""
         return self.verifier is not None and self.verifier.fits(lens)
 
@@ -236,7 +236,7 @@ class FastExecutor:
             tokens = feds[0].block.fed_tokens([s.pending for s in seqs])
         else:
             tokens = self._tokens([t for f in feds for t in f])
-        if self._graphed(lens):  # the graph advances the MTP head too
+        if self._verify_graphed(lens):  # the graph advances the MTP head too
             return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
         logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
         media = [s.media for s in seqs]
