@@ -14,6 +14,13 @@ points only at the dummy page): no live sequence's KV or GDN state is touched. G
 into one shared memory pool. Without CUDA (or with ``use_graphs=False``) the same static buffers drive an eager
 call, which keeps this file's buffer logic testable on a CPU.
 
+Pipeline stages (docs/pipeline.md): each rank has its own static inputs on its device, filled from the one pinned
+mirror, and B's step is a chain of graphs, rank 0's front (its backups, the embedding and its layers), each later
+rank's (its backups and layers), then rank 0's tail (final norm, head, sampler). Between two graphs the residual pair
+crosses into the next graph's static carry buffers through the ``PeerLink``: torch's device copy orders itself after
+the source's stream and before the destination's with CUDA events, so rank r's graph waits for rank r-1's hidden;
+on ``0,0`` the ranks share the device and its stream. Without CUDA the same pieces run eagerly in the same order.
+
 NOTE: the outputs returned by ``run`` are the graph's own buffers; the next ``run`` of the same B overwrites them.
 With a sampler ``run`` returns nothing: the results sit in the sampler's static buffers (``DeviceSampler.collect``),
 and no graph keeps its logits alive, so the pool holds one step's transients, not one logits tensor per graph.
@@ -23,23 +30,32 @@ from __future__ import annotations
 
 import torch
 
+from typing import Callable
+
 from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.model import FastModel
+from ninfer.fast.model.kernels import Residual
+from ninfer.fast.stage_graphs import GraphChain, Pair, StagePieces
 from ninfer.fast.sampling import DeviceSampler
 
 
 class StaticInputs:
     """Decode inputs at the largest batch size; a batch of B uses the first B columns. The six int32 rows live in
-    one device tensor, mirrored (on CUDA) by one pinned host tensor, so a step's inputs cross in one copy."""
+    one device tensor, mirrored (on CUDA) by one pinned host tensor, so a step's inputs cross in one copy (one per
+    pipeline rank: each has its own ``by_rank`` tensor on its device; the row attributes are rank 0's)."""
 
     ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions", "rope_positions")
 
-    def __init__(self, max_batch: int, device: torch.device):
-        self.packed = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, device=device)  # [6, max_batch]
+    def __init__(self, max_batch: int, device: torch.device, devices: list[torch.device] | None = None):
+        # [6, max_batch] per rank
+        self.by_rank = [torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, device=d)
+                        for d in devices or [device]]
+        self.packed = self.by_rank[0]
         pin = device.type == "cuda" and torch.cuda.is_available()
         self.staging = torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, pin_memory=pin)  # host mirror
         self._staging_np = self.staging.numpy()
-        self._copied = torch.cuda.Event() if pin else None  # the mirror's last copy; reuse waits for it
+        # the mirror's last copy to each rank; reuse waits for them
+        self._copied = [torch.cuda.Event() for _ in self.by_rank] if pin else None
         # tokens [max_batch]; slot_ids: GDN slots; table_rows: rows of pools.block_tables; context_lens: keys to
         # attend to, the current token included; positions: the token's absolute position (its KV address);
         # rope_positions: its rotary position (position + the prompt's MRoPE rope_delta, 0 for a text prompt)
@@ -47,18 +63,24 @@ class StaticInputs:
          self.rope_positions) = self.packed.unbind(0)
 
     @classmethod
-    def allocate(cls, max_batch: int, device: torch.device) -> "StaticInputs":
-        return cls(max_batch, torch.device(device))
+    def allocate(cls, max_batch: int, device: torch.device, devices: list[torch.device] | None = None
+                 ) -> "StaticInputs":
+        return cls(max_batch, torch.device(device), devices)
+
+    def rank(self, r: int) -> tuple[torch.Tensor, ...]:
+        """Rank r's six rows (tokens, slot_ids, table_rows, context_lens, positions, rope_positions)."""
+        return self.by_rank[r].unbind(0)
 
     def fill(self, tokens, slot_ids, table_rows, context_lens, positions, rope_positions=None) -> int:
         """Copy one batch in (host or device tensors, any int dtype; rope_positions default to positions);
         returns B."""
         B = tokens.shape[0]
         rope = positions if rope_positions is None else rope_positions
-        for dst, src in zip(self.packed, (tokens, slot_ids, table_rows, context_lens, positions, rope)):
+        for row, src in enumerate((tokens, slot_ids, table_rows, context_lens, positions, rope)):
             if src.shape != (B,):
                 raise ValueError(f"decode inputs must all be [B={B}], got {tuple(src.shape)}")
-            dst[:B].copy_(src, non_blocking=True)
+            for packed in self.by_rank:
+                packed[row, :B].copy_(src, non_blocking=True)
         return B
 
     def fill_lists(self, columns: tuple[list[int], ...]) -> int:
@@ -70,21 +92,23 @@ class StaticInputs:
         if len(columns) != len(self.ROWS) or any(len(c) != B for c in columns):
             raise ValueError(f"decode inputs must all have B={B} entries, got {[len(c) for c in columns]}")
         if self._copied is not None:
-            self._copied.synchronize()
+            for event in self._copied:
+                event.synchronize()
         self._staging_np[:, :B] = columns
-        self.packed[:, :B].copy_(self.staging[:, :B], non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        for r, packed in enumerate(self.by_rank):
+            packed[:, :B].copy_(self.staging[:, :B], non_blocking=True)
+            if self._copied is not None:
+                with torch.cuda.device(packed.device):
+                    self._copied[r].record()
         return B
 
     def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int) -> None:
         """Warm-up/capture inputs: every row is a one-token sequence in the dummy slot and dummy row."""
-        self.tokens[:B].zero_()
-        self.slot_ids[:B].fill_(dummy_slot)
-        self.table_rows[:B].fill_(dummy_row)
-        self.context_lens[:B].fill_(1)
-        self.positions[:B].zero_()
-        self.rope_positions[:B].zero_()
+        for packed in self.by_rank:
+            packed[:, :B].zero_()
+            packed[1, :B].fill_(dummy_slot)  # slot_ids
+            packed[2, :B].fill_(dummy_row)  # table_rows
+            packed[3, :B].fill_(1)  # context_lens
 
 
 def graphs_available() -> bool:
@@ -107,52 +131,77 @@ class DecodeGraphRunner:
         self.variants: tuple[str | None, ...] = sampler.VARIANTS if sampler is not None else (None,)
         on_cuda = model.device.type == "cuda" and graphs_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.inputs = StaticInputs.allocate(max_batch, model.device)
-        self.graphs: dict[tuple[int, str | None], torch.cuda.CUDAGraph] = {}
+        self.inputs = StaticInputs.allocate(max_batch, model.device, model.devices)
+        # pipeline stages: the step in pieces per rank (stage_graphs.py); None: one stage, one piece
+        self.pieces = StagePieces(model, self.inputs, max_batch, backup_base) if len(model.ranks) > 1 else None
+        # one graph per (B, variant), or over stages a GraphChain of them; both replay()
+        self.graphs: dict[tuple[int, str | None], torch.cuda.CUDAGraph | GraphChain] = {}
         self.outputs: dict[tuple[int, str | None], tuple[torch.Tensor, ...]] = {}
-        self._pool = None
+        self._pools: dict[torch.device, tuple] = {}  # each device's graphs share one memory pool
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}  # each device's warm-up stream
 
     def _step(self, B: int, variant: str | None = None) -> tuple[torch.Tensor, ...]:
+        if self.pieces is not None:
+            return self.pieces.eager(B, lambda pair: self._tail(B, variant, pair))
         s = self.inputs
         if self.backup_base is not None:
             self.model.backup_slots(s.slot_ids[:B], s.table_rows[:B], self.backup_base)
         logits = self.model.decode(s.tokens[:B], s.slot_ids[:B], s.table_rows[:B], s.context_lens[:B],
                                    s.positions[:B], s.rope_positions[:B])
+        return self._head(logits, variant)
+
+    def _tail(self, B: int, variant: str | None, pair: Pair) -> tuple[torch.Tensor, ...]:
+        """Rank 0's end of a staged step: final norm, head, sampler."""
+        return self._head(self.model.logits(self.model.final_norm(Residual(*pair))), variant)
+
+    def _head(self, logits: torch.Tensor, variant: str | None) -> tuple[torch.Tensor, ...]:
         if self.sampler is not None:
             self.sampler.stages(logits, variant)
             return ()
         return (logits, logits.argmax(-1)) if self.greedy else (logits,)
 
     def capture(self, batch_sizes: list[int] | None = None, warmup: int = 2) -> None:
-        """Capture one graph per batch size (default every B in 1..max_batch) and variant, largest first, one shared
-        pool."""
+        """Capture one graph per batch size (default every B in 1..max_batch) and variant (over pipeline stages one
+        per rank and a tail, chained), largest first, one shared pool per device."""
         if not self.use_graphs:
             return
         sizes = sorted(batch_sizes or range(1, self.max_batch + 1), reverse=True)
-        stream = torch.cuda.Stream(device=self.model.device)
         with no_collection_during_capture():
-            self._capture(sizes, stream, warmup)
-        torch.cuda.synchronize(self.model.device)
+            self._capture(sizes, warmup)
+        for device in set(self.model.devices):
+            torch.cuda.synchronize(device)
 
-    def _capture(self, sizes: list[int], stream: torch.cuda.Stream, warmup: int) -> None:
+    def _capture(self, sizes: list[int], warmup: int) -> None:
         plan = self.model.plan
         for B in sizes:
             for variant in self.variants:
                 self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
                 if self.sampler is not None:
                     self.sampler.fill_dummy(B, variant)
-                # warm-up on a side stream compiles the Triton kernels and settles the allocator before capture
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(warmup):
-                        self._step(B, variant)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    self.outputs[B, variant] = self._step(B, variant)
-                if self._pool is None:
-                    self._pool = graph.pool()
-                self.graphs[B, variant] = graph
+                if self.pieces is None:
+                    self.graphs[B, variant], self.outputs[B, variant] = self._captured(
+                        self.model.device, lambda: self._step(B, variant), warmup)
+                else:
+                    self.graphs[B, variant], self.outputs[B, variant] = self.pieces.capture(
+                        B, lambda pair: self._tail(B, variant, pair),
+                        lambda device, fn: self._captured(device, fn, warmup))
+
+    def _captured(self, device: torch.device, fn: Callable[[], object], warmup: int
+                  ) -> tuple[torch.cuda.CUDAGraph, object]:
+        """`fn` warmed up on a side stream of `device` (the Triton kernels compile and the allocator settles before
+        capture), then captured into the device's shared pool; returns the graph and `fn`'s static output."""
+        with torch.cuda.device(device):
+            stream = self._streams.setdefault(device, torch.cuda.Stream(device=device))
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pools.get(device)):
+                out = fn()
+            self._pools.setdefault(device, graph.pool())
+        return graph, out
 
     def can_use_graph(self, B: int, variant: str | None = None) -> bool:
         return (B, variant) in self.graphs
@@ -192,4 +241,4 @@ class DecodeGraphRunner:
         """Drop the graphs and their pool (before the model's tensors are freed)."""
         self.graphs.clear()
         self.outputs.clear()
-        self._pool = None
+        self._pools.clear()

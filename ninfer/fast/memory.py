@@ -14,6 +14,11 @@ Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
     mtp_hidden   [slots + 1, H]                               act dtype; only with the MTP head (``plan.mtp``)
     dk, dv       [n_draft, num_pages + 1 + scratch, page_size, nkv', d']   act dtype; only with a DFlash drafter
 
+Pipeline stages (docs/pipeline.md) allocate one ``Pools`` per rank on its device (``allocate_pools(..., layers=)``):
+k/v hold that rank's attention layers, conv/ssm its GDN layers, every rank the same pages, slots and its own copy of
+the block tables; the MTP layer, ``mtp_hidden`` and the drafter's pools are rank 0's. ``plan_stage_memory`` plans the
+pages every device can hold.
+
 With the MTP head the k/v pools hold one more layer (index ``n_attn``): the MTP layer's KV, paged in the same
 block table (docs/speculative.md), and each slot keeps the target's last final-normed hidden beside its GDN state.
 With its draft graphs (``plan.scratch_pages`` > 0) the k/v pools also hold ``scratch_pages`` pages per block-table
@@ -31,6 +36,7 @@ The dummy page/slot/row let CUDA-graph warm-up and capture run the real decode w
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +48,7 @@ from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_byt
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig, drafter_parameters
 from ninfer.models.qwen3_5.params import MTP, TEXT
+from ninfer.pipeline import StagePlan, kv_pages_per_device, stage_memory
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -270,18 +277,25 @@ class Pools:
             self.mtp_hidden[slot].zero_()
 
 
-def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | str) -> Pools:
+def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | str,
+                   layers: range | None = None) -> Pools:
     """Allocate the plan's state tensors, zeroed (a kernel that reads outside its pages then reads zeros, and the
-    dummy page/slot start clean). The dummy row of the block table points only at the dummy page."""
+    dummy page/slot start clean). The dummy row of the block table points only at the dummy page. ``layers``: a
+    pipeline stage's layer range (its attention and GDN layers only; the MTP layer, ``mtp_hidden`` and the drafter's
+    pools come with the stage that holds layer 0, rank 0)."""
+    layers = range(cfg.num_hidden_layers) if layers is None else layers
+    head = layers.start == 0
     P, ps = plan.num_pages + 1, plan.page_size
-    n_attn, n_gdn = len(cfg.attention_layers) + cfg.mtp_num_hidden_layers * plan.mtp, len(cfg.linear_layers)
-    kv_pages = P + (plan.max_seqs + 1) * plan.scratch_pages if plan.mtp else P  # the MTP draft's scratch
+    n_attn = sum(i in layers for i in cfg.attention_layers) + cfg.mtp_num_hidden_layers * (plan.mtp and head)
+    n_gdn = sum(i in layers for i in cfg.linear_layers)
+    # the MTP draft's scratch, on the rank of the MTP layer
+    kv_pages = P + (plan.max_seqs + 1) * plan.scratch_pages if plan.mtp and head else P
     kv_shape = (n_attn, kv_pages, ps, cfg.num_key_value_heads, cfg.head_dim)
     HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     tables = torch.zeros(plan.max_seqs + 1, plan.max_pages_per_seq, dtype=torch.int32, device=device)
     tables[plan.dummy_row] = plan.dummy_page
     draft = {}
-    if plan.drafter is not None:
+    if plan.drafter is not None and head:
         n_draft, nkv, d = plan.drafter
         shape = (n_draft, P + plan.max_seqs * plan.scratch_pages, ps, nkv, d)
         draft = dict(dk=torch.zeros(shape, dtype=plan.dtype, device=device),
@@ -294,8 +308,51 @@ def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | s
                          device=device),
         ssm=torch.zeros(n_gdn, plan.slots + 1, HV, dk, dv, dtype=torch.float32, device=device),
         block_tables=tables,
-        mtp_hidden=torch.zeros(plan.slots + 1, cfg.hidden_size, dtype=plan.dtype, device=device) if plan.mtp else None,
+        mtp_hidden=torch.zeros(plan.slots + 1, cfg.hidden_size, dtype=plan.dtype, device=device)
+        if plan.mtp and head else None,
     )
+
+
+def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], *, max_seqs: int, max_context: int,
+                      page_size: int = 16, slots: int | None = None, dtype: torch.dtype = torch.bfloat16,
+                      max_prefill_tokens: int = 8192, max_kv_pages: int | None = None, mtp: bool = False,
+                      weight_bytes_per_rank: list[int] | None = None, extra_workspace: int = 0,
+                      verify_width: int = 0) -> MemoryPlan:
+    """``plan_memory`` over pipeline stages: each rank's weights, state slots of its GDN layers, block tables and
+    a prefill piece's (or a decode step's) workspace are fixed on its device (rank 0 also the MTP hidden per slot
+    and the MTP layer's gathered KV), and the KV pages are the fewest any device can hold beside them
+    (``kv_pages_per_device``: ranks sharing a device are pooled against its one budget; ``budgets`` is per rank).
+    StageCapacityError names each device's bytes when one cannot hold its stages. The plan's byte fields are the
+    totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
+    model's resident bytes per rank. ``verify_width``: the MTP round's graphs (``spec_graph_bytes``, counted on
+    every rank: each runs its layers of the pass) and the draft's scratch pages in rank 0's k/v pools."""
+    name = _DTYPE_NAMES[dtype]
+    slots = max_seqs if slots is None else slots
+    pages_per_seq = kv_pages_for_tokens(max_context, page_size)
+    memory = stage_memory(cfg, stages, page_size, name, name, mtp)
+    if weight_bytes_per_rank is not None:
+        memory = [dataclasses.replace(m, weight_bytes=w) for m, w in zip(memory, weight_bytes_per_rank, strict=True)]
+    tables = (max_seqs + 1) * pages_per_seq * 4
+    work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
+            spec_graph_bytes(cfg, max_seqs, verify_width, dtype) for _ in memory]
+    hidden = (slots + 1) * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
+    scratch = mtp_scratch_pages(page_size, verify_width - 1) if mtp and verify_width else 0
+    if mtp:  # on rank 0: the MTP layer's gathered KV (as plan_memory), its hidden per slot, the draft's scratch
+        work[0] += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name) + hidden + \
+            (max_seqs + 1) * scratch * memory[0].page_bytes
+    # one more slot and page each: the dummies
+    fit = kv_pages_per_device(memory, budgets, slots + 1, work) - 1
+    num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
+    if num_pages < pages_per_seq:
+        raise DoesNotFitError(f"the devices {','.join(stages.devices)} hold {fit} KV pages beside their stages; one "
+                              f"{max_context}-token sequence needs {pages_per_seq}")
+    page_bytes = sum(m.page_bytes for m in memory)
+    return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
+                      max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
+                      weight_bytes=sum(m.weight_bytes for m in memory), kv_bytes=(num_pages + 1) * page_bytes,
+                      state_bytes=(slots + 1) * sum(m.slot_bytes for m in memory) + hidden,
+                      table_bytes=tables * stages.stages, workspace_bytes=sum(work) - tables * stages.stages - hidden,
+                      mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width)
 
 
 def device_budget(fraction: float = 0.9, device: torch.device | str = "cuda") -> int:

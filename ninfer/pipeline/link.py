@@ -20,6 +20,10 @@ class StageLink(Protocol):
         """`x` (on rank `src`'s device) as a tensor on rank `dst`'s device."""
         ...
 
+    def pass_into(self, x: torch.Tensor, out: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+        """The same into `out`, a tensor of `x`'s shape on rank `dst`'s device (a CUDA graph's static input)."""
+        ...
+
 
 class PeerLink:
     """Stages of one process: `devices[rank]` is each rank's torch device; counts what crossed (tests, bench)."""
@@ -30,9 +34,19 @@ class PeerLink:
         self.bytes = 0
 
     def pass_on(self, x: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+        self._count(x, src)
+        # same device (`--devices 0,0`, `cpu,cpu`): a copy still, so no stage aliases another's activations
+        return x.to(self.devices[dst], copy=True, non_blocking=True)
+
+    def pass_into(self, x: torch.Tensor, out: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+        self._count(x, src)
+        if out.device != self.devices[dst] or out.shape != x.shape:
+            raise RuntimeError(f"stage link: {tuple(x.shape)} into {tuple(out.shape)} on {out.device}, not rank "
+                               f"{dst}'s ({self.devices[dst]})")
+        return out.copy_(x, non_blocking=True)
+
+    def _count(self, x: torch.Tensor, src: int) -> None:
         if x.device != self.devices[src]:
             raise RuntimeError(f"stage link: a tensor on {x.device} passed as rank {src}'s ({self.devices[src]})")
         self.passes += 1
         self.bytes += x.numel() * x.element_size()
-        # same device (`--devices 0,0`, `cpu,cpu`): a copy still, so no stage aliases another's activations
-        return x.to(self.devices[dst], copy=True, non_blocking=True)

@@ -27,11 +27,16 @@ VOCAB = 1000 if ON_GPU else 97
 BUDGET = 1 << 30  # explicit byte budget: the pools are capped by kv_pages, not by the budget
 
 
-def tiny_config(mtp: int = 0) -> Qwen35Config:
+def stage_devices_for(n: int) -> tuple[str, ...]:
+    """`--devices` for n pipeline stages sharing the test device (`cpu,cpu`, or `0,0` on the GPU)."""
+    return ("cuda:0" if ON_GPU else "cpu",) * n
+
+
+def tiny_config(mtp: int = 0, layers: tuple[str, ...] = (LINEAR, FULL, LINEAR)) -> Qwen35Config:
     big = ON_GPU
     return Qwen35Config.from_hf(dict(
-        model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=256 if big else 32, num_hidden_layers=3,
-        layer_types=[LINEAR, FULL, LINEAR], num_attention_heads=2, num_key_value_heads=1,
+        model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=256 if big else 32, num_hidden_layers=len(layers),
+        layer_types=list(layers), num_attention_heads=2, num_key_value_heads=1,
         head_dim=256 if big else 32, linear_num_key_heads=1, linear_num_value_heads=2,
         linear_key_head_dim=128 if big else 16, linear_value_head_dim=128 if big else 16, linear_conv_kernel_dim=4,
         intermediate_size=512 if big else 64, rms_norm_eps=1e-6, max_position_embeddings=4096,
@@ -67,6 +72,11 @@ def make_fast(tiny):
         return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                  kernels="triton" if ON_GPU else kernels)
     return make
+
+
+@pytest.fixture(scope="session")
+def stage_devices():
+    return stage_devices_for
 
 
 @pytest.fixture(scope="session")

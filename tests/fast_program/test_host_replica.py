@@ -38,10 +38,11 @@ def generate(program, prompt, n, source=None, captures=()):
 
 
 def poison_free_pages(program) -> None:
-    """NaN into every free KV page: a resume that read a dropped device page would show it."""
+    """NaN into every free KV page (of every pipeline stage): a resume that read a dropped device page would show
+    it."""
     free = list(program.alloc.free)
-    k, v = program.store.load_pages(free)
-    program.store.store_pages(free, (torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))))
+    data = program.store.load_pages(free)
+    program.store.store_pages(free, tuple(torch.full_like(t, float("nan")) for t in data))
 
 
 def resume_runs(program, prompt_of):
@@ -73,25 +74,33 @@ def resume_runs(program, prompt_of):
     return runs
 
 
-@pytest.mark.parametrize("kind", ["reference", "fast"])
-def test_resume_from_the_host_replica_equals_resume_from_the_device(make_fast, make_reference, prompt_of, kind):
-    program = make_fast() if kind == "fast" else make_reference()
+def _program(kind, make_fast, make_reference, stage_devices):
+    if kind == "fast staged":  # two pipeline stages: a replica holds each rank's pages and slot state
+        return make_fast(devices=stage_devices(2))
+    return make_fast() if kind == "fast" else make_reference()
+
+
+@pytest.mark.parametrize("kind", ["reference", "fast", "fast staged"])
+def test_resume_from_the_host_replica_equals_resume_from_the_device(make_fast, make_reference, stage_devices,
+                                                                     prompt_of, kind):
+    program = _program(kind, make_fast, make_reference, stage_devices)
     runs = resume_runs(program, prompt_of)
     assert runs[0] == runs[1] == runs[2]  # exactly: the replica holds the very bytes of the device state
 
 
-@pytest.mark.parametrize("kind", ["reference", "fast"])
-def test_a_replica_missing_one_page_is_caught(make_fast, make_reference, prompt_of, kind, monkeypatch):
+@pytest.mark.parametrize("kind", ["reference", "fast", "fast staged"])
+def test_a_replica_missing_one_page_is_caught(make_fast, make_reference, stage_devices, prompt_of, kind,
+                                              monkeypatch):
     """The planted bug: demotion copies every page but the last (it keeps the pool's stale contents), so the
-    resume from the host differs from the device one."""
-    program = make_fast() if kind == "fast" else make_reference()
+    resume from the host differs from the device one (over stages: the last page of the last stage's plane)."""
+    program = _program(kind, make_fast, make_reference, stage_devices)
     load = program.store.load_pages
 
     def skip_last(pages):
-        k, v = load(pages)  # page-major on both Programs: [n, ...]
-        k[-1].zero_()
-        v[-1].zero_()
-        return k, v
+        data = load(pages)  # page-major on both Programs: [n, ...]; over stages rank 1's K and V last
+        for t in data[-2:]:
+            t[-1].zero_()
+        return data
 
     monkeypatch.setattr(program.store, "load_pages", skip_last)
     runs = resume_runs(program, prompt_of)

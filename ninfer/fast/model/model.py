@@ -5,6 +5,12 @@ Stability note: ``decode`` is the CUDA-graph body. It takes only device tensors,
 allocates only transients, so a graph captured for batch size B serves any sequences: slot ids, block-table rows
 (and through them page ids), context lengths and positions are data.
 
+Pipeline stages (docs/pipeline.md): the model cut by layers into ranks, each with its layer weights and its own
+``Pools`` (its attention and GDN layers, a copy of the block tables) on its device; ``pools`` is rank 0's, which
+also holds the embedding, the final norm, the head and the MTP head. A forward pass embeds on rank 0, runs each
+rank's layers on its own ``StepInputs`` and hands the residual pair (h and the pending delta the next fused norm
+adds, so the rounding is one stage's) through the ``PeerLink`` to the next rank and from the last back to rank 0.
+
 Numerics (qwen35-architecture.md section 7): weights, activations, KV pages and conv windows in ``plan.dtype``
 (bf16 in production, fp32 for tight comparisons); every norm, the gates, the router softmax, attention softmax, RoPE
 angles and the recurrent state S in fp32; logits are returned in fp32.
@@ -12,6 +18,7 @@ angles and the recurrent state S in fp32; logits are returned in fp32.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -20,6 +27,8 @@ import torch.nn.functional as F
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.memory import MemoryPlan, Pools, allocate_pools
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
+from ninfer.pipeline import StagePlan
+from ninfer.pipeline.link import PeerLink
 
 from .kernels import Kernels, Residual, get_kernels
 from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer
@@ -32,25 +41,44 @@ def check_mtp(cfg: Qwen35Config, mtp: bool) -> None:
         raise ValueError(f"the fast MTP head runs one MTP layer; this model has {cfg.mtp_num_hidden_layers}")
 
 
+def allocate_stage_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | str,
+                         stages: StagePlan | None = None) -> list[Pools]:
+    """One ``Pools`` per rank on its device (rank 0's on ``device``), all over the same pages, slots and rows."""
+    if stages is None:
+        return [allocate_pools(cfg, plan, device)]
+    return [allocate_pools(cfg, plan, device if rank == 0 else d, r)
+            for rank, (d, r) in enumerate(zip(stages.devices, stages.ranges()))]
+
+
 class FastModel:
-    def __init__(self, cfg: Qwen35Config, weights: FastWeights, pools: Pools, kernels: str | Kernels = "triton"):
+    def __init__(self, cfg: Qwen35Config, weights: FastWeights, pools: Pools | Sequence[Pools],
+                 kernels: str | Kernels = "triton", stages: StagePlan | None = None):
         self.cfg = cfg
         self.weights = weights
-        self.pools = pools
-        self.plan: MemoryPlan = pools.plan
+        self.ranks: list[Pools] = [pools] if isinstance(pools, Pools) else list(pools)  # rank r's pools
+        self.pools = self.ranks[0]
+        self.plan: MemoryPlan = self.pools.plan
         self.kernels = get_kernels(kernels) if isinstance(kernels, str) else kernels
-        # per-kind index of each layer into the pool tensors
-        self._pool_index = {layer: i for kinds in (cfg.attention_layers, cfg.linear_layers)
-                            for i, layer in enumerate(kinds)}
+        self.stages = stages or StagePlan((str(self.pools.k.device),), (cfg.num_hidden_layers,))
+        if self.stages.stages != len(self.ranks):
+            raise ValueError(f"{len(self.ranks)} pools for the {self.stages.stages} stages {self.stages}")
+        self.devices = [p.block_tables.device for p in self.ranks]
+        # the residual's passes between stages (None: one stage)
+        self.link = PeerLink(tuple(map(str, self.devices))) if len(self.ranks) > 1 else None
+        # layer -> (rank, index into that rank's pool tensors of its kind)
+        self._pool_index = {layer: (rank, j) for rank in range(len(self.ranks))
+                            for kinds in (cfg.attention_layers, cfg.linear_layers)
+                            for j, layer in enumerate(self.stages.owned(rank, kinds))}
         self.mtp = MtpHead(self) if weights.mtp is not None else None  # the MTP head (plan.mtp)
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
-              kernels: str | Kernels = "triton") -> "FastModel":
-        """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once."""
+              kernels: str | Kernels = "triton", stages: StagePlan | None = None) -> "FastModel":
+        """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once. ``stages``:
+        each rank's layers and pools on its device (rank 0's is ``device``)."""
         check_mtp(cfg, plan.mtp)
-        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp)
-        return cls(cfg, weights, allocate_pools(cfg, plan, device), kernels)
+        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp, stages=stages)
+        return cls(cfg, weights, allocate_stage_pools(cfg, plan, device, stages), kernels, stages)
 
     @property
     def device(self) -> torch.device:
@@ -63,23 +91,34 @@ class FastModel:
         ``pools.block_tables``; context_lens [B] int32 keys to attend to, this token included; positions [B] the
         token's absolute position; rope_positions [B] its rotary position where that differs (after a prompt with
         images: position + rope_delta, equal in MRoPE's three rows). Writes K/V into the pages, advances the GDN
-        slots. Returns logits [B, V] fp32."""
-        table, slot_mapping = self.kernels.decode_slots(self.pools.block_tables, block_table_rows, positions,
-                                                        self.plan.page_size)  # [B, max_pages], [B]
-        step = StepInputs(positions=positions, slot_mapping=slot_mapping, slot_ids=slot_ids, block_table=table,
-                          context_lens=context_lens, rope_positions=rope_positions)
-        hidden = self._layers(tokens, step)
-        return self.logits(hidden)
+        slots. Returns logits [B, V] fp32. Every stage's inputs are copies of these on its device."""
+        columns = (slot_ids, block_table_rows, context_lens, positions, rope_positions)
+        steps = [self.decode_inputs(rank, *(None if t is None else t.to(d) for t in columns))
+                 for rank, d in enumerate(self.devices)]
+        return self.logits(self._layers(tokens, steps))
 
-    def backup_slots(self, slot_ids: torch.Tensor, table_rows: torch.Tensor, backup_base: int) -> None:
+    def decode_inputs(self, rank: int, slot_ids: torch.Tensor, block_table_rows: torch.Tensor,
+                      context_lens: torch.Tensor, positions: torch.Tensor,
+                      rope_positions: torch.Tensor | None = None) -> StepInputs:
+        """A decode step's addressing on rank `rank` (the arguments on its device), from its own block tables."""
+        table, slot_mapping = self.kernels.decode_slots(self.ranks[rank].block_tables, block_table_rows, positions,
+                                                        self.plan.page_size)  # [B, max_pages], [B]
+        return StepInputs(positions=positions, slot_mapping=slot_mapping, slot_ids=slot_ids, block_table=table,
+                          context_lens=context_lens, rope_positions=rope_positions)
+
+    def backup_slots(self, slot_ids: torch.Tensor, table_rows: torch.Tensor, backup_base: int,
+                     rank: int | None = None) -> None:
         """Copy each row's GDN state (conv window and S of every GDN layer) from its slot into the backup slot of
         its block-table row, ``backup_base + row``: the committed state a rejected decode step goes back to (with the
         MTP head, the stored hidden too, as ``DeviceState.copy_slot`` copies it). Device ids only, so it runs inside
-        the decode and verify graphs."""
-        pools = (self.pools.conv, self.pools.ssm) if self.pools.mtp_hidden is None else \
-            (self.pools.conv, self.pools.ssm, self.pools.mtp_hidden[None])  # [1, slots + 1, H]: h_{t-1} too
-        for pool in pools:
-            self.kernels.slot_copy(pool, slot_ids, table_rows, backup_base)
+        the decode and verify graphs. ``rank``: that stage's GDN layers (and rank 0's hidden) only, the ids on its
+        device; None: every stage's."""
+        for r in range(len(self.ranks)) if rank is None else (rank,):
+            ids, rows, pools = slot_ids.to(self.devices[r]), table_rows.to(self.devices[r]), self.ranks[r]
+            parts = (pools.conv, pools.ssm) if pools.mtp_hidden is None else \
+                (pools.conv, pools.ssm, pools.mtp_hidden[None])  # [1, slots + 1, H]: h_{t-1} too
+            for pool in parts:
+                self.kernels.slot_copy(pool, ids, rows, backup_base)
 
     def prefill(self, tokens: torch.Tensor, slot_id: int, block_table_row: int, start_pos: int,
                 all_logits: bool = False, return_hidden: bool = False, taps: dict[int, torch.Tensor] | None = None,
@@ -106,22 +145,26 @@ class FastModel:
             raise ValueError(f"capture frontiers {frontiers} must ascend strictly inside ({start_pos}, "
                              f"{start_pos + T})")
         if start_pos == 0:
-            self.pools.reset_slot(slot_id)
+            for pools in self.ranks:
+                pools.reset_slot(slot_id)
         # pieces stay multiples of the GDN chunk so chunk boundaries sit at fixed offsets from the call's start
         piece = max(GDN_CHUNK, self.plan.max_prefill_tokens // GDN_CHUNK * GDN_CHUNK)
         outs, hiddens, pieces = [], [], []
         for s in range(0, T, piece):
             n, at = min(piece, T - s), start_pos + s
             for f, cap in captures:
-                if f == at:  # on a piece boundary: the live state between two pieces
-                    self.pools.conv[:, cap].copy_(self.pools.conv[:, slot_id])
-                    self.pools.ssm[:, cap].copy_(self.pools.ssm[:, slot_id])
+                if f == at:  # on a piece boundary: the live state between two pieces, on every stage
+                    for pools in self.ranks:
+                        pools.conv[:, cap].copy_(pools.conv[:, slot_id])
+                        pools.ssm[:, cap].copy_(pools.ssm[:, slot_id])
             inner = tuple((f - at, cap) for f, cap in captures if at < f < at + n)
             sink: dict[int, torch.Tensor] | None = None if taps is None else {}
-            step = self._prefill_inputs(n, slot_id, block_table_row, at, inner)
+            steps = [self._prefill_inputs(rank, n, slot_id, block_table_row, at, inner)
+                     for rank in range(len(self.ranks))]
             if rope_positions is not None:
-                step.rope_positions = rope_positions[:, s:s + n].contiguous()
-            hidden = self._layers(tokens[s:s + n], step, sink, piece_rows(embeds, s, n))
+                for step in steps:
+                    step.rope_positions = rope_positions[:, s:s + n].to(step.positions.device).contiguous()
+            hidden = self._layers(tokens[s:s + n], steps, sink, piece_rows(embeds, s, n))
             if sink is not None:
                 pieces.append(sink)
             if all_logits:
@@ -141,8 +184,7 @@ class FastModel:
         sequence at any frontier. The padding rows write no KV and leave the slot's GDN state and conv window as
         the real rows leave them (what `prefill` of the real tokens does, without its slot reset at position 0,
         which the caller runs). Reads no device value back. Returns the last real token's logits [1, V] fp32."""
-        step = self._padded_inputs(tokens.shape[0], slot_id, table_row, start, length)
-        hidden = self._layers(tokens, step)
+        hidden = self.hidden_states(tokens, self._padded_inputs(tokens.shape[0], slot_id, table_row, start, length))
         return self.logits(hidden.index_select(0, (length - 1).long()))
 
     def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
@@ -161,18 +203,21 @@ class FastModel:
         if max(s + n for s, n in zip(starts, lens)) > self.plan.max_context:
             raise ValueError(f"positions up to {max(s + n for s, n in zip(starts, lens))} exceed the planned "
                              f"context {self.plan.max_context}")
-        step = self._verify_inputs(slot_ids, block_table_rows, starts, lens)
+        steps = [self._verify_inputs(rank, slot_ids, block_table_rows, starts, lens)
+                 for rank in range(len(self.ranks))]
         if rope_deltas is not None and any(rope_deltas):
-            step.rope_positions = step.positions + to_device([d for d, n in zip(rope_deltas, lens)
-                                                              for _ in range(n)], self.device)
-        hidden = self._layers(tokens, step, taps)
+            deltas = [d for d, n in zip(rope_deltas, lens) for _ in range(n)]
+            for step in steps:
+                step.rope_positions = step.positions + to_device(deltas, step.positions.device)
+        hidden = self._layers(tokens, steps, taps)
         return self.logits(hidden), hidden
 
-    def _verify_inputs(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
+    def _verify_inputs(self, rank: int, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
                        lens: Sequence[int]) -> StepInputs:
-        """The blocks' addressing, built on the host and queued through pinned memory (no host sync)."""
-        dev, ps = self.device, self.plan.page_size
-        table = self.pools.block_tables.index_select(0, to_device(rows, dev))  # [B, max_pages]
+        """The blocks' addressing on rank `rank`, built on the host and queued through pinned memory (no host
+        sync)."""
+        dev, ps = self.devices[rank], self.plan.page_size
+        table = self.ranks[rank].block_tables.index_select(0, to_device(rows, dev))  # [B, max_pages]
         pos_host = [s + j for s, n in zip(starts, lens) for j in range(n)]
         pos = to_device(pos_host, dev, torch.long)  # [N]
         block = to_device([i for i, n in enumerate(lens) for _ in range(n)], dev, torch.long)  # [N]
@@ -186,10 +231,10 @@ class FastModel:
                           slot_ids=to_device(slots, dev), block_table=table, cu_seqlens=to_device(cu, dev),
                           max_prefix=max(starts), prefix_lens=to_device(starts, dev), gdn_steps=steps)
 
-    def _prefill_inputs(self, n: int, slot: int, row: int, start: int,
+    def _prefill_inputs(self, rank: int, n: int, slot: int, row: int, start: int,
                         captures: tuple[tuple[int, int], ...] = ()) -> StepInputs:
-        dev, ps = self.device, self.plan.page_size
-        table = self.pools.block_tables[row:row + 1]  # [1, max_pages]
+        dev, ps = self.devices[rank], self.plan.page_size
+        table = self.ranks[rank].block_tables[row:row + 1]  # [1, max_pages]
         pos = torch.arange(start, start + n, device=dev, dtype=torch.int32)
         pages = table[0, (pos // ps).long()].long()
         i32 = dict(device=dev, dtype=torch.int32)
@@ -200,9 +245,9 @@ class FastModel:
                           prefill_slot=slot, captures=captures, max_prefix=start)
 
     def hidden_states(self, tokens: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        """tokens [T] through every layer at ``step``'s addressing (built by the caller, e.g. the verify graphs'
-        static buffers); the final-normed hidden [T, H]."""
-        return self._layers(tokens, step)
+        """tokens [T] through every layer at ``step``'s addressing (built by the caller on rank 0, e.g. the verify
+        graphs' static buffers; a later stage takes a copy on its device); the final-normed hidden [T, H]."""
+        return self._layers(tokens, [step] + [_moved(step, d) for d in self.devices[1:]])
 
     def _padded_inputs(self, n: int, slot: torch.Tensor, row: torch.Tensor, start: torch.Tensor,
                        length: torch.Tensor) -> StepInputs:
@@ -220,31 +265,56 @@ class FastModel:
         return StepInputs(positions=pos, slot_mapping=slot_mapping, slot_ids=slot.long(), block_table=table,
                           cu_seqlens=cu, prefix_lens=start, length=length)
 
-    def _layers(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None,
+    def _layers(self, tokens: torch.Tensor, steps: list[StepInputs], taps: dict[int, torch.Tensor] | None = None,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Embedding -> every layer -> final norm; returns the final-normed hidden [T, H] (and fills ``taps``).
+        """Embedding -> every stage's layers (``steps[rank]``: its addressing) -> final norm on rank 0; returns the
+        final-normed hidden [T, H] (and fills ``taps``, on rank 0's device)."""
+        res = self.embed(tokens, embeds)
+        for rank, step in enumerate(steps):
+            if rank:
+                res = self.hand_on(res, rank - 1, rank)
+            self.run_stage(rank, res, step, taps)
+        if len(steps) > 1:
+            res = self.hand_on(res, len(steps) - 1, 0)
+        hidden = self.final_norm(res)
+        if taps is not None:
+            taps[self.cfg.num_hidden_layers - 1] = hidden
+        return hidden
+
+    def embed(self, tokens: torch.Tensor, embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> Residual:
+        """The residual stream [T, H] of tokens [T] on rank 0 (image features at the ``embeds`` rows)."""
+        h = F.embedding(tokens, self.weights.embed)  # [T, H]
+        if embeds is not None:
+            h[embeds[0]] = embeds[1].to(h.dtype)  # image features at the pads
+        return Residual(h)
+
+    def run_stage(self, rank: int, res: Residual, step: StepInputs, taps: dict[int, torch.Tensor] | None = None
+                  ) -> None:
+        """Rank `rank`'s layers on the stream ``res`` (on its device), in place.
 
         The residual stream is a ``Residual`` (kernels.py) that every sublayer reads through its norm and adds its
         output to: in the decode GEMVs' prologues and epilogues, or through the fused add + RMSNorm kernel (h
         rounded to the activation dtype either way, as an unfused add)."""
-        cfg, k, pools = self.cfg, self.kernels, self.pools
-        h = F.embedding(tokens, self.weights.embed)  # [T, H]
-        if embeds is not None:
-            h[embeds[0]] = embeds[1].to(h.dtype)  # image features at the pads
-        res = Residual(h)
-        for i, (kind, lw) in enumerate(zip(cfg.layer_types, self.weights.layers)):
-            j = self._pool_index[i]
-            if kind == FULL:
+        cfg, k, pools = self.cfg, self.kernels, self.ranks[rank]
+        for i in self.stages.ranges()[rank]:
+            lw, j = self.weights.layers[i], self._pool_index[i][1]
+            if cfg.layer_types[i] == FULL:
                 attention_mixer(k, cfg, lw.mixer, res, lw.input_norm, pools.k[j], pools.v[j], step)
             else:
                 gdn_mixer(k, cfg, lw.mixer, res, lw.input_norm, pools.conv[j], pools.ssm[j], step)
             ffn(k, cfg, lw.ffn, res, lw.post_norm)
             if taps is not None:
-                taps[i] = res.value()
-        hidden = k.norm(res, self.weights.final_norm, cfg.rms_norm_eps)
-        if taps is not None:
-            taps[cfg.num_hidden_layers - 1] = hidden
-        return hidden
+                taps[i] = res.value().to(self.device)
+
+    def hand_on(self, res: Residual, src: int, dst: int) -> Residual:
+        """The residual pair from rank `src` to rank `dst` through the link: h and the pending delta both cross, so
+        the next norm adds them exactly as one stage would."""
+        delta = None if res.delta is None else self.link.pass_on(res.delta, src, dst)
+        return Residual(self.link.pass_on(res.h, src, dst), delta)
+
+    def final_norm(self, res: Residual) -> torch.Tensor:
+        """The final-normed hidden [T, H] on rank 0."""
+        return self.kernels.norm(res, self.weights.final_norm, self.cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in)."""
@@ -252,6 +322,16 @@ class FastModel:
         if isinstance(lm_head, torch.Tensor):
             return F.linear(hidden, lm_head).float()
         return self.kernels.linear(hidden, lm_head).float()
+
+
+def _moved(step: StepInputs, device: torch.device) -> StepInputs:
+    """``step`` with its tensors on ``device`` (the block tables are equal on every rank, so rank 0's rows serve)."""
+    def on(x):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+    fields = {f.name: on(getattr(step, f.name)) for f in dataclasses.fields(step)}
+    if step.gdn_steps is not None:
+        fields["gdn_steps"] = [(on(rows), on(slots)) for rows, slots in step.gdn_steps]
+    return StepInputs(**fields)
 
 
 def piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):

@@ -49,7 +49,8 @@ class _Gathered:
 class MtpHead:
     def __init__(self, model: "FastModel"):
         self.model, self.cfg, self.w = model, model.cfg, model.weights.mtp
-        self.pool = len(model.cfg.attention_layers)  # the MTP layer's index in pools.k / pools.v
+        # the MTP layer's index in rank 0's pools.k / pools.v: after that rank's attention layers
+        self.pool = len(model.stages.owned(0, model.cfg.attention_layers))
         self.hidden = model.pools.mtp_hidden  # [slots + 1, H]
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, step: StepInputs, k_pages: torch.Tensor,

@@ -17,6 +17,7 @@ bytes actually resident.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,6 +28,7 @@ from ninfer.fast.ops.qlinear.fastgemv import to_tiles
 from ninfer.fast.ops.qlinear.layout import dequant_transient_bytes
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
+from ninfer.pipeline import StagePlan
 
 Source = Callable[[str], torch.Tensor]
 # logical name -> the parameter's quantized device form, or None where it is dense
@@ -132,12 +134,24 @@ def _weights(w: FastWeights):
         yield from (w.mtp.norm_embedding, w.mtp.norm_hidden, w.mtp.fc, w.mtp.norm)
         layers.append(w.mtp.layer)
     for lw in layers:
-        for part in (lw, lw.mixer, lw.ffn):
-            for t in vars(part).values():
-                if isinstance(t, Segments):
-                    yield from t.parts
-                elif isinstance(t, (torch.Tensor, QuantWeight)):
-                    yield t
+        yield from _layer_weights(lw)
+
+
+def _layer_weights(lw: LayerWeights):
+    for part in (lw, lw.mixer, lw.ffn):
+        for t in vars(part).values():
+            if isinstance(t, Segments):
+                yield from t.parts
+            elif isinstance(t, (torch.Tensor, QuantWeight)):
+                yield t
+
+
+def rank_nbytes(w: FastWeights, stages: StagePlan) -> list[int]:
+    """Resident bytes per pipeline rank: its layers', rank 0 also the embedding, head, final norm and MTP head."""
+    per = [sum(t.numel() * t.element_size() for i in r for q in _layer_weights(w.layers[i])
+               for t in (q.tensors() if isinstance(q, QuantWeight) else (q,))) for r in stages.ranges()]
+    per[0] += w.nbytes - sum(per)
+    return per
 
 
 def _tensors(w: FastWeights):
@@ -244,15 +258,33 @@ def _mtp(src: Source, specs: dict, cfg: Qwen35Config, dtype: torch.dtype, device
 
 
 def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device, mtp: bool = False,
-                      quant: Quant = _no_quant) -> FastWeights:
+                      quant: Quant = _no_quant, stages: StagePlan | None = None) -> FastWeights:
     """Build the resident weights from ``src(logical_name) -> tensor`` (any device/dtype; cast and copied here),
     or ``quant(logical_name)`` where that returns a QuantWeight (text projections, experts and an untied lm_head;
     the MTP head is always dense). ``A_log`` and ``dt_bias`` stay fp32; a tied lm_head is the embedding tensor
-    itself. ``mtp`` also loads the MTP head (one layer: the fast Program drafts with ``mtp.layers.0``)."""
+    itself. ``mtp`` also loads the MTP head (one layer: the fast Program drafts with ``mtp.layers.0``). ``stages``:
+    pipeline stages (docs/pipeline.md), each rank's layer range loaded on its device (``load_layers``); the
+    embedding, final norm, head and MTP head stay on ``device``, rank 0's."""
     specs = logical_parameters(cfg, (TEXT, MTP) if mtp else (TEXT,))
-    layers = [_layer(src, specs, f"layers.{i}", kind, cfg, dtype, device, quant)
-              for i, kind in enumerate(cfg.layer_types)]
+    stages = stages or StagePlan((str(device),), (cfg.num_hidden_layers,))
+    layers = [lw for rank, r in enumerate(stages.ranges())
+              for lw in load_layers(cfg, src, specs, dtype, device if rank == 0 else stages.devices[rank], r, quant)]
     embed = _one(src, "embed_tokens.weight", dtype, device)
     lm_head = embed if cfg.tie_word_embeddings else _one(src, "lm_head.weight", dtype, device, quant)
     return FastWeights(embed=embed, lm_head=lm_head, final_norm=_one(src, "norm.weight", dtype, device), layers=layers,
                        mtp=_mtp(src, specs, cfg, dtype, device) if mtp else None)
+
+
+def load_layers(cfg: Qwen35Config, src: Source, specs: dict, dtype: torch.dtype, device, layers: range,
+                quant: Quant = _no_quant) -> list[LayerWeights]:
+    """The decoder layers of one pipeline stage's range on its device; a quantized parameter made elsewhere by
+    ``quant`` moves there (one at a time, so the other device holds at most one extra)."""
+    def placed(name: str) -> QuantWeight | None:
+        q = quant(name)
+        return q if q is None or q.device == torch.device(device) else _moved(q, device)
+    return [_layer(src, specs, f"layers.{i}", cfg.layer_types[i], cfg, dtype, device, placed) for i in layers]
+
+
+def _moved(q: QuantWeight, device) -> QuantWeight:
+    return dataclasses.replace(q, **{f.name: getattr(q, f.name).to(device) for f in dataclasses.fields(q)
+                                     if isinstance(getattr(q, f.name), torch.Tensor)})

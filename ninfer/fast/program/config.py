@@ -5,6 +5,9 @@ The plan (`ninfer.fast.memory.plan_memory`) is made once at start from a byte bu
 afterwards (KV pages, GDN state slots, block-table rows) is a fixed part of it. State slots are laid out as the
 Program core's config says (`ninfer.program_core.config`: allocatable, then one backup per row), followed by the
 plan's dummy slot (CUDA-graph capture only).
+
+Pipeline stages (`devices`, `stage_layers`; docs/pipeline.md) plan every rank's pools against its device's budget
+(`plan_stage_memory`): the KV pages are the fewest any device can hold.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.fast.memory import MemoryPlan, plan_memory
+from ninfer.fast.memory import MemoryPlan, plan_memory, plan_stage_memory
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig
+from ninfer.pipeline import StageError, StagePlan, plan_stages
 from ninfer.program_core import ProgramConfig
 from ninfer.program_core.speculative import SpeculativeMethod
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,10 @@ class FastProgramConfig(ProgramConfig):
     # Only a plain dense model has them: MTP and DFlash read every piece's hidden or taps, and an MoE block is not
     # row-wise over a piece's padding rows
     prefill_graph_tokens: int = 512
+    # pipeline stages (docs/pipeline.md): one per device (None, or one device: one stage on the build's device);
+    # layers per stage, None: balanced by bytes (resolved into the cut)
+    devices: tuple[str, ...] | None = None
+    stage_layers: tuple[int, ...] | None = None
 
     def resolved(self, cfg: Qwen35Config) -> "FastProgramConfig":
         """Every None but kv_pages filled in and every range checked."""
@@ -41,20 +49,45 @@ class FastProgramConfig(ProgramConfig):
             raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {self.dtype}")
         if self.prefill_graph_tokens < 0:
             raise ValueError(f"prefill_graph_tokens must be >= 0, got {self.prefill_graph_tokens}")
-        graphs = self.prefill_graph_tokens if self.speculative is None and not cfg.is_moe else 0
-        return dataclasses.replace(self, eos_token_ids=eos, prefill_graph_tokens=graphs)
+        layers = self.stage_layers
+        staged = self.devices is not None and len(self.devices) > 1
+        if staged:
+            if self.speculative is not None and self.speculative.method.drafter is not None:
+                raise StageError(f"--devices {','.join(self.devices)}: the fast Program's DFlash drafter runs on one "
+                                 f"stage so far (issue 16); MTP and plain decoding run staged")
+            mtp = self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP
+            layers = plan_stages(cfg, tuple(self.devices), layers, _DTYPES[self.dtype],
+                                 ("text", "mtp") if mtp else ("text",)).layers
+        elif layers is not None and len(layers) > 1:
+            raise StageError("--stage-layers: with one device there is one stage")
+        # the prefill graphs run one stage's layers (staged pieces are eager so far, issue 16)
+        graphs = self.prefill_graph_tokens if self.speculative is None and not cfg.is_moe and not staged else 0
+        return dataclasses.replace(self, eos_token_ids=eos, prefill_graph_tokens=graphs, stage_layers=layers)
 
-    def plan(self, cfg: Qwen35Config, budget_bytes: int, weight_bytes: int | None = None,
+    @property
+    def stage_plan(self) -> StagePlan | None:
+        """A resolved config's pipeline stages; None: one stage."""
+        if self.devices is None or len(self.devices) < 2:
+            return None
+        return StagePlan(tuple(self.devices), self.stage_layers)
+
+    def plan(self, cfg: Qwen35Config, budget_bytes: int | list[int], weight_bytes: int | list[int] | None = None,
              extra_workspace: int = 0, drafter: DrafterConfig | None = None) -> MemoryPlan:
         """The memory plan: rows = lanes, slots = allocatable + one backup per row, the MTP head when the config
         speculates; MemoryError when one max_context sequence does not fit the budget. ``weight_bytes`` /
         ``extra_workspace``: a quantized model's resident text-weight bytes and dequantization transient
         (``plan_memory``); ``drafter``: the DFlash drafter a DFlash method runs (its weights, context pages and
-        scratch). An MTP backend plans its verify graphs over blocks of k + 1 tokens."""
+        scratch). An MTP backend plans its verify graphs over blocks of k + 1 tokens. Over pipeline stages (a
+        resolved config's ``stage_plan``) ``budget_bytes`` and ``weight_bytes`` may be given per rank (one budget:
+        every device's)."""
         mtp = self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP
-        return plan_memory(cfg, budget_bytes, max_seqs=self.max_concurrency, max_context=self.max_context,
-                           page_size=self.page_size, slots=self.usable_slots + self.max_concurrency,
-                           dtype=self.dtype, max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages,
-                           mtp=mtp, weight_bytes_resident=weight_bytes, extra_workspace=extra_workspace,
-                           drafter=drafter, verify_width=self.draft_tokens + 1 if mtp else 0,
-                           prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens)
+        sizes = dict(max_seqs=self.max_concurrency, max_context=self.max_context, page_size=self.page_size,
+                     slots=self.usable_slots + self.max_concurrency, dtype=self.dtype,
+                     max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages, mtp=mtp,
+                     extra_workspace=extra_workspace, verify_width=self.draft_tokens + 1 if mtp else 0)
+        stages = self.stage_plan
+        if stages is not None:
+            budgets = budget_bytes if isinstance(budget_bytes, list) else [budget_bytes] * stages.stages
+            return plan_stage_memory(cfg, stages, budgets, weight_bytes_per_rank=weight_bytes, **sizes)
+        return plan_memory(cfg, budget_bytes, weight_bytes_resident=weight_bytes, drafter=drafter,
+                           prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens, **sizes)

@@ -1,5 +1,6 @@
 """The fast Program's own invariants, on top of the Program core's (`ninfer.program_core.invariants`): each
-device block-table row equals its host table, and the device sampler's output counts equal the committed outputs."""
+device block-table row (on every pipeline stage) equals its host table, and the device sampler's output counts
+equal the committed outputs."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ if TYPE_CHECKING:
 
 
 def _check_device_rows(prog: "FastProgram") -> None:
+    """On every pipeline stage: each rank's copy of the block tables."""
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
-        assert prog.store.read_row(seq.row, len(seq.table)) == seq.table, f"{seq.handle}: device row differs"
+        for rank in range(len(prog.store.ranks)):
+            assert prog.store.read_row(seq.row, len(seq.table), rank) == seq.table, \
+                f"{seq.handle}: rank {rank}'s device row differs"
 
 
 def _check_sampling_counts(prog: "FastProgram") -> None:

@@ -18,13 +18,13 @@ from ninfer.contracts import CostFacts, PrefillCosts, ProgramLimits
 from ninfer.errors import DoesNotFitError, UnavailableError
 from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
-from ninfer.fast.memory import allocate_pools, scratch_pages_per_row
+from ninfer.fast.memory import scratch_pages_per_row
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.dflash import FastDrafter, load_drafter_weights
-from ninfer.fast.model.model import check_mtp
+from ninfer.fast.model.model import allocate_stage_pools, check_mtp
 from ninfer.fast.model.quantized import artifact_quant
 from ninfer.fast.model.vision import FastVisionTower
-from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes
+from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes, rank_nbytes
 from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.fast.sampling.spec import SpecSampler
@@ -32,6 +32,7 @@ from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.models.qwen3_5.pages import PageAllocator
+from ninfer.pipeline.budgets import device_budgets, host_budget
 from ninfer.program_core import HostTier, IdPool, Program
 from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeMethod,
                                              drafter_fit)
@@ -76,12 +77,16 @@ class FastProgram(Program):
             raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
         if mtp and model.mtp is None:
             raise MissingBackendWeights(c.speculative.method, c.speculative.method.needs)
+        if (c.stage_plan or model.stages) != model.stages:
+            raise ValueError(f"the model's stages {model.stages} are not the config's {c.stage_plan}")
         dflash = _dflash(c, model, drafter)
         self.model = model
         self.device = model.device
+        # pipeline stages (docs/pipeline.md): the plan and the residual's link (None: one stage)
+        self.stage_plan, self.link = model.stages, model.link
         state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.page_bytes
         super().__init__(c, PageAllocator(plan.num_pages), IdPool(c.usable_slots, "GDN state slot"),
-                         HostTier(c.host_bytes, state_bytes, page_bytes), DeviceState(model.pools),
+                         HostTier(c.host_bytes, state_bytes, page_bytes), DeviceState(model.ranks),
                          page_bytes, rows=IdPool(c.max_concurrency, "block-table row"))
         # sampling tables live on block-table rows; the naive model runs the naive sampling ops
         self.sampler = DeviceSampler(cfg.vocab_size, c.max_concurrency, c.max_concurrency, model.device,
@@ -131,7 +136,7 @@ class FastProgram(Program):
                                      self.pieces)
 
     @classmethod
-    def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int,
+    def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int | list[int],
               device: torch.device | str, kernels: str = "triton", quant=None,
               drafter: DrafterConfig | None = None, vision: FastVisionTower | None = None,
               vision_patches: int = 0) -> "FastProgram":
@@ -140,7 +145,8 @@ class FastProgram(Program):
         counts their resident bytes and dequantization transient. `drafter`: the model's DFlash drafter config
         (its ``dflash.*`` weights come from `source`), loaded when the config runs a DFlash method. `vision`,
         `vision_patches`: the loaded tower (whose memory the caller took off `budget_bytes`, `vision_bytes`) and
-        the largest image it encodes."""
+        the largest image it encodes. Over pipeline stages (`config.devices`) the weights and pools of each rank
+        load on its device (rank 0's replaces `device`) and `budget_bytes` may be given per rank."""
         if not cfg.plain_rope:
             # rope_kv_write derives its frequencies from (rotary_dim, theta) alone
             raise UnavailableError(f"the fast Program's kernels compute unscaled RoPE over an even rotary dimension; "
@@ -153,7 +159,8 @@ class FastProgram(Program):
             raise UnavailableError("the fast Program's attention has no projection biases").locate(
                 "attention_bias", hint="run it on --program reference")
         config = config.resolved(cfg)
-        spec = config.speculative
+        spec, stages = config.speculative, config.stage_plan
+        device = device if stages is None else stages.devices[0]
         if spec is None or spec.method.drafter is None:
             drafter = None
         else:
@@ -162,14 +169,16 @@ class FastProgram(Program):
                 raise UnavailableError("the fast Program's drafter has no projection biases").locate(
                     "attention_bias", hint="run it on --program reference")
         if quant is None:
-            model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes, drafter=drafter), device, kernels)
+            model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes, drafter=drafter), device, kernels,
+                                    stages)
         else:
             mtp = spec is not None and spec.method is SpeculativeMethod.MTP
             check_mtp(cfg, mtp)
-            weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant)
+            weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant, stages=stages)
             act = torch.finfo(config.dtype).bits // 8
-            plan = config.plan(cfg, budget_bytes, weights.nbytes, quant_workspace_bytes(weights, act), drafter)
-            model = FastModel(cfg, weights, allocate_pools(cfg, plan, device), kernels)
+            resident = weights.nbytes if stages is None else rank_nbytes(weights, stages)
+            plan = config.plan(cfg, budget_bytes, resident, quant_workspace_bytes(weights, act), drafter)
+            model = FastModel(cfg, weights, allocate_stage_pools(cfg, plan, device, stages), kernels, stages)
         return cls(model, config, None if drafter is None else _load_drafter(model, drafter, source), vision,
                    vision_patches)
 
@@ -179,7 +188,9 @@ class FastProgram(Program):
                       budget_bytes: int | None = None, device: torch.device | str | None = None,
                       kernels: str = "triton", vision_patches: int = 0, **config: Any) -> "FastProgram":
         """The Program over a .ninfer artifact's text weights. The budget is `budget_bytes`, else (CUDA only)
-        `gpu_memory_utilization` of the device's total memory minus what others already use. `config` passes
+        `gpu_memory_utilization` of the device's total memory minus what others already use (over pipeline stages,
+        `config`'s `devices`, each device's: `device_budgets`; on the CPU that share of the free host memory, and
+        `kv_pages` should cap the pool there). `config` passes
         further FastProgramConfig fields (page_size, checkpoint_slots, kv_pages, dtype, ...). `vision_patches` > 0
         (the processor's max_pixels / patch^2) loads the vision tower (the artifact must bind the Vision feature)
         and takes its weights, one encode of that many patches and `HELD` images' features off the budget."""
@@ -187,11 +198,13 @@ class FastProgram(Program):
         from ninfer.models.qwen3_5.params import TEXT
 
         spec = SpeculativeConfig.parse(speculative_config)
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if budget_bytes is None:
-            budget_bytes = _device_budget(gpu_memory_utilization, device)
         settings = FastProgramConfig(max_concurrency=max_concurrency, max_context=max_context, speculative=spec,
                                      **config)
+        devices = settings.devices if settings.devices and len(settings.devices) > 1 else None
+        device = torch.device(devices[0] if devices else device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if budget_bytes is None:
+            budget_bytes = device_budgets(devices, gpu_memory_utilization) if devices else \
+                _device_budget(gpu_memory_utilization, device)
         features = (TEXT,)
         if spec is not None:
             with open_artifact(path) as art:
@@ -202,7 +215,9 @@ class FastProgram(Program):
         if vision_patches > 0:
             kind = "naive" if kernels == "naive" else "triton"
             vision = FastVisionTower.from_artifact(path, settings.dtype, device, kind)
-            budget_bytes -= vision_bytes(vision, vision_patches)
+            held = vision_bytes(vision, vision_patches)  # on rank 0
+            budget_bytes = [budget_bytes[0] - held, *budget_bytes[1:]] if isinstance(budget_bytes, list) else \
+                budget_bytes - held
         with open_artifact(path, features=features) as art:
             quant, names = artifact_quant(art, device, art.config.tie_word_embeddings)
             return cls.build(art.config, art.dequantize, settings, budget_bytes=budget_bytes, device=device,
@@ -250,10 +265,12 @@ def _warm_prefill(model: FastModel, tokens: int) -> None:
 def _device_budget(utilization: float, device: torch.device) -> int:
     """vLLM's meaning: the Program may use `utilization` of the device's total memory, less what other processes
     and this one already hold."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"no CUDA device for gpu_memory_utilization on {device}: pass budget_bytes")
     if not 0.0 < utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+    if device.type == "cpu":
+        return host_budget(utilization)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"no CUDA device for gpu_memory_utilization on {device}: pass budget_bytes")
     free, total = torch.cuda.mem_get_info(device)
     budget = int(total * utilization) - (total - free)
     if budget <= 0:

@@ -1,0 +1,192 @@
+"""Pipeline stages of the fast Program (docs/pipeline.md): the model cut into two or three stages sharing one device
+(`--devices cpu,cpu` with the naive kernels on the CPU; `0,0` with the Triton kernels and the decode graphs per rank
+per exact B under NINFER_TEST_DEVICE=cuda) is token for token the single-stage Program, with every rank's KV plane and
+GDN slots the single-stage pools' bytes, under greedy and sampled requests, prefix hits, MTP with forced drafts and
+the property harness; a copy that skips the last stage's share is caught. The twin of
+tests/reference_program/test_pipeline.py."""
+
+import functools
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+from hypothesis import settings
+
+from ninfer.fast.program import FastProgram, FastProgramConfig
+from ninfer.fast.program.stores import DeviceState
+from ninfer.models.qwen3_5.config import FULL, LINEAR
+from ninfer.pipeline import StageError
+from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
+from ninfer.reference.model import ReferenceModel
+from ninfer.sampling import SamplingParams
+from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.serving import in_turns
+from ninfer.testing.sessions import token_request
+from ninfer.testing.speculation import ForcedDrafts
+
+LAYERS = (LINEAR, FULL, LINEAR, FULL)  # both stages of a 2,2 cut own GDN and attention layers
+
+
+@functools.cache
+def _conftest():
+    # importlib mode: the sibling conftest is loaded by path, not imported by name
+    spec = importlib.util.spec_from_file_location("_fast_program_conftest",
+                                                  pathlib.Path(__file__).with_name("conftest.py"))
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    return conf
+
+
+@functools.cache
+def _weights(mtp: int = 0):
+    conf = _conftest()
+    cfg = conf.tiny_config(mtp, LAYERS)
+    return cfg, conf.tiny_weights(cfg, features=("text", "mtp") if mtp else ("text",))
+
+
+def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0) -> FastProgram:
+    conf = _conftest()
+    cfg, weights = _weights(mtp)
+    config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
+                               host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
+                               speculative=SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None,
+                               devices=conf.stage_devices_for(stages) if stages > 1 else None,
+                               stage_layers=stage_layers)
+    return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
+                             kernels="triton" if conf.ON_GPU else "naive")
+
+
+def _two() -> FastProgram:
+    return _program(2)
+
+
+def _three() -> FastProgram:
+    return _program(3, (1, 2, 1))
+
+
+@functools.cache
+def _teacher() -> ReferenceModel:
+    cfg, weights = _weights(1)
+    return ReferenceModel(cfg, weights, dtype=torch.float32)
+
+
+def _speculative(stages: int = 2) -> FastProgram:
+    return ForcedDrafts(_teacher()).install(_program(stages, mtp=1, k=3))
+
+
+def _equal_runs(make_one=_program, make_staged=_two, plant=None) -> FastProgram:
+    """A greedy prompt, then a sampled and a greedy one that resume from its checkpoints, on one stage and on more:
+    the same tokens, and every pool the same bytes. Returns the staged Program (`plant(staged)` first)."""
+    shared = tuple(range(3, 20))
+
+    def batches():  # fresh requests per run: a TokenSession holds its request's output
+        return [[token_request(shared + (5, 6), 8)],
+                [token_request(shared + (7,), 8, seed=3, sampling=SamplingParams(temperature=1.0, top_k=5)),
+                 token_request(shared + (5, 6, 9), 6)]]
+    one, staged = make_one(), make_staged()
+    if plant is not None:
+        plant(staged)
+    want = [[r.token_ids for r in b] for b in in_turns(one, batches(), max_concurrency=2)]
+    got = in_turns(staged, batches(), max_concurrency=2)
+    assert [[r.token_ids for r in b] for b in got] == want
+    assert got[1][1].usage.cached_prompt_tokens > 0  # the second turn resumed from a checkpoint
+    _assert_same_pools(one, staged)
+    return staged
+
+
+def _assert_same_pools(one: FastProgram, staged: FastProgram) -> None:
+    """Every page of every rank's KV plane, every slot of its GDN layers, its block tables and rank 0's MTP layer
+    and hidden equal the single-stage pools, bit for bit."""
+    cfg, whole = one.model.cfg, one.model.pools
+    for rank, pools in enumerate(staged.model.ranks):
+        for kinds, pairs in ((cfg.attention_layers, ((pools.k, whole.k), (pools.v, whole.v))),
+                             (cfg.linear_layers, ((pools.conv, whole.conv), (pools.ssm, whole.ssm)))):
+            for j, layer in enumerate(staged.model.stages.owned(rank, kinds)):
+                i = kinds.index(layer)
+                assert all(torch.equal(part[j], full[i]) for part, full in pairs), \
+                    f"rank {rank}'s pools differ at layer {layer}"
+        assert torch.equal(pools.block_tables, whole.block_tables), f"rank {rank}'s block tables differ"
+    if whole.mtp_hidden is not None:  # the MTP layer's KV follows rank 0's attention layers, as it does one stage's
+        head = staged.model.pools
+        assert torch.equal(head.k[-1], whole.k[-1]) and torch.equal(head.v[-1], whole.v[-1]) and \
+            torch.equal(head.mtp_hidden, whole.mtp_hidden), "rank 0's MTP state differs"
+
+
+def test_two_stages_equal_one_stage_with_prefix_hits_sampling_and_the_residual_pair_on_the_link():
+    two = _equal_runs()
+    assert two.link.passes > 0 and two.link.passes % 2 == 0  # h (and its delta) to rank 1 and back
+    assert len(two.model.ranks) == 2 and len(two.store.ranks) == 2
+    assert two.model.pools.k.shape[0] == 1 and two.model.ranks[1].conv.shape[0] == 1  # each rank its own layers
+    assert two.stage_plan.layers == (2, 2)
+
+
+def test_three_stages_equal_one_stage():
+    three = _equal_runs(make_staged=_three)
+    assert [p.k.shape[0] + p.conv.shape[0] for p in three.model.ranks] == [1, 2, 1]
+
+
+def test_mtp_with_forced_drafts_over_two_stages_equals_one_stage():
+    """k = 3, acceptance lengths 0..3 forced: the round's verify and the MTP head's advance over two stages leave
+    the single-stage bytes (the MTP layer and hidden on rank 0)."""
+    staged = _equal_runs(lambda: _speculative(1), _speculative)
+    assert staged.model.mtp is not None and staged.model.ranks[1].mtp_hidden is None
+
+
+def _skip_last_rank(method: str):
+    """Plant on a staged Program's store: `method` (a copy) reaches every rank but the last."""
+    def plant(program: FastProgram) -> None:
+        store = program.store
+        partial = DeviceState(store.ranks[:-1])
+        setattr(store, method, getattr(partial, method))
+    return plant
+
+
+@pytest.mark.parametrize("method", ["copy_slot", "copy_page"])
+def test_a_copy_missing_the_last_stages_share_is_caught(method):
+    """The planted bugs: copying a slot (backups, captures, resumes) or a page (a resume's partial page) skips the
+    last stage's share."""
+    with pytest.raises(AssertionError, match=r"rank 1's pools differ|=="):
+        _equal_runs(plant=_skip_last_rank(method))
+
+
+def test_a_drafter_over_stages_is_refused_naming_the_flag():
+    cfg, _ = _weights()
+    config = FastProgramConfig(max_concurrency=2, max_context=64, devices=("cpu", "cpu"),
+                               speculative=SpeculativeConfig(SpeculativeMethod.DFLASH, 3))
+    with pytest.raises(StageError, match="--devices cpu,cpu: the fast Program's DFlash drafter runs on one stage"):
+        config.resolved(cfg)
+    with pytest.raises(StageError, match="--stage-layers: with one device"):
+        FastProgramConfig(max_concurrency=2, max_context=64, stage_layers=(2, 2)).resolved(cfg)
+
+
+def test_kv_capacity_is_planned_per_device_and_a_short_device_is_named_with_its_bytes():
+    """The pages are the fewest any device holds beside its stages (`0,1` against stand-in budgets: nothing is
+    allocated before the plan); one page of a staged plan is one stage's page, its weights the same total."""
+    from ninfer.fast.memory import plan_memory
+    from ninfer.pipeline import StageCapacityError
+
+    cfg, weights = _weights()
+    config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, checkpoint_slots=2,
+                               dtype=torch.float32, eos_token_ids=(0,), devices=("cuda:0", "cuda:1")).resolved(cfg)
+    whole = plan_memory(cfg, 1 << 26, max_seqs=2, max_context=64, page_size=4, slots=config.usable_slots + 2,
+                        dtype=torch.float32, max_prefill_tokens=config.max_prefill_tokens)
+    wide = config.plan(cfg, [1 << 26, 1 << 26])
+    narrow = config.plan(cfg, [1 << 26, (1 << 26) - 50 * (wide.page_bytes // 2)])
+    assert (wide.page_bytes, wide.state_bytes, wide.weight_bytes) == (whole.page_bytes, whole.state_bytes,
+                                                                  whole.weight_bytes)
+    assert narrow.num_pages < wide.num_pages  # rank 1's device bounds the pool
+    with pytest.raises(StageCapacityError, match=r"cuda:1 \(ranks 1\): \d+ bytes .* 1000 available"):
+        FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=[1 << 30, 1000], device="cuda:0",
+                          kernels="naive")
+
+
+# fewer examples than the single-stage harness: every example builds two Programs
+_FEW = settings(settings.default, max_examples=max(15, settings.default.max_examples // 60), stateful_step_count=30)
+TwoStages = make_engine_machine(_two, max_concurrency=2, oracle=_program)
+TwoStages.TestCase.settings = _FEW
+TestTwoStagesEqualOne = TwoStages.TestCase
+
+StagedMTP = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(mtp=1))
+StagedMTP.TestCase.settings = settings(_FEW, max_examples=max(10, settings.default.max_examples // 100))
+TestStagedMTPEqualsOneStagePlain = StagedMTP.TestCase
