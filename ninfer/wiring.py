@@ -23,8 +23,7 @@ from ninfer.errors import NinferError, NotFoundError, UnavailableError
 from ninfer.frontend import Frontend, OutputOptions
 from ninfer.frontend.tokenizer import Qwen35Tokenizer, TokenizerLoadError
 from ninfer.frontend.vision_prompt import VisionLimits, VisionPrompt
-from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError,
-                                             SpeculativeMethod)
+from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError
 from ninfer.model_facts import ArtifactFacts
 from ninfer.runtime_options import RuntimeOptions, WiringError
 from ninfer.sampling.defaults import SamplingDefaults
@@ -114,10 +113,12 @@ def resolve_model_path(model: str | None, progress: bool = False,
         model, hint="pass a .ninfer file or a directory holding config.json and *.safetensors")
 
 
-def _program_kind(requested: str, purpose: str) -> str:
+def _program_kind(requested: str, purpose: str, devices: tuple[str, ...] | None = None) -> str:
     # The scoring windows are the reference Program's (CausalScoring); auto picks it for that purpose.
     if requested == "reference" or (requested == "auto" and purpose == "scoring"):
         return "reference"
+    if requested == "fast" and devices is not None and devices[0] == "cpu":
+        return "fast"  # asked for on the CPU (`--devices cpu[,cpu..]`): the naive kernels run its stage code there
     available, why = _fast_available()
     if requested == "fast" and not available:
         raise UnavailableError(f"--program fast is not available: {why}").locate(
@@ -144,7 +145,7 @@ def build_runtime(options: RuntimeOptions, *, progress: bool = True,
     """Resolve, load, warm up; raises a NinferError with a user-facing message (the model file as its place) for
     bad options and for a model that does not load. ``report`` receives one-off notes such as a conversion."""
     options.check()
-    kind = _program_kind(options.program, options.purpose)
+    kind = _program_kind(options.program, options.purpose, options.devices)
     speculative = _speculative(options)
     path = resolve_model_path(options.model, progress=progress, report=report)
     try:
@@ -166,7 +167,7 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
                  facts.sampling_defaults, _seeds=random.Random(options.seed))
     program = _load_program(path, options, frontend.max_context, kind, speculative, vision=frontend.vision)
     rt.speculative = program.limits.speculative
-    if kind == "reference" and program.stage_plan.stages > 1:
+    if program.stage_plan.stages > 1:
         plan = program.stage_plan
         rt.stages = f"{','.join(plan.devices)}: {','.join(map(str, plan.layers))} layers"
     bar.update(1)
@@ -272,8 +273,6 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
     if kind == "fast":
         from ninfer.fast.program import FastProgram
 
-        if devices is not None and len(devices) > 1:
-            _refuse_fast_stages(path, options, speculative)
         # the tower's workspace is sized by the largest image the processor makes (patches of 16 x 16 pixels)
         patches = 0 if vision is None else vision.processor.max_pixels // vision.processor.patch_size ** 2
         try:
@@ -281,7 +280,9 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
                                              gpu_memory_utilization=options.gpu_memory_utilization,
                                              speculative_config=options.speculative_config, host_bytes=host_bytes,
                                              device=None if devices is None else devices[0],
-                                             vision_patches=patches)
+                                             vision_patches=patches, devices=devices,
+                                             stage_layers=options.stage_layers, **_on_cpu(devices, options,
+                                                                                          max_context))
         except MissingBackendWeights as e:
             raise WiringError(str(e)) from None
     import torch
@@ -298,24 +299,15 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
         raise WiringError(str(e)) from None
 
 
-def _refuse_fast_stages(path: Path, options: RuntimeOptions, speculative: SpeculativeConfig | None) -> None:
-    """Several CUDA stages: the plan and every device's capacity are checked (a device that cannot hold its
-    stages is named with its bytes), then refused, since the fast Program runs one device so far (issue 16)."""
-    from ninfer.artifact import open_artifact
+def _on_cpu(devices: tuple[str, ...] | None, options: RuntimeOptions, max_context: int) -> dict:
+    """The fast Program asked for on the CPU runs the naive kernels, its KV pool capped as the reference Program's
+    default (every lane at full context, twice) rather than a share of the host memory."""
+    if devices is None or devices[0] != "cpu":
+        return {}
     from ninfer.fast.program.config import FastProgramConfig
-    from ninfer.pipeline import plan_stages
-    from ninfer.pipeline.budgets import device_budgets, stage_kv_pages
 
-    with open_artifact(path) as art:
-        cfg = art.config
-    mtp = speculative is not None and speculative.method is SpeculativeMethod.MTP
-    plan = plan_stages(cfg, options.devices, options.stage_layers, "bfloat16", ("text", "mtp") if mtp else ("text",))
-    base = FastProgramConfig(max_concurrency=options.max_num_seqs)
-    pages, _ = stage_kv_pages(cfg, plan, device_budgets(plan.devices, options.gpu_memory_utilization),
-                              page_size=base.page_size, slots=base.usable_slots + base.max_concurrency, with_mtp=mtp)
-    raise UnavailableError(f"--devices {','.join(options.devices)}: the stages {plan.layers} fit ({pages} KV pages "
-                           f"per device), but the fast Program runs one device so far (issue 16)").locate(
-        "--devices", hint="--program reference --devices cpu,cpu runs the pipeline stages on the CPU")
+    base = FastProgramConfig(max_concurrency=options.max_num_seqs, max_context=max_context)
+    return dict(kernels="naive", kv_pages=2 * options.max_num_seqs * base.pages_for(max_context))
 
 
 WARMUP_PROMPT = "Warm up."

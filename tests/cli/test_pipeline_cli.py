@@ -1,5 +1,6 @@
 """`--devices` and `--stage-layers` (docs/pipeline.md): the embedded model cut into CPU stages generates what one
-stage generates (plain and with MTP); bad device lists and splits fail at start, naming the flag."""
+stage generates (the reference Program plain and with MTP, the fast Program with its naive kernels); bad device
+lists and splits fail at start, naming the flag."""
 
 from __future__ import annotations
 
@@ -32,23 +33,14 @@ def test_bad_device_lists_and_splits_fail_cleanly(run):
     assert "--devices" in run("serve", "--help").output
 
 
-def test_cuda_stages_are_planned_per_device_then_refused(default_model, monkeypatch):
-    """`--devices 0,1` on the fast Program: the plan and each device's capacity are checked with the real capacity
-    queries (budgets stand in for the GPUs here), then the start is refused until the fast Program runs stages."""
-    import pytest
-
-    from ninfer.errors import UnavailableError
-    from ninfer.pipeline import StageCapacityError
-    from ninfer.pipeline import budgets
-    from ninfer.runtime_options import RuntimeOptions
-    from ninfer.wiring import _refuse_fast_stages
-
-    options = RuntimeOptions(devices=("cuda:0", "cuda:1"))
-    monkeypatch.setattr(budgets, "device_budgets", lambda devices, utilization: [1 << 30, 1 << 30])
-    with pytest.raises(UnavailableError, match=r"fit \(\d+ KV pages per device\).*one device so far") as fits:
-        _refuse_fast_stages(default_model, options, None)
-    assert fits.value.where == "--devices"
-    monkeypatch.setattr(budgets, "device_budgets", lambda devices, utilization: [1 << 30, 1000])
-    with pytest.raises(StageCapacityError, match=r"cuda:0 \(ranks 0\): \d+ bytes.*cuda:1 \(ranks 1\): \d+ bytes .* "
-                                                 r"1000 available"):
-        _refuse_fast_stages(default_model, options, None)
+def test_fast_cpu_stages_generate_what_one_fast_stage_generates(run):
+    """`--program fast --devices cpu,cpu`: the fast Program's stage code with the naive kernels on the CPU (a seeded
+    sampled run: the random model's greedy text is a run of newlines)."""
+    sampled = ("generate", "Hello", "-n", "8", "--no-think", "--temperature", "1.0", "--seed", "3", "--program",
+               "fast", *SMALL)
+    one, two, split = (run(*sampled, "--devices", "cpu"), run(*sampled, "--devices", "cpu,cpu"),
+                       run(*sampled, "--devices", "cpu,cpu,cpu", "--stage-layers", "1,2,1"))
+    for r in (one, two, split):
+        assert r.exit_code == 0, r.output
+    assert one.stdout.strip() and two.stdout == one.stdout == split.stdout
+    assert "generation on the fast Program" in split.stderr and "stages cpu,cpu,cpu: 1,2,1 layers" in split.stderr
