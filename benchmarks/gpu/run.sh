@@ -15,6 +15,9 @@
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
 #   bash benchmarks/gpu/run.sh qgemv    # bench_qgemv.py: the quantized decode GEMV per 9B projection vs bf16 (< 4 min)
+#   bash benchmarks/gpu/run.sh pp       # bench_pp.py: pipeline stages vs one stage, 9B and 35B-A3B (decode B = 1..8,
+#                                       # prefill 8192, KV capacity, one 32k sequence); PP_DEVICES (default 0,1 with
+#                                       # two GPUs, else 0,0: both ranks on one GPU)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
@@ -139,6 +142,16 @@ run_agent() {
         ${OUT:+--out "$OUT"} || echo "bench_agent rc=$?"
 }
 
+run_pp() {
+    # issue 16: both Programs of a model in one call, one stage first, then the stages (each at 90% of its devices)
+    local gpus devices
+    gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+    devices="${PP_DEVICES:-$([ "$gpus" -ge 2 ] && echo 0,1 || echo 0,0)}"
+    echo "== pipeline stages ($devices) against one stage, through the fast Program"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_pp.py --models "${BENCH_MODELS:-9B,35B-A3B}" \
+        --devices "$devices" --deadline-s $(( $(left) - 20 )) ${OUT:+--out "$OUT"} || echo "bench_pp rc=$?"
+}
+
 run_vision() {
     echo "== vision: the attention op, the fast tower and the fast Program's images against the reference, then the"
     echo "   tower at the 9B geometry and TTFT through the Engine"
@@ -161,6 +174,7 @@ case "$PART" in
     quant) run_quant ;;
     qgemv) run_qgemv ;;
     vision) run_vision ;;
+    pp) run_pp ;;
     llamacpp) run_llamacpp ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, dflash, agent, quant, qgemv, vision, llamacpp)"; exit 2 ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
 esac

@@ -152,6 +152,17 @@ def test_bench_qgemv_smoke(tmp_path):
         assert r["q4_bytes"] < r["fp8_bytes"]
 
 
+def test_bench_pp_smoke(tmp_path):
+    """cpu,cpu stages against one stage: every step and piece timed, both plans the same pages (one budget)."""
+    tiny = _smoke("bench_pp.py", tmp_path)["models"]["tiny"]
+    one, staged = tiny["one"], tiny["staged"]
+    assert staged["layers"] == [2, 2] and one["layers"] == [4]
+    assert staged["link_bytes"] > 0 and one["link_bytes"] == 0
+    assert [d["B"] for d in staged["decode"]] == [1, 2] and all(_positive(d["step_ms"]) for d in staged["decode"])
+    assert all(_positive(r) for r in tiny["decode_ratio"].values()) and _positive(tiny["prefill_ratio"])
+    assert staged["kv_pages"] == one["kv_pages"] == 80 and staged["long_fits"] and _positive(staged["long_prefill_s"])
+
+
 def test_bench_agent_smoke(tmp_path):
     """The agent benchmark through the in-process server: every turn after the first reuses the previous prompt
     (prefilling at most its new tokens plus 64), the reuse survives the unrelated requests, and every target is
