@@ -112,7 +112,8 @@ class VerifyGraphRunner:
             raise ValueError(f"{max_batch} blocks of {width} tokens exceed the plan's {plan.max_seqs} rows or its "
                              f"{plan.verify_rows} verify rows")
         self.model, self.max_batch, self.width, self.backup_base = model, max_batch, width, backup_base
-        on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
+        # pipeline stages on separate GPUs run the pass eagerly: one graph cannot hold their devices' copies
+        on_cuda = model.device.type == "cuda" and torch.cuda.is_available() and len(set(model.devices)) == 1
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
         self.inputs = VerifyInputs(max_batch, width, model.device)
         T = max_batch * width
