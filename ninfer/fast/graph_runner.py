@@ -191,7 +191,9 @@ class DecodeGraphRunner:
         """`fn` warmed up on a side stream of `device` (the Triton kernels compile and the allocator settles before
         capture), then captured into the device's shared pool; returns the graph and `fn`'s static output."""
         with torch.cuda.device(device):
-            stream = self._streams.setdefault(device, torch.cuda.Stream(device=device))
+            if device not in self._streams:
+                self._streams[device] = torch.cuda.Stream(device=device)
+            stream = self._streams[device]
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(warmup):

@@ -259,7 +259,8 @@ def _warm_prefill(model: FastModel, tokens: int) -> None:
     compiles and every autotuner settles now, not in the middle of the first long request."""
     plan = model.plan
     model.prefill(torch.zeros(tokens, dtype=torch.long, device=model.device), plan.dummy_slot, plan.dummy_row, 0)
-    torch.cuda.synchronize(model.device)
+    for device in set(model.devices):
+        torch.cuda.synchronize(device)
 
 
 def _device_budget(utilization: float, device: torch.device) -> int:
