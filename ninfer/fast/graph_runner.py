@@ -28,9 +28,9 @@ and no graph keeps its logits alive, so the pool holds one step's transients, no
 
 from __future__ import annotations
 
-import torch
-
 from typing import Callable
+
+import torch
 
 from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.model import FastModel
