@@ -52,7 +52,7 @@ def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0) -> Fa
                                host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
                                speculative=SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None,
                                devices=conf.stage_devices_for(stages) if stages > 1 else None,
-                               stage_layers=stage_layers)
+                               stage_layers=stage_layers, prefill_graph_tokens=0)  # eager pieces, as the stages'
     return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                              kernels="triton" if conf.ON_GPU else "naive")
 

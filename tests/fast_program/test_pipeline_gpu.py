@@ -40,7 +40,8 @@ def _generate(devices: tuple[str, ...] | None) -> tuple[list[tuple[int, ...]], d
     from ninfer.testing.sessions import token_request
 
     program = FastProgram.from_artifact(default_model_path(), max_concurrency=2, max_context=512,
-                                        gpu_memory_utilization=0.4, devices=devices)
+                                        gpu_memory_utilization=0.4, devices=devices,
+                                        prefill_graph_tokens=0)  # eager pieces, as the stages run them
     prompt = tuple(range(3, 40))
     requests = [token_request(prompt, 12), token_request(prompt[:20] + (9,), 12, seed=5,
                                                          sampling=SamplingParams(temperature=1.0, top_k=20)),
