@@ -31,6 +31,7 @@ class ProgramCore:
     vision tower sets `vision` to its VisionConfig: image prompts are then checked against it at the plan."""
 
     vision: Any = None  # the vision tower's VisionConfig (None: no tower; the Engine refuses image prompts)
+    max_patches = 0  # the most patches an image may have (0: any; the fast Program plans its encode for a size)
 
     def __init__(self, config: Any, alloc: PageAllocator, slots: IdPool, host: HostTier, store: PhysicalStore,
                  page_bytes: int, rows: IdPool | None = None):
@@ -110,7 +111,7 @@ class ProgramCore:
 
     def _materialize_verdict(self, choice: ResourceChoice) -> Infeasible | None:
         if choice.media is not None and self.vision is not None:
-            why = self.vision.media_mismatch(choice.media)
+            why = self.vision.media_mismatch(choice.media, self.max_patches)
             if why is not None:
                 return Infeasible(f"the prompt's images do not fit this model's vision tower: {why}", permanent=True)
         root, total, ctx = self.root_pages(choice), self.alloc.total, len(choice.prompt) + choice.max_new_tokens

@@ -160,18 +160,27 @@ def test_a_resume_inside_an_image_encodes_it_again(artifact, vp):
     assert fast.executor.images.held() == 0
 
 
-@pytest.mark.parametrize("forge", ["patch", "image_token_id"])
+@pytest.mark.parametrize("forge", ["patch", "image_token_id", "patches"])
 def test_media_the_tower_cannot_take_fail_their_request_alone(artifact, vp, forge):
-    """Media of another model's tower (pad id, patch size) are refused at admission; the other request is served."""
+    """Media of another model's tower (pad id, patch size) or of more patches than the Program planned its encode
+    for are refused at admission; the other request is served."""
     import dataclasses
 
     from ninfer.contracts import FinishReason
 
-    good, other = _request(vp, [1], [7]), _request(vp, [2], [7])
+    good, other = _request(vp, [1], [7], sizes=((70, 40),)), _request(vp, [2], [7], sizes=((90, 150),))
     media, img = other.media, other.media.images[0]
-    media = dataclasses.replace(media, image_token_id=10**6) if forge == "image_token_id" else \
-        dataclasses.replace(media, images=(dataclasses.replace(img, pixels=img.pixels[:, :-1]),))
-    prog = _fast(artifact, vp)
+    if forge == "image_token_id":
+        media = dataclasses.replace(media, image_token_id=10**6)
+    elif forge == "patch":
+        media = dataclasses.replace(media, images=(dataclasses.replace(img, pixels=img.pixels[:, :-1]),))
+    if forge == "patches":  # planned for fewer patches than the other image has (a processor allowing less)
+        assert good.media.images[0].pixels.shape[0] < img.pixels.shape[0]
+        prog = FastProgram.from_artifact(artifact, **LIMITS, budget_bytes=1 << 30, device=DEVICE, page_size=4,
+                                         kv_pages=200, dtype=torch.float32, kernels="triton" if ON_GPU else "naive",
+                                         vision_patches=img.pixels.shape[0] - 1)
+    else:
+        prog = _fast(artifact, vp)
     engine = Engine(prog, EngineConfig(max_concurrency=2), threaded=False)
     handles = [engine.submit(good), engine.submit(dataclasses.replace(other, media=media))]
     engine.run_until_idle()

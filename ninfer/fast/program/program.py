@@ -128,6 +128,7 @@ class FastProgram(Program):
             prefill = measure_prefill(model, self.runner, piece, _signature(model), self.pieces)
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.vision = None if vision is None else vision.cfg
+        self.max_patches = vision_patches  # a larger image would plan a workspace past the budget
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)

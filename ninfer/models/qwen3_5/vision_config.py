@@ -92,11 +92,13 @@ class VisionConfig:
         """Values of one flattened patch: channels x temporal x patch x patch, in that order."""
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
-    def media_mismatch(self, media: Any) -> str | None:
+    def media_mismatch(self, media: Any, max_patches: int = 0) -> str | None:
         """Why a prompt's images (a `PromptMedia` that passed its own `check`) do not fit this tower, None when they
-        do: the pad id the model embeds at their places, the merge and each patch's values must be this tower's.
-        A library caller can build media consistent in themselves for another model; served, they would fail a
-        model call (Engine-wide), so the Programs refuse them at the plan (permanent: a 400)."""
+        do: the pad id the model embeds at their places, the merge and each patch's values must be this tower's,
+        and (with `max_patches` > 0, what a Program planned its encode for) no image may have more patches.
+        A library caller can build media consistent in themselves for another model or processor; served, they
+        would fail a model call or outgrow the plan (Engine-wide), so the Programs refuse them at the plan
+        (permanent: a 400)."""
         if media.image_token_id != self.image_token_id:
             return f"the images' pad id {media.image_token_id} is not this model's {self.image_token_id}"
         for i, img in enumerate(media.images):
@@ -105,6 +107,9 @@ class VisionConfig:
                         f"{self.spatial_merge_size}x{self.spatial_merge_size}")
             if img.pixels.shape[1] != self.patch_dim:
                 return f"image {i}'s patches hold {img.pixels.shape[1]} values, this tower's {self.patch_dim}"
+            if max_patches and img.pixels.shape[0] > max_patches:
+                return (f"image {i} has {img.pixels.shape[0]} patches, this server encodes at most {max_patches} "
+                        "(the processor's max_pixels)")
         return None
 
     @property
