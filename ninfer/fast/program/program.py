@@ -45,6 +45,7 @@ from .executor import FastExecutor
 from .images import HELD, ImageInputs
 from .stores import DeviceState
 
+
 def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None) -> FastDFlashBackend | None:
     """The DFlash backend the config names over the plan's drafter pools, or the start-up error naming the field
     (the reference Program's checks: `drafter_fit`)."""
