@@ -232,6 +232,8 @@ def test_a8_prefill_runs_fp8_activations(tiny, tmp_path, prompt_of):
     finally:
         del RECIPES["fp8_32"]
     assert a8.model.weights.layers[1].mixer.o_proj.a8 and not a16.model.weights.layers[1].mixer.o_proj.a8
+    # padding a short piece to a graph bucket would switch it to the A8 GEMM: A8 weights keep every piece eager
+    assert a8.pieces is None and a8.model.plan.prefill_graph_tokens == 0 and a16.pieces is not None
     tokens = torch.tensor(prompt_of(21, seed=5))
     la8, la16 = _logits(a8, tokens), _logits(a16, tokens)
     assert not torch.equal(la8, la16)

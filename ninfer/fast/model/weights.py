@@ -25,7 +25,7 @@ import torch
 
 from ninfer.fast.ops.qlinear import QuantWeight, Segments, concat_rows, fusable
 from ninfer.fast.ops.qlinear.fastgemv import to_tiles
-from ninfer.fast.ops.qlinear.layout import dequant_transient_bytes
+from ninfer.fast.ops.qlinear.layout import a8_block, dequant_transient_bytes
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.models.qwen3_5.params import MTP, TEXT, logical_parameters
 from ninfer.pipeline import StagePlan
@@ -124,6 +124,13 @@ def quant_workspace_bytes(w: FastWeights, act_bytes: int) -> int:
         if isinstance(q, QuantWeight) and len(q.shape) == 2:
             best = max(best, dequant_transient_bytes(q, act_bytes))
     return best
+
+
+def has_a8_weights(w: FastWeights) -> bool:
+    """Whether a weight takes the A8 GEMM above the decode GEMV's rows (its activations quantized to FP8 per row
+    block, ``kernels.linear``): its numerics then depend on a call's row count, which padding a prefill piece to a
+    graph bucket would change for a short piece."""
+    return any(isinstance(q, QuantWeight) and a8_block(q) is not None for q in _weights(w))
 
 
 def _weights(w: FastWeights):

@@ -9,6 +9,7 @@ through `DeviceState` (the store) and the model through `FastExecutor`; the devi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ from ninfer.fast.model.dflash import FastDrafter, load_drafter_weights
 from ninfer.fast.model.model import allocate_stage_pools, check_mtp
 from ninfer.fast.model.quantized import artifact_quant
 from ninfer.fast.model.vision import FastVisionTower
-from ninfer.fast.model.weights import load_fast_weights, quant_workspace_bytes, rank_nbytes
+from ninfer.fast.model.weights import has_a8_weights, load_fast_weights, quant_workspace_bytes, rank_nbytes
 from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.fast.sampling.spec import SpecSampler
@@ -177,6 +178,8 @@ class FastProgram(Program):
             mtp = spec is not None and spec.method is SpeculativeMethod.MTP
             check_mtp(cfg, mtp)
             weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant, stages=stages)
+            if has_a8_weights(weights):  # a short piece padded to a bucket would quantize its activations
+                config = dataclasses.replace(config, prefill_graph_tokens=0)
             act = torch.finfo(config.dtype).bits // 8
             resident = weights.nbytes if stages is None else rank_nbytes(weights, stages)
             plan = config.plan(cfg, budget_bytes, resident, quant_workspace_bytes(weights, act), drafter)
