@@ -1,0 +1,287 @@
+"""The sparse MoE block at decode (M <= 8 rows) in two launches after the router GEMV, for dense (bf16/fp16/fp32)
+expert stacks; ``naive.py`` is the definition.
+
+``_gate_up_kernel``, grid (M*k pair slots + 1 shared slot, N tiles): a program first routes its own row (fp32
+logits, k argmax rounds, ties to the lower id, as the ``moe`` op's router) and takes the expert of its slot. The
+expert is streamed by the program of the first row that chose it: every row's rank of that expert is one compare
+over the logits [M, E] (no second round of argmaxes), so a slot whose expert an earlier row also chose does no work
+and each chosen expert's tile is read once for all its rows. The shared expert is the last slot, chosen by every
+row. The program writes silu(gate) * up for its N columns of every row that chose the expert into an fp32 scratch
+[M*k + M, I] (pair row m*k + slot, shared rows after), and the slot-0 programs write their row's ids and weights.
+
+``_down_kernel``, grid (H tiles): a program owns BN output columns of every row and sums the shared expert (its
+activation pre-scaled by the sigmoid gate) and then every chosen expert (the routing weight folded into the
+activation) over one flat loop of (pair, K tile) steps, the same dedup rule skipping repeated experts: the
+combine is that fixed-order sum, so no atomics, no third launch, deterministic. An optional residual [M, H] is added
+in the epilogue (the block rounded to its dtype first), in place.
+
+No ``tl.dot`` (its smallest tile is 16 rows): rows are a broadcast dimension, products accumulate per (row, column,
+k) in fp32 registers and are summed once after the loop, as ``qlinear``'s dot-free GEMV. Tiles keep that
+accumulator at 64 fp32 registers a thread (``_ACC_PER_THREAD``) and the pipelined loads of one program well under
+Hopper's shared memory (``smem_bytes``, asserted at every launch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.fast.ops.gemv.triton import _num_sms
+
+MAX_ROWS = 8
+_ACC_PER_THREAD = 64  # fp32 accumulator registers a thread spends
+# the most shared memory one program's pipelined loads may take (Hopper has 227 KB a block; leave room)
+SMEM_LIMIT = 128 << 10
+
+
+@dataclass(frozen=True)
+class MoeDecodeConfig:
+    gate_bn: int  # activation columns per gate_up program (it streams 2 * gate_bn weight rows: gate and up)
+    gate_bk: int  # K (hidden) tile of gate_up
+    down_bn: int  # output (hidden) columns per down program
+    down_bk: int  # K (intermediate) tile of down
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
+
+
+def smem_bytes(cfg: MoeDecodeConfig, M: int, w_bytes: int, x_bytes: int) -> int:
+    """Shared memory of the larger kernel's pipeline: stages x one step's tiles. gate_up loads gate and up tiles
+    [gate_bn, gate_bk] and x [BM, gate_bk]; down a weight tile [down_bn, down_bk] and fp32 activations
+    [BM, down_bk]. E.g. M=1, bf16, 35B-A3B: gate 3 x (2*16*256*2 + 256*2) = 51 KB, down 3 x (4*512*2 + 512*4)
+    = 18 KB; fp32 weights double the weight part (gate 101 KB)."""
+    bm = triton.next_power_of_2(M)
+    gate = 2 * cfg.gate_bn * cfg.gate_bk * w_bytes + bm * cfg.gate_bk * x_bytes
+    down = cfg.down_bn * cfg.down_bk * w_bytes + bm * cfg.down_bk * 4
+    return cfg.num_stages * max(gate, down)
+
+
+def pick_config(M: int, H: int, I: int, num_sms: int) -> MoeDecodeConfig:
+    """From shapes only (graphs stay valid); not yet measured (``bench_moe.py`` sweeps). N tiles are the widest
+    that still give about two programs per SM at M = 1: gate_up has k + 1 slots x I / gate_bn tiles (35B-A3B:
+    9 x 32 = 288), down H / down_bn (2048 / 4 = 512). K tiles fill the accumulator budget, 8 warps from 3 rows."""
+    warps = 4 if M <= 2 else 8
+    budget = _ACC_PER_THREAD * 32 * warps  # fp32 accumulator elements of one program
+    bm = triton.next_power_of_2(M)
+    slots = 9  # 35B-A3B's 8 routed experts and the shared one
+    gate_bn = min(64, max(8, _pow2_at_most(max(1, slots * I // (2 * num_sms)))))
+    down_bn = min(32, max(4, _pow2_at_most(max(1, H // (2 * num_sms)))))
+    gate_bk = max(16, min(triton.next_power_of_2(H), budget // (2 * bm * gate_bn)))
+    down_bk = max(16, min(triton.next_power_of_2(I), budget // (bm * down_bn)))
+    return MoeDecodeConfig(gate_bn, gate_bk, down_bn, down_bk, warps)
+
+
+@triton.jit
+def _route_row(logit_ptr, t, E, stride_l, s, TOPK: tl.constexpr, RENORM: tl.constexpr, BE: tl.constexpr,
+               BKK: tl.constexpr):
+    """Row t's top-k by fp32 logit (k argmax rounds, ties to the lower id): (the expert of slot s, ids [BKK] int32,
+    weights [BKK] fp32: softmax over all experts at the ids, renormalised when RENORM)."""
+    ex = tl.arange(0, BE)
+    me = ex < E
+    lg = tl.load(logit_ptr + t.to(tl.int64) * stride_l + ex, mask=me, other=float("-inf")).to(tl.float32)
+    p = tl.exp(lg - tl.max(lg, axis=0))
+    p = tl.where(me, p / tl.sum(p, axis=0), 0.0)
+    left = tl.where(me, lg, float("-inf"))
+    kk = tl.arange(0, BKK)
+    ids = tl.zeros([BKK], dtype=tl.int32)
+    wts = tl.zeros([BKK], dtype=tl.float32)
+    for r in tl.static_range(TOPK):
+        idx = tl.argmax(left, axis=0).to(tl.int32)
+        ids = tl.where(kk == r, idx, ids)
+        wts = tl.where(kk == r, tl.sum(tl.where(ex == idx, p, 0.0), axis=0), wts)
+        left = tl.where(ex == idx, float("-inf"), left)
+    if RENORM:
+        wts = wts / tl.sum(tl.where(kk < TOPK, wts, 0.0), axis=0)
+    return tl.sum(tl.where(kk == s, ids, 0), axis=0), ids, wts
+
+
+@triton.jit
+def _rows_choosing(logit_ptr, e, m, mask_m, E, stride_l, TOPK: tl.constexpr, BE: tl.constexpr):
+    """Which rows [BM] rank expert e among their top k, and at which slot (the rank: the experts with a higher
+    logit, or an equal one and a lower id, in front of it)."""
+    ex = tl.arange(0, BE)
+    rows = logit_ptr + m[:, None].to(tl.int64) * stride_l
+    lg = tl.load(rows + ex[None, :], mask=mask_m[:, None] & (ex < E)[None, :], other=float("-inf")).to(tl.float32)
+    le = tl.load(logit_ptr + m.to(tl.int64) * stride_l + e, mask=mask_m, other=0.0).to(tl.float32)  # [BM]
+    ahead = (lg > le[:, None]) | ((lg == le[:, None]) & (ex < e)[None, :])
+    rank = tl.sum(ahead.to(tl.int32), axis=1)
+    return mask_m & (rank < TOPK), rank
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M, E, I, IS, H, stride_x, stride_l,
+                    stride_we, stride_wn, stride_sn, stride_act, TOPK: tl.constexpr, RENORM: tl.constexpr,
+                    BM: tl.constexpr, BE: tl.constexpr, BKK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    EVEN_K: tl.constexpr):
+    j = tl.program_id(0)  # (row t, slot s) pair t * TOPK + s, or M * TOPK: the shared expert
+    P = M * TOPK
+    t = j // TOPK
+    s = j % TOPK
+    shared = j >= P
+    m = tl.arange(0, BM)
+    mask_m = m < M
+    # the shared slot routes row M - 1 for nothing (no row M to read)
+    e, ids, wts = _route_row(logit_ptr, tl.minimum(t, M - 1), E, stride_l, s, TOPK, RENORM, BE, BKK)
+    kk = tl.arange(0, BKK)
+    # the slot-0 program of each row publishes the row's routing for the down launch
+    publish = (s == 0) & (tl.program_id(1) == 0) & (t < M)
+    # scalar conditions enter masks as bounds (a scalar & vector mask is also what the interpreter rejects)
+    n_pub = tl.where(publish, TOPK, 0)
+    tl.store(ids_ptr + t * TOPK + kk, ids, mask=kk < n_pub)
+    tl.store(rw_ptr + t * TOPK + kk, wts, mask=kk < n_pub)
+    chosen, rank = _rows_choosing(logit_ptr, e, m, mask_m, E, stride_l, TOPK, BE)
+    # the first row that chose the expert streams it; the shared slot is every row's
+    active = (tl.min(tl.where(chosen, m, BM), axis=0) == t) | shared
+    chosen = tl.where(shared, mask_m, chosen)
+    out_rows = tl.where(shared, P + m, m * TOPK + rank)  # [BM] scratch rows
+    if shared:
+        w_rows = sw_ptr
+    else:
+        w_rows = w_ptr + e.to(tl.int64) * stride_we
+    stride_n = tl.where(shared, stride_sn, stride_wn)
+    half = tl.where(shared, IS, I)  # gate rows [0, half), up rows [half, 2 half)
+    # a tile past this expert's width (I != Is) streams nothing
+    active = active & (tl.program_id(1) * BN < half)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask_n = n < tl.where(active, half, 0)
+    gate_rows = w_rows + n[:, None].to(tl.int64) * stride_n  # [BN, 1]
+    up_rows = gate_rows + half.to(tl.int64) * stride_n
+    x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x  # [BM, 1]
+    k_end = tl.where(active, H, 0)
+    kt = tl.arange(0, BK)
+    acc_g = tl.zeros([BM, BN, BK], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN, BK], dtype=tl.float32)
+    for k0 in range(0, k_end, BK):
+        k = k0 + kt
+        if EVEN_K:
+            x = tl.load(x_rows + k[None, :], mask=chosen[:, None], other=0.0).to(tl.float32)  # [BM, BK]
+            g = tl.load(gate_rows + k[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)  # [BN, BK]
+            u = tl.load(up_rows + k[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        else:
+            mk = (k < H)[None, :]
+            x = tl.load(x_rows + k[None, :], mask=chosen[:, None] & mk, other=0.0).to(tl.float32)
+            g = tl.load(gate_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)
+            u = tl.load(up_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)
+        if BM == 1:
+            # one row of x as a vector in the weight tile's layout: no 3-D broadcast to convert into
+            xv = tl.sum(x, axis=0)[None, :]
+            acc_g += (g * xv)[None, :, :]
+            acc_u += (u * xv)[None, :, :]
+        else:
+            acc_g += g[None, :, :] * x[:, None, :]
+            acc_u += u[None, :, :] * x[:, None, :]
+    gate = tl.sum(acc_g, axis=2)  # [BM, BN]
+    act = gate * tl.sigmoid(gate) * tl.sum(acc_u, axis=2)
+    dst = act_ptr + out_rows[:, None].to(tl.int64) * stride_act + n[None, :]
+    tl.store(dst, act, mask=chosen[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_ptr, M, E, I, IS, H, stride_l,
+                 stride_we, stride_wn, stride_sn, stride_act, stride_r, stride_y, TOPK: tl.constexpr,
+                 HAS_SHARED: tl.constexpr, RESIDUAL: tl.constexpr, BM: tl.constexpr, BKK: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr):
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    mask_n = n < H
+    m = tl.arange(0, BM)
+    mask_m = m < M
+    P = M * TOPK
+    kt = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN, BK], dtype=tl.float32)
+    if HAS_SHARED:
+        gate = tl.sigmoid(tl.load(logit_ptr + m.to(tl.int64) * stride_l + E, mask=mask_m, other=0.0).to(tl.float32))
+        a_rows = act_ptr + (P + m)[:, None].to(tl.int64) * stride_act
+        w_rows = sw_ptr + n[:, None].to(tl.int64) * stride_sn
+        for k0 in range(0, IS, BK):
+            k = k0 + kt
+            mk = (k < IS)[None, :]
+            a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & mk, other=0.0) * gate[:, None]  # [BM, BK]
+            w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)  # [BN, BK]
+            acc += w[None, :, :] * a[:, None, :]
+    kk = tl.arange(0, BKK)
+    pm = mask_m[:, None] & (kk < TOPK)[None, :]
+    ids = tl.load(ids_ptr + m[:, None] * TOPK + kk[None, :], mask=pm, other=-1)  # [BM, BKK]
+    rws = tl.load(rw_ptr + m[:, None] * TOPK + kk[None, :], mask=pm, other=0.0)
+    kts = tl.cdiv(I, BK)
+    for step in range(0, P * kts):
+        j = step // kts
+        k = (step % kts) * BK + kt
+        e = tl.load(ids_ptr + j)
+        match = ids == e  # [BM, BKK]: each row holds an expert at most once
+        chosen = tl.sum(match.to(tl.int32), axis=1) > 0
+        active = tl.min(tl.where(chosen, m, BM), axis=0) == j // TOPK
+        slot = tl.sum(tl.where(match, kk[None, :], 0), axis=1)
+        wgt = tl.sum(tl.where(match, rws, 0.0), axis=1)  # [BM]
+        mk = (k < tl.where(active, I, 0))[None, :]
+        a_rows = act_ptr + (m * TOPK + slot)[:, None].to(tl.int64) * stride_act
+        a = tl.load(a_rows + k[None, :], mask=chosen[:, None] & mk, other=0.0) * wgt[:, None]
+        w_rows = w_ptr + e.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * stride_wn
+        w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)
+        acc += w[None, :, :] * a[:, None, :]
+    out = tl.sum(acc, axis=2)  # [BM, BN]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if RESIDUAL:
+        # the block rounded to the stream's dtype, then the add rounded again: what the unfused add computes
+        r = tl.load(r_ptr + m[:, None].to(tl.int64) * stride_r + n[None, :], mask=mask, other=0.0)
+        out = out.to(r.dtype).to(tl.float32) + r.to(tl.float32)
+    tl.store(y_ptr + m[:, None].to(tl.int64) * stride_y + n[None, :], out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _check(x, logits, w_gate_up, w_down, shared_gate_up, shared_down, residual, top_k) -> None:
+    M, H = x.shape
+    E, I2, _ = w_gate_up.shape
+    assert 1 <= M <= MAX_ROWS and x.stride(1) == 1, f"moe_decode: x {tuple(x.shape)} (at most {MAX_ROWS} rows)"
+    assert w_gate_up.shape == (E, I2, H) and w_down.shape == (E, H, I2 // 2), "moe_decode: expert stacks"
+    assert w_gate_up.is_contiguous() and w_down.is_contiguous() and 1 <= top_k <= E
+    has_shared = shared_gate_up is not None
+    assert logits.shape[0] == M and logits.shape[1] >= E + has_shared and logits.stride(1) == 1, "moe_decode: logits"
+    if has_shared:
+        assert shared_down is not None and shared_gate_up.shape[1] == H and shared_down.shape[0] == H
+        assert shared_gate_up.stride(1) == 1 and shared_down.stride(1) == 1
+        assert shared_gate_up.dtype == shared_down.dtype == w_gate_up.dtype == w_down.dtype, "moe_decode: dtypes"
+    assert residual is None or (residual.shape == (M, H) and residual.stride(1) == 1), "moe_decode: residual"
+
+
+def moe_decode(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+               renormalize: bool = True, shared_gate_up: torch.Tensor | None = None,
+               shared_down: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+               config: MoeDecodeConfig | None = None) -> torch.Tensor:
+    """``moe_decode_naive``'s contract in two launches: x [M <= 8, H]; logits [M, E (+1)] (any row stride);
+    dense expert stacks w_gate_up [E, 2I, H], w_down [E, H, I]; the shared expert [2Is, H] / [H, Is] (same dtype)
+    or None. Returns [M, H] in x's dtype, or with ``residual`` adds the block to it in place and returns it.
+    ``config`` overrides the shape heuristic (benchmarks)."""
+    _check(x, logits, w_gate_up, w_down, shared_gate_up, shared_down, residual, top_k)
+    M, H = x.shape
+    E, I = w_gate_up.shape[0], w_gate_up.shape[1] // 2
+    has_shared = shared_gate_up is not None
+    IS = shared_gate_up.shape[0] // 2 if has_shared else 0
+    cfg = config or pick_config(M, H, I, _num_sms(x.device))
+    smem = smem_bytes(cfg, M, w_gate_up.element_size(), x.element_size())
+    assert smem <= SMEM_LIMIT, f"moe_decode: {cfg} needs {smem} bytes of shared memory"
+    P = M * top_k
+    act = torch.empty(P + M * has_shared, max(I, IS), device=x.device, dtype=torch.float32)
+    ids = torch.empty(M, top_k, device=x.device, dtype=torch.int32)
+    rw = torch.empty(M, top_k, device=x.device, dtype=torch.float32)
+    sgu = shared_gate_up if has_shared else w_gate_up
+    sdn = shared_down if has_shared else w_down
+    bm, bkk = triton.next_power_of_2(M), triton.next_power_of_2(top_k)
+    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _gate_up_kernel[(P + has_shared, triton.cdiv(max(I, IS), cfg.gate_bn))](
+        x, logits, w_gate_up, sgu, act, ids, rw, M, E, I, IS, H, x.stride(0), logits.stride(0),
+        w_gate_up.stride(0), w_gate_up.stride(1), sgu.stride(0), act.stride(0), TOPK=top_k, RENORM=renormalize,
+        BM=bm, BE=triton.next_power_of_2(E), BKK=bkk, BN=cfg.gate_bn, BK=cfg.gate_bk, EVEN_K=H % cfg.gate_bk == 0,
+        **common)
+    y = residual if residual is not None else x.new_empty(M, H)
+    r = residual if residual is not None else y
+    _down_kernel[(triton.cdiv(H, cfg.down_bn),)](
+        act, logits, ids, rw, w_down, sdn, r, y, M, E, I, IS, H, logits.stride(0), w_down.stride(0),
+        w_down.stride(1), sdn.stride(0), act.stride(0), r.stride(0), y.stride(0), TOPK=top_k,
+        HAS_SHARED=has_shared, RESIDUAL=residual is not None, BM=bm, BKK=bkk, BN=cfg.down_bn, BK=cfg.down_bk,
+        **common)
+    return y

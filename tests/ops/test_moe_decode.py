@@ -1,0 +1,120 @@
+"""moe_decode (the MoE block at decode in two launches) vs moe_decode_naive: M = 1, 3, 8 rows; widths off the tile
+grid (hidden 40, experts 24 wide, shared expert 20 wide); experts chosen by several rows at once, by every row, by
+none; exact logit ties (lower id first, also at the k-th place); with and without the shared expert; the residual
+added in place; strided logits; NaN-poisoned scratch and outputs. Plus the launch geometry at the 35B-A3B shape."""
+
+import pytest
+import torch
+
+from _device import DEVICE, ON_GPU
+from ninfer.fast.ops.moe_decode import (MAX_ROWS, moe_decode, moe_decode_naive, moe_decode_route_naive, pick_config,
+                                        smem_bytes)
+from ninfer.fast.ops.moe_decode.triton import SMEM_LIMIT
+from ninfer.testing.numerics import assert_close
+
+# (E, k, H, I, Is): 35B-A3B on the GPU
+SHAPE = (256, 8, 2048, 512, 512) if ON_GPU else (7, 3, 40, 24, 20)
+
+
+def _weights(dtype, shared=True, shape=SHAPE):
+    E, k, H, I, Is = shape
+    w_gu = (H ** -0.5 * torch.randn(E, 2 * I, H, device=DEVICE)).to(dtype)
+    w_dn = (I ** -0.5 * torch.randn(E, H, I, device=DEVICE)).to(dtype)
+    if not shared:
+        return w_gu, w_dn, None, None
+    return w_gu, w_dn, (H ** -0.5 * torch.randn(2 * Is, H, device=DEVICE)).to(dtype), \
+        (Is ** -0.5 * torch.randn(H, Is, device=DEVICE)).to(dtype)
+
+
+def _tol(dtype):
+    return 1e-2 if dtype == torch.bfloat16 else (1e-4 if ON_GPU else 1e-5)
+
+
+def _check(x, logits, ws, k, dtype, residual=None):
+    ref = moe_decode_naive(x, logits, ws[0], ws[1], k, True, ws[2], ws[3],
+                           residual=None if residual is None else residual.clone())
+    out = moe_decode(x, logits, *ws[:2], k, True, *ws[2:], residual=residual)
+    assert_close("moe_decode", ref, out, _tol(dtype))
+    return ref
+
+
+# (M, shared expert, dtype): the interpreter is slow, so not every product (the GPU runs the same list)
+CASES = [(1, True, torch.bfloat16), (1, False, torch.float32), (3, True, torch.float32),
+         (3, False, torch.bfloat16), (8, True, torch.float32), (8, True, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("M,shared,dtype", CASES, ids=lambda v: str(v).removeprefix("torch."))
+def test_moe_decode(M, shared, dtype):
+    E, k, H = SHAPE[:3]
+    ws = _weights(dtype, shared)
+    x = torch.randn(M, H, device=DEVICE).to(dtype)
+    logits = torch.randn(M, E + shared, device=DEVICE).to(dtype)
+    _, ids = moe_decode_route_naive(logits, E, k)
+    flat = ids.flatten().tolist()
+    if M == 1:
+        assert len(set(range(E)) - set(flat)) > 0  # an expert nobody chose
+    if M == 8:
+        assert len(set(flat)) < len(flat)  # experts chosen by several rows
+    _check(x, logits, ws, k, dtype)
+
+
+def test_moe_decode_every_row_same_experts():
+    # every row ranks the experts alike: one program streams each expert for all rows, the others skip
+    E, k, H = SHAPE[:3]
+    ws = _weights(torch.float32)
+    x = torch.randn(MAX_ROWS, H, device=DEVICE)
+    logits = torch.randn(1, E + 1, device=DEVICE).expand(MAX_ROWS, -1).contiguous()
+    logits[:, E] = torch.randn(MAX_ROWS, device=DEVICE)  # each row its own shared gate
+    _check(x, logits, ws, k, torch.float32)
+
+
+@pytest.mark.parametrize("M", [1, 5])
+def test_moe_decode_ties(M):
+    # integer logits tie everywhere, the k-th place included: the lower expert id wins every tie
+    E, k, H = SHAPE[:3]
+    ws = _weights(torch.float32)
+    x = torch.randn(M, H, device=DEVICE)
+    logits = torch.randint(0, 2, (M, E + 1), device=DEVICE).float()
+    logits[0, :E] = 1.0  # row 0: all experts tied, so it takes ids 0..k-1
+    _, ids = moe_decode_route_naive(logits, E, k)
+    assert ids[0].tolist() == list(range(k))
+    _check(x, logits, ws, k, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if ON_GPU else []), ids=str)
+def test_moe_decode_residual_in_place_and_strided_logits(dtype):
+    # the router output as a column window of a wider buffer; the block added to the stream twice, in place
+    E, k, H = SHAPE[:3]
+    M = 2
+    ws = _weights(dtype)
+    x = torch.randn(M, H, device=DEVICE).to(dtype)
+    wide = torch.randn(M, E + 9, device=DEVICE).to(dtype)
+    logits = wide[:, 4:4 + E + 1]
+    h = torch.randn(M, H, device=DEVICE).to(dtype)
+    for _ in range(2):
+        expect = moe_decode_naive(x, logits, ws[0], ws[1], k, True, ws[2], ws[3], residual=h)
+        out = moe_decode(x, logits, *ws[:2], k, True, *ws[2:], residual=h)
+        assert out.data_ptr() == h.data_ptr()
+        assert_close("moe_decode.residual", expect, h, _tol(dtype))
+        h = expect.clone() if dtype == torch.bfloat16 else h
+
+
+def test_moe_decode_no_renormalisation():
+    E, k, H = SHAPE[:3]
+    ws = _weights(torch.float32)
+    x = torch.randn(2, H, device=DEVICE)
+    logits = torch.randn(2, E + 1, device=DEVICE)
+    ref = moe_decode_naive(x, logits, ws[0], ws[1], k, False, ws[2], ws[3])
+    assert_close("moe_decode.raw_weights", ref, moe_decode(x, logits, *ws[:2], k, False, *ws[2:]), 1e-4)
+
+
+def test_launch_geometry_at_35b_a3b():
+    # on Hopper's 132 SMs, M = 1 fills every SM in both launches, and no configuration of M <= 8 and bf16/fp32
+    # weights needs more shared memory than the limit
+    E, k, H, I, Is = 256, 8, 2048, 512, 512
+    cfg = pick_config(1, H, I, 132)
+    assert (k + 1) * -(-I // cfg.gate_bn) >= 2 * 132 and -(-H // cfg.down_bn) >= 2 * 132
+    for M in range(1, MAX_ROWS + 1):
+        cfg = pick_config(M, H, I, 132)
+        for w_bytes in (2, 4):
+            assert smem_bytes(cfg, M, w_bytes, w_bytes) <= SMEM_LIMIT, (M, w_bytes, cfg)
