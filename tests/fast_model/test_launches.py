@@ -67,6 +67,37 @@ def test_decode_step_launches_per_layer(kernels):
     assert counter.syncs == []
 
 
+# an MoE block at decode: its norm and the router (cuBLAS at the tiny shape), then route, align, the two grouped
+# GEMMs, the combine, the shared expert's SwiGLU GEMV and down projection and its gate (sigmoid, mul, add); in
+# "triton-fused" the moe_decode op's two launches, which add the block to the stream themselves
+MOE_FFN = {
+    "triton-fused": ["_rmsnorm_kernel", "aten.mm", "_gate_up_kernel", "_down_kernel"],
+    "triton": ["_rmsnorm_kernel", "aten.mm", "_route_kernel", "_align_kernel", "_grouped_gemm_kernel",
+               "_grouped_gemm_kernel", "_combine_kernel", "_gemv_kernel", "aten.mm", "aten.sigmoid", "aten.mul",
+               "aten.add"],
+}
+
+
+@pytest.mark.parametrize("kernels", sorted(MOE_FFN))
+def test_moe_decode_step_launches_per_layer(kernels):
+    # the second GDN layer reads a stream an MoE block wrote. With "triton-fused" that block added itself in
+    # place, so the layer's norm goes into its in_proj GEMV's prologue, as after a dense FFN
+    cfg = tiny_config(moe=True, layers=(L, F, L))
+    pair = build_pair(cfg, torch.float32, kernels)
+    slots, rows = place_sequences(pair.fast, 2)
+    for s, r in zip(slots, rows):
+        pair.fast.prefill(torch.arange(1, 3, device=DEVICE), s, r, 0)
+    args = (torch.tensor([3, 4], device=DEVICE), torch.tensor(slots, **I32), torch.tensor(rows, **I32),
+            torch.tensor([3, 3], **I32), torch.tensor([2, 2], **I32))
+    pair.fast.decode(*args)
+    counter = count_step(lambda: pair.fast.decode(*args))
+    assert counter.names("ffn") == MOE_FFN[kernels] * 3
+    first_gdn = LAUNCHES[kernels][0]
+    later_gdn = first_gdn if kernels == "triton-fused" else ["_rmsnorm_kernel"] + first_gdn[1:]
+    assert counter.names("gdn") == first_gdn + later_gdn
+    assert counter.syncs == []
+
+
 # a prefill piece (one sequence, T tokens): a GDN layer is its norm, in_proj, the conv, the chunked rule's initial
 # state copy and three passes (the state pass writes the final state into the slot), the gated norm and out_proj;
 # attention its norm,

@@ -13,7 +13,9 @@ The residual stream between sublayers is a ``Residual``: ``norm_linear`` (and it
 projection, ``linear_residual`` adds a sublayer's output projection to it. With the "triton-fused" table, where the
 decode GEMV runs those projections the norm sits in its prologue and the add in its epilogue (one launch each
 instead of a norm, a GEMV and an add); elsewhere, and in the default "triton" table, the output waits in
-``Residual.delta`` for the next norm, the fused add + RMSNorm kernel.
+``Residual.delta`` for the next norm, the fused add + RMSNorm kernel. ``moe_block`` is the MoE block after the router:
+in "triton-fused" at decode row counts over dense experts the ``moe_decode`` op's two launches, which add the block
+to ``Residual.h`` in their epilogue; elsewhere route, experts, the shared expert and its gate, output in ``delta``.
 """
 
 from __future__ import annotations
@@ -80,11 +82,28 @@ class Kernels:
     linear_residual: Callable
     # (block_tables [R, P], rows [B], positions [B], page_size) -> (table [B, P] int32, slot_mapping [B] int64)
     decode_slots: Callable
+    # (y [T, H], logits [T, E (+1)], w_gate_up, w_down, shared_gate_up | None, shared_down | None, top_k,
+    #  renormalize, res) -> None: res gains the MoE block's output (routed experts + gated shared expert)
+    moe_block: Callable
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
 # larger ones are GEMMs for cuBLAS
 _GEMV_ROWS = 8
+
+
+def _unfused_moe_block(route: Callable, experts: Callable, linear: Callable, linear_swiglu: Callable) -> Callable:
+    """The MoE block from its ops: route, the routed experts, the shared expert's two projections and its sigmoid
+    gate; the output waits in ``res.delta`` for the next norm."""
+    def block(y, logits, w_gate_up, w_down, shared_gate_up, shared_down, top_k, renormalize, res):
+        E = logits.shape[1] - (shared_gate_up is not None)
+        weights, ids = route(logits[:, :E], top_k, renormalize)
+        out = experts(y, w_gate_up, w_down, weights, ids)
+        if shared_gate_up is not None:
+            shared = linear(linear_swiglu(y, shared_gate_up), shared_down)
+            out = out + torch.sigmoid(logits[:, E:]) * shared
+        res.delta = out
+    return block
 
 
 def _stream_norm(rmsnorm: Callable) -> Callable:
@@ -104,7 +123,7 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
     because on the H200 they slowed the 0.8B executor step at B=1 from 1.14 to 1.91 ms (docs/performance.md, fourth
     session) and no measurement yet says which pair lost; ``bench_fast.py --kernels triton,triton-fused`` (run.sh
     micro) times both in one call so the rules can be set per shape."""
-    from ninfer.fast.ops import (decode_slots, gdn_chunk, gdn_decode, gemv, moe, paged_decode_attention,
+    from ninfer.fast.ops import (decode_slots, gdn_chunk, gdn_decode, gemv, moe, moe_decode, paged_decode_attention,
                                  prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
     from ninfer.fast.ops.dflash_select import dflash_select
@@ -161,11 +180,32 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
         else:
             res.delta = linear(x, w)
 
+    unfused_moe = _unfused_moe_block(moe.moe_route, experts, linear, linear_swiglu)
+
+    def moe_block(y, logits, w_gate_up, w_down, shared_gate_up, shared_down, top_k, renormalize, res):
+        if not (fused_decode and _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down)):
+            return unfused_moe(y, logits, w_gate_up, w_down, shared_gate_up, shared_down, top_k, renormalize, res)
+        assert res.delta is None, "moe_block: the stream's last output was never added"
+        # two launches, the block added to the stream in the down kernel's epilogue (the next norm can then go
+        # into its GEMV's prologue)
+        moe_decode.moe_decode(y, logits, w_gate_up, w_down, top_k, renormalize, shared_gate_up, shared_down,
+                              residual=res.h)
+
     return Kernels("triton-fused" if fused_decode else "triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write,
                    gdn_decode.gdn_decode, conv_prefill, gdn_chunk.gdn_chunk,
                    paged_decode_attention.paged_decode_attention, prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
                    slot_copy.slot_copy, dflash_conv, dflash_select, stream_norm, norm_linear, norm_linear_swiglu,
-                   linear_residual, decode_slots.decode_slots)
+                   linear_residual, decode_slots.decode_slots, moe_block)
+
+
+def _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down) -> bool:
+    """The fused MoE block (``moe_decode``) takes decode row counts over dense expert stacks (and a dense shared
+    expert, or none); quantized experts keep the ``qmoe`` path. Opt-in ("triton-fused") until the GPU measures it
+    against today's path (``bench_moe.py``)."""
+    from ninfer.fast.ops.moe_decode import MAX_ROWS
+    parts = [w_gate_up, w_down] + ([] if shared_gate_up is None else [shared_gate_up, shared_down])
+    return (y.shape[0] <= MAX_ROWS and all(isinstance(p, torch.Tensor) for p in parts)
+            and len({p.dtype for p in parts}) == 1)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:
@@ -254,7 +294,7 @@ def naive_kernels() -> Kernels:
                    linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive, stream_norm,
                    lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
                    lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual,
-                   decode_slots_naive)
+                   decode_slots_naive, _unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu))
 
 
 def get_kernels(name: str) -> Kernels:

@@ -149,11 +149,6 @@ def ffn(k: Kernels, cfg: Qwen35Config, w: FfnWeights, res: Residual, norm: torch
     if not cfg.is_moe:
         return k.linear_residual(k.norm_linear_swiglu(res, norm, cfg.rms_norm_eps, w.gate_up), w.down, res)
     y = k.norm(res, norm, cfg.rms_norm_eps)
-    E = cfg.num_experts
     logits = k.linear(y, w.router)  # [T, E (+1 shared-expert gate)]
-    weights, ids = k.moe_route(logits[:, :E], cfg.num_experts_per_tok, cfg.norm_topk_prob)
-    out = k.moe_experts(y, w.experts_gate_up, w.experts_down, weights, ids)
-    if w.shared_gate_up is not None:
-        shared = k.linear(k.linear_swiglu(y, w.shared_gate_up), w.shared_down)
-        out = out + torch.sigmoid(logits[:, E:]) * shared
-    res.delta = out
+    k.moe_block(y, logits, w.experts_gate_up, w.experts_down, w.shared_gate_up, w.shared_down,
+                cfg.num_experts_per_tok, cfg.norm_topk_prob, res)
