@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 if "--smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -31,7 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure import cuda_ms  # noqa: E402
+from measure import cuda_ms, graph_us  # noqa: E402
 from quant_weights import RECIPES, random_planes  # noqa: E402
 from shapes import config  # noqa: E402
 
@@ -67,33 +66,6 @@ def shapes(model: str) -> list[tuple[str, int, int]]:
     if not cfg.is_moe:
         out += [("gate_up", 2 * cfg.intermediate_size, H), ("down", H, cfg.intermediate_size)]
     return out
-
-
-def graph_us(fn, calls: int) -> float:
-    if not torch.cuda.is_available():
-        # --smoke: one host-timed call (the interpreter), only to exercise the path
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * calls)
 
 
 def _weights(variant: str, N: int, K: int, device: str, smoke: bool) -> list:

@@ -32,6 +32,35 @@ def cuda_ms(fn: Callable[[], object], iters: int, warmup: int = 2) -> float:
     return start.elapsed_time(end) / iters
 
 
+def graph_us(fn: Callable[[], object], calls: int) -> float:
+    """Microseconds per call inside one CUDA graph of ``calls`` back-to-back calls (no launch gaps); on a CPU
+    (--smoke) one host-timed call."""
+    if not torch.cuda.is_available():
+        # --smoke: one host-timed call (the interpreter), only to exercise the path
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * calls)
+
+
 def hbm_bandwidth(gib: int = 4, iters: int = 10) -> dict:
     """Device copy of ``gib`` GiB (read + write counted) and a read-only reduction, in TB/s."""
     result = _bandwidth(gib, iters)

@@ -8,7 +8,10 @@
 #   bash benchmarks/gpu/run.sh tests    # ops, fast model, fast Program (+ property harness), oracle diff, e2e serve
 #   bash benchmarks/gpu/run.sh engine   # bench_engine.py (with idle between decode steps, async off/on) then bench_fast.py
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
-#   bash benchmarks/gpu/run.sh micro    # bench_gemv.py, bench_ops.py, bench_fast.py triton vs triton-fused (0.8B), profile_fast.py
+#   bash benchmarks/gpu/run.sh micro    # bench_fast.py triton vs triton-fused (0.8B, 35B-A3B), bench_gemv.py, bench_ops.py,
+#                                       # profile_fast.py (each in the time the ones before left)
+#   bash benchmarks/gpu/run.sh moe      # the MoE block's GPU tests, then bench_moe.py: today's path vs moe_decode per B
+#                                       # at 35B-A3B with the floor and a config sweep (< 4 min)
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (<= 240 s)
@@ -20,7 +23,7 @@
 #                                       # two GPUs, else 0,0: both ranks on one GPU)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
-#   env: PYTHON (default python3), OUT, BENCH_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
+#   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
 #        PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -32,6 +35,8 @@ START=$(date +%s)
 TOTAL_S="${PART_BUDGET_S:-560}"  # headroom under the 600 s limit for start-up and result transfer
 MODELS="${BENCH_MODELS:-0.8B,9B,35B-A3B}"
 left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
+# seconds for the next step: at most $1, and what is left less 5
+capped() { local l=$(( $(left) - 5 )); echo $(( l < 1 ? 1 : (l < $1 ? l : $1) )); }
 # wheels the image lacks (benchmarks/gpu/fetch_wheels.sh; the call carries .whl): server, openai client, xgrammar, fla
 if [ -d .whl ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -89,14 +94,27 @@ run_hf() {
 }
 
 run_micro() {
-    echo "== op micro-benchmarks and per-kernel profile"
-    timeout 150 "$PY" benchmarks/gpu/bench_gemv.py || echo "bench_gemv rc=$?"
-    timeout 150 "$PY" benchmarks/gpu/bench_ops.py || echo "bench_ops rc=$?"
-    # the fused decode GEMVs (opt-in "triton-fused") against the default table, executor and graphs, same call
-    timeout 200 "$PY" benchmarks/gpu/bench_fast.py --models "${MICRO_MODELS:-0.8B}" --kernels triton,triton-fused \
-        --deadline-s 190 ${OUT:+--out "$OUT/fused"} || echo "bench_fast fused rc=$?"
-    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_fast.py --models "$MODELS" ${OUT:+--out "$OUT"} \
+    # first the opt-in "triton-fused" table (fused decode GEMVs; on 35B-A3B also the moe_decode MoE block) against
+    # the default one, executor and graphs, in the same call; 35B-A3B needs ~110 s a table
+    echo "== executor under both op tables, then op micro-benchmarks and per-kernel profile"
+    timeout "$(capped 330)" "$PY" benchmarks/gpu/bench_fast.py --models "${MICRO_MODELS:-0.8B,35B-A3B}" \
+        --kernels triton,triton-fused --deadline-s 320 ${OUT:+--out "$OUT/fused"} || echo "bench_fast fused rc=$?"
+    timeout "$(capped 150)" "$PY" benchmarks/gpu/bench_gemv.py || echo "bench_gemv rc=$?"
+    timeout "$(capped 150)" "$PY" benchmarks/gpu/bench_ops.py || echo "bench_ops rc=$?"
+    timeout "$(capped 600)" "$PY" benchmarks/gpu/profile_fast.py --models "$MODELS" ${OUT:+--out "$OUT"} \
         || echo "profile_fast rc=$?"
+}
+
+run_moe() {
+    # issue 14: the MoE block at decode. The op and the fused table's MoE parity and launch tests first (a compile
+    # failure shows there), then the benchmark
+    echo "== MoE block at decode: GPU tests, then today's path vs moe_decode at 35B-A3B"
+    NINFER_TEST_DEVICE=cuda timeout "$(capped 150)" "$PY" -m pytest tests/ops/test_moe_decode.py tests/ops/test_moe.py \
+        "tests/fast_model/test_model.py::test_moe_prefill_and_decode_match_reference" \
+        "tests/fast_model/test_launches.py::test_moe_decode_step_launches_per_layer" -q -p no:cacheprovider \
+        || echo "moe tests rc=$?"
+    timeout "$(capped 400)" "$PY" benchmarks/gpu/bench_moe.py --deadline-s $(( $(capped 400) - 10 )) \
+        ${OUT:+--out "$OUT"} || echo "bench_moe rc=$?"
 }
 
 run_spec() {
@@ -168,6 +186,7 @@ case "$PART" in
     engine) run_engine ;;
     hf) run_hf ;;
     micro) run_micro ;;
+    moe) run_moe ;;
     spec) run_spec ;;
     dflash) run_dflash ;;
     agent) run_agent ;;
@@ -176,5 +195,5 @@ case "$PART" in
     vision) run_vision ;;
     pp) run_pp ;;
     llamacpp) run_llamacpp ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, moe, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
 esac

@@ -58,6 +58,13 @@ def test_bench_fast_smoke(tmp_path):
     assert all(e < 2e-2 for e in tiny["parity"]["rel_rms"])
 
 
+def test_bench_moe_smoke(tmp_path):
+    # both paths and a swept configuration at B = 1 and 2, each checked against moe_decode_naive inside the run
+    cases = _smoke("bench_moe.py", tmp_path)["cases"]
+    assert {(c["B"], c["path"]) for c in cases} >= {(B, p) for B in (1, 2) for p in ("today", "moe_decode")}
+    assert len(cases) == 6 and all(_positive(c["us"]) for c in cases)
+
+
 def test_bench_hf_smoke(tmp_path):
     models = _smoke("bench_hf.py", tmp_path)["models"]
     assert set(models) == {"tiny", "tiny-moe"}
