@@ -49,6 +49,8 @@ def test_moe_decode(M, shared, dtype):
     ws = _weights(dtype, shared)
     x = torch.randn(M, H, device=DEVICE).to(dtype)
     logits = torch.randn(M, E + shared, device=DEVICE).to(dtype)
+    if M == 8:
+        logits[5, :E] = logits[2, :E]  # two rows choose the same experts (with 256 experts, others may share too)
     _, ids = moe_decode_route_naive(logits, E, k)
     flat = ids.flatten().tolist()
     if M == 1:
@@ -96,7 +98,6 @@ def test_moe_decode_residual_in_place_and_strided_logits(dtype):
         out = moe_decode(x, logits, *ws[:2], k, True, *ws[2:], residual=h)
         assert out.data_ptr() == h.data_ptr()
         assert_close("moe_decode.residual", expect, h, _tol(dtype))
-        h = expect.clone() if dtype == torch.bfloat16 else h
 
 
 def test_moe_decode_no_renormalisation():
