@@ -17,7 +17,7 @@ in the epilogue (the block rounded to its dtype first), in place.
 
 No ``tl.dot`` (its smallest tile is 16 rows): rows are a broadcast dimension, products accumulate per (row, column,
 k) in fp32 registers and are summed once after the loop, as ``qlinear``'s dot-free GEMV. Tiles keep that
-accumulator at 64 fp32 registers a thread (``_ACC_PER_THREAD``) and the pipelined loads of one program well under
+accumulator at 32 fp32 registers a thread (``_ACC_PER_THREAD``) and the pipelined loads of one program well under
 Hopper's shared memory (``smem_bytes``, asserted at every launch).
 """
 
@@ -32,7 +32,10 @@ import triton.language as tl
 from ninfer.fast.ops.gemv.triton import _num_sms
 
 MAX_ROWS = 8
-_ACC_PER_THREAD = 64  # fp32 accumulator registers a thread spends
+# fp32 accumulator registers a thread spends: the loaded tiles and their fp32 copies take about as many again
+# (sm_90 builds on the CPU: at 32, M = 1 gate_up needs 152 registers, 3 programs an SM; at 64, 255 and 2, so
+# 288 programs would take a second wave; M = 8 gate_up 64 and down 80 registers at 8 warps, no spills)
+_ACC_PER_THREAD = 32
 # the most shared memory one program's pipelined loads may take (Hopper has 227 KB a block; leave room)
 SMEM_LIMIT = 128 << 10
 
@@ -54,8 +57,9 @@ def _pow2_at_most(n: int) -> int:
 def smem_bytes(cfg: MoeDecodeConfig, M: int, w_bytes: int, x_bytes: int) -> int:
     """Shared memory of the larger kernel's pipeline: stages x one step's tiles. gate_up loads gate and up tiles
     [gate_bn, gate_bk] and x [BM, gate_bk]; down a weight tile [down_bn, down_bk] and fp32 activations
-    [BM, down_bk]. E.g. M=1, bf16, 35B-A3B: gate 3 x (2*16*256*2 + 256*2) = 51 KB, down 3 x (4*512*2 + 512*4)
-    = 18 KB; fp32 weights double the weight part (gate 101 KB)."""
+    [BM, down_bk]. E.g. M=1, bf16, 35B-A3B: gate 3 x (2*16*128*2 + 128*2) = 25 KB, down 3 x (4*512*2 + 512*4)
+    = 18 KB; fp32 weights double the weight part (gate 50 KB). Triton pipelines only loads that feed tl.dot
+    through shared memory, so the compiled kernels use at most 2 KB (sm_90 builds): this bounds the other case."""
     bm = triton.next_power_of_2(M)
     gate = 2 * cfg.gate_bn * cfg.gate_bk * w_bytes + bm * cfg.gate_bk * x_bytes
     down = cfg.down_bn * cfg.down_bk * w_bytes + bm * cfg.down_bk * 4
