@@ -103,3 +103,18 @@ def test_buckets_stop_at_the_piece_and_the_context():
     assert prefill_buckets(300, 8192, 8192) == (64, 128, 256)
     assert prefill_buckets(512, 8192, 200) == (64, 128)
     assert prefill_buckets(512, 8192, 63) == () and prefill_buckets(0, 8192, 8192) == ()
+
+
+@pytest.mark.parametrize("timed,want_s,want_fixed", [((1e-3, 1.64e-3), (1e-3, 1.64e-3), 0.36e-3),
+                                                     ((2e-3, 1.5e-3), (2e-3, 2e-3), 2e-3)])
+def test_graph_costs_fit_the_graphed_fixed_cost(timed, want_s, want_fixed):
+    """PrefillCosts' graph terms from each bucket's run on the dummy slot and row (the timer faked): the times made
+    non-decreasing (a noisy longer bucket never predicts faster), the fixed cost the intercept through the two
+    largest buckets."""
+    from ninfer.fast.program.costs import graph_costs
+
+    (_, _, _), (padded, _, _) = _twins("naive")
+    runner, times, ran = PrefillGraphRunner(padded, 512), iter(timed), []
+    buckets, piece_s, fixed = graph_costs(runner, 5e-6, lambda fn: (ran.append(fn()), next(times))[1])
+    assert buckets == (64, 128) and len(ran) == 2 and all(r.shape == (padded.cfg.vocab_size,) for r in ran)
+    assert piece_s == pytest.approx(want_s) and fixed == pytest.approx(want_fixed)
