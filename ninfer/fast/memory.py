@@ -317,7 +317,7 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
                       page_size: int = 16, slots: int | None = None, dtype: torch.dtype = torch.bfloat16,
                       max_prefill_tokens: int = 8192, max_kv_pages: int | None = None, mtp: bool = False,
                       weight_bytes_per_rank: list[int] | None = None, extra_workspace: int = 0,
-                      verify_width: int = 0) -> MemoryPlan:
+                      verify_width: int = 0, prefill_graph_tokens: int = 0) -> MemoryPlan:
     """``plan_memory`` over pipeline stages: each rank's weights, state slots of its GDN layers, block tables and
     a prefill piece's (or a decode step's) workspace are fixed on its device (rank 0 also the MTP hidden per slot
     and the MTP layer's gathered KV), and the KV pages are the fewest any device can hold beside them
@@ -325,7 +325,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     StageCapacityError names each device's bytes when one cannot hold its stages. The plan's byte fields are the
     totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
     model's resident bytes per rank. ``verify_width``: the MTP round's graphs (``spec_graph_bytes``, counted on
-    every rank: each runs its layers of the pass) and the draft's scratch pages in rank 0's k/v pools."""
+    every rank: each runs its layers of the pass) and the draft's scratch pages in rank 0's k/v pools;
+    ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise)."""
     name = _DTYPE_NAMES[dtype]
     slots = max_seqs if slots is None else slots
     pages_per_seq = kv_pages_for_tokens(max_context, page_size)
@@ -334,7 +335,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
         memory = [dataclasses.replace(m, weight_bytes=w) for m, w in zip(memory, weight_bytes_per_rank, strict=True)]
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
-            spec_graph_bytes(cfg, max_seqs, verify_width, dtype) for _ in memory]
+            spec_graph_bytes(cfg, max_seqs, verify_width, dtype) + prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
+            for _ in memory]
     hidden = (slots + 1) * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     scratch = mtp_scratch_pages(page_size, verify_width - 1) if mtp and verify_width else 0
     if mtp:  # on rank 0: the MTP layer's gathered KV (as plan_memory), its hidden per slot, the draft's scratch
@@ -352,7 +354,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
                       weight_bytes=sum(m.weight_bytes for m in memory), kv_bytes=(num_pages + 1) * page_bytes,
                       state_bytes=(slots + 1) * sum(m.slot_bytes for m in memory) + hidden,
                       table_bytes=tables * stages.stages, workspace_bytes=sum(work) - tables * stages.stages - hidden,
-                      mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width)
+                      mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
+                      prefill_graph_tokens=prefill_graph_tokens)
 
 
 def device_budget(fraction: float = 0.9, device: torch.device | str = "cuda") -> int:

@@ -87,7 +87,9 @@ class PrefillGraphRunner:
         if not self.buckets:
             raise ValueError(f"no prefill graph bucket fits {largest} tokens, the piece {plan.max_prefill_tokens} "
                              f"and the context {plan.max_context} (the smallest is {GDN_CHUNK})")
-        on_cuda = model.device.type == "cuda" and graphs_available()
+        # pipeline stages on one device run in one graph (the residual's passes are copies on it); over separate
+        # GPUs the padded piece runs eagerly: one graph cannot span devices
+        on_cuda = model.device.type == "cuda" and graphs_available() and len(set(model.devices)) == 1
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
         self.inputs = PrefillInputs(self.buckets[-1], model.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -140,7 +142,8 @@ class PrefillGraphRunner:
         if not tokens or bucket is None:
             raise ValueError(f"a graphed prefill piece holds 1..{self.largest} tokens, got {len(tokens)}")
         if start == 0:
-            self.model.pools.reset_slot(slot)
+            for pools in self.model.ranks:  # every pipeline stage's GDN layers
+                pools.reset_slot(slot)
         self.inputs.fill(tokens, slot, row, start, bucket)
         if bucket in self.graphs:
             self.graphs[bucket].replay()

@@ -45,14 +45,17 @@ def _weights(mtp: int = 0):
     return cfg, conf.tiny_weights(cfg, features=("text", "mtp") if mtp else ("text",))
 
 
-def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0) -> FastProgram:
+def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0, prefill_graphs: bool = False
+             ) -> FastProgram:
     conf = _conftest()
     cfg, weights = _weights(mtp)
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
                                speculative=SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None,
                                devices=conf.stage_devices_for(stages) if stages > 1 else None,
-                               stage_layers=stage_layers, prefill_graph_tokens=0)  # eager pieces, as the stages'
+                               stage_layers=stage_layers,
+                               # the short pieces' graphs pad a piece, which rounds otherwise: both runs alike
+                               prefill_graph_tokens=FastProgramConfig.prefill_graph_tokens if prefill_graphs else 0)
     return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                              kernels="triton" if conf.ON_GPU else "naive")
 
@@ -76,14 +79,16 @@ def _speculative(stages: int = 2) -> FastProgram:
 
 
 def _equal_runs(make_one=_program, make_staged=_two, plant=None) -> FastProgram:
-    """A greedy prompt, then a sampled and a greedy one that resume from its checkpoints, on one stage and on more:
-    the same tokens, and every pool the same bytes. Returns the staged Program (`plant(staged)` first)."""
+    """A greedy prompt, then a sampled and a greedy one that resume from its checkpoints, then an unrelated one, on
+    one stage and on more: the same tokens, and every pool the same bytes. Returns the staged Program
+    (`plant(staged)` first)."""
     shared = tuple(range(3, 20))
 
     def batches():  # fresh requests per run: a TokenSession holds its request's output
         return [[token_request(shared + (5, 6), 8)],
                 [token_request(shared + (7,), 8, seed=3, sampling=SamplingParams(temperature=1.0, top_k=5)),
-                 token_request(shared + (5, 6, 9), 6)]]
+                 token_request(shared + (5, 6, 9), 6)],
+                [token_request((9, 4, 11, 2, 8, 30), 6)]]  # from position 0 on a slot a finished request held
     one, staged = make_one(), make_staged()
     if plant is not None:
         plant(staged)
@@ -128,6 +133,13 @@ def test_two_stages_equal_one_stage_with_prefix_hits_sampling_and_the_residual_p
 def test_three_stages_equal_one_stage():
     three = _equal_runs(make_staged=_three)
     assert [p.k.shape[0] + p.conv.shape[0] for p in three.model.ranks] == [1, 2, 1]
+
+
+def test_two_stages_equal_one_stage_through_the_prefill_graphs():
+    """Short prefill pieces padded to a bucket (`prefill_graphs.py`: graphs on `0,0`, eager on the CPU) over every
+    rank, the slot reset on each."""
+    staged = _equal_runs(lambda: _program(prefill_graphs=True), lambda: _program(2, prefill_graphs=True))
+    assert staged.pieces is not None and staged.model.plan.prefill_graph_tokens > 0
 
 
 def test_mtp_with_forced_drafts_over_two_stages_equals_one_stage():

@@ -1,7 +1,8 @@
 """On one GPU (NINFER_TEST_DEVICE=cuda): `--devices 0,0 --program fast` plans both stages against the GPU's real
-budget (the two ranks pooled on one device) and runs them with a chain of decode graphs per rank per exact B,
-generating what one stage generates (docs/pipeline.md). tests/fast_program/test_pipeline.py runs its CPU twins on
-the GPU too (`0,0` with the Triton kernels and graphs, every rank's pools the single-stage bytes)."""
+budget (the two ranks pooled on one device) and runs them with a chain of decode graphs per rank per exact B (and
+the short prefill pieces' graphs over both ranks), generating what one stage generates (docs/pipeline.md).
+tests/fast_program/test_pipeline.py runs its CPU twins on the GPU too (`0,0` with the Triton kernels and graphs,
+every rank's pools the single-stage bytes)."""
 
 import gc
 import os
@@ -40,14 +41,14 @@ def _generate(devices: tuple[str, ...] | None) -> tuple[list[tuple[int, ...]], d
     from ninfer.testing.sessions import token_request
 
     program = FastProgram.from_artifact(default_model_path(), max_concurrency=2, max_context=512,
-                                        gpu_memory_utilization=0.4, devices=devices,
-                                        prefill_graph_tokens=0)  # eager pieces, as the stages run them
+                                        gpu_memory_utilization=0.4, devices=devices)
     prompt = tuple(range(3, 40))
     requests = [token_request(prompt, 12), token_request(prompt[:20] + (9,), 12, seed=5,
                                                          sampling=SamplingParams(temperature=1.0, top_k=20)),
                 token_request(prompt + (7, 7), 10)]
     tokens = [r.token_ids for r in serve(program, requests, max_concurrency=2)]
     facts = dict(chains=sum(isinstance(g, GraphChain) for g in program.runner.graphs.values()),
+                 prefill_graphs=0 if program.pieces is None else len(program.pieces.graphs),
                  graphs=len(program.runner.graphs), passes=0 if program.link is None else program.link.passes,
                  pages=program.model.plan.num_pages)
     del program
@@ -61,3 +62,4 @@ def test_two_stages_on_one_gpu_run_graph_chains_and_equal_one_stage():
     got, two = _generate(("cuda:0", "cuda:0"))
     assert got == want
     assert two["chains"] == two["graphs"] == one["graphs"] > 0 and one["chains"] == 0 and two["passes"] > 0
+    assert two["prefill_graphs"] == one["prefill_graphs"] > 0  # the short pieces' graphs hold both ranks on 0,0

@@ -60,8 +60,7 @@ class FastProgramConfig(ProgramConfig):
                                  ("text", "mtp") if mtp else ("text",)).layers
         elif layers is not None and len(layers) > 1:
             raise StageError("--stage-layers: with one device there is one stage")
-        # the prefill graphs run one stage's layers (staged pieces are eager so far, issue 16)
-        graphs = self.prefill_graph_tokens if self.speculative is None and not cfg.is_moe and not staged else 0
+        graphs = self.prefill_graph_tokens if self.speculative is None and not cfg.is_moe else 0
         return dataclasses.replace(self, eos_token_ids=eos, prefill_graph_tokens=graphs, stage_layers=layers)
 
     @property
@@ -84,10 +83,10 @@ class FastProgramConfig(ProgramConfig):
         sizes = dict(max_seqs=self.max_concurrency, max_context=self.max_context, page_size=self.page_size,
                      slots=self.usable_slots + self.max_concurrency, dtype=self.dtype,
                      max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages, mtp=mtp,
-                     extra_workspace=extra_workspace, verify_width=self.draft_tokens + 1 if mtp else 0)
+                     extra_workspace=extra_workspace, verify_width=self.draft_tokens + 1 if mtp else 0,
+                     prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens)
         stages = self.stage_plan
         if stages is not None:
             budgets = budget_bytes if isinstance(budget_bytes, list) else [budget_bytes] * stages.stages
             return plan_stage_memory(cfg, stages, budgets, weight_bytes_per_rank=weight_bytes, **sizes)
-        return plan_memory(cfg, budget_bytes, weight_bytes_resident=weight_bytes, drafter=drafter,
-                           prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens, **sizes)
+        return plan_memory(cfg, budget_bytes, weight_bytes_resident=weight_bytes, drafter=drafter, **sizes)
