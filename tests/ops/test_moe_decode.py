@@ -3,6 +3,12 @@ grid (hidden 40, experts 24 wide, shared expert 20 wide); experts chosen by seve
 none; exact logit ties (lower id first, also at the k-th place); with and without the shared expert; the residual
 added in place; strided logits; NaN-poisoned scratch and outputs. Plus the launch geometry at the 35B-A3B shape."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -119,3 +125,20 @@ def test_launch_geometry_at_35b_a3b():
         cfg = pick_config(M, H, I, 132)
         for w_bytes in (2, 4):
             assert smem_bytes(cfg, M, w_bytes, w_bytes) <= SMEM_LIMIT, (M, w_bytes, cfg)
+
+
+def test_sm90_builds():
+    # Hopper's compile on the CPU (Triton's ptxas, a subprocess without the interpreter): both kernels build for
+    # sm_90 at the 35B-A3B shape without spills and within the shared memory limit, and at M = 1 every program of
+    # each launch is resident at once on the H200's 132 SMs (one wave)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("_sm90_moe_decode.py")), "1:bf16", "8:fp32"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 4
+    for r in rows:
+        assert r["spill"] == 0 and r["shared"] <= SMEM_LIMIT, r
+        if r["M"] == 1:
+            assert r["per_sm"] * 132 >= r["programs"], r

@@ -1,0 +1,59 @@
+"""Build a Triton kernel for Hopper (sm_90) on a machine without a GPU and read what it needs: TTIR -> TTGIR -> PTX
+-> cubin through ``triton.compile`` with the ptxas Triton ships, then the cubin's resource usage (``cuobjdump``). It
+catches on the CPU what otherwise only the GPU's first launch shows: a helper that is not ``@triton.jit``, an op the
+backend rejects, register spills, shared memory over the limit, too few programs resident per SM.
+
+The kernel must be a ``JITFunction``: run this where ``TRITON_INTERPRET`` is unset (the ops tests set it, so they
+run it in a subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_TARGET = GPUTarget("cuda", 90, 32)
+# an H100/H200 SM: 64K 32-bit registers, at most 64 resident warps
+_SM_REGISTERS, _SM_WARPS = 65536, 64
+
+
+@dataclass(frozen=True)
+class Sm90Build:
+    registers: int  # per thread
+    spill_bytes: int  # local memory per thread (spills)
+    shared_bytes: int  # static + Triton's dynamic shared memory per program
+    num_warps: int
+
+    @property
+    def programs_per_sm(self) -> int:
+        """Programs one SM holds at once, by registers and warps (shared memory is checked separately)."""
+        return min(_SM_REGISTERS // (self.registers * 32 * self.num_warps), _SM_WARPS // self.num_warps)
+
+
+def _resources(cubin: bytes) -> tuple[int, int, int]:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    found = {k: int(re.search(rf"{k}:(\d+)", out).group(1)) for k in ("REG", "LOCAL", "SHARED")}
+    return found["REG"], found["LOCAL"], found["SHARED"]
+
+
+def build_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], num_warps: int,
+               num_stages: int) -> Sm90Build:
+    """``types``: a Triton signature type ("*bf16", "i32", ...) per runtime argument; ``constexprs``: the value of
+    every ``tl.constexpr`` argument."""
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
+    src = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    compiled = triton.compile(src, target=_TARGET, options=dict(num_warps=num_warps, num_stages=num_stages))
+    regs, local, static_shared = _resources(compiled.asm["cubin"])
+    return Sm90Build(regs, local, static_shared + compiled.metadata.shared, num_warps)
