@@ -78,11 +78,14 @@ class DraftGraphRunner:
     def step(self, B: int, variant: str) -> None:
         """The ``step`` graph's body: chained pair positions - 1 of every row, its draft drawn with the variant's
         steps (`SpecSampler.draw_static`) into ``draws`` and ``tokens`` (the next step's input)."""
-        pools, mtp, ps = self.model.pools, self.model.mtp, self.model.plan.page_size
-        pos, table = self.positions[:B], self.table[:B]
-        page = table.gather(1, (pos // ps).long()[:, None])[:, 0].long()
-        step = StepInputs(positions=pos, slot_mapping=page * ps + (pos % ps).long(), slot_ids=self.slot_ids[:B],
-                          block_table=table, context_lens=pos + 1, first_keys=self._first[:B],
+        pools, mtp, plan = self.model.pools, self.model.mtp, self.model.plan
+        pos, table, ps = self.positions[:B], self.table[:B], plan.page_size
+        # a row past its own room chains on (its drafts unread) and may run past its table's last page: its pairs
+        # there stay at the table's last position, inside its scratch
+        at = pos.clamp(max=plan.max_pages_per_seq * ps - 1)
+        page = table.gather(1, (at // ps).long()[:, None])[:, 0].long()
+        step = StepInputs(positions=at, slot_mapping=page * ps + (at % ps).long(), slot_ids=self.slot_ids[:B],
+                          block_table=table, context_lens=at + 1, first_keys=self._first[:B],
                           rope_positions=pos - 1 + self.rope_deltas[:B])
         h = mtp.forward(self.hidden[:B], F.embedding(self.tokens[:B], self.model.weights.embed), step,
                         pools.k[mtp.pool], pools.v[mtp.pool])

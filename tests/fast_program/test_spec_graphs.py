@@ -18,6 +18,8 @@ from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
 from ninfer.fast.verify_graphs import VerifyInputs
 from ninfer.sampling import SamplingParams
 from ninfer.testing.numerics import assert_close
+from ninfer.testing.serving import serve
+from ninfer.testing.sessions import token_request
 from ninfer.testing.spec_driving import record_drafts
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
@@ -179,3 +181,15 @@ def test_each_pass_replays_its_own_graphs(make_fast, make_fast_spec, prompt_of):
     h = _start(program, prompt_of(9, seed=1), PARAMS[0], 3)
     program.decode([h])
     assert ("DraftGraphRunner", "run") in calls
+
+
+def test_a_row_at_its_context_end_drafts_beside_a_longer_one(make_fast_spec, prompt_of):
+    """A row whose room is one draft chains on as far as the round's longest (its extra drafts unread): with its last
+    token at max_context (a page boundary) the chain runs past the block table's last page, which the draft graphs
+    must not index (a device assert on CUDA). Greedy is unchanged by the backend."""
+    def requests():
+        return [token_request(prompt_of(4, seed=1), 20), token_request(prompt_of(26, seed=2), 6)]
+    plain = serve(make_fast_spec(0, max_context=32), requests(), max_concurrency=2)
+    spec = serve(make_fast_spec(5, max_context=32), requests(), max_concurrency=2)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert [len(r.token_ids) for r in plain] == [20, 6]
