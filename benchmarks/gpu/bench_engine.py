@@ -75,7 +75,6 @@ SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1,
 MIN_SECONDS = {"0.8B": 40, "9B": 70, "35B-A3B": 100, "tiny": 1}
 
 
-# ---- driving the Engine ------------------------------------------------------------------------------------------
 class Tracker:
     """One request's events with the time each was seen: after each worker boundary the driver polls every live
     handle without blocking."""
@@ -138,7 +137,6 @@ def steady_step_ms(trackers: list[Tracker]) -> tuple[float, int]:
     return statistics.median(gaps) * 1e3, len(gaps)
 
 
-# ---- parts ---------------------------------------------------------------------------------------------------------
 def bench_decode(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
     s, gen = run.s, torch.Generator().manual_seed(1)
     rows = entry.setdefault("decode", [])

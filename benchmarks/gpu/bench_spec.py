@@ -85,7 +85,6 @@ def ks(s: Settings) -> list[int]:
     return [s.k] if s.method == "mtp" else [b - 1 for b in s.blocks]
 
 
-# ---- forced drafts -------------------------------------------------------------------------------------------------
 class Phases:
     """Wall time of the executor's round phases (draft, verify, accept: the device acceptance, where the executor
     has it; replay: the feed of a cut block), each bracketed by device syncs so the time is the phase's own. The
@@ -180,7 +179,6 @@ class ForcedContinuation:
         return out
 
 
-# ---- driving the Engine --------------------------------------------------------------------------------------------
 class Tracker:
     def __init__(self, handle):
         self.handle = handle
@@ -241,7 +239,6 @@ def steady(trackers: list[Tracker], timed_tokens: int) -> dict:
             "tok_s": B * per_row * 1e3 / ms, "rounds": len(gaps)}
 
 
-# ---- programs ------------------------------------------------------------------------------------------------------
 def build(s: Settings, name: str, k: int):
     """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
     cfg = config(name)
@@ -288,7 +285,6 @@ def teardown(s: Settings, program, engine) -> None:
     free_device(s.device)
 
 
-# ---- parts ---------------------------------------------------------------------------------------------------------
 def bench_autoregressive(run: Run, name: str, prompts: dict, tokens: int, entry: dict) -> dict:
     """The plain Program's greedy decode of every prompt set: the baseline step and the continuations."""
     s = run.s

@@ -183,7 +183,6 @@ class FastExecutor:
             return
         self._step([seq], [tuple(tokens)])
 
-    # ---- speculative backend (MTP, DFlash) -----------------------------------------------------------------
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
               ) -> DraftBlock | list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
         """The MTP head's drafts drawn on the device (a `DraftBlock`: the host sees them only through the

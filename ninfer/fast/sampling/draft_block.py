@@ -57,7 +57,6 @@ class DraftBlock(SequenceABC):
         block._host = [list(d) for d, _ in drafts]
         return block
 
-    # ---- the host view ---------------------------------------------------------------------------------------
     def fill_host(self, tokens: Sequence[Sequence[int]]) -> None:
         """The drafts [B][k] as the round's readback brought them."""
         self._host = [list(t[:n]) for t, n in zip(tokens, self.lens)]

@@ -61,9 +61,9 @@ class DeviceSampler:
             self._ws = SampleWorkspace.allocate(max_batch, vocab, device, block_v)
             self._lp_ws = LogprobsWorkspace.allocate(max_batch, vocab, device, block_v)
 
-    # ---- device work (what the graphs capture) ----------------------------------------------------------------
     def stages(self, logits: torch.Tensor, variant: str) -> None:
-        """Sample the first B = logits.shape[0] rows of the input buffers into ``picked`` (and ``lp``)."""
+        """Sample the first B = logits.shape[0] rows of the input buffers into ``picked`` (and ``lp``): what the
+        graphs capture."""
         B = logits.shape[0]
         inp = self.inputs.rows(B)
         picked, lp, num = self.picked[:B], self.lp[:B], inp.iparams[:, L.NUM_LOGPROBS]
@@ -111,7 +111,6 @@ class DeviceSampler:
             pool = graph.pool() if pool is None else pool
             self.graphs[variant] = graph
 
-    # ---- one step -----------------------------------------------------------------------------------------------
     def prepare(self, rows: Sequence[SampleRow]) -> str:
         """Bind tables, fill the input buffers for these rows; returns the graph variant the batch needs."""
         B, V = len(rows), self.vocab

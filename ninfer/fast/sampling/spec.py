@@ -70,7 +70,6 @@ class SpecSampler:
             self._ws = SpecAcceptWorkspace.allocate(self.max_batch, k, self.vocab, self.device, block_v)
             self._lp_ws = LogprobsWorkspace.allocate(self.max_batch * (k + 1), self.vocab, self.device, block_v)
 
-    # ---- parameter rows ---------------------------------------------------------------------------------------
     def _bind(self, seq, ctx: RowContext) -> None:
         if not self.tables.bound(seq.row, seq.handle):
             self.tables.bind(seq.row, seq.handle, ctx.params, ctx.prompt, ctx.outputs, ctx.eos_token_ids)
@@ -148,7 +147,6 @@ class SpecSampler:
         race = torch.argmax(z.double() + noise.double(), dim=-1)
         return torch.where(ip[:, L.FLAGS] & L.GREEDY != 0, token, race), z, ok
 
-    # ---- acceptance -------------------------------------------------------------------------------------------
     def accept(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
                targets: Sequence[torch.Tensor], masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
         """targets[b]: the raw target logits [lens[b] + 1, V]; masks[b]: one grammar row (or None) per verified
