@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -63,6 +63,28 @@ def image_request(vp, seeds: Sequence[int], tail: Sequence[int], max_tokens: int
     ids, _, media = vp.expand(text + list(tail), [], images)
     return token_request(ids, max_tokens, media=media, **kw)
 
+
+
+def assert_prefix_hit_on_an_image_equals_the_cold_run(make: Callable[[], Any], vp, where: str) -> None:
+    """A sampled request resumed from a checkpoint after its image (`where` "after", past <|vision_end|>) or among
+    its pads ("inside": the resumed prefill encodes the image again and the backend takes the rest of its rows)
+    equals the cold run of `make()`'s Program: sampled tokens depend on the drafts, the drafts on the backend state
+    at the checkpoint."""
+    from ninfer.sampling import SamplingParams
+    from ninfer.testing.serving import assert_drained, in_turns, serve
+
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
+    first = image_request(vp, (4,), [7, 8, 9], 4, sizes=((90, 150),), **sampled)
+    img = first.media.images[0]
+    after = img.end + 1 if where == "after" else img.offset + 5
+    first = token_request(first.prompt, 4, media=first.media, capture_hints=(after,), **sampled)
+    again = lambda: image_request(vp, (4,), [10, 11, 12], 10, sizes=((90, 150),), **sampled)  # noqa: E731
+    program = make()
+    _, (hit,) = in_turns(program, [[first], [again()]], max_concurrency=1, prefill_chunk=48)
+    assert hit.usage.cached_prompt_tokens == after
+    (cold,) = serve(make(), [again()], max_concurrency=1, prefix_caching=False)
+    assert hit.token_ids == cold.token_ids
+    assert_drained(program, published=True)
 
 class ScratchDrafts:
     """A wrapper of `program.executor.draft` that recomputes every row's drafts from scratch: the target over the

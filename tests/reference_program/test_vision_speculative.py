@@ -13,9 +13,9 @@ pytest.importorskip("PIL.Image")
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig  # noqa: E402
 from ninfer.sampling import SamplingParams  # noqa: E402
-from ninfer.testing.image_prompts import ScratchDrafts, image_request, multimodal_artifacts, vision_prompt  # noqa: E402
-from ninfer.testing.serving import assert_drained, in_turns, serve  # noqa: E402
-from ninfer.testing.sessions import token_request  # noqa: E402
+from ninfer.testing.image_prompts import (ScratchDrafts, assert_prefix_hit_on_an_image_equals_the_cold_run,  # noqa: E402
+                                          image_request, multimodal_artifacts, vision_prompt)
+from ninfer.testing.serving import assert_drained, serve  # noqa: E402
 from ninfer.testing.speculation import ForcedDrafts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -76,17 +76,4 @@ def test_drafts_equal_the_drafts_from_scratch(artifacts, vp, method):
 @pytest.mark.parametrize("method, k", [("mtp", 3), ("dflash2", 7)])
 @pytest.mark.parametrize("where", ["after", "inside"])
 def test_a_prefix_hit_on_an_image_equals_the_cold_run(artifacts, vp, method, k, where):
-    """Sampled tokens depend on the drafts, the drafts on the backend state at the checkpoint after the image (or
-    inside it: the resumed prefill encodes the image again and the backend takes the rest of its rows)."""
-    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
-    first = image_request(vp, (4,), [7, 8, 9], 4, sizes=((90, 150),), **sampled)
-    img = first.media.images[0]
-    after = img.end + 1 if where == "after" else img.offset + 5  # past <|vision_end|>, or among the pads
-    first = token_request(first.prompt, 4, media=first.media, capture_hints=(after,), **sampled)
-    again = lambda: image_request(vp, (4,), [10, 11, 12], 10, sizes=((90, 150),), **sampled)  # noqa: E731
-    program = _program(artifacts, method, k)
-    _, (hit,) = in_turns(program, [[first], [again()]], max_concurrency=1, prefill_chunk=48)
-    assert hit.usage.cached_prompt_tokens == after
-    (cold,) = serve(_program(artifacts, method, k), [again()], max_concurrency=1, prefix_caching=False)
-    assert hit.token_ids == cold.token_ids
-    assert_drained(program, published=True)
+    assert_prefix_hit_on_an_image_equals_the_cold_run(lambda: _program(artifacts, method, k), vp, where)
