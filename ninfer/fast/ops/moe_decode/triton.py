@@ -135,7 +135,7 @@ def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M
     kk = tl.arange(0, BKK)
     # the slot-0 program of each row publishes the row's routing for the down launch
     publish = (s == 0) & (tl.program_id(1) == 0) & (t < M)
-    # scalar conditions enter masks as bounds (a scalar & vector mask is also what the interpreter rejects)
+    # scalar conditions enter masks as bounds: the interpreter rejects a scalar & vector mask
     n_pub = tl.where(publish, TOPK, 0)
     tl.store(ids_ptr + t * TOPK + kk, ids, mask=kk < n_pub)
     tl.store(rw_ptr + t * TOPK + kk, wts, mask=kk < n_pub)
