@@ -19,10 +19,11 @@ def spec_prompts(prompt_of: Callable[..., tuple[int, ...]]) -> list[tuple[int, .
     return [prompt_of(n, seed=70 + n) for n in (5, 11, 19, 70)]
 
 
-def start_decoding(program, prompt, max_new: int = 24, chunk: int = 64):
-    """Materialize `prompt`, prefill it in chunks of `chunk` and commit its first token; returns the handle."""
+def start_decoding(program, prompt, max_new: int = 24, chunk: int = 64, **choice):
+    """Materialize `prompt` (`choice`: more ResourceChoice fields, its sampling and seed), prefill it in chunks of
+    `chunk` and commit its first token; returns the handle."""
     txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt,
-                                                    max_new_tokens=max_new)))
+                                                    max_new_tokens=max_new, **choice)))
     h = program.advance(txn).handle
     while (batch := program.prefill(h, chunk)) is None:  # a chunk short of the prompt's end samples nothing
         pass

@@ -14,26 +14,16 @@ import random
 import pytest
 import torch
 
-from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import RowDecision
 from ninfer.fast.verify_graphs import VerifyInputs
 from ninfer.sampling import SamplingParams
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.serving import serve
 from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import record_drafts
+from ninfer.testing.spec_driving import record_drafts, start_decoding
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
 PARAMS = (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, logprobs=2))
-
-
-def _start(program, prompt, params, seed):
-    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt, max_new_tokens=30,
-                                                    sampling=params, seed=seed)))
-    h = program.advance(txn).handle
-    while (batch := program.prefill(h, 64)) is None:
-        pass
-    program.commit(batch.take(), [RowDecision(1, False)])
-    return h
 
 
 def _state(program, handles):
@@ -53,7 +43,8 @@ def _drive(program, prompts, rounds: int, seed: int, replays: list[int]):
     terminal keep < produced: the replay through B = 1's graph, counted in `replays`), after which the other
     decodes on alone. Yields (rows, state) per round."""
     rng = random.Random(seed)
-    handles = [_start(program, p, params, 11 + i) for i, (p, params) in enumerate(zip(prompts, PARAMS))]
+    handles = [start_decoding(program, p, 30, sampling=params, seed=11 + i)
+               for i, (p, params) in enumerate(zip(prompts, PARAMS))]
     cut_from, done = {h: rng.randrange(3, rounds - 1) for h in handles}, set()
     for i in range(rounds):
         live = [h for h in handles if h not in done]
@@ -136,7 +127,8 @@ def test_drafting_writes_only_scratch_pages(make_fast_spec, prompt_of):
     from ninfer.program_core.speculation import row_context
 
     program = make_fast_spec(3)
-    handles = [_start(program, prompt_of(n, seed=n), p, 5) for n, p in ((10, PARAMS[0]), (13, PARAMS[1]))]
+    handles = [start_decoding(program, prompt_of(n, seed=n), 30, sampling=p, seed=5)
+               for n, p in ((10, PARAMS[0]), (13, PARAMS[1]))]
     pools, plan = program.model.pools, program.model.plan
     seqs = [program.sequence(h) for h in handles]
     before = [t.clone() for t in (pools.k[:, :plan.num_pages + 1], pools.v[:, :plan.num_pages + 1], pools.conv,
@@ -165,20 +157,20 @@ def test_each_pass_replays_its_own_graphs(make_fast, make_fast_spec, prompt_of):
 
     plain = make_fast()
     spy(plain.executor.pieces, "run")
-    h = _start(plain, prompt_of(9, seed=1), PARAMS[0], 3)
+    h = start_decoding(plain, prompt_of(9, seed=1), 30, sampling=PARAMS[0], seed=3)
     assert ("PrefillGraphRunner", "run") in calls and plain.sequence(h).frontier == 9
     calls.clear()
     program = make_fast_spec(3, forced=True)
     spy(program.executor.verifier, "run")
     spy(program.executor.drafter, "run")
-    h = _start(program, prompt_of(9, seed=1), PARAMS[0], 3)
+    h = start_decoding(program, prompt_of(9, seed=1), 30, sampling=PARAMS[0], seed=3)
     assert not calls  # a prefill under a backend is eager
     batch = program.decode([h])
     program.commit(batch.take(), [RowDecision(1, batch.rows[0].produced > 1)])
     assert calls.count(("VerifyGraphRunner", "run")) == 1 + (batch.rows[0].produced > 1)
     program = make_fast_spec(3)
     spy(program.executor.drafter, "run")
-    h = _start(program, prompt_of(9, seed=1), PARAMS[0], 3)
+    h = start_decoding(program, prompt_of(9, seed=1), 30, sampling=PARAMS[0], seed=3)
     program.decode([h])
     assert ("DraftGraphRunner", "run") in calls
 

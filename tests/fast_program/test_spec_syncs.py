@@ -7,23 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.contracts import RowDecision
 from ninfer.sampling import SamplingParams
 from ninfer.testing.host_syncs import count_host_syncs
+from ninfer.testing.spec_driving import start_decoding
 from ninfer.testing.speculation import ForcedDrafts
 
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, presence_penalty=0.5, logprobs=2)
-
-
-def _start(program, prompt, params, seed):
-    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt, max_new_tokens=64,
-                                                    sampling=params, seed=seed)))
-    h = program.advance(txn).handle
-    while (batch := program.prefill(h, 64)) is None:
-        pass
-    program.commit(batch.take(), [RowDecision(1, False)])
-    return h
 
 
 @pytest.mark.parametrize("forced", [False, True], ids=["mtp-drafts", "forced-drafts"])
@@ -31,7 +22,8 @@ def test_a_round_syncs_once_and_its_commit_never(make_fast_spec, mtp_reference_m
     program = make_fast_spec(3)
     if forced:  # a host drafter (the draft hook replaced): its drafts cross to the device without a wait
         ForcedDrafts(mtp_reference_model).install(program)
-    handles = [_start(program, prompt_of(n, seed=n), p, 7) for n, p in ((9, GREEDY), (14, SAMPLED))]
+    handles = [start_decoding(program, prompt_of(n, seed=n), 64, sampling=p, seed=7)
+               for n, p in ((9, GREEDY), (14, SAMPLED))]
     for i in range(12):
         with count_host_syncs() as syncs:
             batch = program.decode(handles)
