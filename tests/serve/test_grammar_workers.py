@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -83,9 +84,14 @@ def _spawns(code: str):
     return popen
 
 
+class _RefusedThread(threading.Thread):
+    def start(self):
+        raise RuntimeError("can't start new thread")
+
+
 def test_every_way_a_worker_fails_to_start_is_a_503(worker_runtime, compiler, make_client, monkeypatch):
-    """No descriptors for its socket pair (EMFILE shows there first, before any spawn), a process that exits or
-    stalls before it is ready (it never saw the grammar): the host's problem (503, retry), never the schema's
+    """No descriptors for its socket pair (EMFILE shows there first, before any spawn), no thread to send its
+    setup (the host's thread limit), a process that exits or stalls before it is ready (it never saw the grammar): the host's problem (503, retry), never the schema's
     (400, simplify it) nor a 500. Requests without structured output are served meanwhile, and once workers
     start again the next structured request starts a working one (no successor was started under the failing
     host)."""
@@ -96,6 +102,9 @@ def test_every_way_a_worker_fails_to_start_is_a_503(worker_runtime, compiler, ma
         m.setattr(workers, "socket", types.SimpleNamespace(socketpair=_no_descriptors))
         for _ in range(2):  # the one worker slot is not leaked by the failed start
             _refused(c, "grammar_overloaded")
+    with monkeypatch.context() as m:  # the worker starts but the thread that sends its setup is refused
+        m.setattr(workers, "threading", types.SimpleNamespace(**{**vars(threading), "Thread": _RefusedThread}))
+        _refused(c, "grammar_overloaded")
     for code in ("import sys; sys.exit(3)", "import time; time.sleep(60)"):
         with monkeypatch.context() as m:
             m.setattr(workers.subprocess, "Popen", _spawns(code))

@@ -162,9 +162,13 @@ class _Worker:
         yet), not a compile: WorkerStartFailed, so the request is told to retry, not to simplify its schema."""
         # The setup (the vocabulary, MBs) fills the socket until the child reads it: sent on a thread, so that a
         # child stalled before its first read is bounded by BOOT_TIMEOUT_S too (kill() ends the send with EPIPE).
-        self._sender = threading.Thread(target=self._send_setup, args=(self._setup,), daemon=True,
-                                        name="ninfer-grammar-setup")
-        self._sender.start()
+        sender = threading.Thread(target=self._send_setup, args=(self._setup,), daemon=True,
+                                  name="ninfer-grammar-setup")
+        try:
+            sender.start()
+        except RuntimeError as e:  # the host refused a thread ("can't start new thread"): a failed start too
+            raise WorkerStartFailed(f"the grammar compiler process could not be set up: {e}") from None
+        self._sender = sender  # kill() joins it: only a started one
         try:
             if not self.conn.poll(BOOT_TIMEOUT_S):
                 raise WorkerStartFailed(f"the grammar compiler process was not ready within {BOOT_TIMEOUT_S:g} s")
