@@ -48,6 +48,7 @@ class Preparer:
         try:
             future = self._pool.submit(job.run)  # starts a worker thread while the pool has fewer than `workers`
         except RuntimeError as e:  # can't start new thread: the host's overload, not this request's fault
+            job.cancel.set()  # the pool queued it before the refused start: a thread already there must not run it
             with self._lock:
                 self._pending -= 1
             raise host_overloaded("a preparation thread", e) from None
@@ -89,6 +90,8 @@ class _Job:
         self.cancel = threading.Event()  # set once the request went away
 
     def run(self):
+        if self.cancel.is_set():
+            return None  # refused at submission (its request has its 503): never started
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise _expired()  # it waited for a worker past its deadline: do not start it
         with cancellable(self.cancel):

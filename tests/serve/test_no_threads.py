@@ -56,6 +56,31 @@ def test_a_preparation_thread_that_cannot_start_frees_its_slot(monkeypatch):
     prep.close()
 
 
+
+def test_a_refused_preparation_never_runs_on_a_thread_already_there(monkeypatch):
+    """CPython's pool queues the job before it starts the thread the host refuses: a worker already running must
+    not take it later (its Engine submission would outlive the request's 503, holding capacity for nobody)."""
+    import concurrent.futures.thread as pool_threads
+
+    prep, gate, ran = Preparer(workers=2, backlog=2), threading.Event(), []
+
+    async def main():
+        first = asyncio.ensure_future(prep.run(gate.wait))  # the pool's one thread, busy
+        await asyncio.sleep(0.1)
+        monkeypatch.setattr(pool_threads, "threading", types.SimpleNamespace(**{**vars(threading),
+                                                                                "Thread": _NoThreads}))
+        with pytest.raises(APIError) as e:
+            await prep.run(lambda: ran.append("ran"))
+        assert e.value.status == 503 and e.value.code == "server_overloaded"
+        monkeypatch.undo()
+        gate.set()
+        assert await first is True
+        await asyncio.sleep(0.2)  # the thread has taken whatever the pool's queue still held
+        assert ran == [] and prep.pending == 0
+
+    asyncio.run(main())
+    prep.close()
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_pump_thread_that_cannot_start_is_a_503_and_frees_the_engine(gen_runtime, make_client, monkeypatch,
                                                                         stream):
