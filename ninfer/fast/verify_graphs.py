@@ -112,6 +112,8 @@ class VerifyGraphRunner:
             raise ValueError(f"{max_batch} blocks of {width} tokens exceed the plan's {plan.max_seqs} rows or its "
                              f"{plan.verify_rows} verify rows")
         self.model, self.max_batch, self.width, self.backup_base = model, max_batch, width, backup_base
+        # the pad block's positions and keys must stay inside the dummy row's table (past it: a device assert)
+        self.max_pad = plan.max_pages_per_seq * plan.page_size
         # pipeline stages on separate GPUs run the pass eagerly: one graph cannot hold their devices' copies
         on_cuda = model.device.type == "cuda" and torch.cuda.is_available() and len(set(model.devices)) == 1
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
@@ -184,7 +186,11 @@ class VerifyGraphRunner:
         torch.cuda.synchronize(self.model.device)
 
     def fits(self, lens: Sequence[int]) -> bool:
-        return 1 <= len(lens) <= self.max_batch and max(lens) <= self.width
+        """Whether blocks of `lens` take the static buffers (else the eager pass): at most max_batch blocks of at most
+        width tokens, with no more pad rows than the dummy row's table addresses (many short blocks beside a small
+        max_context)."""
+        return 1 <= len(lens) <= self.max_batch and max(lens) <= self.width and \
+            len(lens) * self.width - sum(lens) <= self.max_pad
 
     def run(self, tokens: torch.Tensor, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
             lens: Sequence[int], rope_deltas: Sequence[int], backup: bool) -> torch.Tensor:

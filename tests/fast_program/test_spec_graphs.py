@@ -185,3 +185,15 @@ def test_a_row_at_its_context_end_drafts_beside_a_longer_one(make_fast_spec, pro
     spec = serve(make_fast_spec(5, max_context=32), requests(), max_concurrency=2)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert [len(r.token_ids) for r in plain] == [20, 6]
+
+
+def test_many_short_blocks_beside_a_small_context(make_fast_spec, prompt_of):
+    """Three rows at their output budget verify one token each at k = 7: 21 pad rows, more than the dummy row's
+    table (16 positions) addresses, so the round takes the eager pass (its static one indexed past the table: a
+    device assert on CUDA). Greedy is unchanged by the backend."""
+    def requests():
+        return [token_request(prompt_of(10, seed=i), 4) for i in range(3)]
+    plain = serve(make_fast_spec(0, max_context=16, max_concurrency=3), requests(), max_concurrency=3)
+    spec = serve(make_fast_spec(7, max_context=16, max_concurrency=3), requests(), max_concurrency=3)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert [len(r.token_ids) for r in plain] == [4] * 3
