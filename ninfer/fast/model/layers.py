@@ -74,8 +74,9 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
                 head_v_dim=cfg.linear_value_head_dim, eps=cfg.rms_norm_eps)
     if step.gdn_steps is not None:
         # the decode recurrence, one step of every block at a time: a verified block equals its tokens decoded one
-        # by one (the projections above and below still run once over all T rows)
-        out = mixed.new_empty(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
+        # by one (the projections above and below still run once over all T rows). Zeroed: the verify graphs' pad
+        # rows outside every step stay zero instead of carrying NaN garbage into the FFN and the MoE router
+        out = mixed.new_zeros(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
         for rows, slots in step.gdn_steps:
             out[rows] = k.gdn_decode(mixed[rows], z[rows], a[rows], b[rows], conv, w.conv, w.A_log, w.dt_bias,
                                      w.norm, ssm, slots, **dims)
