@@ -41,6 +41,7 @@ from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.engine.records import GenerationRequest  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
+from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS  # noqa: E402
 from ninfer.testing.sessions import TokenSession  # noqa: E402
 
 LANES = 8
@@ -290,8 +291,9 @@ def build(run: Run, name: str) -> tuple[FastProgram, Engine, dict]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t = time.monotonic()
+    # the short pieces' graphs asked for: on a CPU smoke run their padded body runs eagerly (off by default there)
     settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
-                                 max_prefill_tokens=s.prefill_chunk)
+                                 max_prefill_tokens=s.prefill_chunk, prefill_graph_tokens=GRAPHED_PREFILL_TOKENS)
     budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
     program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
                                 kernels=s.kernels)

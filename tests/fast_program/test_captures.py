@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ninfer.contracts import ResourceChoice, RowDecision, TransitionKind
+from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import run_transition as run
 
@@ -172,7 +173,9 @@ def test_the_fast_program_prefills_short_pieces_through_its_graphs(make_fast, pr
     eagerly."""
     graphed, eager = make_fast(prefill_graph_tokens=128), make_fast(prefill_graph_tokens=0)
     assert graphed.pieces.buckets == (64, 128) and eager.pieces is None
-    assert make_fast().pieces.buckets == (64, 128, 256)  # the default 512, capped by the 256-token context
+    assert (make_fast().pieces is not None) == ON_GPU  # by default graphed on CUDA only
+    # 512, capped by the 256-token context
+    assert make_fast(prefill_graph_tokens=GRAPHED_PREFILL_TOKENS).pieces.buckets == (64, 128, 256)
     runs, run_piece = [], graphed.pieces.run
     graphed.pieces.run = lambda tokens, slot, row, start: runs.append((start, start + len(tokens))) or \
         run_piece(tokens, slot, row, start)

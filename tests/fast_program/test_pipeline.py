@@ -14,6 +14,7 @@ import torch
 from hypothesis import settings
 
 from ninfer.fast.program import FastProgram, FastProgramConfig
+from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS
 from ninfer.fast.program.stores import DeviceState
 from ninfer.models.qwen3_5.config import FULL, LINEAR
 from ninfer.pipeline import StageError
@@ -55,7 +56,7 @@ def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0, prefi
                                devices=conf.stage_devices_for(stages) if stages > 1 else None,
                                stage_layers=stage_layers,
                                # the short pieces' graphs pad a piece, which rounds otherwise: both runs alike
-                               prefill_graph_tokens=FastProgramConfig.prefill_graph_tokens if prefill_graphs else 0)
+                               prefill_graph_tokens=GRAPHED_PREFILL_TOKENS if prefill_graphs else 0)
     return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                              kernels="triton" if conf.ON_GPU else "naive")
 

@@ -17,6 +17,7 @@ from ninfer.artifact import ArtifactWriter
 from ninfer.artifact.build import add_fused, add_packed, add_uses
 from ninfer.fast.ops.qlinear import QuantWeight, Segments
 from ninfer.fast.program import FastProgram
+from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS
 from ninfer.models.qwen3_5.capacity import weight_bytes
 from ninfer.models.qwen3_5.params import logical_parameters
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
@@ -84,9 +85,9 @@ def write_quantized(path, cfg, weights, recipe: str, fused_qk: bool = False, a8:
         return w.finish(cfg.to_dict(), {"name": f"tiny-{recipe}"}, {})
 
 
-def _fast(path, kernels="naive"):
+def _fast(path, kernels="naive", **config):
     return FastProgram.from_artifact(path, budget_bytes=1 << 30, device=DEVICE,
-                                     kernels="triton" if ON_GPU else kernels, **PROGRAM)
+                                     kernels="triton" if ON_GPU else kernels, **PROGRAM, **config)
 
 
 def _logits(program, tokens):
@@ -227,8 +228,10 @@ def test_a8_prefill_runs_fp8_activations(tiny, tmp_path, prompt_of):
     params = {"block": [32, 32]}
     RECIPES["fp8_32"] = ("fp8_e4m3", "float8_e4m3fn", params)
     try:
-        a8 = _fast(write_quantized(tmp_path / "a8.ninfer", cfg, weights, "fp8_32", a8=True))
-        a16 = _fast(write_quantized(tmp_path / "a16.ninfer", cfg, weights, "fp8_32"))
+        # the graphs asked for (on the CPU they are off by default)
+        graphs = dict(prefill_graph_tokens=GRAPHED_PREFILL_TOKENS)
+        a8 = _fast(write_quantized(tmp_path / "a8.ninfer", cfg, weights, "fp8_32", a8=True), **graphs)
+        a16 = _fast(write_quantized(tmp_path / "a16.ninfer", cfg, weights, "fp8_32"), **graphs)
     finally:
         del RECIPES["fp8_32"]
     assert a8.model.weights.layers[1].mixer.o_proj.a8 and not a16.model.weights.layers[1].mixer.o_proj.a8

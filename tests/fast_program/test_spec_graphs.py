@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ninfer.contracts import RowDecision
+from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS
 from ninfer.fast.verify_graphs import VerifyInputs
 from ninfer.sampling import SamplingParams
 from ninfer.testing.numerics import assert_close
@@ -155,7 +156,7 @@ def test_each_pass_replays_its_own_graphs(make_fast, make_fast_spec, prompt_of):
         run = getattr(obj, name)
         setattr(obj, name, lambda *a, **kw: calls.append((type(obj).__name__, name)) or run(*a, **kw))
 
-    plain = make_fast()
+    plain = make_fast(prefill_graph_tokens=GRAPHED_PREFILL_TOKENS)
     spy(plain.executor.pieces, "run")
     h = start_decoding(plain, prompt_of(9, seed=1), 30, sampling=PARAMS[0], seed=3)
     assert ("PrefillGraphRunner", "run") in calls and plain.sequence(h).frontier == 9

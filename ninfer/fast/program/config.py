@@ -24,6 +24,9 @@ from ninfer.pipeline import StageError, StagePlan, plan_stages
 from ninfer.program_core import ProgramConfig
 from ninfer.program_core.speculative import SpeculativeMethod
 
+# the longest prefill piece with a CUDA graph by default (buckets 64..512): the short pieces beside decoding rows,
+# prefix-hit suffixes and agent turns, whose eager launch overhead dominated them on the H200
+GRAPHED_PREFILL_TOKENS = 512
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -33,21 +36,29 @@ class FastProgramConfig(ProgramConfig):
 
     dtype: torch.dtype = torch.bfloat16  # weights, activations, KV pages, conv windows (S is always fp32)
     max_prefill_tokens: int = 8192  # the model's prefill piece (bounds the workspace)
-    # the longest prefill piece replayed as a CUDA graph (buckets 64, 128, .. up to it; 0: every piece eager).
-    # Only a plain dense model has them: MTP and DFlash read every piece's hidden or taps, and an MoE block is not
-    # row-wise over a piece's padding rows
-    prefill_graph_tokens: int = 512
+    # the longest prefill piece replayed as a CUDA graph (buckets 64, 128, .. up to it; 0: every piece eager;
+    # None: GRAPHED_PREFILL_TOKENS on CUDA, 0 elsewhere, where a piece padded to its bucket buys nothing and costs
+    # the CPU up to 8x the work, so the CPU tests that prove the padding ask for it). Only a plain dense model has
+    # them: MTP and DFlash read every piece's hidden or taps, and an MoE block is not row-wise over padding rows
+    prefill_graph_tokens: int | None = None
     # pipeline stages (docs/pipeline.md): one per device (None, or one device: one stage on the build's device);
     # layers per stage, None: balanced by bytes (resolved into the cut)
     devices: tuple[str, ...] | None = None
     stage_layers: tuple[int, ...] | None = None
 
+    def on_device(self, device: torch.device | str) -> "FastProgramConfig":
+        """prefill_graph_tokens' default for the Program's first device."""
+        if self.prefill_graph_tokens is not None:
+            return self
+        graphed = GRAPHED_PREFILL_TOKENS if torch.device(device).type == "cuda" else 0
+        return dataclasses.replace(self, prefill_graph_tokens=graphed)
+
     def resolved(self, cfg: Qwen35Config) -> "FastProgramConfig":
-        """Every None but kv_pages filled in and every range checked."""
+        """Every None but kv_pages and prefill_graph_tokens (on_device) filled in and every range checked."""
         eos = self.checked_eos(cfg)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {self.dtype}")
-        if self.prefill_graph_tokens < 0:
+        if self.prefill_graph_tokens is not None and self.prefill_graph_tokens < 0:
             raise ValueError(f"prefill_graph_tokens must be >= 0, got {self.prefill_graph_tokens}")
         layers = self.stage_layers
         staged = self.devices is not None and len(self.devices) > 1
@@ -84,7 +95,8 @@ class FastProgramConfig(ProgramConfig):
                      slots=self.usable_slots + self.max_concurrency, dtype=self.dtype,
                      max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages, mtp=mtp,
                      extra_workspace=extra_workspace, verify_width=self.draft_tokens + 1 if mtp else 0,
-                     prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens)
+                     # unset (no device yet: on_device): no graphs' pool
+                     prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens or 0)
         stages = self.stage_plan
         if stages is not None:
             budgets = budget_bytes if isinstance(budget_bytes, list) else [budget_bytes] * stages.stages

@@ -164,6 +164,7 @@ class FastProgram(Program):
         config = config.resolved(cfg)
         spec, stages = config.speculative, config.stage_plan
         device = device if stages is None else stages.devices[0]
+        config = config.on_device(device)
         if spec is None or spec.method.drafter is None:
             drafter = None
         else:
