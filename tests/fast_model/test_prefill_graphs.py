@@ -82,7 +82,9 @@ def test_padded_piece_equals_the_eager_prefill(kernels, n, bucket, start):
 
 
 def test_runner_picks_the_bucket_and_resets_at_position_zero():
-    (eager, slots, rows), (padded, _, _) = _twins("naive")  # the runner's own logic: the kernels are above
+    # the runner's own logic (the kernels are above); a capture takes the Triton kernels (the naive ones read the
+    # device length back)
+    (eager, slots, rows), (padded, _, _) = _twins("triton" if ON_GPU else "naive")
     runner = PrefillGraphRunner(padded, 512)
     runner.capture()  # on the GPU: the replays below are the graphs'; on a CPU nothing (the same body eagerly)
     assert len(runner.graphs) == (2 if ON_GPU else 0)

@@ -134,7 +134,7 @@ def test_the_fast_program_measures_its_cost_facts_on_cuda(make_fast):
 def test_the_fast_program_measures_its_prefill_signature_on_cuda(make_fast):
     """The chunk sizing's PrefillCosts: on CUDA measured at start (a plain decode step per B, a prefill model that
     predicts a timed piece within 3x: the tiny model's pieces are mostly launch latency; each prefill graph
-    bucket's run, a graphed fixed cost below the eager piece's, and a graphed piece predicted within 3x);
+    bucket's run, the shortest bucket faster than the eager shortest piece, and a graphed piece predicted within 3x);
     elsewhere the generic fallback."""
     import time
 
@@ -158,7 +158,9 @@ def test_the_fast_program_measures_its_prefill_signature_on_cuda(make_fast):
     assert took / 3 < costs.piece_s(192, 64) < 3 * took, (took, costs)
     pieces = program.pieces
     assert costs.graph_buckets == pieces.buckets and all(s > 0 for s in costs.graph_piece_s)
-    assert costs.graph_fixed_s < costs.fixed_s, costs  # the launches an eager piece pays from Python
+    # the launches an eager piece pays from Python: the shortest bucket's replay beats the eager shortest piece (the
+    # fitted eager fixed cost can be 0 on a model this small, so the measured pieces are compared)
+    assert costs.graph_piece_s[0] < costs.floor_s, costs
     assert pieces.graphs.keys() == set(pieces.buckets)
     pieces.run([1] * 100, plan.dummy_slot, plan.dummy_row, 64)
     torch.cuda.synchronize()

@@ -184,12 +184,13 @@ def test_kv_capacity_is_planned_per_device_and_a_short_device_is_named_with_its_
     from ninfer.pipeline import StageCapacityError
 
     cfg, weights = _weights()
+    budget = 1 << 28  # the GPU's tiny model (hidden 256, vocab 1000) needs more workspace than the CPU's
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, checkpoint_slots=2,
                                dtype=torch.float32, eos_token_ids=(0,), devices=("cuda:0", "cuda:1")).resolved(cfg)
-    whole = plan_memory(cfg, 1 << 26, max_seqs=2, max_context=64, page_size=4, slots=config.usable_slots + 2,
+    whole = plan_memory(cfg, budget, max_seqs=2, max_context=64, page_size=4, slots=config.usable_slots + 2,
                         dtype=torch.float32, max_prefill_tokens=config.max_prefill_tokens)
-    wide = config.plan(cfg, [1 << 26, 1 << 26])
-    narrow = config.plan(cfg, [1 << 26, (1 << 26) - 50 * (wide.page_bytes // 2)])
+    wide = config.plan(cfg, [budget, budget])
+    narrow = config.plan(cfg, [budget, budget - 50 * (wide.page_bytes // 2)])
     assert (wide.page_bytes, wide.state_bytes, wide.weight_bytes) == (whole.page_bytes, whole.state_bytes,
                                                                   whole.weight_bytes)
     assert narrow.num_pages < wide.num_pages  # rank 1's device bounds the pool

@@ -23,3 +23,12 @@ def test_slot_copy(L, S, slot, dtype):
     assert torch.equal(got, want)  # a copy is exact
     assert all(torch.equal(got[:, d], pool[:, s]) for s, d in ((1, 3), (0, 4), (2, 5)))
     assert torch.equal(got[:, :3], pool[:, :3]) and torch.equal(got[:, 6:], pool[:, 6:])
+
+
+def test_slot_copy_of_a_stage_without_gdn_layers_is_a_no_op():
+    """A pipeline stage that owns no GDN layer holds a (0, S, ...) pool; its backup copy launches nothing."""
+    pool = torch.empty(0, 9, 4, 3, device=DEVICE)
+    ids = torch.tensor([8, 8], dtype=torch.int32, device=DEVICE)
+    slot_copy(pool, ids, ids, dst_offset=0)
+    slot_copy_naive(pool, ids, ids, dst_offset=0)
+    assert pool.shape == (0, 9, 4, 3)

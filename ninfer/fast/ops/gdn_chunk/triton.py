@@ -214,7 +214,8 @@ def _chunk_state_kernel(qkv_ptr, gam_ptr, kd_ptr, w_ptr, u_ptr, states_ptr, vn_p
         tl.store(final_ptr + s_off, S, mask=s_mask)
 
 
-# (BV, stages), timed once per head shape at first use on a GPU (prefill is never graph-captured). The pass is a
+# (BV, stages), timed at first use on a GPU per head shape and per length mode (a device length is another key:
+# a prefill graph's warm-up runs tune it before capture). The pass is a
 # chain of NT dependent steps per program, so narrower dv blocks buy programs (HV x DV/BV) and, at 2 stages
 # (~100 KB of shared memory), two of them per SM; wider ones read W and K fewer times.
 _STATE_TUNED = [(16, 2), (32, 2), (16, 3), (32, 3)]

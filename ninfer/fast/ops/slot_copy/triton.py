@@ -24,6 +24,8 @@ def _slot_copy_kernel(pool_ptr, src_ptr, dst_ptr, dst_offset, E, stride_l, strid
 def slot_copy(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, dst_offset: int = 0) -> None:
     """Same contract as ``slot_copy_naive``; every slot pool[l, s] must be contiguous."""
     L, S = pool.shape[:2]
+    if L == 0:  # a pipeline stage without GDN layers holds an empty (0, S, ...) pool: nothing to copy
+        return
     E = pool[0, 0].numel()
     assert pool[0, 0].is_contiguous() and pool.stride(1) == E, "each slot must be one contiguous run"
     B = src.shape[0]
