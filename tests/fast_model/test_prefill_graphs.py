@@ -87,6 +87,7 @@ def test_runner_picks_the_bucket_and_resets_at_position_zero():
     (eager, slots, rows), (padded, _, _) = _twins("triton" if ON_GPU else "naive")
     runner = PrefillGraphRunner(padded, 512)
     runner.capture()  # on the GPU: the replays below are the graphs'; on a CPU nothing (the same body eagerly)
+    _twins("triton" if ON_GPU else "naive")  # the capture wrote the padded twin's dummy page and slot: both restored
     assert len(runner.graphs) == (2 if ON_GPU else 0)
     assert runner.buckets == (64, 128) == prefill_buckets(512, 128, 256)  # the plan's piece caps them
     assert [runner.bucket(n) for n in (1, 64, 65, 128, 129)] == [64, 64, 128, 128, None]

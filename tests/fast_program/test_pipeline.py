@@ -190,7 +190,7 @@ def test_kv_capacity_is_planned_per_device_and_a_short_device_is_named_with_its_
     whole = plan_memory(cfg, budget, max_seqs=2, max_context=64, page_size=4, slots=config.usable_slots + 2,
                         dtype=torch.float32, max_prefill_tokens=config.max_prefill_tokens)
     wide = config.plan(cfg, [budget, budget])
-    narrow = config.plan(cfg, [budget, budget - 50 * (wide.page_bytes // 2)])
+    narrow = config.plan(cfg, [budget, budget * 3 // 4])
     assert (wide.page_bytes, wide.state_bytes, wide.weight_bytes) == (whole.page_bytes, whole.state_bytes,
                                                                   whole.weight_bytes)
     assert narrow.num_pages < wide.num_pages  # rank 1's device bounds the pool
