@@ -69,10 +69,13 @@ def _requests(vp, **kw):
 
 @pytest.mark.parametrize("method", ["mtp", "dflash", "dflash2"])
 def test_drafts_and_tokens_equal_the_reference_programs(artifacts, vp, method):
+    # on the GPU, DFlash2's sampled slot draws over TF32 scores flip on near ties (1 of 70 in the H100 run of
+    # 2026-12-06): greedy there, sampled on the CPU, where the scores are exact
+    sampling = dict(sampling=SamplingParams(temperature=0.0)) if ON_GPU and method == "dflash2" else SAMPLED
     runs = []
     for program in (_fast(artifacts, vp, method), _reference(artifacts, method)):
         drafts = record_drafts(program)
-        out = serve(program, _requests(vp, **SAMPLED), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+        out = serve(program, _requests(vp, **sampling), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
         runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
         assert_drained(program)
     (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
