@@ -225,12 +225,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
         scratch = mtp_scratch_pages(page_size, verify_width - 1)
         work += (max_seqs + 1) * scratch * page_bytes
     if drafter is not None:
-        act = torch.finfo(dtype).bits // 8
-        w += act * sum(p.numel for p in drafter_parameters(drafter).values())
-        page_bytes += drafter_page_bytes(drafter, page_size, act)
-        scratch = scratch_pages_per_row(drafter, page_size)
-        work += drafter_workspace_bytes(cfg, drafter, max_prefill_tokens, max_seqs, act) + \
-            max_seqs * scratch * drafter_page_bytes(drafter, page_size, act)
+        need = drafter_needs(cfg, drafter, page_size, dtype, max_prefill_tokens, max_seqs)
+        w, page_bytes, work, scratch = w + need.weight_bytes, page_bytes + need.page_bytes, work + need.workspace, \
+            need.scratch_pages
     left = budget_bytes - w - state - tables - work - page_bytes  # the dummy page is always there
     fit = max(left, 0) // page_bytes
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
@@ -243,8 +240,32 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
                       workspace_bytes=work, mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
                       prefill_graph_tokens=prefill_graph_tokens,
-                      drafter=None if drafter is None else (drafter.num_hidden_layers, drafter.num_key_value_heads,
-                                                            drafter.head_dim))
+                      drafter=_drafter_geometry(drafter))
+
+
+@dataclass(frozen=True)
+class DrafterNeeds:
+    """What a DFlash drafter adds to the device that holds it (one stage's, or rank 0's over pipeline stages)."""
+
+    weight_bytes: int
+    page_bytes: int  # its context K/V in every page
+    scratch_pages: int  # per block-table row: where a draft block's own K/V go
+    workspace: int  # its transients (a prefill piece's taps, the block pass) and the rows' scratch pages
+
+
+def drafter_needs(cfg: Qwen35Config, drafter: DrafterConfig, page_size: int, dtype: torch.dtype,
+                  max_prefill_tokens: int, max_seqs: int) -> DrafterNeeds:
+    act = torch.finfo(dtype).bits // 8
+    page = drafter_page_bytes(drafter, page_size, act)
+    scratch = scratch_pages_per_row(drafter, page_size)
+    return DrafterNeeds(act * sum(p.numel for p in drafter_parameters(drafter).values()), page, scratch,
+                        drafter_workspace_bytes(cfg, drafter, max_prefill_tokens, max_seqs, act) +
+                        max_seqs * scratch * page)
+
+
+def _drafter_geometry(drafter: DrafterConfig | None) -> tuple[int, int, int] | None:
+    """A plan's ``drafter`` field: the drafter's (layers, KV heads, head dim), whose K/V every page holds."""
+    return None if drafter is None else (drafter.num_hidden_layers, drafter.num_key_value_heads, drafter.head_dim)
 
 
 @dataclass
@@ -317,7 +338,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
                       page_size: int = 16, slots: int | None = None, dtype: torch.dtype = torch.bfloat16,
                       max_prefill_tokens: int = 8192, max_kv_pages: int | None = None, mtp: bool = False,
                       weight_bytes_per_rank: list[int] | None = None, extra_workspace: int = 0,
-                      verify_width: int = 0, prefill_graph_tokens: int = 0) -> MemoryPlan:
+                      verify_width: int = 0, prefill_graph_tokens: int = 0,
+                      drafter: DrafterConfig | None = None) -> MemoryPlan:
     """``plan_memory`` over pipeline stages: each rank's weights, state slots of its GDN layers, block tables and
     a prefill piece's (or a decode step's) workspace are fixed on its device (rank 0 also the MTP hidden per slot
     and the MTP layer's gathered KV), and the KV pages are the fewest any device can hold beside them
@@ -326,7 +348,9 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
     model's resident bytes per rank. ``verify_width``: the MTP round's graphs (``spec_graph_bytes``, counted on
     every rank: each runs its layers of the pass) and the draft's scratch pages in rank 0's k/v pools;
-    ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise)."""
+    ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise);
+    ``drafter``: a DFlash drafter on rank 0 (``drafter_needs``: its weights, its context K/V in rank 0's share of
+    every page, its scratch pages and the taps every rank hands to rank 0)."""
     name = _DTYPE_NAMES[dtype]
     slots = max_seqs if slots is None else slots
     pages_per_seq = kv_pages_for_tokens(max_context, page_size)
@@ -342,6 +366,12 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     if mtp:  # on rank 0: the MTP layer's gathered KV (as plan_memory), its hidden per slot, the draft's scratch
         work[0] += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name) + hidden + \
             (max_seqs + 1) * scratch * memory[0].page_bytes
+    if drafter is not None:
+        need = drafter_needs(cfg, drafter, page_size, dtype, max_prefill_tokens, max_seqs)
+        memory[0] = dataclasses.replace(memory[0], weight_bytes=memory[0].weight_bytes + need.weight_bytes,
+                                        page_bytes=memory[0].page_bytes + need.page_bytes)
+        work[0] += need.workspace
+        scratch = need.scratch_pages
     # one more slot and page each: the dummies
     fit = kv_pages_per_device(memory, budgets, slots + 1, work) - 1
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
@@ -355,7 +385,7 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
                       state_bytes=(slots + 1) * sum(m.slot_bytes for m in memory) + hidden,
                       table_bytes=tables * stages.stages, workspace_bytes=sum(work) - tables * stages.stages - hidden,
                       mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
-                      prefill_graph_tokens=prefill_graph_tokens)
+                      prefill_graph_tokens=prefill_graph_tokens, drafter=_drafter_geometry(drafter))
 
 
 def device_budget(fraction: float = 0.9, device: torch.device | str = "cuda") -> int:

@@ -130,8 +130,8 @@ class ReferenceModel:
                 mixer = partial(gdn_mixer, w=lw.sub("linear_attn"), cfg=cfg, state=state.gdn[i], chunked=chunked,
                                 boundaries=sink, cuts=cuts)
             x = decoder_layer(x, lw, cfg, mixer)
-            if taps is not None:
-                taps[i] = x
+            if taps is not None:  # a later stage hands its layers' outputs to rank 0, where a drafter reads them
+                taps[i] = x if rank == 0 else self.stages[1].pass_on(x, rank, 0)
         if rank:  # back from the last stage: the final norm and the head run on rank 0
             x = self.stages[1].pass_on(x, rank, 0)
         hidden = zc_rms_norm(x, self.weights["norm.weight"], cfg.rms_norm_eps)

@@ -1,8 +1,9 @@
 """Pipeline stages of the fast Program (docs/pipeline.md): the model cut into two or three stages sharing one device
 (`--devices cpu,cpu` with the naive kernels on the CPU; `0,0` with the Triton kernels and the decode graphs per rank
 per exact B under NINFER_TEST_DEVICE=cuda) is token for token the single-stage Program, with every rank's KV plane and
-GDN slots the single-stage pools' bytes, under greedy and sampled requests, prefix hits, MTP with forced drafts and
-the property harness; a copy that skips the last stage's share is caught. The twin of
+GDN slots the single-stage pools' bytes, under greedy and sampled requests, prefix hits, MTP with forced drafts, a
+DFlash / DFlash2 drafter on rank 0 reading taps of both stages, and the property harness; a copy that skips the last
+stage's share is caught. The twin of
 tests/reference_program/test_pipeline.py."""
 
 import functools
@@ -17,10 +18,12 @@ from ninfer.fast.program import FastProgram, FastProgramConfig
 from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS
 from ninfer.fast.program.stores import DeviceState
 from ninfer.models.qwen3_5.config import FULL, LINEAR
+from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.pipeline import StageError
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.sampling import SamplingParams
+from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.serving import in_turns
 from ninfer.testing.sessions import token_request
@@ -46,19 +49,29 @@ def _weights(mtp: int = 0):
     return cfg, conf.tiny_weights(cfg, features=("text", "mtp") if mtp else ("text",))
 
 
-def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0, prefill_graphs: bool = False
-             ) -> FastProgram:
+@functools.cache
+def _drafter(kind: str) -> DrafterConfig:
+    """A random drafter tapping layer 1 (rank 0's in a 2,2 cut) and layer 2 (rank 1's: its taps cross)."""
+    return DrafterConfig.from_hf(drafter_hf_config(_weights()[0], kind, target_layer_ids=[1, 2]))
+
+
+def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0, prefill_graphs: bool = False,
+             drafter: str | None = None) -> FastProgram:
+    """`k` drafts by MTP (`mtp`), or by a `drafter` kind ("dflash", "dflash2") when one is named."""
     conf = _conftest()
     cfg, weights = _weights(mtp)
+    method = SpeculativeMethod(drafter) if drafter else SpeculativeMethod.MTP
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
-                               speculative=SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None,
+                               speculative=SpeculativeConfig(method, k) if k else None,
                                devices=conf.stage_devices_for(stages) if stages > 1 else None,
                                stage_layers=stage_layers,
                                # the short pieces' graphs pad a piece, which rounds otherwise: both runs alike
                                prefill_graph_tokens=GRAPHED_PREFILL_TOKENS if prefill_graphs else 0)
-    return FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
-                             kernels="triton" if conf.ON_GPU else "naive")
+    source = weights if drafter is None else {**weights, **drafter_tensors(_drafter(drafter), 1)}
+    return FastProgram.build(cfg, source.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
+                             kernels="triton" if conf.ON_GPU else "naive",
+                             drafter=None if drafter is None else _drafter(drafter))
 
 
 def _two() -> FastProgram:
@@ -70,13 +83,19 @@ def _three() -> FastProgram:
 
 
 @functools.cache
-def _teacher() -> ReferenceModel:
-    cfg, weights = _weights(1)
+def _teacher(mtp: int = 1) -> ReferenceModel:
+    cfg, weights = _weights(mtp)
     return ReferenceModel(cfg, weights, dtype=torch.float32)
 
 
 def _speculative(stages: int = 2) -> FastProgram:
     return ForcedDrafts(_teacher()).install(_program(stages, mtp=1, k=3))
+
+
+def _forced_dflash(stages: int = 2) -> FastProgram:
+    """DFlash with forced drafts (acceptance lengths 0..3): the drafter's context still follows every
+    consumption, from taps of both stages."""
+    return ForcedDrafts(_teacher(0)).install(_program(stages, k=3, drafter="dflash"))
 
 
 def _equal_runs(make_one=_program, make_staged=_two, plant=None) -> FastProgram:
@@ -116,6 +135,11 @@ def _assert_same_pools(one: FastProgram, staged: FastProgram) -> None:
                 assert all(torch.equal(part[j][:n], full[i][:n]) for part, full in pairs), \
                     f"rank {rank}'s pools differ at layer {layer}"
         assert torch.equal(pools.block_tables, whole.block_tables), f"rank {rank}'s block tables differ"
+    if whole.dk is not None:  # the drafter's context K/V, rank 0's alone
+        head = staged.model.pools
+        assert torch.equal(head.dk[:, :pages], whole.dk[:, :pages]) and \
+            torch.equal(head.dv[:, :pages], whole.dv[:, :pages]), "rank 0's drafter context differs"
+        assert all(p.dk is None for p in staged.model.ranks[1:])
     if whole.mtp_hidden is not None:  # the MTP layer's KV follows rank 0's attention layers, as it does one stage's
         head = staged.model.pools
         assert torch.equal(head.k[-1][:pages], whole.k[-1][:pages]) and \
@@ -167,12 +191,16 @@ def test_a_copy_missing_the_last_stages_share_is_caught(method):
         _equal_runs(plant=_skip_last_rank(method))
 
 
-def test_a_drafter_over_stages_is_refused_naming_the_flag():
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_drafter_over_two_stages_equals_one_stage(kind):
+    """The drafter on rank 0 drafts from its context of taps of both stages (layer 2's cross from rank 1): the
+    same drafts, so the same tokens (greedy and sampled, prefix hits), and its context pages the same bytes."""
+    staged = _equal_runs(lambda: _program(k=3, drafter=kind), lambda: _program(2, k=3, drafter=kind))
+    assert staged.model.tapped == {1, 2} and staged.stage_plan.rank_of(2) == 1
+
+
+def test_stage_layers_with_one_device_are_refused_naming_the_flag():
     cfg, _ = _weights()
-    config = FastProgramConfig(max_concurrency=2, max_context=64, devices=("cpu", "cpu"),
-                               speculative=SpeculativeConfig(SpeculativeMethod.DFLASH, 3))
-    with pytest.raises(StageError, match="--devices cpu,cpu: the fast Program's DFlash drafter runs on one stage"):
-        config.resolved(cfg)
     with pytest.raises(StageError, match="--stage-layers: with one device"):
         FastProgramConfig(max_concurrency=2, max_context=64, stage_layers=(2, 2)).resolved(cfg)
 
@@ -208,3 +236,7 @@ TestTwoStagesEqualOne = TwoStages.TestCase
 StagedMTP = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(mtp=1))
 StagedMTP.TestCase.settings = settings(_FEW, max_examples=max(10, settings.default.max_examples // 100))
 TestStagedMTPEqualsOneStagePlain = StagedMTP.TestCase
+
+StagedDFlash = make_engine_machine(_forced_dflash, max_concurrency=2, oracle=lambda: _program())
+StagedDFlash.TestCase.settings = settings(_FEW, max_examples=max(6, settings.default.max_examples // 160))
+TestStagedDFlashEqualsOneStagePlain = StagedDFlash.TestCase

@@ -1,6 +1,7 @@
 """Pipeline stages (docs/pipeline.md) on the CPU: the reference Program cut into two or three stages on one device
 (`--devices cpu,cpu`) is token for token the single-stage Program under the property harness, with prefix hits,
-cancellation, faults and MTP speculation; a checkpoint that skips one stage's state is caught; the stage plan and the
+cancellation, faults and MTP or DFlash speculation; a DFlash / DFlash2 drafter reading taps of both stages drafts
+what one stage's does; a checkpoint that skips one stage's state is caught; the stage plan and the
 per-device capacity refuse what cannot run, naming the flag and the bytes per device."""
 
 import functools
@@ -19,6 +20,7 @@ from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.reference.program.stages import StagedPages, StagedSlots
 from ninfer.sampling import SamplingParams
+from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.serving import in_turns
 from ninfer.testing.sessions import token_request
@@ -44,12 +46,18 @@ def _model(mtp: int = 0) -> ReferenceModel:
     return ReferenceModel(cfg, conf.tiny_weights(cfg, features=features), dtype=torch.float64)
 
 
-def _program(devices=("cpu",), stage_layers=None, mtp: int = 0, k: int = 0) -> ReferenceProgram:
+def _program(devices=("cpu",), stage_layers=None, mtp: int = 0, k: int = 0, drafter: str | None = None
+             ) -> ReferenceProgram:
+    """`k` drafts by MTP (`mtp`), or by a random `drafter` kind ("dflash", "dflash2") tapping layer 1 (rank 0's in
+    a 2,2 cut) and layer 2 (rank 1's: its taps cross to rank 0)."""
+    method = SpeculativeMethod(drafter) if drafter else SpeculativeMethod.MTP
     config = ReferenceProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                     host_bytes=1 << 16, dtype=torch.float64, eos_token_ids=(0,),
-                                    speculative=SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None,
+                                    speculative=SpeculativeConfig(method, k) if k else None,
                                     devices=devices, stage_layers=stage_layers)
-    return ReferenceProgram(_model(mtp), config)
+    model = _model(mtp)
+    return ReferenceProgram(model, config,
+                            reference_drafter(model, drafter, target_layer_ids=[1, 2]) if drafter else None)
 
 
 def _two() -> ReferenceProgram:
@@ -62,6 +70,12 @@ def _three() -> ReferenceProgram:
 
 def _speculative() -> ReferenceProgram:
     return ForcedDrafts(_model(1)).install(_program(("cpu", "cpu"), mtp=1, k=3))
+
+
+def _forced_dflash() -> ReferenceProgram:
+    """DFlash with forced drafts (acceptance lengths 0..3): the drafter's context still follows every
+    consumption, from taps of both stages."""
+    return ForcedDrafts(_model()).install(_program(("cpu", "cpu"), k=3, drafter="dflash"))
 
 
 def test_the_default_cut_balances_bytes_with_the_embedding_and_head_on_rank_0():
@@ -105,7 +119,7 @@ def test_kv_capacity_is_the_minimum_over_devices_and_a_short_device_names_its_by
         kv_pages_per_device(mem, [budgets[0], 100], slots=4)
 
 
-def _equal_runs() -> ReferenceProgram:
+def _equal_runs(make_one=_program, make_staged=_two) -> ReferenceProgram:
     """A greedy prompt, then a sampled and a greedy one that resume from its checkpoints, on one stage and on two:
     the same tokens, and every page and slot the same bytes. Returns the staged Program."""
     shared = tuple(range(3, 20))
@@ -114,7 +128,7 @@ def _equal_runs() -> ReferenceProgram:
         return [[token_request(shared + (5, 6), 8)],
                 [token_request(shared + (7,), 8, seed=3, sampling=SamplingParams(temperature=1.0, top_k=5)),
                  token_request(shared + (5, 6, 9), 6)]]
-    one, two = _program(), _two()
+    one, two = make_one(), make_staged()
     want = [[r.token_ids for r in b] for b in in_turns(one, batches(), max_concurrency=2)]
     got = in_turns(two, batches(), max_concurrency=2)
     assert [[r.token_ids for r in b] for b in got] == want
@@ -175,18 +189,22 @@ def test_a_checkpoint_missing_one_stages_state_is_caught(monkeypatch, owner, met
         _equal_runs()
 
 
-def test_dflash_over_two_stages_equals_one_stage_plain():
-    """The drafter conditions on taps of layers that run on both stages; its greedy output is the plain run's."""
-    import dataclasses
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_drafter_over_two_stages_equals_one_stage(kind):
+    """The drafter on rank 0 drafts from its context of taps of both stages (layer 2's cross from rank 1): the
+    same drafts, so the same tokens (greedy and sampled, prefix hits), every page and slot the same bytes, and
+    every slot's drafter context the single-stage one."""
+    one, staged = _program(k=3, drafter=kind), _program(("cpu", "cpu"), k=3, drafter=kind)
+    two = _equal_runs(lambda: one, lambda: staged)
+    assert two.stage_plan.rank_of(2) == 1
+    for slot, ctx in enumerate(one.states.backend):
+        other = staged.states.ranks[0].backend[slot]
+        assert (ctx is None) == (other is None), f"slot {slot}'s drafter context differs"
+        if ctx is not None:
+            assert (ctx.start, ctx.end) == (other.start, other.end) and \
+                all(torch.equal(a.k, b.k) and torch.equal(a.v, b.v) for a, b in zip(ctx.kv, other.kv)), \
+                f"slot {slot}'s drafter context differs"
 
-    from ninfer.testing.drafters import reference_drafter
-    from ninfer.testing.serving import serve
-
-    plain = _program()
-    config = dataclasses.replace(plain.config, speculative=SpeculativeConfig(SpeculativeMethod.DFLASH, 3),
-                                 devices=("cpu", "cpu"), stage_layers=None)
-    staged = ReferenceProgram(_model(), config, reference_drafter(_model(), "dflash"))
-    prompts = [tuple(range(3, 20)), (5, 9, 2, 7, 7, 1)]
-    want = [r.token_ids for r in serve(plain, [token_request(p, 10) for p in prompts], max_concurrency=2)]
-    got = [r.token_ids for r in serve(staged, [token_request(p, 10) for p in prompts], max_concurrency=2)]
-    assert got == want and staged.link.passes > 0
+StagedDFlash = make_engine_machine(_forced_dflash, max_concurrency=2, oracle=_program)
+StagedDFlash.TestCase.settings = settings(_MANY, max_examples=max(10, settings.default.max_examples // 100))
+TestStagedDFlashEqualsOneStagePlain = StagedDFlash.TestCase

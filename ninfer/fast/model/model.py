@@ -70,6 +70,9 @@ class FastModel:
                             for kinds in (cfg.attention_layers, cfg.linear_layers)
                             for j, layer in enumerate(self.stages.owned(rank, kinds))}
         self.mtp = MtpHead(self) if weights.mtp is not None else None  # the MTP head (plan.mtp)
+        # the layers whose outputs a ``taps`` dict receives (a DFlash drafter's, `tap`); the last layer's is always
+        # the final-normed hidden on rank 0
+        self.tapped: frozenset[int] = frozenset(range(cfg.num_hidden_layers - 1))
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
@@ -79,6 +82,11 @@ class FastModel:
         check_mtp(cfg, plan.mtp)
         weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp, stages=stages)
         return cls(cfg, weights, allocate_stage_pools(cfg, plan, device, stages), kernels, stages)
+
+    def tap(self, layers: Sequence[int]) -> None:
+        """Fill ``taps`` with these layers' outputs only: over pipeline stages each crosses to rank 0 once per
+        pass, so the layers no drafter reads stay on their stage."""
+        self.tapped = frozenset(layers) - {self.cfg.num_hidden_layers - 1}
 
     @property
     def device(self) -> torch.device:
@@ -303,8 +311,9 @@ class FastModel:
             else:
                 gdn_mixer(k, cfg, lw.mixer, res, lw.input_norm, pools.conv[j], pools.ssm[j], step)
             ffn(k, cfg, lw.ffn, res, lw.post_norm)
-            if taps is not None:
-                taps[i] = res.value().to(self.device)
+            if taps is not None and i in self.tapped:
+                # a later stage hands its tapped outputs to rank 0, where the drafter reads them
+                taps[i] = res.value() if rank == 0 else self.link.pass_on(res.value(), rank, 0)
 
     def hand_on(self, res: Residual, src: int, dst: int) -> Residual:
         """The residual pair from rank `src` to rank `dst` through the link: h and the pending delta both cross, so

@@ -63,9 +63,6 @@ class FastProgramConfig(ProgramConfig):
         layers = self.stage_layers
         staged = self.devices is not None and len(self.devices) > 1
         if staged:
-            if self.speculative is not None and self.speculative.method.drafter is not None:
-                raise StageError(f"--devices {','.join(self.devices)}: the fast Program's DFlash drafter runs on one "
-                                 f"stage so far (issue 16); MTP and plain decoding run staged")
             mtp = self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP
             layers = plan_stages(cfg, tuple(self.devices), layers, _DTYPES[self.dtype],
                                  ("text", "mtp") if mtp else ("text",)).layers
@@ -100,5 +97,6 @@ class FastProgramConfig(ProgramConfig):
         stages = self.stage_plan
         if stages is not None:
             budgets = budget_bytes if isinstance(budget_bytes, list) else [budget_bytes] * stages.stages
-            return plan_stage_memory(cfg, stages, budgets, weight_bytes_per_rank=weight_bytes, **sizes)
+            return plan_stage_memory(cfg, stages, budgets, weight_bytes_per_rank=weight_bytes, drafter=drafter,
+                                     **sizes)
         return plan_memory(cfg, budget_bytes, weight_bytes_resident=weight_bytes, drafter=drafter, **sizes)

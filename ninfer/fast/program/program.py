@@ -60,6 +60,7 @@ def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None)
     if plan.drafter != (d.num_hidden_layers, d.num_key_value_heads, d.head_dim) or \
             plan.scratch_pages != scratch_pages_per_row(d, plan.page_size):
         raise ValueError(f"the model's memory plan {plan} was not made for this drafter ({d})")
+    model.tap(d.target_layer_ids)  # over stages only these cross to rank 0, where the drafter and its pages live
     return FastDFlashBackend(drafter, model.pools, block, window)
 
 
