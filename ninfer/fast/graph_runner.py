@@ -37,6 +37,7 @@ from ninfer.fast.model import FastModel
 from ninfer.fast.model.kernels import Residual
 from ninfer.fast.stage_graphs import GraphChain, Pair, StagePieces
 from ninfer.fast.sampling import DeviceSampler
+from ninfer.fast.sampling.rows import GREEDY
 
 
 class StaticInputs:
@@ -172,12 +173,9 @@ class DecodeGraphRunner:
             torch.cuda.synchronize(device)
 
     def _capture(self, sizes: list[int], warmup: int) -> None:
-        plan = self.model.plan
         for B in sizes:
             for variant in self.variants:
-                self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
-                if self.sampler is not None:
-                    self.sampler.fill_dummy(B, variant)
+                self._fill_dummy(B, variant)
                 if self.pieces is None:
                     self.graphs[B, variant], self.outputs[B, variant] = self._captured(
                         self.model.device, lambda: self._step(B, variant), warmup)
@@ -204,6 +202,21 @@ class DecodeGraphRunner:
                 out = fn()
             self._pools.setdefault(device, graph.pool())
         return graph, out
+
+    def _fill_dummy(self, B: int, variant: str | None) -> None:
+        """Capture inputs: B one-token rows on the plan's dummy slot and row, the sampler's rows of `variant`."""
+        plan = self.model.plan
+        self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+        if self.sampler is not None:
+            self.sampler.fill_dummy(B, variant)
+
+    def dummy_step(self, B: int) -> Callable[[], object]:
+        """Fill B greedy dummy rows (as a capture does) and return their step, for the start-up cost measurement to
+        time: B's graph replayed, or the eager step on the same buffers where B has none (no CUDA, graphs off)."""
+        variant = GREEDY if self.sampler is not None else None
+        self._check(B, variant)
+        self._fill_dummy(B, variant)
+        return lambda: self._replay(B, variant)
 
     def can_use_graph(self, B: int, variant: str | None = None) -> bool:
         return (B, variant) in self.graphs

@@ -41,6 +41,9 @@ class FastProgramConfig(ProgramConfig):
     # the CPU up to 8x the work, so the CPU tests that prove the padding ask for it). Only a plain dense model has
     # them: MTP and DFlash read every piece's hidden or taps, and an MoE block is not row-wise over padding rows
     prefill_graph_tokens: int | None = None
+    # False (--enforce-eager): nothing is captured, not even on CUDA; every decode step, prefill piece, MTP round
+    # and prefill draw runs eagerly on the runners' static buffers (prefill_graph_tokens resolves to 0)
+    cuda_graphs: bool = True
     # pipeline stages (docs/pipeline.md): one per device (None, or one device: one stage on the build's device);
     # layers per stage, None: balanced by bytes (resolved into the cut)
     devices: tuple[str, ...] | None = None
@@ -50,7 +53,7 @@ class FastProgramConfig(ProgramConfig):
         """prefill_graph_tokens' default for the Program's first device."""
         if self.prefill_graph_tokens is not None:
             return self
-        graphed = GRAPHED_PREFILL_TOKENS if torch.device(device).type == "cuda" else 0
+        graphed = GRAPHED_PREFILL_TOKENS if torch.device(device).type == "cuda" and self.cuda_graphs else 0
         return dataclasses.replace(self, prefill_graph_tokens=graphed)
 
     def resolved(self, cfg: Qwen35Config) -> "FastProgramConfig":
@@ -60,6 +63,9 @@ class FastProgramConfig(ProgramConfig):
             raise ValueError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {self.dtype}")
         if self.prefill_graph_tokens is not None and self.prefill_graph_tokens < 0:
             raise ValueError(f"prefill_graph_tokens must be >= 0, got {self.prefill_graph_tokens}")
+        if self.prefill_graph_tokens and not self.cuda_graphs:
+            raise ValueError(f"prefill_graph_tokens {self.prefill_graph_tokens} asks for prefill graphs, "
+                             f"cuda_graphs=False for none")
         layers = self.stage_layers
         staged = self.devices is not None and len(self.devices) > 1
         if staged:

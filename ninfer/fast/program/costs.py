@@ -3,9 +3,11 @@ row and page, so no live state is touched). For the context cache's cost model: 
 and a pinned host-to-device copy of one GDN slot's state (the bulk of a short replica) and of one KV page (the
 fixed cost of a copy). For the Scheduler's chunk sizing (the prefill_signature, `PrefillCosts`): three timed
 prefill pieces fit the fixed, per-token and attention cost of an eager piece, one run of each prefill graph bucket
-(`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, and a replay of
-each captured decode graph times the plain step per B. Off CUDA the Program reports the generic fallbacks
-(`CostFacts()`, `PrefillCosts()`: docs/context-cache.md, docs/engine.md).
+(`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, and one greedy
+step per B on the decode runner's dummy rows times the plain step (its graph's replay; with CUDA graphs off,
+``FastProgramConfig.cuda_graphs``, the eager step, so the Scheduler still sizes chunks against a measured step).
+Off CUDA the Program reports the generic fallbacks (`CostFacts()`, `PrefillCosts()`: docs/context-cache.md,
+docs/engine.md).
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFact
                      prefill_tokens_per_s=len(ids) / prefill, measured=True)
 
 
-def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, signature: str,
+def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: int, signature: str,
                     pieces: PrefillGraphRunner | None = None) -> PrefillCosts:
     """Fit ``max(floor, fixed + t * token) + t * (f + t / 2) * pair`` to four prefill pieces on the dummy slot and
     row (t = 64 for the floor, 256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the
     dummy row's every entry is the dummy page, so a deep piece reads real-sized attention over it), and time one
-    replay of each captured greedy decode graph (B = 1..max_batch) on the dummy rows it was captured with; with
-    `pieces`, each prefill graph bucket's run (`graph_costs`)."""
+    greedy step of `runner` per B = 1..max_batch on the dummy rows (`DecodeGraphRunner.dummy_step`; None: no plain
+    step, a speculative backend's rounds); with `pieces`, each prefill graph bucket's run (`graph_costs`)."""
     device, plan = model.device, model.plan
     long_t, short_t = min(tokens, MEASURE_TOKENS), min(tokens, SHORT_TOKENS)
     deep = max(0, min(DEEP_FRONTIER, plan.max_context - short_t))
@@ -62,7 +64,8 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner, tokens: int, si
     a, b = t_short - short_t ** 2 / 2 * pair, t_long - long_t ** 2 / 2 * pair
     token = max(0.0, (b - a) / (long_t - short_t)) if long_t > short_t else max(0.0, a / short_t)
     floor = piece(min(tokens, FLOOR_TOKENS), 0)
-    steps = tuple(_best(device, graph.replay) for graph in _greedy_graphs(runner))
+    steps = () if runner is None else \
+        tuple(_best(device, runner.dummy_step(B)) for B in range(1, runner.max_batch + 1))
     buckets, times, fixed = graph_costs(pieces, token, lambda fn: _best(device, fn)) if pieces else ((), (), 0.0)
     return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
                         floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True,
@@ -79,14 +82,6 @@ def graph_costs(pieces: PrefillGraphRunner, token_s: float, timed: Callable[[Cal
     times = tuple(max(raw[:i + 1]) for i in range(len(raw)))
     per = token_s if len(times) < 2 else (times[-1] - times[-2]) / (pieces.buckets[-1] - pieces.buckets[-2])
     return pieces.buckets, times, max(0.0, times[-1] - pieces.buckets[-1] * per)
-
-
-def _greedy_graphs(runner: DecodeGraphRunner) -> list:
-    """The captured greedy decode graphs for B = 1, 2, .. while they exist (none without plain decode graphs)."""
-    graphs = []
-    while (len(graphs) + 1, "greedy") in runner.graphs:
-        graphs.append(runner.graphs[len(graphs) + 1, "greedy"])
-    return graphs
 
 
 def _best(device: torch.device, fn: Callable[[], object], repeats: int = 3) -> float:

@@ -94,15 +94,16 @@ class FastProgram(Program):
         # sampling tables live on block-table rows; the naive model runs the naive sampling ops
         self.sampler = DeviceSampler(cfg.vocab_size, c.max_concurrency, c.max_concurrency, model.device,
                                      kernels="naive" if model.kernels.name == "naive" else "triton",
-                                     eos_token_ids=c.eos_token_ids)
+                                     eos_token_ids=c.eos_token_ids, use_graphs=c.cuda_graphs)
         # the decode graph starts with each row's backup copy (live slot -> the backup slot of its table row)
         self.runner = DecodeGraphRunner(model, c.max_concurrency, sampler=self.sampler,
-                                        backup_base=c.backup_slot(0))
+                                        backup_base=c.backup_slot(0), use_graphs=c.cuda_graphs)
         if vision is not None and vision_patches:
             vision.plan(vision_patches)  # the largest image's activations, before anything else is measured
         costs, prefill = CostFacts(), PrefillCosts()  # the generic fallbacks off CUDA
         piece = min(c.max_prefill_tokens, c.max_context)
-        if self.runner.use_graphs:
+        on_cuda = model.device.type == "cuda"  # measured with CUDA graphs or without (cuda_graphs False)
+        if on_cuda:
             _warm_prefill(model, piece)
             if dflash is not None:
                 dflash.warm(piece)
@@ -110,25 +111,29 @@ class FastProgram(Program):
             if vision is not None and vision_patches:
                 vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
-        # eager on the same buffers elsewhere. Under a backend no plain decode graph would ever run; the MTP round's
-        # target pass and a cut block's replay (verify_graphs.py) and its draft (draft_graphs.py) have their own
-        # graphs per exact B
+        # eager on the same buffers elsewhere and with cuda_graphs off (--enforce-eager). Under a backend no plain
+        # decode graph would ever run; the MTP round's target pass and a cut block's replay (verify_graphs.py) and
+        # its draft (draft_graphs.py) have their own graphs per exact B
         verifier = drafter_graphs = None
         if c.speculative is None:
             self.runner.capture()
         elif mtp:
-            verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0))
+            verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0),
+                                         use_graphs=c.cuda_graphs)
             verifier.capture()
-            drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens))
+            drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
+                                              use_graphs=c.cuda_graphs)
             drafter_graphs.capture()
         self.sampler.capture()
-        # short prefill pieces as graphs (a plain dense model whose plan counted their pool), eager on a CPU
+        # short prefill pieces as graphs (a plain dense model whose plan counted their pool; none with cuda_graphs
+        # off, where prefill_graph_tokens resolved to 0), eager on a CPU
         graphed = min(plan.prefill_graph_tokens, c.prefill_graph_tokens)
         self.pieces = PrefillGraphRunner(model, graphed) if prefill_buckets(graphed, piece, piece) else None
         if self.pieces is not None:
             self.pieces.capture()
-        if self.runner.use_graphs:
-            prefill = measure_prefill(model, self.runner, piece, _signature(model), self.pieces)
+        if on_cuda:  # the plain step per B, replayed or eager; none under a backend
+            prefill = measure_prefill(model, self.runner if c.speculative is None else None, piece, _signature(model),
+                                      self.pieces)
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.vision = None if vision is None else vision.cfg
         self.max_patches = vision_patches  # a larger image would plan a workspace past the budget

@@ -37,7 +37,8 @@ class DeviceSampler:
     VARIANTS = VARIANTS
 
     def __init__(self, vocab: int, max_batch: int, table_rows: int, device: torch.device | str, *,
-                 kernels: str = "triton", eos_token_ids: Sequence[int] = (), block_v: int = 2048):
+                 kernels: str = "triton", eos_token_ids: Sequence[int] = (), block_v: int = 2048,
+                 use_graphs: bool = True):
         if kernels not in ("triton", "naive"):
             raise ValueError(f"unknown kernel backend {kernels!r}; expected 'triton' or 'naive'")
         self.vocab, self.max_batch, self.kernels = vocab, max_batch, kernels
@@ -53,6 +54,7 @@ class DeviceSampler:
         self.lp = torch.zeros(max_batch, LP.COLUMNS, dtype=torch.int32, **dev)
         self.logits_in = torch.zeros(1, vocab, dtype=torch.float32, **dev)  # the prefill graphs' input
         self._cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.use_graphs = self._cuda and use_graphs  # False: the prefill draw runs its ops eagerly
         self._host = _HostBuffers(max_batch, vocab, self._cuda)
         self._staged = torch.cuda.Event() if self._cuda else None
         self._pending: tuple[int, list, list] | None = None
@@ -88,8 +90,9 @@ class DeviceSampler:
         self.params[:B].copy_(torch.cat([ints, floats.view(torch.int64)], dim=1))
 
     def capture(self, warmup: int = 2) -> None:
-        """One sampling-only graph per variant at B = 1 on ``logits_in`` (the prefill draw); a no-op without CUDA."""
-        if not self._cuda:
+        """One sampling-only graph per variant at B = 1 on ``logits_in`` (the prefill draw); a no-op without CUDA or
+        with ``use_graphs`` off."""
+        if not self.use_graphs:
             return
         with no_collection_during_capture():
             self._capture(warmup)
