@@ -40,6 +40,9 @@ class RuntimeOptions:
     # launch decode rounds ahead of the host's commit (docs/engine.md "Async scheduling"); None: on for the fast
     # Program only (the reference Program has no device queue to overlap)
     async_scheduling: bool | None = None
+    # the fast Program captures no CUDA graphs: every step runs eagerly (vLLM's escape hatch for a driver or GPU
+    # where capture fails, and for debugging); the reference Program captures none anyway
+    enforce_eager: bool = False
     speculative_config: Mapping[str, Any] | None = None
     default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     seed: int | None = None

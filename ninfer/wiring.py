@@ -55,6 +55,7 @@ class Runtime:
     load_seconds: float = 0.0
     speculative: str | None = None  # the speculative backend that runs ("mtp (k=3)"), None: plain decoding
     stages: str | None = None  # pipeline stages that run ("cpu,cpu: 2,2 layers"), None: one device
+    eager: bool = False  # the fast Program runs without CUDA graphs (--enforce-eager)
     _seeds: random.Random = field(default_factory=random.Random)
 
     @property
@@ -82,6 +83,7 @@ class Runtime:
         cache = "prefix cache on" if self.options.enable_prefix_caching and self.engine is not None else "no cache"
         spec = f" | speculative {self.speculative}" if self.speculative else ""
         spec += f" | stages {self.stages}" if self.stages else ""
+        spec += " | eager (no CUDA graphs)" if self.eager else ""
         sampling = f" | {self.sampling_defaults.describe()}" if self.engine is not None else ""
         return (f"ready: {self.name} ({self.weights}) | {self.purpose} on the {self.program_kind} Program | "
                 f"context {self.max_context} | {lanes} | {cache}{spec}{sampling} | loaded in "
@@ -167,6 +169,7 @@ def _load(path: Path, options: RuntimeOptions, kind: str, progress: bool,
                  facts.sampling_defaults, _seeds=random.Random(options.seed))
     program = _load_program(path, options, frontend.max_context, kind, speculative, vision=frontend.vision)
     rt.speculative = program.limits.speculative
+    rt.eager = kind == "fast" and options.enforce_eager
     if program.stage_plan.stages > 1:
         plan = program.stage_plan
         rt.stages = f"{','.join(plan.devices)}: {','.join(map(str, plan.layers))} layers"
@@ -281,6 +284,7 @@ def _load_program(path: Path, options: RuntimeOptions, max_context: int, kind: s
                                              speculative_config=options.speculative_config, host_bytes=host_bytes,
                                              device=None if devices is None else devices[0],
                                              vision_patches=patches, devices=devices,
+                                             cuda_graphs=not options.enforce_eager,
                                              stage_layers=options.stage_layers, **_on_cpu(devices, options,
                                                                                           max_context))
         except MissingBackendWeights as e:

@@ -38,6 +38,9 @@ RUNTIME_OPTIONS = [
          show_default=True, help="Reference Program precision."),
     _opt("--seed", env="SEED", group="ModelConfig", type=int, default=None,
          help="Seed the per-request seeds of unseeded requests."),
+    _opt("--enforce-eager", env="ENFORCE_EAGER", group="ModelConfig", is_flag=True,
+         help="Fast Program: capture no CUDA graphs, run every step eagerly (where capture fails on a driver or "
+              "GPU, or to debug; slower decoding). The reference Program captures none anyway."),
     _opt("--gpu-memory-utilization", env="GPU_MEMORY_UTILIZATION", group="CacheConfig",
          type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
          help="Share of GPU memory the fast Program may plan with."),
@@ -105,10 +108,10 @@ RUNTIME_OPTIONS = [
 
 RUNTIME_KEYS = ("model", "program", "purpose", "served_model_name", "max_model_len", "max_num_seqs",
                 "gpu_memory_utilization", "enable_prefix_caching", "cache_device_share", "kv_offloading_size",
-                "concurrent_prefill", "async_scheduling", "speculative_config", "devices", "stage_layers",
-                "default_chat_template_kwargs", "seed", "dtype", "no_progress", "generation_config", "json_whitespace",
-                "thinking_token_budget", "limit_mm_per_prompt", "allowed_local_media_path", "allow_remote_media",
-                "media_max_bytes", "media_max_pixels", "media_fetch_timeout")
+                "concurrent_prefill", "async_scheduling", "enforce_eager", "speculative_config", "devices",
+                "stage_layers", "default_chat_template_kwargs", "seed", "dtype", "no_progress", "generation_config",
+                "json_whitespace", "thinking_token_budget", "limit_mm_per_prompt", "allowed_local_media_path",
+                "allow_remote_media", "media_max_bytes", "media_max_pixels", "media_fetch_timeout")
 
 
 def runtime_options(fn: Callable) -> Callable:
@@ -245,7 +248,7 @@ def start_runtime(flags: dict, *, purpose: str | None = None, warmup: bool = Tru
         max_num_seqs=flags["max_num_seqs"], gpu_memory_utilization=flags["gpu_memory_utilization"],
         enable_prefix_caching=flags["enable_prefix_caching"], cache_device_share=flags["cache_device_share"],
         kv_offloading_size=flags["kv_offloading_size"], concurrent_prefill=flags["concurrent_prefill"],
-        async_scheduling=flags["async_scheduling"],
+        async_scheduling=flags["async_scheduling"], enforce_eager=flags["enforce_eager"],
         speculative_config=parse_json_option(flags["speculative_config"], "--speculative-config"),
         default_chat_template_kwargs=parse_json_option(flags["default_chat_template_kwargs"],
                                                        "--default-chat-template-kwargs") or {},

@@ -19,7 +19,8 @@ def test_help_lists_commands_and_env_vars(run):
                  "--default-chat-template-kwargs", "--seed", "--purpose", "--program", "--model-id",
                  "--concurrent-prefill", "--cache-device-share", "--kv-offloading-size", "NINFER_CONCURRENT_PREFILL",
                  "--async-scheduling", "--no-async-scheduling", "NINFER_ASYNC_SCHEDULING",
-                 "NINFER_CACHE_DEVICE_SHARE", "NINFER_KV_OFFLOADING_SIZE", "NINFER_PORT", "NINFER_MAX_NUM_SEQS"):
+                 "NINFER_CACHE_DEVICE_SHARE", "NINFER_KV_OFFLOADING_SIZE", "NINFER_PORT", "NINFER_MAX_NUM_SEQS",
+                 "--enforce-eager", "NINFER_ENFORCE_EAGER"):
         assert flag in serve_help, flag
 
 
@@ -28,6 +29,13 @@ def test_generate_streams_and_says_the_weights_are_random(run):
     assert result.exit_code == 0, result.output
     assert "RANDOM weights" in result.stderr and "ready:" in result.stderr
     assert "3 generated" in result.stderr and "finish=length" in result.stderr
+
+
+def test_enforce_eager_says_the_fast_program_runs_without_graphs(run):
+    result = run("generate", "Hello", "-n", "2", "--no-think", "--program", "fast", "--devices", "cpu",
+                 "--enforce-eager", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "generation on the fast Program" in result.stderr and "| eager (no CUDA graphs) |" in result.stderr
 
 
 def test_generate_shows_reasoning_apart(run):

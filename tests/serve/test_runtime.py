@@ -41,6 +41,21 @@ def test_async_scheduling_defaults_to_the_fast_program_only():
         fresh.close()
 
 
+def test_enforce_eager_reaches_the_fast_program_and_the_ready_line():
+    """--enforce-eager builds the fast Program (here on the CPU, --devices cpu) with cuda_graphs off, and the ready
+    line says so; the reference Program, which captures nothing anyway, ignores it."""
+    sizes = dict(max_model_len=128, max_num_seqs=1, enforce_eager=True, warmup=False)
+    fast = build_runtime(RuntimeOptions(program="fast", devices=("cpu",), **sizes), progress=False)
+    reference = build_runtime(RuntimeOptions(program="reference", **sizes), progress=False)
+    try:
+        program = fast.engine.core.program
+        assert program.config.cuda_graphs is False and program.runner.use_graphs is False
+        assert "| eager (no CUDA graphs) |" in fast.summary() and "eager" not in reference.summary()
+    finally:
+        fast.close()
+        reference.close()
+
+
 def test_bad_runtime_options_name_the_flag():
     for options, flag in ((RuntimeOptions(max_num_seqs=9), "--max-num-seqs"),
                           (RuntimeOptions(program="gpu"), "--program"),
