@@ -285,8 +285,9 @@ def bench_long(run: Run, engine: Engine, program: FastProgram, vocab: int, entry
     entry["long"].update(prompt=n, wall_s=time.perf_counter() - t, peak_active=peak[0], step_ms=ms, intervals=gaps)
 
 
-def build(run: Run, name: str) -> tuple[FastProgram, Engine, dict]:
-    s, cfg = run.s, config(name)
+def build(s: Settings, name: str) -> tuple[FastProgram, Engine, dict]:
+    """(program, engine, build facts) for model `name` (profile_graphs.py profiles this Program's graphs too)."""
+    cfg = config(name)
     if s.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -311,7 +312,7 @@ def build(run: Run, name: str) -> tuple[FastProgram, Engine, dict]:
 
 def bench_model(run: Run, name: str) -> None:
     entry = run.results["models"].setdefault(name, {})
-    program, engine, info = build(run, name)
+    program, engine, info = build(run.s, name)
     entry.update(info)
     try:
         _run_parts(run, name, program, engine, entry)

@@ -1,4 +1,4 @@
-"""Where the fast model's device time goes: per-kernel totals from torch.profiler (CUPTI) over eager decode steps
+"""Where the fast model's device time goes: per-kernel totals (kernel_table.py: CUPTI) over eager decode steps
 and one prefill, for the kernels worth fusing or tuning next. Eager, so every kernel is seen; kernel durations are
 what a graph replays, and the sum against the graph's step time shows the launch gaps the graph still pays.
 Each decode case also reports its launches per step and per layer: the device's count (cuBLAS's split-K reduces
@@ -14,39 +14,19 @@ import argparse
 import json
 import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fast import SMOKE, Settings, build, decode_inputs  # noqa: E402
+from kernel_table import kernel_table  # noqa: E402
 from measure import cuda_ms  # noqa: E402
 
 from ninfer.fast.graph_runner import DecodeGraphRunner  # noqa: E402
 from ninfer.testing.launches import count_step  # noqa: E402
 
 STEPS = 5
-
-
-def kernel_table(fn, steps: int) -> tuple[list[dict], float]:
-    """(kernels by total device time per call, sum of kernel time per call in us)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            t = totals[ev.name[:90]]
-            t[0] += ev.time_range.elapsed_us()
-            t[1] += 1
-    rows = [{"kernel": k, "us": v[0] / steps, "count": v[1] / steps} for k, v in totals.items()]
-    rows.sort(key=lambda r: -r["us"])
-    return rows, sum(r["us"] for r in rows)
 
 
 def host_launches(cfg, fn) -> dict:
@@ -65,18 +45,16 @@ def profile_model(name: str, prefill_T: int) -> dict:
     out: dict = {}
     for B in (1, 8):
         args = decode_inputs(cfg, B, 512, "cuda")
-        rows, total = kernel_table(lambda: model.decode(*args), STEPS)
+        table = kernel_table(lambda: model.decode(*args), STEPS)
         runner = DecodeGraphRunner(model, max_batch=B)
         runner.capture([B])
         graph_ms = cuda_ms(lambda: runner.run(*args), iters=20)
         runner.reset()
-        launches = sum(r["count"] for r in rows)
-        out[f"decode_B{B}"] = {"kernel_us": total, "graph_us": graph_ms * 1e3, "launches": launches,
-                               "launches_per_layer": launches / cfg.num_hidden_layers,
-                               "host_launches": host_launches(cfg, lambda: model.decode(*args)), "top": rows[:30]}
+        out[f"decode_B{B}"] = {**table.as_dict(), "graph_us": graph_ms * 1e3,
+                               "launches_per_layer": table.launches / cfg.num_hidden_layers,
+                               "host_launches": host_launches(cfg, lambda: model.decode(*args))}
     tokens = torch.randint(0, cfg.vocab_size, (prefill_T,), device="cuda")
-    rows, total = kernel_table(lambda: model.prefill(tokens, 0, 0, 0), 1)
-    out[f"prefill_T{prefill_T}"] = {"kernel_us": total, "launches": sum(r["count"] for r in rows), "top": rows[:30]}
+    out[f"prefill_T{prefill_T}"] = kernel_table(lambda: model.prefill(tokens, 0, 0, 0), 1).as_dict()
     return out  # the model dies with this frame; main empties the cache before the next one
 
 

@@ -10,6 +10,9 @@
 #   bash benchmarks/gpu/run.sh hf       # bench_hf.py, then report.py's side-by-side table over $OUT
 #   bash benchmarks/gpu/run.sh micro    # bench_fast.py triton vs triton-fused (0.8B, 35B-A3B), bench_gemv.py, bench_ops.py,
 #                                       # profile_fast.py (each in the time the ones before left)
+#   bash benchmarks/gpu/run.sh profile  # profile_graphs.py: per-kernel tables inside the prefill graphs (buckets 64 and
+#                                       # 512, BENCH_MODELS default 0.8B,9B), the B=1 decode graph and the MTP round's
+#                                       # graphs at B=1 (SPEC_MODELS, default 9B), each beside its eager body
 #   bash benchmarks/gpu/run.sh moe      # the MoE block's GPU tests, then bench_moe.py: today's path vs moe_decode per B
 #                                       # at 35B-A3B with the floor and a config sweep (< 4 min)
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
@@ -23,7 +26,7 @@
 #                                       # two GPUs, else 0,0: both ranks on one GPU)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
-#   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
+#   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
 #        PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
@@ -103,6 +106,14 @@ run_micro() {
     timeout "$(capped 150)" "$PY" benchmarks/gpu/bench_ops.py || echo "bench_ops rc=$?"
     timeout "$(capped 600)" "$PY" benchmarks/gpu/profile_fast.py --models "$MODELS" ${OUT:+--out "$OUT"} \
         || echo "profile_fast rc=$?"
+}
+
+run_profile() {
+    # issue 14: where the graphed prefill piece's and the MTP round's fixed costs go (docs/performance.md)
+    echo "== kernels inside the prefill, decode and MTP round graphs"
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_graphs.py --models "${BENCH_MODELS:-0.8B,9B}" \
+        --spec-models "${SPEC_MODELS:-9B}" --deadline-s $(( $(left) - 20 )) ${OUT:+--out "$OUT"} \
+        || echo "profile_graphs rc=$?"
 }
 
 run_moe() {
@@ -186,6 +197,7 @@ case "$PART" in
     engine) run_engine ;;
     hf) run_hf ;;
     micro) run_micro ;;
+    profile) run_profile ;;
     moe) run_moe ;;
     spec) run_spec ;;
     dflash) run_dflash ;;
@@ -195,5 +207,5 @@ case "$PART" in
     vision) run_vision ;;
     pp) run_pp ;;
     llamacpp) run_llamacpp ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, moe, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
+    *) echo "unknown part $PART (tests, engine, hf, micro, profile, moe, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
 esac

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ninfer.fast.sampling.rows import GREEDY, SORT
 
 
-def _median_ms(call, device: str, reps: int) -> float:
+def median_ms(call, device: str, reps: int) -> float:
     """Median wall ms of `call`, each bracketed by device syncs (CUDA events would hide nothing here: the
     eager body's host launches are part of what it costs)."""
     for _ in range(3):
@@ -33,48 +35,71 @@ def _median_ms(call, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def round_graph_times(program, batches, context: int, device: str, reps: int = 20) -> list[dict]:
-    """One row per B and pass (verify, draft; and one replay): graph ms (None where nothing was captured: CPU) and
-    eager ms of the same bodies."""
+@dataclass(frozen=True)
+class GraphCase:
+    """One pass of the round at B rows: `prepare` fills its inputs on the dummy slot and row, `replay` replays its
+    captured graphs (None: nothing captured, the CPU) and `eager` launches the same body; both may run again and
+    again after one `prepare`. profile_graphs.py profiles these cases' kernels."""
+
+    B: int
+    name: str  # "verify", "replay" (a cut block's), "draft (greedy)", "draft (sort)"
+    k: int
+    context: int
+    prepare: Callable[[], None]
+    replay: Callable[[], None] | None
+    eager: Callable[[], None]
+
+
+def round_cases(program, batches, context: int) -> list[GraphCase]:
+    """Per B (those the verifier serves) the verify pass, then the B = 1 replay, then per B the draft's greedy and
+    sort variants; none without the MTP round's graphs (a Program without the backend, or the reference one)."""
     verifier = getattr(program.executor, "verifier", None)
     if verifier is None:
         return []
-    plan, rows = program.model.plan, []
+    plan, k = program.model.plan, verifier.width - 1
     start = min(context, plan.max_context - verifier.width)
-    cases = [(B, True) for B in batches if B <= verifier.max_batch] + [(1, False)]
-    for B, backup in cases:
-        verifier.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row, start)
+    cases = []
+    for B, backup in [(B, True) for B in batches if B <= verifier.max_batch] + [(1, False)]:
         graph = verifier.graphs.get((B, backup))
-        row = {"B": B, "k": verifier.width - 1, "pass": "verify" if backup else "replay", "context": start,
-               "graph_ms": None if graph is None else _median_ms(graph.replay, device, reps),
-               "eager_ms": _median_ms(lambda: verifier.body(B, backup), device, reps)}
-        rows.append(row)
-    return rows + _draft_times(program, [B for B, backup in cases if backup], start, device, reps)
+        cases.append(GraphCase(B, "verify" if backup else "replay", k, start,
+                               lambda B=B: verifier.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row, start),
+                               None if graph is None else graph.replay,
+                               lambda B=B, backup=backup: verifier.body(B, backup)))
+    served = [c.B for c in cases if c.name == "verify"]
+    return cases + [_draft_case(program, B, variant, start) for B in served for variant in (GREEDY, SORT)]
 
 
-def _draft_times(program, batches, context: int, device: str, reps: int) -> list[dict]:
-    """Per B and draw variant (greedy; sort: sampled rows with top-k/top-p): the start graph and k step graphs in a
-    row, each step with its draw, against the same bodies eagerly."""
+def _draft_case(program, B: int, variant: str, context: int) -> GraphCase:
+    """The start graph and k step graphs in a row, each step with its draw (greedy; sort: sampled rows with top-k /
+    top-p), against the same bodies eagerly."""
     drafter, k, plan = program.executor.drafter, program.executor.spec.k, program.model.plan
+    keys = [("start", B, None)] + [("step", B, variant)] * k
+
+    def prepare():
+        drafter.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [context] * B, [0] * B, [0] * B, [k] * B)
+        drafter.draws.fill_dummy(B, variant, drafter.spec.tables.dummy_row)
+
+    def replay():
+        for key in keys:
+            drafter.graphs[key].replay()
+
+    def eager():
+        drafter.start(B)
+        for _ in range(k):
+            drafter.step(B, variant)
+    captured = all(key in drafter.graphs for key in keys)
+    return GraphCase(B, f"draft ({variant})", k, context, prepare, replay if captured else None, eager)
+
+
+def round_graph_times(program, batches, context: int, device: str, reps: int = 20) -> list[dict]:
+    """One row per B and pass (verify, draft; and one replay): graph ms (None where nothing was captured: CPU) and
+    eager ms of the same bodies."""
     rows = []
-    for B in batches:
-        for variant in (GREEDY, SORT):
-            drafter.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [context] * B, [0] * B, [0] * B, [k] * B)
-            drafter.draws.fill_dummy(B, variant, drafter.spec.tables.dummy_row)
-            keys = [("start", B, None)] + [("step", B, variant)] * k
-
-            def replay():
-                for key in keys:
-                    drafter.graphs[key].replay()
-
-            def eager():
-                drafter.start(B)
-                for _ in range(k):
-                    drafter.step(B, variant)
-            captured = all(key in drafter.graphs for key in keys)
-            rows.append({"B": B, "k": k, "pass": f"draft ({variant})", "context": context,
-                         "graph_ms": _median_ms(replay, device, reps) if captured else None,
-                         "eager_ms": _median_ms(eager, device, reps)})
+    for case in round_cases(program, batches, context):
+        case.prepare()
+        rows.append({"B": case.B, "k": case.k, "pass": case.name, "context": case.context,
+                     "graph_ms": None if case.replay is None else median_ms(case.replay, device, reps),
+                     "eager_ms": median_ms(case.eager, device, reps)})
     return rows
 
 

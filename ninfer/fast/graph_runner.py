@@ -141,7 +141,8 @@ class DecodeGraphRunner:
         self._pools: dict[torch.device, tuple] = {}  # each device's graphs share one memory pool
         self._streams: dict[torch.device, torch.cuda.Stream] = {}  # each device's warm-up stream
 
-    def _step(self, B: int, variant: str | None = None) -> tuple[torch.Tensor, ...]:
+    def body(self, B: int, variant: str | None = None) -> tuple[torch.Tensor, ...]:
+        """The graph body over the static inputs: what a replay runs, launched eagerly (a benchmark profiles it)."""
         if self.pieces is not None:
             return self.pieces.eager(B, lambda pair: self._tail(B, variant, pair))
         s = self.inputs
@@ -178,7 +179,7 @@ class DecodeGraphRunner:
                 self._fill_dummy(B, variant)
                 if self.pieces is None:
                     self.graphs[B, variant], self.outputs[B, variant] = self._captured(
-                        self.model.device, lambda: self._step(B, variant), warmup)
+                        self.model.device, lambda: self.body(B, variant), warmup)
                 else:
                     self.graphs[B, variant], self.outputs[B, variant] = self.pieces.capture(
                         B, lambda pair: self._tail(B, variant, pair),
@@ -249,7 +250,7 @@ class DecodeGraphRunner:
             self.graphs[B, variant].replay()
             out = self.outputs[B, variant]
         else:
-            out = self._step(B, variant)
+            out = self.body(B, variant)
         return None if self.sampler is not None else out
 
     def reset(self) -> None:

@@ -104,7 +104,8 @@ class PrefillGraphRunner:
         """The smallest bucket holding an n-token piece (None: longer than every bucket)."""
         return next((b for b in self.buckets if n <= b), None)
 
-    def _body(self, bucket: int) -> torch.Tensor:
+    def body(self, bucket: int) -> torch.Tensor:
+        """The graph body over the static inputs: what a replay runs, launched eagerly (a benchmark profiles it)."""
         s = self.inputs
         return self.model.prefill_piece(s.tokens[:bucket], s.slot, s.row, s.start, s.length)[0]  # [V] fp32
 
@@ -125,11 +126,11 @@ class PrefillGraphRunner:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):
-                self._body(bucket)
+                self.body(bucket)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self.outputs[bucket] = self._body(bucket)
+            self.outputs[bucket] = self.body(bucket)
         if self._pool is None:
             self._pool = graph.pool()
         self.graphs[bucket] = graph
@@ -148,7 +149,7 @@ class PrefillGraphRunner:
         if bucket in self.graphs:
             self.graphs[bucket].replay()
             return self.outputs[bucket]
-        return self._body(bucket)
+        return self.body(bucket)
 
     def reset(self) -> None:
         """Drop the graphs and their pool (before the model's tensors are freed)."""

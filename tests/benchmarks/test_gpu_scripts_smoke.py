@@ -227,3 +227,19 @@ def test_profile_fast_smoke(tmp_path):
     counted = json.loads((tmp_path / "profile_fast.json").read_text())["tiny"]["decode_B2"]["host_launches"]
     assert all(_positive(counted[k]) for k in ("total", "step", "per_gdn_layer", "per_attention_layer"))
     assert "launches per step" in done.stdout
+
+
+def test_profile_graphs_smoke(tmp_path):
+    """Every case the GPU run profiles (prefill bucket 64: the smoke Program's only one; the decode step; the MTP
+    round's verify, replay and draft passes) ran its eager body (nothing is captured on the CPU) and tabled it."""
+    tiny = _smoke("profile_graphs.py", tmp_path)["models"]["tiny"]
+    assert tiny["prefill_graph_buckets"] == [64]
+    assert [(c["case"], c["program"]) for c in tiny["cases"]] == [
+        ("prefill 64", "plain"), ("decode B=1", "plain"), ("verify B=1", "mtp k=3"), ("replay B=1", "mtp k=3"),
+        ("draft (greedy) B=1", "mtp k=3"), ("draft (sort) B=1", "mtp k=3")]
+    for c in tiny["cases"]:
+        assert c["profiled"] == "eager body (nothing captured)" and c["graph"] is None, c["case"]
+        assert _positive(c["wall_ms"]) and _positive(c["eager_ms"]) and c["replay_device_ms"] is None
+        table = c["eager"]
+        assert not table["device_kernels"] and _positive(table["launches"]) and table["top"]
+        assert _positive(table["span_us"]) and _positive(table["kernel_us"])

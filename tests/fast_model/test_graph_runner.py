@@ -70,7 +70,7 @@ def test_capture_uses_only_the_dummy_slot_and_page():
     if not runner.use_graphs:
         # without CUDA capture is a no-op, so drive the dummy batch eagerly, as warm-up would
         runner.inputs.fill_dummy(2, model.plan.dummy_slot, model.plan.dummy_row)
-        runner._step(2)
+        runner.body(2)
     after = (pools.ssm[:, :-1], pools.conv[:, :-1], pools.k[:, :-1], pools.v[:, :-1])
     assert all(torch.equal(x, y) for x, y in zip(live, after))
     assert not torch.equal(pools.ssm[:, -1], torch.zeros_like(pools.ssm[:, -1]))
