@@ -65,11 +65,12 @@ def image_request(vp, seeds: Sequence[int], tail: Sequence[int], max_tokens: int
 
 
 
-def assert_prefix_hit_on_an_image_equals_the_cold_run(make: Callable[[], Any], vp, where: str) -> None:
+def assert_prefix_hit_on_an_image_equals_the_cold_run(make: Callable[[], Any], vp, where: str,
+                                                      cold: Callable[[], Any] | None = None) -> None:
     """A sampled request resumed from a checkpoint after its image (`where` "after", past <|vision_end|>) or among
     its pads ("inside": the resumed prefill encodes the image again and the backend takes the rest of its rows)
-    equals the cold run of `make()`'s Program: sampled tokens depend on the drafts, the drafts on the backend state
-    at the checkpoint."""
+    equals the cold run of `make()`'s Program (of `cold()`'s when given: one stage against `make`'s pipeline
+    stages): sampled tokens depend on the drafts, the drafts on the backend state at the checkpoint."""
     from ninfer.sampling import SamplingParams
     from ninfer.testing.serving import assert_drained, in_turns, serve
 
@@ -82,8 +83,8 @@ def assert_prefix_hit_on_an_image_equals_the_cold_run(make: Callable[[], Any], v
     program = make()
     _, (hit,) = in_turns(program, [[first], [again()]], max_concurrency=1, prefill_chunk=48)
     assert hit.usage.cached_prompt_tokens == after
-    (cold,) = serve(make(), [again()], max_concurrency=1, prefix_caching=False)
-    assert hit.token_ids == cold.token_ids
+    (want,) = serve((cold or make)(), [again()], max_concurrency=1, prefix_caching=False)
+    assert hit.token_ids == want.token_ids
     assert_drained(program, published=True)
 
 class ScratchDrafts:

@@ -26,6 +26,7 @@ from ninfer.sampling import SamplingParams
 from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.serving import in_turns
+from ninfer.testing.stages import assert_same_pools
 from ninfer.testing.sessions import token_request
 from ninfer.testing.speculation import ForcedDrafts
 
@@ -116,35 +117,8 @@ def _equal_runs(make_one=_program, make_staged=_two, plant=None) -> FastProgram:
     got = in_turns(staged, batches(), max_concurrency=2)
     assert [[r.token_ids for r in b] for b in got] == want
     assert got[1][1].usage.cached_prompt_tokens > 0  # the second turn resumed from a checkpoint
-    _assert_same_pools(one, staged)
+    assert_same_pools(one, staged)
     return staged
-
-
-def _assert_same_pools(one: FastProgram, staged: FastProgram) -> None:
-    """Every page of every rank's KV plane, every slot of its GDN layers, its block tables and rank 0's MTP layer
-    and hidden equal the single-stage pools, bit for bit. The dummy page and slot are left out: warm-ups and the
-    verify pass's pad rows write them, which no sequence reads (their GDN rows are never stepped), and so are the
-    MTP draft's scratch pages, which it rewrites before each read."""
-    cfg, whole = one.model.cfg, one.model.pools
-    pages, slots = whole.plan.num_pages, whole.plan.slots
-    for rank, pools in enumerate(staged.model.ranks):
-        for kinds, pairs, n in ((cfg.attention_layers, ((pools.k, whole.k), (pools.v, whole.v)), pages),
-                                (cfg.linear_layers, ((pools.conv, whole.conv), (pools.ssm, whole.ssm)), slots)):
-            for j, layer in enumerate(staged.model.stages.owned(rank, kinds)):
-                i = kinds.index(layer)
-                assert all(torch.equal(part[j][:n], full[i][:n]) for part, full in pairs), \
-                    f"rank {rank}'s pools differ at layer {layer}"
-        assert torch.equal(pools.block_tables, whole.block_tables), f"rank {rank}'s block tables differ"
-    if whole.dk is not None:  # the drafter's context K/V, rank 0's alone
-        head = staged.model.pools
-        assert torch.equal(head.dk[:, :pages], whole.dk[:, :pages]) and \
-            torch.equal(head.dv[:, :pages], whole.dv[:, :pages]), "rank 0's drafter context differs"
-        assert all(p.dk is None for p in staged.model.ranks[1:])
-    if whole.mtp_hidden is not None:  # the MTP layer's KV follows rank 0's attention layers, as it does one stage's
-        head = staged.model.pools
-        assert torch.equal(head.k[-1][:pages], whole.k[-1][:pages]) and \
-            torch.equal(head.v[-1][:pages], whole.v[-1][:pages]) and \
-            torch.equal(head.mtp_hidden[:slots], whole.mtp_hidden[:slots]), "rank 0's MTP state differs"
 
 
 def test_two_stages_equal_one_stage_with_prefix_hits_sampling_and_the_residual_pair_on_the_link():

@@ -5,7 +5,8 @@ Sampled requests with two images, prefill chunks cut inside them, through MTP, D
 drafts: every draft and every token equal the reference Program's (the device MTP head, the paged drafter context
 and the verify pass at position + rope_delta follow the reference); the MTP and DFlash drafts equal their
 from-scratch computation at the documented positions; greedy with forced acceptance equals greedy without; a
-sampled request resumed from a checkpoint after an image, or inside it, equals its cold run."""
+sampled request resumed from a checkpoint after an image, or inside it, equals its cold run. Over two pipeline stages
+(plain, MTP, DFlash) the same requests and the prefix hits equal the single-stage runs."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ninfer.testing.image_prompts import (ScratchDrafts, assert_prefix_hit_on_an
                                           image_request, multimodal_artifacts, vision_prompt)
 from ninfer.testing.serving import assert_drained, serve  # noqa: E402
 from ninfer.testing.spec_driving import record_drafts  # noqa: E402
+from ninfer.testing.stages import assert_same_pools  # noqa: E402
 from ninfer.testing.speculation import ForcedDrafts  # noqa: E402
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
@@ -44,12 +46,16 @@ def vp(artifacts):
     return vision_prompt(artifacts["mtp"])
 
 
-def _fast(artifacts, vp, method: str | None, forced: bool = False) -> FastProgram:
+def _fast(artifacts, vp, method: str | None, forced: bool = False, stages: int = 1) -> FastProgram:
+    """`stages` 2: two pipeline stages of layers 0-1 and 2-3 sharing the test device (`cpu,cpu`; `0,0` on the
+    GPU)."""
     spec = None if method is None else {"method": method, "num_speculative_tokens": KS[method]}
     patches = vp.processor.max_pixels // vp.processor.patch_size ** 2
     program = FastProgram.from_artifact(artifacts[method or "mtp"], **LIMITS, budget_bytes=1 << 30, device=DEVICE,
                                         page_size=4, kv_pages=200, dtype=torch.float32, speculative_config=spec,
-                                        kernels="triton" if ON_GPU else "naive", vision_patches=patches)
+                                        kernels="triton" if ON_GPU else "naive", vision_patches=patches,
+                                        devices=(DEVICE,) * stages if stages > 1 else None,
+                                        stage_layers=(2, 2) if stages > 1 else None)
     if forced:
         ref = _reference(artifacts, None)
         ForcedDrafts(ref.model, ref.executor.vision).install(program)
@@ -114,3 +120,26 @@ def test_greedy_with_forced_drafts_equals_greedy_without(artifacts, vp, method):
 @pytest.mark.parametrize("where", ["after", "inside"])
 def test_a_prefix_hit_on_an_image_equals_the_cold_run(artifacts, vp, method, where):
     assert_prefix_hit_on_an_image_equals_the_cold_run(lambda: _fast(artifacts, vp, method), vp, where)
+
+
+@pytest.mark.parametrize("method", [None, "mtp", "dflash"])
+def test_images_over_two_stages_equal_one_stage(artifacts, vp, method):
+    """Two stages (rank 0: GDN layers 0 and 1 and the MTP layer or the drafter, no KV plane of its own without
+    MTP; rank 1: layers 2 and 3, the one attention layer among them): the image features enter at rank 0's embedding, the MRoPE positions and the
+    decode's position + rope_delta reach both stages; sampled requests, chunks cut inside the images, the same
+    drafts and tokens as one stage."""
+    runs, programs = [], [_fast(artifacts, vp, method, stages=stages) for stages in (1, 2)]
+    for program in programs:
+        drafts = record_drafts(program) if method else []
+        out = serve(program, _requests(vp, **SAMPLED), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+        runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
+        assert_drained(program)
+    assert programs[1].stage_plan.layers == (2, 2) and programs[1].link.passes > 0
+    assert runs[1] == runs[0] and (method is None or sum(len(d) for d in runs[0][0]) > 12)
+    assert_same_pools(*programs)  # every page and slot the requests left: the same bytes
+
+
+@pytest.mark.parametrize("method, where", [(None, "inside"), ("mtp", "after"), ("dflash", "inside")])
+def test_a_prefix_hit_on_an_image_over_two_stages_equals_one_stages_cold_run(artifacts, vp, method, where):
+    assert_prefix_hit_on_an_image_equals_the_cold_run(lambda: _fast(artifacts, vp, method, stages=2), vp, where,
+                                                      cold=lambda: _fast(artifacts, vp, method))

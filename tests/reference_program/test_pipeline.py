@@ -23,6 +23,7 @@ from ninfer.sampling import SamplingParams
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.serving import in_turns
+from ninfer.testing.stages import assert_same_stores
 from ninfer.testing.sessions import token_request
 from ninfer.testing.speculation import ForcedDrafts
 
@@ -133,7 +134,7 @@ def _equal_runs(make_one=_program, make_staged=_two) -> ReferenceProgram:
     got = in_turns(two, batches(), max_concurrency=2)
     assert [[r.token_ids for r in b] for b in got] == want
     assert got[1][1].usage.cached_prompt_tokens > 0  # the second turn resumed from a checkpoint
-    _assert_same_physical_state(one, two)
+    assert_same_stores(one, two)
     return two
 
 
@@ -141,22 +142,6 @@ def test_two_stages_equal_one_stage_with_prefix_hits_sampling_and_one_link_pass_
     two = _equal_runs()
     assert two.link.passes > 0 and two.link.passes % 2 == 0  # to rank 1 and back, per forward pass
     assert len(two.pages.planes) == 2 and len(two.states.ranks) == 2
-
-
-def _assert_same_physical_state(one: ReferenceProgram, staged: ReferenceProgram) -> None:
-    """After the same schedule every page of every plane and every slot of every rank equals the single-stage
-    store's, bit for bit (the peaked test weights keep tokens through a stale K/V position; the bytes do not)."""
-    for rank, plane in enumerate(staged.pages.planes):
-        for j, layer in enumerate(plane.layers):
-            i = one.pages.layers.index(layer)
-            assert torch.equal(plane.k[:, j], one.pages.k[:, i]) and torch.equal(plane.v[:, j], one.pages.v[:, i]), \
-                f"rank {rank}'s KV plane differs at layer {layer}"
-    for rank, slots in enumerate(staged.states.ranks):
-        for j, layer in enumerate(slots.layers):
-            i = one.states.layers.index(layer)
-            assert torch.equal(slots.conv[:, j], one.states.conv[:, i]) and \
-                torch.equal(slots.recurrent[:, j], one.states.recurrent[:, i]), \
-                f"rank {rank}'s GDN slots differ at layer {layer}"
 
 
 _MANY = settings(settings.default, max_examples=max(25, settings.default.max_examples // 40), stateful_step_count=30)

@@ -2,7 +2,8 @@
 MTP, DFlash or DFlash2 (real drafts and ForcedDrafts) equals greedy without on prompts with two images, prefill
 chunks cut inside them; every draft equals the one computed from scratch with the documented positions (the MTP
 pair at p's MRoPE position with the image feature as x_{p+1}'s embedding, the drafter at MRoPE's temporal row and
-position + rope_delta); a sampled request resumed from a checkpoint after an image equals its cold run."""
+position + rope_delta); a sampled request resumed from a checkpoint after an image equals its cold run. Over two
+pipeline stages (plain, MTP, DFlash, DFlash2) the same requests and the prefix hits equal the single-stage runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from ninfer.sampling import SamplingParams  # noqa: E402
 from ninfer.testing.image_prompts import (ScratchDrafts, assert_prefix_hit_on_an_image_equals_the_cold_run,  # noqa: E402
                                           image_request, multimodal_artifacts, vision_prompt)
 from ninfer.testing.serving import assert_drained, serve  # noqa: E402
+from ninfer.testing.spec_driving import record_drafts  # noqa: E402
 from ninfer.testing.speculation import ForcedDrafts  # noqa: E402
+from ninfer.testing.stages import assert_same_stores  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -31,11 +34,13 @@ def vp(artifacts):
     return vision_prompt(artifacts["mtp"])
 
 
-def _program(artifacts, method: str | None, k: int = 0, forced: bool = False) -> ReferenceProgram:
+def _program(artifacts, method: str | None, k: int = 0, forced: bool = False, stages: int = 1) -> ReferenceProgram:
+    """`stages` 2: two pipeline stages on the CPU, of layers 0-1 (GDN only) and 2-3."""
     spec = None if method is None else SpeculativeConfig(SpeculativeMethod(method), k)
     path = artifacts["mtp" if method is None else method]
+    staged = dict(devices=("cpu", "cpu"), stage_layers=(2, 2)) if stages > 1 else {}
     program = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(max_concurrency=2, max_context=256,
-                                                                          speculative=spec), vision=True)
+                                                                          speculative=spec, **staged), vision=True)
     return ForcedDrafts(program.model, program.executor.vision).install(program) if forced else program
 
 
@@ -77,3 +82,25 @@ def test_drafts_equal_the_drafts_from_scratch(artifacts, vp, method):
 @pytest.mark.parametrize("where", ["after", "inside"])
 def test_a_prefix_hit_on_an_image_equals_the_cold_run(artifacts, vp, method, k, where):
     assert_prefix_hit_on_an_image_equals_the_cold_run(lambda: _program(artifacts, method, k), vp, where)
+
+
+@pytest.mark.parametrize("method, k", [(None, 0), ("mtp", 3), ("dflash", 7)])
+def test_images_over_two_stages_equal_one_stage(artifacts, vp, method, k):
+    """The image features enter at rank 0's embedding, the MRoPE positions reach both stages: sampled requests,
+    chunks cut inside the images, the same drafts and tokens as one stage and every page and slot the same bytes."""
+    runs, programs = [], [_program(artifacts, method, k, stages=stages) for stages in (1, 2)]
+    sampled = dict(sampling=SamplingParams(temperature=1.0), seed=3)
+    for program in programs:
+        drafts = record_drafts(program) if method else []
+        out = serve(program, _requests(vp, **sampled), max_concurrency=2, prefill_chunk=7, prefix_caching=False)
+        runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
+        assert_drained(program)
+    assert programs[1].link.passes > 0 and runs[1] == runs[0]
+    assert method is None or sum(len(d) for d in runs[0][0]) > 12
+    assert_same_stores(*programs)
+
+
+@pytest.mark.parametrize("method, k, where", [(None, 0, "inside"), ("mtp", 3, "after"), ("dflash2", 7, "inside")])
+def test_a_prefix_hit_on_an_image_over_two_stages_equals_one_stages_cold_run(artifacts, vp, method, k, where):
+    assert_prefix_hit_on_an_image_equals_the_cold_run(lambda: _program(artifacts, method, k, stages=2), vp, where,
+                                                      cold=lambda: _program(artifacts, method, k))
