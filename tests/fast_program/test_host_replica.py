@@ -41,8 +41,14 @@ def poison_free_pages(program) -> None:
     """NaN into every free KV page (of every pipeline stage): a resume that read a dropped device page would show
     it."""
     free = list(program.alloc.free)
-    data = program.store.load_pages(free)
-    program.store.store_pages(free, tuple(torch.full_like(t, float("nan")) for t in data))
+    program.store.store_pages(free, _nan_like(program.store.load_pages(free)))
+
+
+def _nan_like(data):
+    """NaN tensors of `data`'s structure (the reference Program's staged replica nests each plane's K and V)."""
+    if isinstance(data, torch.Tensor):
+        return torch.full_like(data, float("nan"))
+    return tuple(_nan_like(part) for part in data)
 
 
 def resume_runs(program, prompt_of):
@@ -77,15 +83,24 @@ def resume_runs(program, prompt_of):
 def _program(kind, make_fast, make_reference, stage_devices):
     if kind == "fast staged":  # two pipeline stages: a replica holds each rank's pages and slot state
         return make_fast(devices=stage_devices(2))
+    if kind == "fast 3 stages":  # one layer each (GDN, attention, GDN): empty KV planes and an empty GDN pool
+        return make_fast(devices=stage_devices(3))
+    if kind == "reference 3 stages":
+        return make_reference(devices=("cpu",) * 3)
     return make_fast() if kind == "fast" else make_reference()
 
 
-@pytest.mark.parametrize("kind", ["reference", "fast", "fast staged"])
+@pytest.mark.parametrize("kind", ["reference", "fast", "fast staged", "fast 3 stages", "reference 3 stages"])
 def test_resume_from_the_host_replica_equals_resume_from_the_device(make_fast, make_reference, stage_devices,
                                                                      prompt_of, kind):
     program = _program(kind, make_fast, make_reference, stage_devices)
     runs = resume_runs(program, prompt_of)
     assert runs[0] == runs[1] == runs[2]  # exactly: the replica holds the very bytes of the device state
+    if kind == "fast 3 stages":
+        assert [p.conv.shape[0] for p in program.model.ranks] == [1, 0, 1]
+        assert [p.k.shape[0] for p in program.model.ranks] == [0, 1, 0]
+    if kind == "reference 3 stages":
+        assert [len(r.layers) for r in program.states.ranks] == [1, 0, 1]
 
 
 @pytest.mark.parametrize("kind", ["reference", "fast", "fast staged"])

@@ -89,8 +89,8 @@ def _teacher(mtp: int = 1) -> ReferenceModel:
     return ReferenceModel(cfg, weights, dtype=torch.float32)
 
 
-def _speculative(stages: int = 2) -> FastProgram:
-    return ForcedDrafts(_teacher()).install(_program(stages, mtp=1, k=3))
+def _speculative(stages: int = 2, stage_layers=None) -> FastProgram:
+    return ForcedDrafts(_teacher()).install(_program(stages, stage_layers, mtp=1, k=3))
 
 
 def _forced_dflash(stages: int = 2) -> FastProgram:
@@ -146,6 +146,15 @@ def test_mtp_with_forced_drafts_over_two_stages_equals_one_stage():
     the single-stage bytes (the MTP layer and hidden on rank 0)."""
     staged = _equal_runs(lambda: _speculative(1), _speculative)
     assert staged.model.mtp is not None and staged.model.ranks[1].mtp_hidden is None
+
+
+def test_mtp_over_three_stages_with_an_attention_only_stage_equals_one_stage():
+    """1,2,1: rank 2 holds layer 3 alone (attention only: an empty (0, slots, ...) GDN pool) and rank 0 layer 0
+    (GDN only: its k/v pools hold the MTP layer alone). Every round's backups, the checkpoints' slot copies and the
+    slot resets reach the empty pool and copy nothing; every rank's bytes equal one stage's."""
+    staged = _equal_runs(lambda: _speculative(1), lambda: _speculative(3, (1, 2, 1)))
+    assert staged.model.ranks[2].conv.shape[0] == 0 and staged.model.ranks[2].ssm.shape[0] == 0
+    assert staged.model.pools.k.shape[0] == 1  # the MTP layer's
 
 
 def _skip_last_rank(method: str):

@@ -69,8 +69,8 @@ def _three() -> ReferenceProgram:
     return _program(("cpu",) * 3, (1, 2, 1))
 
 
-def _speculative() -> ReferenceProgram:
-    return ForcedDrafts(_model(1)).install(_program(("cpu", "cpu"), mtp=1, k=3))
+def _speculative(devices=("cpu", "cpu"), stage_layers=None) -> ReferenceProgram:
+    return ForcedDrafts(_model(1)).install(_program(devices, stage_layers, mtp=1, k=3))
 
 
 def _forced_dflash() -> ReferenceProgram:
@@ -156,6 +156,14 @@ TestThreeStagesEqualOne = ThreeStages.TestCase
 StagedMTP = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(mtp=1))
 StagedMTP.TestCase.settings = settings(_MANY, max_examples=max(15, settings.default.max_examples // 80))
 TestStagedMTPEqualsOneStagePlain = StagedMTP.TestCase
+
+
+def test_mtp_over_three_stages_with_an_attention_only_stage_equals_one_stage():
+    """1,2,1: rank 2 holds layer 3 alone (attention only: no GDN slots of its own) and rank 0 layer 0 (GDN only:
+    no KV plane of its own). Every round's backups, the checkpoints' slot copies and resets reach both empty stores
+    and copy nothing; every rank's bytes equal one stage's."""
+    staged = _equal_runs(lambda: _speculative(("cpu",)), lambda: _speculative(("cpu",) * 3, (1, 2, 1)))
+    assert staged.states.ranks[2].layers == () and staged.pages.planes[0].layers == ()
 
 
 def _last_rank_skipped(method: str, ranks: str):
