@@ -54,7 +54,7 @@ def _fast(artifacts, vp, method: str | None, forced: bool = False, stages: int =
     program = FastProgram.from_artifact(artifacts[method or "mtp"], **LIMITS, budget_bytes=1 << 30, device=DEVICE,
                                         page_size=4, kv_pages=200, dtype=torch.float32, speculative_config=spec,
                                         kernels="triton" if ON_GPU else "naive", vision_patches=patches,
-                                        devices=(DEVICE,) * stages if stages > 1 else None,
+                                        devices=("cuda:0" if ON_GPU else "cpu",) * stages if stages > 1 else None,
                                         stage_layers=(2, 2) if stages > 1 else None)
     if forced:
         ref = _reference(artifacts, None)
