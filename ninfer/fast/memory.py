@@ -141,20 +141,28 @@ def prefill_graph_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> i
     return prefill_bytes(cfg, tokens, dtype) + partials
 
 
-def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.dtype) -> int:
-    """The MTP round's graphs for ``max_seqs`` rows and blocks of ``width`` = k + 1 tokens: the verify graphs'
-    static logits (fp32, ``max_seqs * width`` rows, ``ninfer.fast.verify_graphs``), the draft graphs' buffers (the
-    chained hidden of ``max_seqs`` rows, ``ninfer.fast.draft_graphs``, and their draws' ``StaticDraws``: fp32 z and
-    96 bytes of parameters per draft), and one pass's transients in each set's pool (a decode step's of that many
-    rows, ``workspace_bytes``), which the eager allocator's share does not cover since no plain decode graph is
-    captured under a backend."""
+def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.dtype,
+                     drafter: DrafterConfig | None = None) -> int:
+    """The speculative round's graphs for ``max_seqs`` rows and blocks of ``width`` = k + 1 tokens: the verify
+    graphs' static logits (fp32, ``max_seqs * width`` rows, ``ninfer.fast.verify_graphs``) and one pass's transients
+    in their pool (a decode step's of that many rows, ``workspace_bytes``), which the eager allocator's share does
+    not cover since no plain decode graph is captured under a backend. The MTP head's draft graphs add their buffers
+    (the chained hidden of ``max_seqs`` rows, ``ninfer.fast.draft_graphs``, and their draws' ``StaticDraws``: fp32 z
+    and 96 bytes of parameters per draft) and a step's transients in their pool; a DFlash ``drafter`` (drafting
+    eagerly) adds what its verify pass keeps instead: the target's taps of every row (the tapped layers' outputs,
+    their concatenation, its projection and norm) and one drafter layer's K/V of them."""
     if not width:
         return 0
     act, rows = torch.finfo(dtype).bits // 8, max_seqs * width
+    verify = rows * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(cfg.vocab_size, rows)
+    if drafter is not None:
+        H, n = cfg.hidden_size, len(drafter.target_layer_ids)
+        kv = 2 * drafter.num_key_value_heads * drafter.head_dim
+        return verify + rows * act * ((2 * n + 2) * H + kv)
     draws = max_seqs * (width - 1) * (4 * cfg.vocab_size + 96 + 8)
-    outputs = rows * 4 * cfg.vocab_size + max_seqs * act * cfg.hidden_size + draws
-    pools = [workspace_bytes(cfg, 1, n, dtype) - sampling_bytes(cfg.vocab_size, n) for n in (rows, max_seqs)]
-    return outputs + sum(pools)
+    draft = max_seqs * act * cfg.hidden_size + draws + workspace_bytes(cfg, 1, max_seqs, dtype) - \
+        sampling_bytes(cfg.vocab_size, max_seqs)
+    return verify + draft
 
 
 def mtp_scratch_pages(page_size: int, k: int) -> int:
@@ -202,8 +210,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     dequantization transient (``extra_workspace``); otherwise the logical parameters are counted at ``dtype``.
     ``prefill_graph_tokens``: the longest prefill piece with a CUDA graph, whose pool the workspace keeps.
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
-    transients. ``verify_width`` (k + 1 of an MTP backend) adds the round's graphs (``spec_graph_bytes``) for
-    ``max_seqs`` blocks of that many tokens, and the draft's scratch pages in the k/v pools."""
+    transients. ``verify_width`` (k + 1 of a backend) adds the round's graphs (``spec_graph_bytes``, the
+    drafter's verify taps with a drafter) for ``max_seqs`` blocks of that many tokens, and with ``mtp`` the draft's
+    scratch pages in the k/v pools."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -218,7 +227,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
         prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
-    work += spec_graph_bytes(cfg, max_seqs, verify_width, dtype)
+    work += spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter)
     page_bytes = page_size * kv_bytes_per_token_all_layers(cfg, name, with_mtp=mtp)
     scratch = 0
     if mtp and verify_width:
@@ -346,8 +355,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     (``kv_pages_per_device``: ranks sharing a device are pooled against its one budget; ``budgets`` is per rank).
     StageCapacityError names each device's bytes when one cannot hold its stages. The plan's byte fields are the
     totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
-    model's resident bytes per rank. ``verify_width``: the MTP round's graphs (``spec_graph_bytes``, counted on
-    every rank: each runs its layers of the pass) and the draft's scratch pages in rank 0's k/v pools;
+    model's resident bytes per rank. ``verify_width``: the round's graphs (``spec_graph_bytes``, counted on
+    every rank: each runs its layers of the pass, and with a drafter taps its layers of it) and the draft's scratch pages in rank 0's k/v pools;
     ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise);
     ``drafter``: a DFlash drafter on rank 0 (``drafter_needs``: its weights, its context K/V in rank 0's share of
     every page, its scratch pages and the taps every rank hands to rank 0)."""
@@ -359,8 +368,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
         memory = [dataclasses.replace(m, weight_bytes=w) for m, w in zip(memory, weight_bytes_per_rank, strict=True)]
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
-            spec_graph_bytes(cfg, max_seqs, verify_width, dtype) + prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
-            for _ in memory]
+            spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter) +
+            prefill_graph_bytes(cfg, prefill_graph_tokens, dtype) for _ in memory]
     hidden = (slots + 1) * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     scratch = mtp_scratch_pages(page_size, verify_width - 1) if mtp and verify_width else 0
     if mtp:  # on rank 0: the MTP layer's gathered KV (as plan_memory), its hidden per slot, the draft's scratch

@@ -20,17 +20,26 @@ plan (``plan.verify_rows``); the next pass overwrites it.
 With the MTP head the pass also advances it (`MtpHead.advance_paged`): every consumed token completes one pair,
 written at the target's KV slot (the MTP layer's pair p sits at page position p + 1) and attending over its row's
 pages from key 1 with one decode-attention row per token, so the graph needs no gathered copy of the MTP KV.
+
+With a DFlash / DFlash2 backend (``dflash``; blocks of up to k + 1 = 16 or 8 tokens) the pass taps the target's
+layers and writes every consumed token's drafter context K/V at its own page slot (the target's KV slot: the
+drafter's pages are indexed by the same block tables), rotated at the token's rotary position, which for a verified
+or replayed token (always past the prompt) is MRoPE's temporal row, the drafter's position. The pad block's context
+lands in the dummy page, like its K/V.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
+
+if TYPE_CHECKING:  # the backend lives in the Program's package, which imports this module
+    from ninfer.fast.program.dflash_backend import FastDFlashBackend
 
 
 class VerifyInputs:
@@ -106,12 +115,15 @@ class VerifyInputs:
 
 class VerifyGraphRunner:
     def __init__(self, model: FastModel, max_batch: int, width: int, backup_base: int,
-                 use_graphs: bool | None = None):
+                 use_graphs: bool | None = None, dflash: "FastDFlashBackend | None" = None):
+        """`dflash`: the DFlash backend whose drafter context every pass extends (None: MTP, whose head the
+        model carries)."""
         plan = model.plan
         if not 1 <= max_batch <= plan.max_seqs or max_batch * width > plan.verify_rows:
             raise ValueError(f"{max_batch} blocks of {width} tokens exceed the plan's {plan.max_seqs} rows or its "
                              f"{plan.verify_rows} verify rows")
         self.model, self.max_batch, self.width, self.backup_base = model, max_batch, width, backup_base
+        self.dflash = dflash
         # the pad block's positions and keys must stay inside the dummy row's table (past it: a device assert)
         self.max_pad = plan.max_pages_per_seq * plan.page_size
         # pipeline stages on separate GPUs run the pass eagerly: one graph cannot hold their devices' copies
@@ -150,14 +162,18 @@ class VerifyGraphRunner:
 
     def body(self, B: int, backup: bool) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
-        its advance over the consumed tokens (`MtpHead.advance_paged`)."""
+        its advance over the consumed tokens (`MtpHead.advance_paged`), with a DFlash backend their drafter
+        context (`FastDFlashBackend.extend`)."""
         m, v, T = self.model, self.inputs.views, B * self.width
         if backup:
             m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
         step = self._step_inputs(B)
         tokens = self.inputs.tokens[:T]
-        hidden = m.hidden_states(tokens, step)
+        taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
+        hidden = m.hidden_states(tokens, step, taps)
         self.logits[:T].copy_(m.logits(hidden))
+        if self.dflash is not None:
+            self.dflash.extend(taps, step.rope_positions, step.slot_mapping)
         if m.mtp is not None:
             m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, step), v["h_src"][:T], v["slot_ids"][:B + 1],
                                 v["cu"][1:B + 1] - 1)

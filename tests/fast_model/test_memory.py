@@ -5,7 +5,7 @@ import torch
 
 from _fast_env import DEVICE
 from _fast_setup import tiny_config
-from ninfer.fast.memory import allocate_pools, plan_memory, spec_graph_bytes, workspace_bytes
+from ninfer.fast.memory import allocate_pools, plan_memory, sampling_bytes, spec_graph_bytes, workspace_bytes
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
 
 
@@ -91,6 +91,27 @@ def test_a_drafter_adds_its_weights_its_context_in_every_page_and_scratch():
     assert pools.dk.shape == (3, plan.num_pages + 1 + 3 * 5, 4, 2, 8) and pools.dv.shape == pools.dk.shape
     assert len(pools.page_pools()) == 4 and pools.scratch_page(2, 4) == plan.num_pages + 1 + 14
     assert plain.drafter is None and allocate_pools(cfg, plain, DEVICE).dk is None
+
+
+def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
+    """DFlash's verify graphs (blocks of k + 1 = 16 rows each) cost their fp32 logits, a pass's transients and the
+    target's taps of every row (the tapped layers' outputs, their concatenation, its projection and norm, one
+    drafter layer's K/V),
+    but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its rows are 3 blocks of 16."""
+    from ninfer.models.qwen3_5.drafter import DrafterConfig
+    from ninfer.testing.drafters import drafter_hf_config
+
+    cfg = tiny_config()
+    drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, "dflash", layers=2, num_key_value_heads=2,
+                                                      num_attention_heads=4, head_dim=8, block_size=16))
+    kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, drafter=drafter)
+    eager, graphed = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=16, **kw)
+    graphs = spec_graph_bytes(cfg, 3, 16, torch.float32, drafter)
+    verify = 48 * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, 48, torch.float32) - sampling_bytes(cfg.vocab_size, 48)
+    taps = 48 * 4 * ((2 * len(drafter.target_layer_ids) + 2) * cfg.hidden_size + 2 * 2 * 8)
+    assert graphs == verify + taps and graphs < spec_graph_bytes(cfg, 3, 16, torch.float32) + taps
+    assert graphed.workspace_bytes - eager.workspace_bytes == graphs
+    assert (eager.verify_rows, graphed.verify_rows, graphed.scratch_pages) == (0, 48, eager.scratch_pages)
 
 
 def test_the_prefill_graphs_pool_is_planned():

@@ -28,14 +28,17 @@ PARAMS = (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p
 
 
 def _state(program, handles):
-    """Every live slot's GDN state and stored hidden, and all K/V (target and MTP layers) below each frontier."""
+    """Every live slot's GDN state and stored hidden (MTP), and all K/V (target and MTP layers, a DFlash drafter's
+    context) below each frontier."""
     pools, ps, out = program.model.pools, program.config.page_size, []
+    paged = [t for t in (pools.k, pools.v, pools.dk, pools.dv) if t is not None]
     for h in handles:
         seq = program.sequence(h)
-        out += [pools.conv[:, h.slot], pools.ssm[:, h.slot], pools.mtp_hidden[h.slot]]
+        out += [pools.conv[:, h.slot], pools.ssm[:, h.slot]]
+        out += [] if pools.mtp_hidden is None else [pools.mtp_hidden[h.slot]]
         pos = torch.arange(seq.frontier)
         pages = torch.tensor(seq.table, dtype=torch.long)[pos // ps].to(pools.k.device)
-        out += [t[:, pages, (pos % ps).to(pools.k.device)] for t in (pools.k, pools.v)]
+        out += [t[:, pages, (pos % ps).to(pools.k.device)] for t in paged]
     return [t.clone() for t in out]
 
 
@@ -66,6 +69,30 @@ def _drive(program, prompts, rounds: int, seed: int, replays: list[int]):
         yield rows, _state(program, live)
 
 
+def _compare(static, eager, other: str, prompts, life: int, replays: list[int]) -> int:
+    """Drive `static` (its graphs' static buffers) and `eager` (the eager round, or the static path run eagerly)
+    through the same rounds and compare them round by round; returns the drafts recorded."""
+    drafts, drafts_eager = record_drafts(static), record_drafts(eager)
+    pairs = zip(_drive(static, prompts, 8, life, replays), _drive(eager, prompts, 8, life, []))
+    for n, ((rows, state), (rows_eager, state_eager)) in enumerate(pairs):
+        if other == "eager-static":
+            assert rows == rows_eager, (life, n)
+            assert all(torch.equal(a, b) for a, b in zip(state, state_eager)), (life, n)
+            continue
+        # pad rows change the GEMMs' row count, and with it their rounding on some BLAS paths: the tokens are
+        # the same, logprobs and state agree to rounding
+        assert [r[0] for r in rows] == [r[0] for r in rows_eager], (life, n)
+        for r, e in zip(rows, rows_eager):
+            assert r[3] == e[3] and (r[1] is None) == (e[1] is None)
+            if r[1] is not None:
+                assert torch.allclose(torch.tensor(r[1]), torch.tensor(e[1]), atol=1e-4), (life, n)
+                assert [[t for t, _ in top] for top in r[2]] == [[t for t, _ in top] for top in e[2]]
+        for a, b in zip(state, state_eager):
+            assert_close(f"life {life} round {n}", a, b, 1e-2 if ON_GPU else 1e-5)
+    assert n >= 3 and drafts == drafts_eager
+    return sum(map(len, drafts))
+
+
 @pytest.mark.parametrize("other", ["eager-round", "eager-static"])
 @pytest.mark.parametrize("forced", [True, False], ids=["forced-drafts", "mtp-drafts"])
 def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forced, other):
@@ -81,25 +108,34 @@ def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forc
         else:
             eager.executor.verifier.graphs.clear()
             eager.executor.drafter.graphs.clear()
-        drafts, drafts_eager = record_drafts(static), record_drafts(eager)
-        pairs = zip(_drive(static, prompts, 8, life, replays), _drive(eager, prompts, 8, life, []))
-        for n, ((rows, state), (rows_eager, state_eager)) in enumerate(pairs):
-            if other == "eager-static":
-                assert rows == rows_eager, (life, n)
-                assert all(torch.equal(a, b) for a, b in zip(state, state_eager)), (life, n)
-                continue
-            # pad rows change the GEMMs' row count, and with it their rounding on some BLAS paths: the tokens are
-            # the same, logprobs and state agree to rounding
-            assert [r[0] for r in rows] == [r[0] for r in rows_eager], (life, n)
-            for r, e in zip(rows, rows_eager):
-                assert r[3] == e[3] and (r[1] is None) == (e[1] is None)
-                if r[1] is not None:
-                    assert torch.allclose(torch.tensor(r[1]), torch.tensor(e[1]), atol=1e-4), (life, n)
-                    assert [[t for t, _ in top] for top in r[2]] == [[t for t, _ in top] for top in e[2]]
-            for a, b in zip(state, state_eager):
-                assert_close(f"life {life} round {n}", a, b, 1e-2 if ON_GPU else 1e-5)
-        assert n >= 3 and drafts == drafts_eager and sum(map(len, drafts)) > 10
+        assert _compare(static, eager, other, prompts, life, replays) > 10
     assert len(replays) >= (3 if forced else 0), replays  # random MTP weights: their drafts are seldom kept
+
+
+@pytest.mark.parametrize("other", ["eager-round", "eager-static"])
+@pytest.mark.parametrize("kind, forced", [("dflash", True), ("dflash2", False)])
+def test_the_dflash_static_verify_equals_the_eager_one(make_fast_dflash, prompt_of, kind, forced, other):
+    """DFlash / DFlash2 blocks of 8 through the verify graphs' static buffers (the target pass with its taps and
+    the drafter context's extension, the replay of a cut block) against the eager multi-query pass and
+    `FastDFlashBackend.advance`: the same drafts, tokens and logprobs, and the same GDN state, K/V and drafter
+    context below every frontier."""
+    if other == "eager-static" and not ON_GPU:
+        pytest.skip("without CUDA the static path is the eager one: nothing is captured")
+    replays: list[int] = []
+    for life in range(2):
+        prompts = [prompt_of(9 + 6 * life, seed=life), prompt_of(14 + life, seed=40 + life)]
+        static, eager = make_fast_dflash(kind, 7, forced=forced), make_fast_dflash(kind, 7, forced=forced)
+        verifier = static.executor.verifier
+        assert verifier.width == 8 and (verifier.graphs or not ON_GPU)
+        run, passes = verifier.run, []
+        verifier.run = lambda *a, **kw: passes.append(len(a[4])) or run(*a, **kw)
+        if other == "eager-round":
+            eager.executor.verifier = None
+        else:
+            eager.executor.verifier.graphs.clear()
+        assert _compare(static, eager, other, prompts, life, replays) > 10
+        assert 2 in passes and 1 in passes, passes  # both rows' verify passes, a single row's (a replay, alone)
+    assert len(replays) >= (2 if forced else 0), replays
 
 
 def test_the_static_inputs_pad_every_short_block():

@@ -252,10 +252,12 @@ class FastModel:
                           cu_seqlens=torch.arange(0, 2 * n, n, **i32), prefix_lens=torch.full((1,), start, **i32),
                           prefill_slot=slot, captures=captures, max_prefix=start)
 
-    def hidden_states(self, tokens: torch.Tensor, step: StepInputs) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None
+                      ) -> torch.Tensor:
         """tokens [T] through every layer at ``step``'s addressing (built by the caller on rank 0, e.g. the verify
-        graphs' static buffers; a later stage takes a copy on its device); the final-normed hidden [T, H]."""
-        return self._layers(tokens, [step] + [_moved(step, d) for d in self.devices[1:]])
+        graphs' static buffers; a later stage takes a copy on its device); the final-normed hidden [T, H]; ``taps``
+        as for `prefill`."""
+        return self._layers(tokens, [step] + [_moved(step, d) for d in self.devices[1:]], taps)
 
     def _padded_inputs(self, n: int, slot: torch.Tensor, row: torch.Tensor, start: torch.Tensor,
                        length: torch.Tensor) -> StepInputs:

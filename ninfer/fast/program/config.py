@@ -90,14 +90,15 @@ class FastProgramConfig(ProgramConfig):
         speculates; MemoryError when one max_context sequence does not fit the budget. ``weight_bytes`` /
         ``extra_workspace``: a quantized model's resident text-weight bytes and dequantization transient
         (``plan_memory``); ``drafter``: the DFlash drafter a DFlash method runs (its weights, context pages and
-        scratch). An MTP backend plans its verify graphs over blocks of k + 1 tokens. Over pipeline stages (a
+        scratch). A backend plans its verify graphs over blocks of k + 1 tokens. Over pipeline stages (a
         resolved config's ``stage_plan``) ``budget_bytes`` and ``weight_bytes`` may be given per rank (one budget:
         every device's)."""
         mtp = self.speculative is not None and self.speculative.method is SpeculativeMethod.MTP
         sizes = dict(max_seqs=self.max_concurrency, max_context=self.max_context, page_size=self.page_size,
                      slots=self.usable_slots + self.max_concurrency, dtype=self.dtype,
                      max_prefill_tokens=self.max_prefill_tokens, max_kv_pages=self.kv_pages, mtp=mtp,
-                     extra_workspace=extra_workspace, verify_width=self.draft_tokens + 1 if mtp else 0,
+                     extra_workspace=extra_workspace,
+                     verify_width=self.draft_tokens + 1 if self.speculative is not None else 0,
                      # unset (no device yet: on_device): no graphs' pool
                      prefill_graph_tokens=self.resolved(cfg).prefill_graph_tokens or 0)
         stages = self.stage_plan

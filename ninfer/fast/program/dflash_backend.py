@@ -1,4 +1,4 @@
-"""The DFlash / DFlash2 backend of the fast Program (docs/speculative.md, "DFlash on the fast Program"): the
+"""The DFlash / DFlash2 backend of the fast Program (docs/speculative.md, "DFlash and DFlash2 (fast)"): the
 drafter's context K/V in the plan's drafter page pools, advanced with every consumption, and one batched block pass
 per round.
 
@@ -15,7 +15,8 @@ page positions staying the sequence indices (docs/speculative.md, "Images").
 Drafting: one `FastDrafter.block` for all rows of the round; DFlash draws slot j's draft from its own logits, DFlash2
 walks the candidate selector (`dflash_select`, all rows per slot) from the pending token. Both draw on the host with
 `draw_draft`, as the reference backend does, so greedy rows take the argmax and sampled rows carry q. Eager: the
-host builds the tables and the walk copies each slot's scores to the host.
+host builds the tables and the walk copies each slot's scores to the host. The verify graphs extend the context
+with their static buffers (`extend`); `advance` builds the positions and slots of a prefill piece or an eager pass.
 """
 
 from __future__ import annotations
@@ -53,12 +54,18 @@ class FastDFlashBackend:
         pos = torch.tensor([s + j for s, n in zip(starts, lens) for j in range(n)], device=dev)  # [N]
         row = torch.tensor([r for r, n in zip(rows, lens) for _ in range(n)], device=dev)
         slots = self.pools.block_tables[row, pos // ps].long() * ps + pos % ps
-        feats = torch.cat([taps[i] for i in self.layers], dim=-1)  # [N, n_taps * H]
         rope = pos.to(torch.int32)
         if media and any(m is not None for m in media):
             rope = torch.tensor(np.concatenate([np.arange(s, s + n) if m is None else m.drafter_positions(s, s + n)
                                                 for m, s, n in zip(media, starts, lens)]), dtype=torch.int32,
                                 device=dev)
+        self.extend(taps, rope, slots)
+
+    def extend(self, taps: dict[int, torch.Tensor], rope: torch.Tensor, slots: torch.Tensor) -> None:
+        """The context of N packed consumed tokens from the target's taps ([N, H] by layer): every drafter layer's
+        K/V rotated at rope [N] int32 into the flat page slots [N] long (page * page_size + offset). Reads no
+        host data: the body of a verify graph calls it."""
+        feats = torch.cat([taps[i] for i in self.layers], dim=-1)  # [N, n_taps * H]
         self.drafter.extend(feats, rope, slots, self.k_pages, self.v_pages)
 
     def warm(self, tokens: int) -> None:

@@ -15,8 +15,9 @@ themselves; the MTP head's chained draft steps, each with its draw, run from the
 (`FastModel.verify`), so a replayed block equals the same tokens decoded.
 
 With the DFlash backend (`dflash`, `dflash_backend.FastDFlashBackend`) the same consumptions ask the model for the
-target taps and write the drafter context of their positions into the drafter's pages; `draft` is its one batched
-block pass (and DFlash2's selector walk).
+target taps and write the drafter context of their positions into the drafter's pages (inside the verify graphs, at
+blocks of k + 1 = 16 or 8 tokens, for the verify and replay passes); `draft` is its one batched block pass (and
+DFlash2's selector walk).
 
 A sequence with images (`seq.media`, `images.py`): prefill pieces embed the pad id at the placeholders, take the
 tower's features there and rotate with the 3-row MRoPE positions; decode and forced tokens rotate at position +
@@ -74,7 +75,7 @@ class FastExecutor:
         # (the draft graphs' own when they exist: one sampler's workspaces)
         self.spec = drafter.spec if drafter is not None else \
             SpecSampler(sampler, draft_tokens) if draft_tokens else None
-        # the verify and replay graphs of the MTP round (None: eager multi-query passes, as DFlash's need taps)
+        # the verify and replay graphs of the round (None: eager multi-query passes)
         self.verifier = verifier
         # the MTP draft's graphs (None: the head's eager chained steps over a gathered copy of its KV)
         self.drafter = drafter
@@ -235,7 +236,7 @@ class FastExecutor:
             tokens = feds[0].block.fed_tokens([s.pending for s in seqs])
         else:
             tokens = self._tokens([t for f in feds for t in f])
-        if self._verify_graphed(lens):  # the graph advances the MTP head too
+        if self._verify_graphed(lens):  # the graph advances the MTP head or the drafter context too
             return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
         logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
         media = [s.media for s in seqs]

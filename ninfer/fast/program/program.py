@@ -112,15 +112,17 @@ class FastProgram(Program):
                 vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
         # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         # eager on the same buffers elsewhere and with cuda_graphs off (--enforce-eager). Under a backend no plain
-        # decode graph would ever run; the MTP round's target pass and a cut block's replay (verify_graphs.py) and
-        # its draft (draft_graphs.py) have their own graphs per exact B
+        # decode graph would ever run; the round's target pass and a cut block's replay (verify_graphs.py; with
+        # DFlash the drafter context's extension too) and the MTP draft (draft_graphs.py) have their own graphs per
+        # exact B
         verifier = drafter_graphs = None
         if c.speculative is None:
             self.runner.capture()
-        elif mtp:
+        else:
             verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0),
-                                         use_graphs=c.cuda_graphs)
+                                         use_graphs=c.cuda_graphs, dflash=dflash)
             verifier.capture()
+        if mtp:
             drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
                                               use_graphs=c.cuda_graphs)
             drafter_graphs.capture()
