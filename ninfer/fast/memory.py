@@ -356,7 +356,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     StageCapacityError names each device's bytes when one cannot hold its stages. The plan's byte fields are the
     totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
     model's resident bytes per rank. ``verify_width``: the round's graphs (``spec_graph_bytes``, counted on
-    every rank: each runs its layers of the pass, and with a drafter taps its layers of it) and the draft's scratch pages in rank 0's k/v pools;
+    every rank: each runs its layers of the pass, and with a drafter taps its layers of it) and the MTP draft's
+    scratch pages in rank 0's k/v pools;
     ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise);
     ``drafter``: a DFlash drafter on rank 0 (``drafter_needs``: its weights, its context K/V in rank 0's share of
     every page, its scratch pages and the taps every rank hands to rank 0)."""

@@ -1,7 +1,8 @@
 """Host syncs of the fast Program's speculative round, counted on any device (``ninfer.testing.host_syncs``): a
 round of greedy and sampled rows (with logprobs) makes exactly one, its readback, and committing it (with the
-replay of a cut block) none. A regression (a per-position ``.item()``, a list built straight onto the device, the
-drafts read back before verify) fails here, where the GPU would only show it as a slower round."""
+replay of a cut block) none, with the MTP head and with the DFlash / DFlash2 drafters. A regression (a
+per-position ``.item()``, a list built straight onto the device, the drafts read back before verify) fails here,
+where the GPU would only show it as a slower round."""
 
 from __future__ import annotations
 
@@ -22,6 +23,19 @@ def test_a_round_syncs_once_and_its_commit_never(make_fast_spec, mtp_reference_m
     program = make_fast_spec(3)
     if forced:  # a host drafter (the draft hook replaced): its drafts cross to the device without a wait
         ForcedDrafts(mtp_reference_model).install(program)
+    _rounds(program, prompt_of, forced)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["drafter", "forced-drafts"])
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_dflash_round_syncs_once_and_its_commit_never(make_fast_dflash, prompt_of, kind, forced):
+    """The drafter's block pass, its draws (DFlash2's selector walk slot by slot) on the device, the verify pass
+    with the drafter context's extension: one sync a round (they were 8 for DFlash and 28 for DFlash2 at k = 7,
+    each block's index lists built straight onto the device and the drafts drawn on the host)."""
+    _rounds(make_fast_dflash(kind, 7, forced=forced), prompt_of, forced)
+
+
+def _rounds(program, prompt_of, forced: bool) -> None:
     handles = [start_decoding(program, prompt_of(n, seed=n), 64, sampling=p, seed=7)
                for n, p in ((9, GREEDY), (14, SAMPLED))]
     for i in range(12):

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ninfer.fast.hostcopy import to_device
 from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, DrafterKind
 
 from .kernels import Kernels
@@ -117,17 +118,20 @@ class FastDrafter:
         what each row's block rotates at beyond its positions (rope_delta after a prompt with images; None: 0)."""
         c, kern, B, R = self.cfg, self.k, block_size, len(anchors)
         dev = self.embed.device
-        i32 = dict(device=dev, dtype=torch.int32)
-        ids = torch.tensor([t for a in anchors for t in [a] + [c.mask_token_id] * (B - 1)], device=dev)  # [R * B]
-        positions = torch.tensor([f + j for f in frontiers for j in range(B)], **i32)
-        rope = positions if not any(rope_deltas or ()) else \
-            torch.tensor([f + d + j for f, d in zip(frontiers, rope_deltas) for j in range(B)], **i32)
+        # every row's (anchor, frontier, rope delta, first key) in one copy queued without a host wait: [4, R]
+        anchor, front, delta, first_key = to_device([list(anchors), list(frontiers), list(rope_deltas or [0] * R),
+                                                     list(first_keys or [0] * R)], dev).unbind(0)
+        ids = torch.full((R, B), c.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = anchor
+        ids = ids.view(-1)  # [R * B]
+        positions = (front[:, None] + torch.arange(B, dtype=torch.int32, device=dev)).view(-1)  # [R * B] int32
+        rope = positions + delta.repeat_interleave(B)
         ps = k_pages[0].shape[1]
         rows = torch.arange(R, device=dev).repeat_interleave(B)
         slots = tables[rows, (positions // ps).long()].long() * ps + (positions % ps).long()
         q_tables = tables[rows].contiguous()  # one attention row per block query
-        lens = torch.tensor([f + B for f in frontiers for _ in range(B)], **i32)
-        first = None if first_keys is None else torch.tensor([f for f in first_keys for _ in range(B)], **i32)
+        lens = (front + B).repeat_interleave(B)
+        first = None if first_keys is None else first_key.repeat_interleave(B)
         x = F.embedding(ids, self.embed).to(self.w.fc.dtype)  # [R * B, H]
         for lw, kp, vp in zip(self.w.layers, k_pages, v_pages):
             h = kern.rmsnorm(x, lw.input_norm, c.rms_norm_eps, None)[0]

@@ -12,11 +12,15 @@ sequence. A draft window W is a first-key bound (keys max(0, F - W)..), the refe
 prompt with images the context rotates at MRoPE's temporal row and a block at its positions + rope_delta, the
 page positions staying the sequence indices (docs/speculative.md, "Images").
 
+Extension: `advance` (prefill pieces, the eager verify) builds the positions and page slots on the host and queues
+them without a wait; the verify graphs call `extend` with their static buffers' (`verify_graphs.py`).
+
 Drafting: one `FastDrafter.block` for all rows of the round; DFlash draws slot j's draft from its own logits, DFlash2
-walks the candidate selector (`dflash_select`, all rows per slot) from the pending token. Both draw on the host with
-`draw_draft`, as the reference backend does, so greedy rows take the argmax and sampled rows carry q. Eager: the
-host builds the tables and the walk copies each slot's scores to the host. The verify graphs extend the context
-with their static buffers (`extend`); `advance` builds the positions and slots of a prefill piece or an eager pass.
+walks the candidate selector (`dflash_select`, all rows per slot) from the pending token, each slot's drawn tokens
+staying on the device as the next slot's predecessors. Both draw on the device (`SpecSampler.draw`, the host
+``draw_draft`` row by row: greedy rows the argmax, sampled rows the race with q kept) into a `DraftBlock`, so the
+round's only host read is its readback after acceptance. A row past its own room drafts on to the round's longest
+(its extra drafts are never read), as the MTP head's chain does.
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ import numpy as np
 import torch
 
 from ninfer.contracts.media import PromptMedia
+from ninfer.fast.hostcopy import to_device
 from ninfer.fast.memory import Pools
 from ninfer.fast.model.dflash import FastDrafter
+from ninfer.fast.sampling.draft_block import DraftBlock
+from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.models.qwen3_5.drafter import DrafterKind
 from ninfer.program_core import ActiveSequence
-from ninfer.sampling import RowContext, SamplingError, draw_draft
+from ninfer.sampling import RowContext
 
 
 class FastDFlashBackend:
@@ -51,14 +58,13 @@ class FastDFlashBackend:
         context K/V into the rows' pages, rotated at `PromptMedia.drafter_positions` for a row of `media` with
         images (else the positions)."""
         dev, ps = self.pools.k.device, self.page_size
-        pos = torch.tensor([s + j for s, n in zip(starts, lens) for j in range(n)], device=dev)  # [N]
-        row = torch.tensor([r for r, n in zip(rows, lens) for _ in range(n)], device=dev)
+        pos = to_device([s + j for s, n in zip(starts, lens) for j in range(n)], dev, torch.long)  # [N]
+        row = to_device([r for r, n in zip(rows, lens) for _ in range(n)], dev, torch.long)
         slots = self.pools.block_tables[row, pos // ps].long() * ps + pos % ps
         rope = pos.to(torch.int32)
         if media and any(m is not None for m in media):
-            rope = torch.tensor(np.concatenate([np.arange(s, s + n) if m is None else m.drafter_positions(s, s + n)
-                                                for m, s, n in zip(media, starts, lens)]), dtype=torch.int32,
-                                device=dev)
+            rope = to_device(np.concatenate([np.arange(s, s + n) if m is None else m.drafter_positions(s, s + n)
+                                             for m, s, n in zip(media, starts, lens)]).tolist(), dev)
         self.extend(taps, rope, slots)
 
     def extend(self, taps: dict[int, torch.Tensor], rope: torch.Tensor, slots: torch.Tensor) -> None:
@@ -78,12 +84,11 @@ class FastDFlashBackend:
         self.drafter.extend(torch.zeros(tokens, width, device=dev, dtype=self.pools.dk.dtype),
                             torch.arange(tokens, device=dev, dtype=torch.int32), slots, self.k_pages, self.v_pages)
         rows = range(plan.max_seqs)
-        tables = torch.tensor([[self.pools.scratch_page(r, j) for j in range(plan.scratch_pages)] for r in rows],
-                              dtype=torch.int32, device=dev)
+        tables = to_device([[self.pools.scratch_page(r, j) for j in range(plan.scratch_pages)] for r in rows], dev)
         logits, hidden = self.drafter.block([0] * len(rows), [0] * len(rows), tables, self.block_size, self.k_pages,
                                             self.v_pages, None if self.window is None else [0] * len(rows))
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
-            self._walk(logits, hidden)(0, list(rows), [0] * len(rows))
+            self._selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
 
     def _tables(self, seqs: Sequence[ActiveSequence]) -> torch.Tensor:
         """Each row's pages for positions < F + B: its context pages, then its scratch pages, the partial page at
@@ -99,64 +104,46 @@ class FastDFlashBackend:
                     pool[:, scratch[0]].copy_(pool[:, s.table[full]])  # [n_draft, ps, nkv', d']
             row = list(s.table[:full]) + scratch
             out.append((row + [scratch[-1]] * width)[:width])  # entries past F + B are never read
-        return torch.tensor(out, dtype=torch.int32, device=self.pools.k.device)  # [R, width]
+        return to_device(out, self.pools.k.device)  # [R, width] int32
 
-    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
-              ) -> list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
-        """Up to ks[i] drafts for row i from one block pass over all rows with room; nothing but the scratch pages
-        is written."""
-        out: list[tuple[tuple[int, ...], list[torch.Tensor | None]]] = [((), []) for _ in seqs]
+    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int],
+              spec: SpecSampler) -> DraftBlock:
+        """Up to ks[i] drafts for row i from one block pass over the rows with room, drawn on the device into a
+        `DraftBlock` (`spec`: the round's draws); nothing but the scratch pages is written."""
+        dev = self.pools.k.device
+        block = DraftBlock.empty(ks, spec.k, spec.vocab, dev, [c.params.is_greedy for c in ctxs])
         live = [i for i, k in enumerate(ks) if k]
         if not live:
-            return out
+            return block
         rows = [seqs[i] for i in live]
         first = None if self.window is None else [max(0, s.frontier - self.window) for s in rows]
         deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
         logits, hidden = self.drafter.block([s.pending for s in rows], [s.frontier for s in rows], self._tables(rows),
                                             self.block_size, self.k_pages, self.v_pages, first,
                                             deltas)  # [R, B-1, V/H]
-        drafts: list[list[int]] = [[] for _ in live]
-        qs: list[list[torch.Tensor | None]] = [[] for _ in live]
-        going = list(range(len(live)))  # rows still drafting
-        walk = self._walk(logits, hidden) if self.drafter.cfg.kind is DrafterKind.DFLASH2 else None
-        most = max(ks[i] for i in live)
-        host = logits[:, :most].cpu() if walk is None else None  # [R, most, V]: one host copy of the slots drawn
-        previous = [s.pending for s in rows]
-        for j in range(most):
-            z = host[:, j] if walk is None else walk(j, going, [previous[n] for n in going])
-            keep = []
-            for m, n in enumerate(going):
-                i = live[n]
-                try:
-                    x, q = draw_draft(z[n if walk is None else m], ctxs[i], seqs[i].frontier + 1 + j, drafts[n])
-                except SamplingError:
-                    continue  # a draft distribution that cannot be drawn from ends the drafts, not the request
-                drafts[n].append(x)
-                qs[n].append(q)
-                previous[n] = x
-                if len(drafts[n]) < ks[i]:
-                    keep.append(n)
-            going = keep
-            if not going:
-                break
-        for n, i in enumerate(live):
-            out[i] = (tuple(drafts[n]), qs[n])
-        return out
+        params = spec.draft_rows(seqs, ctxs, spec.k)
+        at = to_device(live, dev, torch.long)  # [R]: the pass's rows among the batch's
+        if self.drafter.cfg.kind is DrafterKind.DFLASH:
+            for j in range(max(ks)):
+                spec.draw(params, block, j, at, logits[:, j].contiguous())
+            return block
+        select = self._selector(logits, hidden)
+        previous = to_device([s.pending for s in rows], dev, torch.long)  # [R]: each row's walk starts there
+        for j in range(max(ks)):
+            previous = spec.draw(params, block, j, at, select(j, previous))
+        return block
 
-    def _walk(self, logits: torch.Tensor, hidden: torch.Tensor):
-        """DFlash2's selector over the block: walk(j, rows, previous) gives slot j's scores [len(rows), V] on the
-        host after each row's previous token (-inf outside the slot's top-K candidates)."""
+    def _selector(self, logits: torch.Tensor, hidden: torch.Tensor):
+        """DFlash2's selector over the block: select(j, previous [R] long) gives slot j's scores [R, V] on the
+        device after each row's previous token (-inf outside the slot's top-K candidates)."""
         proj_w, pred, succ = self.drafter.w.selector
         K = min(self.drafter.cfg.selector_top_k, logits.shape[-1])
         unary, cand = torch.topk(logits, K, dim=-1)  # [R, B-1, K]
         proj = torch.nn.functional.linear(hidden, proj_w)  # [R, B-1, r]
-        vocab, dev = logits.shape[-1], logits.device
 
-        def walk(j: int, rows: list[int], previous: list[int]) -> torch.Tensor:
-            sel = torch.tensor(rows, device=dev)
-            scores = self.drafter.k.dflash_select(unary[sel, j].contiguous(), cand[sel, j].contiguous(),
-                                                  proj[sel, j].contiguous(), torch.tensor(previous, device=dev),
-                                                  pred, succ)  # [n, K] fp32
-            z = torch.full((len(rows), vocab), float("-inf"), device=dev)
-            return z.scatter_(1, cand[sel, j], scores).cpu()
-        return walk
+        def select(j: int, previous: torch.Tensor) -> torch.Tensor:
+            scores = self.drafter.k.dflash_select(unary[:, j].contiguous(), cand[:, j].contiguous(),
+                                                  proj[:, j].contiguous(), previous, pred, succ)  # [R, K] fp32
+            z = torch.full((logits.shape[0], logits.shape[-1]), float("-inf"), device=logits.device)
+            return z.scatter_(1, cand[:, j], scores)
+        return select

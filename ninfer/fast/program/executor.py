@@ -17,7 +17,7 @@ themselves; the MTP head's chained draft steps, each with its draw, run from the
 With the DFlash backend (`dflash`, `dflash_backend.FastDFlashBackend`) the same consumptions ask the model for the
 target taps and write the drafter context of their positions into the drafter's pages (inside the verify graphs, at
 blocks of k + 1 = 16 or 8 tokens, for the verify and replay passes); `draft` is its one batched block pass (and
-DFlash2's selector walk).
+DFlash2's selector walk), drawn on the device into a `DraftBlock` like the MTP head's drafts.
 
 A sequence with images (`seq.media`, `images.py`): prefill pieces embed the pad id at the placeholders, take the
 tower's features there and rotate with the 3-row MRoPE positions; decode and forced tokens rotate at position +
@@ -184,12 +184,11 @@ class FastExecutor:
             return
         self._step([seq], [tuple(tokens)])
 
-    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]
-              ) -> DraftBlock | list[tuple[tuple[int, ...], list[torch.Tensor | None]]]:
-        """The MTP head's drafts drawn on the device (a `DraftBlock`: the host sees them only through the
-        round's readback); DFlash's from its backend."""
+    def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]) -> DraftBlock:
+        """The MTP head's or the DFlash drafter's drafts drawn on the device (a `DraftBlock`: the host sees them
+        only through the round's readback)."""
         if self.dflash is not None:
-            return self.dflash.draft(seqs, ctxs, ks)
+            return self.dflash.draft(seqs, ctxs, ks, self.spec)
         block = DraftBlock.empty(ks, self.spec.k, self.model.cfg.vocab_size, self.device,
                                  [c.params.is_greedy for c in ctxs])
         rows = self.spec.draft_rows(seqs, ctxs, self.spec.k)

@@ -41,9 +41,9 @@ class DraftBlock(SequenceABC):
     @classmethod
     def from_host(cls, drafts: Sequence[tuple[tuple[int, ...], list[Any]]], greedy: Sequence[bool], k: int,
                   vocab: int, device: torch.device) -> "DraftBlock":
-        """A host drafter's (drafts, q) rows (a test's ForcedDrafts, the DFlash2 walk) of rows greedy or not: q [V]
-        float64 probabilities become logits log q (softmax(log q) = q; a point mass is 0 at its draft, -inf
-        elsewhere)."""
+        """A host drafter's (drafts, q) rows (a test's ForcedDrafts, a benchmark's forced drafts) of rows greedy or
+        not: q [V] float64 probabilities become logits log q (softmax(log q) = q; a point mass is 0 at its draft,
+        -inf elsewhere)."""
         lens = [len(d) for d, _ in drafts]
         rows = [list(d) + [0] * (k - len(d)) for d, _ in drafts]
         block = cls(lens, to_device(rows, device, torch.long), to_device(lens, device), None, greedy)
