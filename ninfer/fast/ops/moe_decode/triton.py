@@ -33,8 +33,8 @@ from ninfer.fast.ops.gemv.triton import _num_sms
 
 MAX_ROWS = 8
 # fp32 accumulator registers a thread spends: the loaded tiles and their fp32 copies take about as many again
-# (sm_90 builds on the CPU: at 32, M = 1 gate_up needs 152 registers, 3 programs an SM; at 64, 255 and 2, so
-# 288 programs would take a second wave; M = 8 gate_up 64 and down 80 registers at 8 warps, no spills)
+# (sm_90 builds on the CPU: at 32, M = 1 gate_up needs 111 registers, 4 programs an SM; at 64 (gate_bn 16, K 256)
+# 255 and 2; M = 8 gate_up 64 and down 80 registers at 8 warps, no spills)
 _ACC_PER_THREAD = 32
 # the most shared memory one program's pipelined loads may take (Hopper has 227 KB a block; leave room)
 SMEM_LIMIT = 128 << 10
@@ -67,14 +67,17 @@ def smem_bytes(cfg: MoeDecodeConfig, M: int, w_bytes: int, x_bytes: int) -> int:
 
 
 def pick_config(M: int, H: int, I: int, num_sms: int) -> MoeDecodeConfig:
-    """From shapes only (graphs stay valid); not yet measured (``bench_moe.py`` sweeps). N tiles are the widest
-    that still give about two programs per SM at M = 1: gate_up has k + 1 slots x I / gate_bn tiles (35B-A3B:
-    9 x 32 = 288), down H / down_bn (2048 / 4 = 512). K tiles fill the accumulator budget, 8 warps from 3 rows."""
+    """From shapes only (graphs stay valid). N tiles are the widest that still give gate_up about four programs per
+    SM at M = 1 and two from M = 2 (k + 1 slots x I / gate_bn tiles), down about two (H / down_bn); K tiles fill the
+    accumulator budget, 8 warps from 3 rows. Measured on the H100 at 35B-A3B (``bench_moe.py``, docs/ops.md): at
+    M = 1 gate_bn 8 (9 x 64 = 576 programs, K 256) 33.1 us a block, against 39.9 us with 16 (288 programs, K 128,
+    one wave) and 34.0 with 16 at K 256; at M = 2 the two-per-SM tiles beat every swept configuration."""
     warps = 4 if M <= 2 else 8
     budget = _ACC_PER_THREAD * 32 * warps  # fp32 accumulator elements of one program
     bm = triton.next_power_of_2(M)
     slots = 9  # 35B-A3B's 8 routed experts and the shared one
-    gate_bn = min(64, max(8, _pow2_at_most(max(1, slots * I // (2 * num_sms)))))
+    gate_per_sm = 4 if M == 1 else 2
+    gate_bn = min(64, max(8, _pow2_at_most(max(1, slots * I // (gate_per_sm * num_sms)))))
     down_bn = min(32, max(4, _pow2_at_most(max(1, H // (2 * num_sms)))))
     gate_bk = max(16, min(triton.next_power_of_2(H), budget // (2 * bm * gate_bn)))
     down_bk = max(16, min(triton.next_power_of_2(I), budget // (bm * down_bn)))
