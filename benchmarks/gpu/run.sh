@@ -122,7 +122,8 @@ run_moe() {
     echo "== MoE block at decode: GPU tests, then today's path vs moe_decode at 35B-A3B"
     NINFER_TEST_DEVICE=cuda timeout "$(capped 150)" "$PY" -m pytest tests/ops/test_moe_decode.py tests/ops/test_moe.py \
         "tests/fast_model/test_model.py::test_moe_prefill_and_decode_match_reference" \
-        "tests/fast_model/test_launches.py::test_moe_decode_step_launches_per_layer" -q -p no:cacheprovider \
+        "tests/fast_model/test_launches.py::test_moe_decode_step_launches_per_layer" \
+        "tests/fast_model/test_launches.py::test_graph_capture_takes_each_batch_sizes_moe_path" -q -p no:cacheprovider \
         || echo "moe tests rc=$?"
     timeout "$(capped 400)" "$PY" benchmarks/gpu/bench_moe.py --deadline-s $(( $(capped 400) - 10 )) \
         ${OUT:+--out "$OUT"} || echo "bench_moe rc=$?"

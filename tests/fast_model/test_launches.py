@@ -12,7 +12,10 @@ kernel and every projection the plain GEMV or cuBLAS (at the tiny shapes cuBLAS,
 layer is 7 launches, an attention layer 9 (the output gate stays in the attention kernel's store).
 
 Both add the step's own 4 (KV addressing, embedding, final norm, lm_head; a bf16 model adds the logits' fp32
-cast). Before any fusion: 7, 11 and 12-13."""
+cast). Before any fusion: 7, 11 and 12-13.
+
+An MoE block is 4 launches where the ``moe_decode`` op runs it (the default table at B=1, "triton-fused" at every
+decode B) and 12 elsewhere; a decode graph captured per exact B keeps its B's path."""
 
 from collections import Counter
 
@@ -21,6 +24,7 @@ import torch
 
 from _fast_env import DEVICE, ON_GPU
 from _fast_setup import F, L, build_pair, place_sequences, tiny_config
+from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import kernels as kernels_module
 from ninfer.testing.host_syncs import count_host_syncs
 from ninfer.testing.launches import LaunchCounter, count_step
@@ -67,35 +71,61 @@ def test_decode_step_launches_per_layer(kernels):
     assert counter.syncs == []
 
 
-# an MoE block at decode: its norm and the router (cuBLAS at the tiny shape), then route, align, the two grouped
-# GEMMs, the combine, the shared expert's SwiGLU GEMV and down projection and its gate (sigmoid, mul, add); in
-# "triton-fused" the moe_decode op's two launches, which add the block to the stream themselves
-MOE_FFN = {
-    "triton-fused": ["_rmsnorm_kernel", "aten.mm", "_gate_up_kernel", "_down_kernel"],
-    "triton": ["_rmsnorm_kernel", "aten.mm", "_route_kernel", "_align_kernel", "_grouped_gemm_kernel",
+# an MoE block at decode: its norm and the router (cuBLAS at the tiny shape), then either the moe_decode op's two
+# launches, which add the block to the stream themselves, or today's path: route, align, the two grouped GEMMs, the
+# combine, the shared expert's SwiGLU GEMV and down projection and its gate (sigmoid, mul, add)
+MOE_DECODE = ["_rmsnorm_kernel", "aten.mm", "_gate_up_kernel", "_down_kernel"]
+MOE_UNFUSED = ["_rmsnorm_kernel", "aten.mm", "_route_kernel", "_align_kernel", "_grouped_gemm_kernel",
                "_grouped_gemm_kernel", "_combine_kernel", "_gemv_kernel", "aten.mm", "aten.sigmoid", "aten.mul",
-               "aten.add"],
-}
+               "aten.add"]
+# per (op table, B): the default table takes moe_decode at one row only (on the H100 it beat today's path at B=1 and
+# lost at B=2), "triton-fused" at every decode row count
+MOE_FFN = {("triton", 1): MOE_DECODE, ("triton", 2): MOE_UNFUSED, ("triton-fused", 2): MOE_DECODE}
 
 
-@pytest.mark.parametrize("kernels", sorted(MOE_FFN))
-def test_moe_decode_step_launches_per_layer(kernels):
+def _decode_args(model, B: int, length: int):
+    """B sequences prefilled with ``length`` tokens; the decode step's arguments."""
+    slots, rows = place_sequences(model, B)
+    for s, r in zip(slots, rows):
+        model.prefill(torch.arange(1, length + 1, device=DEVICE), s, r, 0)
+    return (torch.arange(3, 3 + B, device=DEVICE), torch.tensor(slots, **I32), torch.tensor(rows, **I32),
+            torch.full((B,), length + 1, **I32), torch.full((B,), length, **I32))
+
+
+@pytest.mark.parametrize("kernels,B", sorted(MOE_FFN), ids=lambda v: str(v))
+def test_moe_decode_step_launches_per_layer(kernels, B):
     # the second GDN layer reads a stream an MoE block wrote. With "triton-fused" that block added itself in
     # place, so the layer's norm goes into its in_proj GEMV's prologue, as after a dense FFN
     cfg = tiny_config(moe=True, layers=(L, F, L))
     pair = build_pair(cfg, torch.float32, kernels)
-    slots, rows = place_sequences(pair.fast, 2)
-    for s, r in zip(slots, rows):
-        pair.fast.prefill(torch.arange(1, 3, device=DEVICE), s, r, 0)
-    args = (torch.tensor([3, 4], device=DEVICE), torch.tensor(slots, **I32), torch.tensor(rows, **I32),
-            torch.tensor([3, 3], **I32), torch.tensor([2, 2], **I32))
+    args = _decode_args(pair.fast, B, 2)
     pair.fast.decode(*args)
     counter = count_step(lambda: pair.fast.decode(*args))
-    assert counter.names("ffn") == MOE_FFN[kernels] * 3
+    assert counter.names("ffn") == MOE_FFN[kernels, B] * 3
     first_gdn = LAUNCHES[kernels][0]
     later_gdn = first_gdn if kernels == "triton-fused" else ["_rmsnorm_kernel"] + first_gdn[1:]
     assert counter.names("gdn") == first_gdn + later_gdn
     assert counter.syncs == []
+
+
+def test_graph_capture_takes_each_batch_sizes_moe_path():
+    # the decode graph runner records one graph per exact B; the MoE rule is on shapes, so B = 1's graph holds
+    # moe_decode and B = 2's today's path. On the GPU the capture itself is counted (one warm-up run, then the
+    # recorded one); without CUDA capture is a no-op and the step it would record is counted
+    cfg = tiny_config(moe=True, layers=(F,))
+    model = build_pair(cfg, torch.float32, "triton").fast
+    runner = DecodeGraphRunner(model, max_batch=2)
+    plan = model.plan
+    for B in (1, 2):
+        runner.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+        runner._step(B)  # autotuned kernels time their configurations on a first call
+        if runner.use_graphs:
+            counter, runs = count_step(lambda: runner.capture([B], warmup=1)), 2
+            assert runner.can_use_graph(B)
+        else:
+            counter, runs = count_step(lambda: runner._step(B)), 1
+        assert counter.names("ffn") == MOE_FFN["triton", B] * runs, B
+        assert counter.syncs == []
 
 
 # a prefill piece (one sequence, T tokens): a GDN layer is its norm, in_proj, the conv, the chunked rule's initial

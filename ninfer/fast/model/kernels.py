@@ -14,8 +14,9 @@ projection, ``linear_residual`` adds a sublayer's output projection to it. With 
 decode GEMV runs those projections the norm sits in its prologue and the add in its epilogue (one launch each
 instead of a norm, a GEMV and an add); elsewhere, and in the default "triton" table, the output waits in
 ``Residual.delta`` for the next norm, the fused add + RMSNorm kernel. ``moe_block`` is the MoE block after the router:
-in "triton-fused" at decode row counts over dense experts the ``moe_decode`` op's two launches, which add the block
-to ``Residual.h`` in their epilogue; elsewhere route, experts, the shared expert and its gate, output in ``delta``.
+over dense experts the ``moe_decode`` op's two launches, which add the block to ``Residual.h`` in their epilogue, in
+the default table at one row (where it measured faster) and in "triton-fused" at every decode row count; elsewhere
+route, experts, the shared expert and its gate, output in ``delta``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Kernels:
 _GEMV_ROWS = 8
 
 
-def _unfused_moe_block(route: Callable, experts: Callable, linear: Callable, linear_swiglu: Callable) -> Callable:
+def unfused_moe_block(route: Callable, experts: Callable, linear: Callable, linear_swiglu: Callable) -> Callable:
     """The MoE block from its ops: route, the routed experts, the shared expert's two projections and its sigmoid
     gate; the output waits in ``res.delta`` for the next norm."""
     def block(y, logits, w_gate_up, w_down, shared_gate_up, shared_down, top_k, renormalize, res):
@@ -122,7 +123,8 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
     norm is the add + RMSNorm kernel and every projection the plain GEMV or cuBLAS. The fused forms are opt-in
     because on the H200 they slowed the 0.8B executor step at B=1 from 1.14 to 1.91 ms (docs/performance.md, fourth
     session) and no measurement yet says which pair lost; ``bench_fast.py --kernels triton,triton-fused`` (run.sh
-    micro) times both in one call so the rules can be set per shape."""
+    micro) times both in one call so the rules can be set per shape. The MoE block over dense experts is
+    ``moe_decode`` at one row in both tables, and in "triton-fused" at every decode row count."""
     from ninfer.fast.ops import (decode_slots, gdn_chunk, gdn_decode, gemv, moe, moe_decode, paged_decode_attention,
                                  prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
@@ -180,10 +182,11 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
         else:
             res.delta = linear(x, w)
 
-    unfused_moe = _unfused_moe_block(moe.moe_route, experts, linear, linear_swiglu)
+    unfused_moe = unfused_moe_block(moe.moe_route, experts, linear, linear_swiglu)
+    moe_decode_rows = moe_decode.MAX_ROWS if fused_decode else _MOE_DECODE_ROWS
 
     def moe_block(y, logits, w_gate_up, w_down, shared_gate_up, shared_down, top_k, renormalize, res):
-        if not (fused_decode and _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down)):
+        if not _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down, moe_decode_rows):
             return unfused_moe(y, logits, w_gate_up, w_down, shared_gate_up, shared_down, top_k, renormalize, res)
         assert res.delta is None, "moe_block: the stream's last output was never added"
         # two launches, the block added to the stream in the down kernel's epilogue (the next norm can then go
@@ -198,13 +201,18 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
                    linear_residual, decode_slots.decode_slots, moe_block)
 
 
-def _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down) -> bool:
-    """The fused MoE block (``moe_decode``) takes decode row counts over dense expert stacks (and a dense shared
-    expert, or none); quantized experts keep the ``qmoe`` path. Opt-in ("triton-fused") until the GPU measures it
-    against today's path (``bench_moe.py``)."""
-    from ninfer.fast.ops.moe_decode import MAX_ROWS
+# the rows up to which the default table's MoE block is ``moe_decode``: measured on the H100 at 35B-A3B per block in
+# a CUDA graph (bench_moe.py, docs/performance.md), B = 1 33.1 us against today's 47.2, B = 2 73.7 against 63.6
+# (every swept configuration slower still); B = 4 and 8 not measured yet
+_MOE_DECODE_ROWS = 1
+
+
+def _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down, max_rows: int) -> bool:
+    """The fused MoE block (``moe_decode``) takes at most ``max_rows`` rows (the default table 1, "triton-fused" up
+    to the op's 8, so that its step measures the rest) over dense expert stacks (and a dense shared expert, or none);
+    quantized experts keep the ``qmoe`` path. The rule is on shapes only, so each exact-B graph keeps its path."""
     parts = [w_gate_up, w_down] + ([] if shared_gate_up is None else [shared_gate_up, shared_down])
-    return (y.shape[0] <= MAX_ROWS and all(isinstance(p, torch.Tensor) for p in parts)
+    return (y.shape[0] <= max_rows and all(isinstance(p, torch.Tensor) for p in parts)
             and len({p.dtype for p in parts}) == 1)
 
 
@@ -294,7 +302,7 @@ def naive_kernels() -> Kernels:
                    linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive, stream_norm,
                    lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
                    lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual,
-                   decode_slots_naive, _unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu))
+                   decode_slots_naive, unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu))
 
 
 def get_kernels(name: str) -> Kernels:
