@@ -118,12 +118,12 @@ def test_graph_capture_takes_each_batch_sizes_moe_path():
     plan = model.plan
     for B in (1, 2):
         runner.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
-        runner._step(B)  # autotuned kernels time their configurations on a first call
+        runner.body(B)  # autotuned kernels time their configurations on a first call
         if runner.use_graphs:
             counter, runs = count_step(lambda: runner.capture([B], warmup=1)), 2
             assert runner.can_use_graph(B)
         else:
-            counter, runs = count_step(lambda: runner._step(B)), 1
+            counter, runs = count_step(lambda: runner.body(B)), 1
         assert counter.names("ffn") == MOE_FFN["triton", B] * runs, B
         assert counter.syncs == []
 
