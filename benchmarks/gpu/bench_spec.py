@@ -10,8 +10,9 @@ L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-a
 round is split into phases (`Phases`: draft, verify, accept on the device, replay of a cut block, each between
 device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains.
 On the fast Program the round's graphs are also timed on their own (`spec_graphs.py`: per B the captured verify
-pass against the same body run eagerly, the B = 1 replay graph and the draft's graphs), in the JSON as
-`round_graphs`.
+pass against the same body run eagerly, the B = 1 replay graph and, for MTP, the draft's graphs), in the JSON as
+`round_graphs`; with DFlash the verify and replay graphs at each block's width (the drafter's context extension
+inside).
 
 `--method dflash` (or dflash2) runs issue 12's benchmark instead: a random drafter of the published geometry
 (`shapes.published_drafter`: 5 layers at the target's hidden size, made on the device), blocks 8 and 16 (k = 7,
@@ -307,9 +308,9 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
     s = run.s
     program, engine = build(s, name, k)
     try:
-        if s.program == "fast" and s.method == "mtp":
-            entry["round_graphs"] = round_graph_times(program, s.batches, s.prompt_len, s.device,
-                                                        reps=3 if s.device == "cpu" else 20)
+        if s.program == "fast":  # a DFlash run's blocks (k = 15, 7) add their rows to one list
+            entry.setdefault("round_graphs", []).extend(
+                round_graph_times(program, s.batches, s.prompt_len, s.device, reps=3 if s.device == "cpu" else 20))
             run.save()
         phases = Phases(program, s.device)
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)

@@ -1,6 +1,6 @@
-"""The fast MTP round's graphs timed on their own: per B, one verify pass (backup copies, target pass, MTP advance;
-`ninfer/fast/verify_graphs.py`) replayed from its captured graph against the same body run eagerly, the B = 1 replay
-graph (a cut block's replay) likewise, and the draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained
+"""The fast speculative round's graphs timed on their own: per B, one verify pass (backup copies, target pass, MTP
+advance or DFlash context extension; `ninfer/fast/verify_graphs.py`) replayed from its captured graph against the
+same body run eagerly, the B = 1 replay graph (a cut block's replay) likewise, and the MTP draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained
 steps with their draws, greedy and sort variants), at a context of `context` positions on the plan's dummy slot and
 row (no live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graphs'
 device time from the host work around them.
@@ -51,8 +51,9 @@ class GraphCase:
 
 
 def round_cases(program, batches, context: int) -> list[GraphCase]:
-    """Per B (those the verifier serves) the verify pass, then the B = 1 replay, then per B the draft's greedy and
-    sort variants; none without the MTP round's graphs (a Program without the backend, or the reference one)."""
+    """Per B (those the verifier serves) the verify pass, then the B = 1 replay, then per B the MTP draft's greedy
+    and sort variants (a DFlash drafter's block pass has no graphs); none without the round's graphs (a Program
+    without a backend, or the reference one)."""
     verifier = getattr(program.executor, "verifier", None)
     if verifier is None:
         return []
@@ -65,6 +66,8 @@ def round_cases(program, batches, context: int) -> list[GraphCase]:
                                lambda B=B: verifier.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row, start),
                                None if graph is None else graph.replay,
                                lambda B=B, backup=backup: verifier.body(B, backup)))
+    if program.executor.drafter is None:
+        return cases
     served = [c.B for c in cases if c.name == "verify"]
     return cases + [_draft_case(program, B, variant, start) for B in served for variant in (GREEDY, SORT)]
 

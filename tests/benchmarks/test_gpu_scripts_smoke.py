@@ -133,6 +133,10 @@ def test_bench_spec_dflash_smoke(tmp_path, program, method):
     assert {p["B"] for p in tiny["projected"]} == {1, 2} and all(_positive(p["projected_tok_s"])
                                                                  for p in tiny["projected"])
     assert "block 8 targets" in done.stdout and "PROJECTED block 8" in done.stdout
+    if program == "fast":  # the verify graphs at the block's width, timed alone (eager bodies on the CPU)
+        graphs = tiny["round_graphs"]
+        assert [(r["B"], r["pass"], r["k"]) for r in graphs] == [(1, "verify", 7), (2, "verify", 7), (1, "replay", 7)]
+        assert all(r["graph_ms"] is None and _positive(r["eager_ms"]) for r in graphs)
 
 
 def test_bench_quant_smoke(tmp_path):
