@@ -79,3 +79,45 @@ def test_gdn_conv_update_then_recurrent_update():
     assert_close("gdn_recurrent_update.y", y_ref, y, tol)
     assert_close("gdn_recurrent_update.ssm_state", ssm_ref, ssm_state, tol)
     assert_close("gdn_conv_update.conv_state", conv_ref, conv_state, tol)
+
+
+def _step_apart(x, weights, conv_state, ssm_state, ins, outs, HK, dk, dv):
+    """The out-slot contract written out: each row steps a private copy of its read slot (zeros for a negative id)
+    in place, and the result goes to its out slot (nowhere for a negative id)."""
+    ys = []
+    for i, (s, o) in enumerate(zip(ins.tolist(), outs.tolist())):
+        conv = conv_state[s:s + 1].clone() if s >= 0 else torch.zeros_like(conv_state[:1])
+        ssm = ssm_state[s:s + 1].clone() if s >= 0 else torch.zeros_like(ssm_state[:1])
+        row = {k: v[i:i + 1] for k, v in x.items()}
+        ys.append(gdn_decode_naive(**row, **weights, conv_state=conv, ssm_state=ssm,
+                                   slot_ids=torch.zeros(1, dtype=torch.int32, device=DEVICE), num_k_heads=HK,
+                                   head_k_dim=dk, head_v_dim=dv))
+        if o >= 0:
+            conv_state[o], ssm_state[o] = conv[0], ssm[0]
+    return torch.cat(ys)
+
+
+@pytest.mark.parametrize("impl", ["naive", "triton"])
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
+def test_gdn_decode_into_out_slots(impl, dtype):
+    """The verify pass's form: step t of a row reads the slot step t - 1 wrote and writes its own, so every block
+    position's state is kept. Three chained steps of four rows (one reading a zero state, one writing nowhere, one
+    padding row) equal the contract written out with in-place steps; every other slot stays as it was."""
+    B, HK, HV, dk, dv = (4, 16, 32, 128, 128) if ON_GPU else (4, 2, 6, 24, 20)
+    slots = 4 * B
+    weights, conv_state, ssm_state, step = _inputs(B, HK, HV, dk, dv, slots, dtype)
+    conv_ref, ssm_ref = conv_state.clone(), ssm_state.clone()
+    run = gdn_decode_naive if impl == "naive" else gdn_decode
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    ins = torch.tensor([0, -1, 2, -1], **i32)  # row 1 starts from zeros, row 3 pads
+    for t in range(3):
+        outs = torch.tensor([B + t * B, B + t * B + 1, -1, -1], **i32)  # row 2 keeps nothing
+        x = step()
+        y_ref = _step_apart(x, weights, conv_ref, ssm_ref, ins, outs, HK, dk, dv)
+        y = run(**x, **weights, conv_state=conv_state, ssm_state=ssm_state, slot_ids=ins, num_k_heads=HK,
+                head_k_dim=dk, head_v_dim=dv, out_slot_ids=outs)
+        assert_close(f"gdn_decode.y[step {t}]", y_ref, y, tol)
+        ins = torch.where(outs >= 0, outs, ins)
+    assert_close("gdn_decode.ssm_state", ssm_ref, ssm_state, tol)
+    assert_close("gdn_decode.conv_state", conv_ref, conv_state, tol)

@@ -1,8 +1,10 @@
 """GDN decode step in one launch: the conv-window update, the delta-rule recurrence fused with the gates, the q/k
 l2norm and the gated RMSNorm, one program per (row, value head, 32-wide dv block). The norm needs whole rows of o,
 so the last program of a key head to arrive (an atomic counter) finishes them. ``gdn_conv_update`` keeps the conv
-alone as its own kernel. Every sequence addresses its own conv/SSM state slot through ``slot_ids``; a negative
-slot id (a CUDA-graph padding row) reads a zero state and writes no state.
+alone as its own kernel. Every sequence reads its conv/SSM state slot through ``slot_ids`` and writes the stepped
+window and S to ``out_slot_ids`` (by default the same slot: in place; the verify pass writes each block position's
+state into a slot of its own, docs/speculative.md); a negative read id (a CUDA-graph padding row) reads a zero state,
+a negative out id writes no state.
 """
 
 from __future__ import annotations
@@ -52,16 +54,16 @@ def _conv_channels(x_row, win_row, w_ptr, ch, mch, mwin, K: tl.constexpr):
 
 
 @triton.jit
-def _shift_window(x_row, win_row, ch, mch, K: tl.constexpr, BKW: tl.constexpr):
-    # window [ch, K-1] <- [window[:, 1:], x]; loads all land before any thread stores (the barrier), because a
-    # thread may store an element another thread still has to read
+def _shift_window(x_row, win_row, out_row, ch, mch, live, K: tl.constexpr, BKW: tl.constexpr):
+    # out window [ch, K-1] <- [window[:, 1:], x] (an empty window where not live); loads all land before any
+    # thread stores (the barrier), because in place a thread may store an element another thread still has to read
     j = tl.arange(0, BKW)
-    ptrs = win_row + ch[:, None] * (K - 1) + j[None, :]
-    shifted = tl.load(ptrs + 1, mask=mch[:, None] & (j + 1 < K - 1)[None, :], other=0.0)
+    offs = ch[:, None] * (K - 1) + j[None, :]
+    shifted = tl.load(win_row + offs + 1, mask=mch[:, None] & (j < tl.where(live, K - 2, 0))[None, :], other=0.0)
     x = tl.load(x_row + ch, mask=mch, other=0.0)
     new = tl.where((j == K - 2)[None, :], x[:, None].to(shifted.dtype), shifted)
     tl.debug_barrier()
-    tl.store(ptrs, new, mask=mch[:, None] & (j < K - 1)[None, :])
+    tl.store(out_row + offs, new, mask=mch[:, None] & (j < K - 1)[None, :])
 
 
 @triton.jit
@@ -83,7 +85,7 @@ def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, ep
 
 @triton.jit
 def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, s_ptr, slot_ptr,
-                      o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b, stride_slot,
+                      out_slot_ptr, o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b, stride_slot,
                       stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                       DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr, BKW: tl.constexpr):
@@ -93,7 +95,9 @@ def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dt
     hv = tl.program_id(1)
     hk = hv // G  # G = HV // HK value heads per key head
     slot = tl.load(slot_ptr + b).to(tl.int64)
+    out = tl.load(out_slot_ptr + b).to(tl.int64)
     live = slot >= 0
+    kept = out >= 0  # whether the stepped state is written anywhere
     kk = tl.arange(0, BK)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     mk = kk < DK
@@ -110,18 +114,20 @@ def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dt
     S = tl.load(s_ptrs, mask=smask, other=0.0) * tl.exp(g)  # [BK, BV] fp32
     x_row = x_ptr + b * stride_x
     win_row = conv_ptr + slot * stride_conv
+    out_row = conv_ptr + out * stride_conv
     q, k, v = _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK, DK, DV, K, CONV)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
     u = beta * (v - tl.sum(S * k[:, None], axis=0))  # [BV]
     S += k[:, None] * u[None, :]
-    tl.store(s_ptrs, S, mask=smask)
+    out_ptrs = s_ptr + out * stride_slot + hv * DK * DV + kk[:, None] * DV + vv[None, :]
+    tl.store(out_ptrs, S, mask=(kk < tl.where(kept, DK, 0))[:, None] & mv[None, :])
     tl.store(o_ptr + (b * HV + hv) * DV + vv, tl.sum(S * q[:, None], axis=0), mask=mv)  # o block, pre-norm
     if CONV:
-        if live:
-            _shift_window(x_row, win_row, 2 * HK * DK + hv * DV + vv, mv, K, BKW)
-    _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live, stride_z,
-                            stride_y, eps, HK, HV, DK, DV, G, K, CONV, NV, BVF, BKW)
+        if kept:
+            _shift_window(x_row, win_row, out_row, 2 * HK * DK + hv * DV + vv, mv, live, K, BKW)
+    _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live,
+                            kept, stride_z, stride_y, eps, HK, HV, DK, DV, G, K, CONV, NV, BVF, BKW)
 
 
 @triton.jit
@@ -143,9 +149,9 @@ def _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK: tl.const
 
 
 @triton.jit
-def _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live, stride_z,
-                            stride_y, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                            G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, NV: tl.constexpr,
+def _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live,
+                            kept, stride_z, stride_y, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                            DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, NV: tl.constexpr,
                             BVF: tl.constexpr, BKW: tl.constexpr):
     # the last of the key head's G * NV programs to arrive normalises its G rows of o (the norm needs whole rows)
     # and moves the shared q/k windows, which every other program has read by then; it leaves the counter at 0.
@@ -156,9 +162,9 @@ def _finish_on_last_arrival(x_row, win_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr
         tl.debug_barrier()
         _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, eps, HV, DV, G, BVF)
         if CONV:
-            if live:
-                _shift_window(x_row, win_row, hk * DK + kk, mk, K, BKW)
-                _shift_window(x_row, win_row, (HK + hk) * DK + kk, mk, K, BKW)
+            if kept:
+                _shift_window(x_row, win_row, out_row, hk * DK + kk, mk, live, K, BKW)
+                _shift_window(x_row, win_row, out_row, (HK + hk) * DK + kk, mk, live, K, BKW)
         tl.atomic_xchg(cnt_ptr + b * HK + hk, 0)
 
 
@@ -199,7 +205,7 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, HK, DK, DV,
-            eps, out):
+            eps, out, out_slot_ids=None):
     B = x.shape[0]
     HV = a.shape[1]
     assert ssm_state.dtype == torch.float32 and ssm_state.shape[1:] == (HV, DK, DV)
@@ -214,7 +220,8 @@ def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ss
     BV = min(BVF, 32)
     NV = triton.cdiv(DV, BV)
     _recurrent_kernel[(B, HV, NV)](
-        x, conv_state if conv else x, w, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, o,
+        x, conv_state if conv else x, w, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids,
+        slot_ids if out_slot_ids is None else out_slot_ids, o,
         _arrival_counters(x.device, B * HK), y, x.stride(0), conv_state.stride(0) if conv else 0, z.stride(0),
         a.stride(0), b.stride(0), ssm_state.stride(0), y.stride(0), DK ** -0.5, eps,
         HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, K=K, CONV=conv, BK=BK, BV=BV, NV=NV, BVF=BVF,
@@ -235,10 +242,11 @@ def gdn_recurrent_update(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b:
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
                conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
                ssm_state: torch.Tensor, slot_ids: torch.Tensor, num_k_heads: int, head_k_dim: int, head_v_dim: int,
-               eps: float = 1e-6) -> torch.Tensor:
+               eps: float = 1e-6, out_slot_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The whole GDN decode step between the input projections and out_proj (same contract as
-    ``gdn_decode_naive``) in one launch: conv update, recurrence, gated norm. Returns y [B, HV*dv]."""
+    ``gdn_decode_naive``, ``out_slot_ids`` included) in one launch: conv update, recurrence, gated norm. Returns
+    y [B, HV*dv]."""
     C, K = mixed.shape[1], conv_weight.shape[-1]
     assert conv_state.shape[1:] == (C, K - 1) and conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1
     return _launch(mixed, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids,
-                   num_k_heads, head_k_dim, head_v_dim, eps, None)
+                   num_k_heads, head_k_dim, head_v_dim, eps, None, out_slot_ids)
