@@ -8,11 +8,12 @@ reference model). The backend's own draft still runs every round, so its cost st
 own. Per model and B = 1, 2, 4, 8: ms per round, emitted tokens per row and round, ms per token and tok/s for each
 L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths. Each
 round is split into phases (`Phases`: draft, verify, accept on the device, replay of a cut block, each between
-device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains.
-On the fast Program the round's graphs are also timed on their own (`spec_graphs.py`: per B the captured verify
-pass against the same body run eagerly, the B = 1 replay graph and, for MTP, the draft's graphs), in the JSON as
-`round_graphs`; with DFlash the verify and replay graphs at each block's width (the drafter's context extension
-inside).
+device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains
+(the fast MTP round replays nothing: a cut block takes its state from the verify pass's step slots, a slot copy in
+the host share). On the fast Program the round's graphs are also timed on their own (`spec_graphs.py`: per B the
+captured verify pass against the same body run eagerly, the B = 1 replay graph and, for MTP, the draft's graphs),
+in the JSON as `round_graphs`; with DFlash the verify and replay graphs at each block's width (the drafter's
+context extension inside).
 
 `--method dflash` (or dflash2) runs issue 12's benchmark instead: a random drafter of the published geometry
 (`shapes.published_drafter`: 5 layers at the target's hidden size, made on the device), blocks 8 and 16 (k = 7,
@@ -315,7 +316,7 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
         phases = Phases(program, s.device)
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
         for B in s.batches:
-            for L in (2, k + 1) if s.warmup else ():  # a partial block (rollback and replay) and a whole one
+            for L in (2, k + 1) if s.warmup else ():  # a partial block (rollback) and a whole one
                 forced.reset(L - 1)
                 run_requests(engine, prompts[B], 1 + 2 * L)
             for L in lengths(s, k):

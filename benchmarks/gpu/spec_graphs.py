@@ -1,7 +1,9 @@
 """The fast speculative round's graphs timed on their own: per B, one verify pass (backup copies, target pass, MTP
 advance or DFlash context extension; `ninfer/fast/verify_graphs.py`) replayed from its captured graph against the
-same body run eagerly, the B = 1 replay graph (a cut block's replay) likewise, and the MTP draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained
-steps with their draws, greedy and sort variants), at a context of `context` positions on the plan's dummy slot and
+same body run eagerly, the B = 1 replay graph (the pass without backups: DFlash's replay of a cut block and forced
+tokens; an MTP cut block replays nothing, its state comes from the verify pass's step slots) likewise, and the MTP
+draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained steps with their draws, greedy and sort
+variants), at a context of `context` positions on the plan's dummy slot and
 row (no live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graphs'
 device time from the host work around them.
 """
@@ -42,7 +44,7 @@ class GraphCase:
     again after one `prepare`. profile_graphs.py profiles these cases' kernels."""
 
     B: int
-    name: str  # "verify", "replay" (a cut block's), "draft (greedy)", "draft (sort)"
+    name: str  # "verify", "replay" (B = 1 without backups), "draft (greedy)", "draft (sort)"
     k: int
     context: int
     prepare: Callable[[], None]

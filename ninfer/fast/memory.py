@@ -8,10 +8,10 @@ bounded by ``MemoryPlan.workspace_bytes``, because prefill is cut into pieces of
 Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
 
     k, v         [n_attn, num_pages + 1, page_size, nkv, d]   act dtype; page ``num_pages`` is the dummy page
-    conv         [n_gdn, slots + 1, conv_dim, K - 1]         act dtype; slot ``slots`` is the dummy slot
-    ssm          [n_gdn, slots + 1, HV, dk, dv]              fp32
+    conv         [n_gdn, state_slots, conv_dim, K - 1]       act dtype; slot ``slots`` is the dummy slot
+    ssm          [n_gdn, state_slots, HV, dk, dv]            fp32
     block_tables [max_seqs + 1, max_pages_per_seq]           int32; row ``max_seqs`` points only at the dummy page
-    mtp_hidden   [slots + 1, H]                               act dtype; only with the MTP head (``plan.mtp``)
+    mtp_hidden   [state_slots, H]                             act dtype; only with the MTP head (``plan.mtp``)
     dk, dv       [n_draft, num_pages + 1 + scratch, page_size, nkv', d']   act dtype; only with a DFlash drafter
 
 Pipeline stages (docs/pipeline.md) allocate one ``Pools`` per rank on its device (``allocate_pools(..., layers=)``):
@@ -30,6 +30,12 @@ With a DFlash drafter (``plan.drafter``) every page also holds the drafter's con
 p), so prefix sharing, ``copy_page`` and host replicas carry it with the target's KV. Pages ``num_pages + 1 ..``
 of ``dk``/``dv`` are scratch: ``plan.scratch_pages`` per block-table row, where a draft block's own K/V go (the
 partial page at the frontier copied in first), so drafting never writes a sequence's pages.
+
+With the MTP round's verify graphs (``mtp``, ``verify_width`` = k + 1) the state pools also hold ``step_slots`` = k
+slots per block-table row after the dummy slot (``state_slots`` in all): a verify pass writes the state after each
+block position but the last into them (the last one into the live slot), so a partly accepted block takes its state
+from there (``step_slot(row, n - 1)``) instead of replaying the kept tokens (docs/speculative.md, "Commit and
+rollback"). A DFlash backend plans none (15 states a row at block 16) and replays.
 
 The dummy page/slot/row let CUDA-graph warm-up and capture run the real decode without touching live state.
 """
@@ -72,6 +78,8 @@ class MemoryPlan:
     drafter: tuple[int, int, int] | None = None  # a DFlash drafter's (layers, nkv, head_dim): its KV in every page
     scratch_pages: int = 0  # per block-table row: DFlash's drafter pages or the MTP draft's k/v pages
     verify_rows: int = 0  # token rows of the speculative verify graphs' static outputs (max_seqs * (k + 1))
+    # per block-table row: state slots a verify pass keeps block positions 0..k-1's GDN state (and stored hidden) in
+    step_slots: int = 0
     # the longest prefill piece with a CUDA graph (ninfer.fast.prefill_graphs; 0: none): its graphs' private pool
     # keeps one such piece's transients for good, counted in workspace_bytes
     prefill_graph_tokens: int = 0
@@ -100,6 +108,20 @@ class MemoryPlan:
     @property
     def dummy_row(self) -> int:
         return self.max_seqs
+
+    @property
+    def state_slots(self) -> int:
+        """Slots in the state pools: the allocatable and backup ones, the dummy, then every row's step slots."""
+        return self.slots + 1 + self.max_seqs * self.step_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one state slot (every GDN layer's conv window and S, with the MTP head its stored hidden)."""
+        return self.state_bytes // self.state_slots
+
+    def step_slot(self, row: int, j: int) -> int:
+        """The slot that holds block-table row `row`'s state after block position j of its last verify pass."""
+        return self.slots + 1 + row * self.step_slots + j
 
 
 def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch.dtype) -> int:
@@ -212,7 +234,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
     transients. ``verify_width`` (k + 1 of a backend) adds the round's graphs (``spec_graph_bytes``, the
     drafter's verify taps with a drafter) for ``max_seqs`` blocks of that many tokens, and with ``mtp`` the draft's
-    scratch pages in the k/v pools."""
+    scratch pages in the k/v pools and k step slots per row."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -221,7 +243,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     w = weight_bytes(cfg, name, (TEXT, MTP) if mtp else (TEXT,)) if weight_bytes_resident is None \
         else weight_bytes_resident
     hidden = cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
-    state = (slots + 1) * (gdn_state_bytes_per_sequence(cfg, name) + hidden)
+    # the verify pass's step slots: MTP's k <= 7 states a row; DFlash (15 at block 16) replays instead
+    steps = verify_width - 1 if mtp and verify_width else 0
+    state = (slots + 1 + max_seqs * steps) * (gdn_state_bytes_per_sequence(cfg, name) + hidden)
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + \
         prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
@@ -248,7 +272,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
                       workspace_bytes=work, mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
-                      prefill_graph_tokens=prefill_graph_tokens,
+                      step_slots=steps, prefill_graph_tokens=prefill_graph_tokens,
                       drafter=_drafter_geometry(drafter))
 
 
@@ -283,10 +307,10 @@ class Pools:
     plan: MemoryPlan
     k: torch.Tensor  # [n_attn, num_pages + 1 (+ (max_seqs + 1) * scratch with the MTP head), page_size, nkv, d]
     v: torch.Tensor
-    conv: torch.Tensor  # [n_gdn, slots + 1, conv_dim, K - 1]
-    ssm: torch.Tensor  # [n_gdn, slots + 1, HV, dk, dv] fp32
+    conv: torch.Tensor  # [n_gdn, state_slots, conv_dim, K - 1]
+    ssm: torch.Tensor  # [n_gdn, state_slots, HV, dk, dv] fp32
     block_tables: torch.Tensor  # [max_seqs + 1, max_pages_per_seq] int32
-    mtp_hidden: torch.Tensor | None = None  # [slots + 1, H]: h_{t-1} of the slot's sequence (MTP head only)
+    mtp_hidden: torch.Tensor | None = None  # [state_slots, H]: h_{t-1} of the slot's sequence (MTP head only)
     dk: torch.Tensor | None = None  # [n_draft, num_pages + 1 + rows * scratch, page_size, nkv', d'] (DFlash only)
     dv: torch.Tensor | None = None
 
@@ -334,11 +358,11 @@ def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | s
         plan=plan, **draft,
         k=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
         v=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
-        conv=torch.zeros(n_gdn, plan.slots + 1, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=plan.dtype,
+        conv=torch.zeros(n_gdn, plan.state_slots, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=plan.dtype,
                          device=device),
-        ssm=torch.zeros(n_gdn, plan.slots + 1, HV, dk, dv, dtype=torch.float32, device=device),
+        ssm=torch.zeros(n_gdn, plan.state_slots, HV, dk, dv, dtype=torch.float32, device=device),
         block_tables=tables,
-        mtp_hidden=torch.zeros(plan.slots + 1, cfg.hidden_size, dtype=plan.dtype, device=device)
+        mtp_hidden=torch.zeros(plan.state_slots, cfg.hidden_size, dtype=plan.dtype, device=device)
         if plan.mtp and head else None,
     )
 
@@ -356,8 +380,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     StageCapacityError names each device's bytes when one cannot hold its stages. The plan's byte fields are the
     totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
     model's resident bytes per rank. ``verify_width``: the round's graphs (``spec_graph_bytes``, counted on
-    every rank: each runs its layers of the pass, and with a drafter taps its layers of it) and the MTP draft's
-    scratch pages in rank 0's k/v pools;
+    every rank: each runs its layers of the pass, and with a drafter taps its layers of it), and with ``mtp`` the
+    draft's scratch pages in rank 0's k/v pools and k step slots per row (every rank's GDN layers);
     ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise);
     ``drafter``: a DFlash drafter on rank 0 (``drafter_needs``: its weights, its context K/V in rank 0's share of
     every page, its scratch pages and the taps every rank hands to rank 0)."""
@@ -371,7 +395,9 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
             spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter) +
             prefill_graph_bytes(cfg, prefill_graph_tokens, dtype) for _ in memory]
-    hidden = (slots + 1) * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
+    steps = verify_width - 1 if mtp and verify_width else 0
+    state_slots = slots + 1 + max_seqs * steps
+    hidden = state_slots * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     scratch = mtp_scratch_pages(page_size, verify_width - 1) if mtp and verify_width else 0
     if mtp:  # on rank 0: the MTP layer's gathered KV (as plan_memory), its hidden per slot, the draft's scratch
         work[0] += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name) + hidden + \
@@ -383,7 +409,7 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
         work[0] += need.workspace
         scratch = need.scratch_pages
     # one more slot and page each: the dummies
-    fit = kv_pages_per_device(memory, budgets, slots + 1, work) - 1
+    fit = kv_pages_per_device(memory, budgets, state_slots, work) - 1
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
     if num_pages < pages_per_seq:
         raise DoesNotFitError(f"the devices {','.join(stages.devices)} hold {fit} KV pages beside their stages; one "
@@ -392,9 +418,9 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     return MemoryPlan(dtype=dtype, page_size=page_size, num_pages=int(num_pages), max_seqs=max_seqs,
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=sum(m.weight_bytes for m in memory), kv_bytes=(num_pages + 1) * page_bytes,
-                      state_bytes=(slots + 1) * sum(m.slot_bytes for m in memory) + hidden,
+                      state_bytes=state_slots * sum(m.slot_bytes for m in memory) + hidden,
                       table_bytes=tables * stages.stages, workspace_bytes=sum(work) - tables * stages.stages - hidden,
-                      mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
+                      mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width, step_slots=steps,
                       prefill_graph_tokens=prefill_graph_tokens, drafter=_drafter_geometry(drafter))
 
 

@@ -1,17 +1,24 @@
 """CUDA graphs of the speculative round's target pass: one per exact number of rows B (blocks of at most k + 1
 tokens, every row's [pending, d1..dk'] at its frontier), with each row's backup copy first, and one for B = 1
-without it: the replay of a partly accepted block (`speculation.rollback` -> `FastExecutor.feed`).
+without it: tokens consumed in place (`FastExecutor.feed`: a control suffix of at most k + 1 tokens, or DFlash's
+replay of a partly accepted block, `speculation.rollback`).
+
+With the MTP backend a verify pass keeps every block position's state: GDN step j of a row reads the state step
+j - 1 wrote and writes its own into the row's step slot j (``plan.step_slot``), the last step into the row's slot,
+and the MTP head stores each position's hidden beside it; a partly accepted block then takes its state from step
+slot n - 1 (`FastExecutor.select`) instead of a second target pass over the kept tokens. A feed steps in place.
 
 Stability note: a graph is keyed by (B, backup) alone; the per-round quantities are graph *input data* in static
 buffers (``VerifyInputs``): the tokens, each row's GDN slot, block-table row and frontier, each token's position,
-rotary position and row, the packed block starts and the GDN recurrence's steps. Page ids are read on the device
-from ``pools.block_tables`` through the rows, as the decode graph does.
+rotary position and row, the packed block starts and the GDN recurrence's steps with the slots each reads and
+writes. Page ids are read on the device from ``pools.block_tables`` through the rows, as the decode graph does.
 
 Layout of a pass over B rows of lens n_i <= width = k + 1 (N = sum n_i real tokens, T = B * width rows in all): the
 real blocks packed at rows 0..N-1 exactly as ``FastModel.verify`` packs them, then T - N pad rows forming one more
 block on the plan's dummy row (positions 0.., prefix 0), so every pad token writes its K/V into the dummy page and
 attends there (finite values, no live page touched). The GDN recurrence runs width steps over B rows each; step j
-of a row whose block is shorter points at the last pad row with slot -1, which reads zeros and writes nothing.
+of a row whose block is shorter points at the last pad row with slots -1, which reads zeros and writes nothing, and
+stores its hidden in the dummy slot.
 
 Without CUDA (or with ``use_graphs=False``) the same static buffers drive an eager pass, so CPU tests prove this
 path. The output (``logits`` [T, V] fp32) is a buffer allocated once beside the graphs and counted in the memory
@@ -37,6 +44,7 @@ import torch
 from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
+from ninfer.fast.model.model import step_slots
 
 if TYPE_CHECKING:  # the backend lives in the Program's package, which imports this module
     from ninfer.fast.program.dflash_backend import FastDFlashBackend
@@ -52,7 +60,8 @@ class VerifyInputs:
         # (name, length) in packing order
         self.layout = (("slot_ids", R), ("table_rows", R), ("starts", R), ("cu", R + 1), ("positions", T),
                        ("rope_positions", T), ("block", T), ("h_src", T), ("step_rows", width * max_batch),
-                       ("step_slots", width * max_batch))
+                       ("step_slots", width * max_batch), ("step_outs", width * max_batch),
+                       ("h_dst", width * max_batch))
         size = sum(n for _, n in self.layout)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
         pin = device.type == "cuda" and torch.cuda.is_available()
@@ -65,14 +74,17 @@ class VerifyInputs:
             self.views[name] = self.packed[at:at + n]
             self._host_views[name] = self._staging_np[at:at + n]
             at += n
-        for name in ("step_rows", "step_slots"):  # [width, max_batch]
+        for name in ("step_rows", "step_slots", "step_outs", "h_dst"):  # [width, max_batch]
             self.views[name] = self.views[name].view(width, max_batch)
             self._host_views[name] = self._host_views[name].reshape(width, max_batch)
 
     def fill(self, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int], lens: Sequence[int],
-             rope_deltas: Sequence[int], pad_row: int, pad_slot: int) -> int:
+             rope_deltas: Sequence[int], pad_row: int, pad_slot: int,
+             steps: tuple[list[list[int]], list[list[int]]] | None = None) -> int:
         """Write one pass's indices (B rows, lens[i] <= width) into the mirror and queue its copy; returns B. The pad
-        block sits on table row `pad_row` and state slot `pad_slot` (the dummy ones)."""
+        block sits on table row `pad_row` and state slot `pad_slot` (the dummy ones). ``steps``: the slots each
+        row's GDN steps read and write (``model.step_slots``; None: in place), each step's hidden stored in the slot
+        it writes where that is not the row's slot, else in the pad slot, and in the row's slot after its last."""
         B, W = len(lens), self.width
         if not 1 <= B <= self.max_batch or min(lens) < 1 or max(lens) > W:
             raise ValueError(f"a verify pass takes 1..{self.max_batch} blocks of 1..{W} tokens, got {list(lens)}")
@@ -98,9 +110,13 @@ class VerifyInputs:
         h["h_src"][cu[:B]] = [T + i for i in range(B)]
         if N < T:
             h["h_src"][N] = T + B
+        reads, writes = steps or ([[s] * n for s, n in zip(slots, lens)],) * 2
         for j in range(W):
             h["step_rows"][j, :B] = [c + j if n > j else T - 1 for c, n in zip(cu, lens)]
-            h["step_slots"][j, :B] = [s if n > j else -1 for s, n in zip(slots, lens)]
+            h["step_slots"][j, :B] = [r[j] if n > j else -1 for r, n in zip(reads, lens)]
+            h["step_outs"][j, :B] = [w[j] if n > j else -1 for w, n in zip(writes, lens)]
+            h["h_dst"][j, :B] = [w[j] if n > j and (w[j] != s or n == j + 1) else pad_slot
+                                 for w, s, n in zip(writes, slots, lens)]
         self.packed.copy_(self.staging, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
@@ -141,7 +157,8 @@ class VerifyGraphRunner:
         table = self.model.pools.block_tables.index_select(0, v["table_rows"][:B + 1].long())  # [B + 1, max_pages]
         pos = v["positions"][:T]
         pages = table[v["block"][:T].long(), (pos // ps).long()].long()
-        steps = [(v["step_rows"][j, :B].long(), v["step_slots"][j, :B]) for j in range(self.width)]
+        steps = [(v["step_rows"][j, :B].long(), v["step_slots"][j, :B], v["step_outs"][j, :B])
+                 for j in range(self.width)]
         return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=v["slot_ids"][:B],
                           block_table=table, cu_seqlens=v["cu"][:B + 2], prefix_lens=v["starts"][:B + 1],
                           max_prefix=self.model.plan.max_context, gdn_steps=steps,
@@ -162,8 +179,8 @@ class VerifyGraphRunner:
 
     def body(self, B: int, backup: bool) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
-        its advance over the consumed tokens (`MtpHead.advance_paged`), with a DFlash backend their drafter
-        context (`FastDFlashBackend.extend`)."""
+        its advance over the consumed tokens (`MtpHead.advance_paged`, each step's hidden stored where ``h_dst``
+        says), with a DFlash backend their drafter context (`FastDFlashBackend.extend`)."""
         m, v, T = self.model, self.inputs.views, B * self.width
         if backup:
             m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
@@ -176,10 +193,10 @@ class VerifyGraphRunner:
             self.dflash.extend(taps, step.rope_positions, step.slot_mapping)
         if m.mtp is not None:
             m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, step), v["h_src"][:T], v["slot_ids"][:B + 1],
-                                v["cu"][1:B + 1] - 1)
+                                v["h_dst"][:, :B].flatten(), v["step_rows"][:, :B].flatten())
 
     def capture(self, warmup: int = 2) -> None:
-        """Every (B, backup) graph, largest first, one shared pool; the replay's is (1, no backup)."""
+        """Every (B, backup) graph, largest first, one shared pool; the feed's is (1, no backup)."""
         if not self.use_graphs:
             return
         keys = [(B, True) for B in range(self.max_batch, 0, -1)] + [(1, False)]
@@ -209,12 +226,14 @@ class VerifyGraphRunner:
             len(lens) * self.width - sum(lens) <= self.max_pad
 
     def run(self, tokens: torch.Tensor, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
-            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool) -> torch.Tensor:
+            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool, keep_steps: bool = False) -> torch.Tensor:
         """tokens [N = sum lens] on the device, packed as ``FastModel.verify`` takes them. Replays (B, backup)'s
-        graph, or runs the same pass eagerly; returns logits [N, V] fp32, a view of the static output that the next
-        pass overwrites."""
+        graph, or runs the same pass eagerly; ``keep_steps``: every block position's state kept in the rows' step
+        slots (``FastModel.verify``'s). Returns logits [N, V] fp32, a view of the static output that the next pass
+        overwrites."""
         plan = self.model.plan
-        B = self.inputs.fill(slots, rows, starts, lens, rope_deltas, plan.dummy_row, plan.dummy_slot)
+        steps = step_slots(plan, slots, rows, lens, True) if keep_steps else None
+        B = self.inputs.fill(slots, rows, starts, lens, rope_deltas, plan.dummy_row, plan.dummy_slot, steps)
         N = tokens.shape[0]
         if N != sum(lens):
             raise ValueError(f"{N} tokens for blocks of lens {list(lens)}")

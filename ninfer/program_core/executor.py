@@ -56,6 +56,10 @@ class ModelExecutor(Protocol):
         at frontier + 1 + i), valid until the executor's next model call (the fast Program's are views of its verify
         graphs' output, which the next pass overwrites)."""
 
+    # optional: select(seq, keep) -> bool. After a `verify`, the state after fed[:keep] of the row's block
+    # (0 < keep < len(fed); GDN and backend state) put into its live slot from states the pass kept per block
+    # position; False when it kept none, and the core replays the kept tokens from the backup instead.
+
     # optional: accept(seqs, ctxs, drafts, targets, grammar) -> [Accepted | RowFailure] per row, grammar[i] one mask
     # row per verified position: `ninfer.sampling.accept` on the executor's device (the fast Program's one host
     # copy a round). A `draft` result may also keep its drafts on the device and supply the fed blocks itself

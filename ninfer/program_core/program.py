@@ -7,8 +7,8 @@ sampled first token. Decode
 (a speculative round when a backend runs: `speculation.py`) and control step the live state in place: the committed
 GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step takes
 are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
-abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short replays the
-kept tokens from the backup. With async scheduling a plain decode step may be launched ahead of its `decode` call
+abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short takes the
+state after its kept tokens (`speculation.rollback`). With async scheduling a plain decode step may be launched ahead of its `decode` call
 (`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this and supply
 only their store and executor.
 """
@@ -123,8 +123,8 @@ class Program(ProgramCore):
             counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
             if not prefill_batch:
                 fed = batch.payload[i].fed  # the pending token, then the drafts or forced tokens but the last
-                if d.accepted < len(fed):
-                    rollback(self, seq, batch.payload[i], d.accepted)
+                if d.accepted < len(fed):  # a decode row longer than one token is a speculative round's
+                    rollback(self, seq, batch.payload[i], d.accepted, batch.kind is BatchKind.DECODE)
                 seq.tokens.extend(fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]
             if d.boundary is not None:

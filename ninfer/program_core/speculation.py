@@ -4,8 +4,9 @@ Per row, the backend drafts k' = min(k, output budget left - 1) tokens from the 
 writes past the full-growth reservation), the target consumes [pending, d1..dk'] at frontier.. in one pass on the
 live state (backed up first, pages taken provisionally), and `ninfer.sampling.accept` keeps a prefix of the drafts
 plus one bonus (or residual) token: the row's produced tokens. The Engine may cut that further (stops, max_tokens,
-EOS inside the block); `Program.commit` keeps exactly the accepted tokens and replays them from the backup when
-fewer than the whole block were consumed (`rollback`).
+EOS inside the block); `Program.commit` keeps exactly the accepted tokens when fewer than the whole block were
+consumed (`rollback`): the state after them from the executor's verify pass where it kept one per block position,
+else replayed from the backup.
 """
 
 from __future__ import annotations
@@ -108,15 +109,20 @@ def _row(seq: ActiveSequence, got: Accepted | RowFailure, drafted: int) -> Pendi
     return PendingRow(seq.handle, got.tokens, seq.frontier + 1, lps, tops, drafted=drafted)
 
 
-def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int) -> None:
-    """Keep only fed[:keep] of a stepped block (0 < keep < len(fed)): the committed state back from the backup
-    slot, the pages past frontier + keep returned, and the kept tokens replayed on the live state (GDN recurrent and
-    conv state, KV, the backend's state: DESIGN.md section 7, docs/speculative.md)."""
-    prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
+def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int, verified: bool) -> None:
+    """Keep only fed[:keep] of a stepped block (0 < keep < len(fed)): the pages past frontier + keep returned, and
+    the live state made the one after the kept tokens (GDN recurrent and conv state, the backend's state; KV by
+    frontier). A `verified` block (a speculative round's) takes it from the states its verify pass kept per block
+    position where the executor has them (`select`, the fast Program's); otherwise the committed state comes back
+    from the backup slot and the kept tokens are replayed on it (DESIGN.md section 7, docs/speculative.md)."""
     extra = len(seq.table) - prog.config.pages_for(seq.frontier + keep)
     for p in reversed(prov.grown[len(prov.grown) - extra:] if extra > 0 else ()):
         assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
         prog.alloc.unref(p)
         seq.reserve_left += 1
+    select = getattr(prog.executor, "select", None)
+    if verified and select is not None and select(seq, keep):
+        return
+    prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
     prog.executor.feed(seq, prov.fed[:keep])
 

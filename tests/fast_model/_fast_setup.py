@@ -74,12 +74,14 @@ class Pair:
 
 
 def build_pair(cfg: Qwen35Config, dtype: torch.dtype, kernels: str = "triton", max_seqs: int = 4,
-               max_context: int = 96, page_size: int = 4, max_prefill_tokens: int = 8192) -> Pair:
-    """With cfg.mtp_num_hidden_layers the MTP head too (its weights, KV layer and stored hidden)."""
+               max_context: int = 96, page_size: int = 4, max_prefill_tokens: int = 8192,
+               verify_width: int = 0) -> Pair:
+    """With cfg.mtp_num_hidden_layers the MTP head too (its weights, KV layer and stored hidden); `verify_width`
+    (k + 1) plans the speculative round's buffers and k step slots per row."""
     w = tiny_weights(cfg)
     plan = plan_memory(cfg, 1 << 30, max_seqs=max_seqs, max_context=max_context, page_size=page_size, dtype=dtype,
                        max_prefill_tokens=max_prefill_tokens, max_kv_pages=max_seqs * (max_context // page_size + 1),
-                       mtp=cfg.mtp_num_hidden_layers > 0)
+                       mtp=cfg.mtp_num_hidden_layers > 0, verify_width=verify_width)
     fast = FastModel.build(cfg, lambda n: w[n], plan, DEVICE, kernels)
     return Pair(cfg, fast, ReferenceModel(cfg, w, torch.float32))
 

@@ -37,8 +37,9 @@ def test_too_small_a_budget_names_what_is_missing():
 
 def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
     """An MTP backend's graphs (k = 3: verify blocks of 4 rows each) cost their fp32 logits, the draft's hidden and
-    draws, one pass's transients in each pool and every row's scratch pages (the dummy row's too); the KV pages get
-    the rest, and the k/v pools hold the scratch after the dummy page."""
+    draws, one pass's transients in each pool, every row's scratch pages (the dummy row's too) and k step slots a row
+    (the state after each block position but the last, stored hidden included); the KV pages get the rest, the k/v
+    pools hold the scratch after the dummy page and the state pools the step slots after the dummy slot."""
     cfg = tiny_config()
     kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, mtp=True)
     plain, spec = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=4, **kw)
@@ -47,10 +48,16 @@ def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
     assert graphs >= (2 * 12 + 3 + 3 * 3) * 4 * cfg.vocab_size
     assert (plain.verify_rows, spec.verify_rows, plain.scratch_pages, spec.scratch_pages) == (0, 12, 0, 2)
     assert spec.workspace_bytes - plain.workspace_bytes == graphs + 4 * 2 * plain.page_bytes
-    taken = (graphs + 8 * plain.page_bytes) / plain.page_bytes
+    assert (plain.step_slots, spec.step_slots, spec.state_slots) == (0, 3, plain.state_slots + 3 * 3)
+    assert spec.slot_bytes == plain.slot_bytes == plain.state_bytes // (plain.slots + 1)
+    assert spec.state_bytes - plain.state_bytes == 9 * plain.slot_bytes
+    taken = (graphs + 8 * plain.page_bytes + 9 * plain.slot_bytes) / plain.page_bytes
     assert plain.num_pages - taken - 1 < spec.num_pages <= plain.num_pages - taken
     pools = allocate_pools(cfg, plan_memory(cfg, 1 << 24, verify_width=4, **kw), DEVICE)
     assert pools.k.shape[1] == pools.plan.num_pages + 1 + 4 * 2 == pools.scratch_page(3, 1) + 1
+    plan = pools.plan
+    assert pools.ssm.shape[1] == pools.conv.shape[1] == pools.mtp_hidden.shape[0] == plan.state_slots
+    assert plan.step_slot(0, 0) == plan.dummy_slot + 1 and plan.step_slot(2, 2) == plan.state_slots - 1
 
 
 def test_pools_have_the_planned_geometry_and_a_dummy_row():

@@ -46,6 +46,39 @@ def test_verify_blocks_match_the_reference_step_recurrence(moe, dtype, kernels, 
     assert_close("decode after verify", ref, out, tol)
 
 
+def test_verify_keeps_every_block_positions_state():
+    """With ``keep_steps`` (a speculative round's verify) the state after block position j < len - 1 (every GDN
+    layer's conv window and S) lands in the row's step slot j and the state after the last in the row's slot, each
+    equal to the reference's after the block's first j + 1 tokens; no other slot changes (the slots keep nothing of
+    a one-token block). On CPU the Triton kernels run in the interpreter."""
+    pair = build_pair(tiny_config(), torch.float32, "triton", verify_width=5)
+    fast, gen = pair.fast, torch.Generator().manual_seed(6)
+    prompts, lens = (7, 13, 4), (3, 1, 5)
+    slots, rows = place_sequences(fast, len(prompts))
+    states = []
+    for slot, row, n in zip(slots, rows, prompts):
+        tokens = torch.randint(0, pair.cfg.vocab_size, (n,), generator=gen)
+        fast.prefill(tokens.to(DEVICE), slot, row, 0)
+        states.append(pair.ref.new_state())
+        pair.ref.prefill(tokens, states[-1])
+    before = [t.clone() for t in (fast.pools.conv, fast.pools.ssm)]
+    blocks = [torch.randint(0, pair.cfg.vocab_size, (n,), generator=gen) for n in lens]
+    fast.verify(torch.cat(blocks).to(DEVICE), slots, rows, list(prompts), list(lens), keep_steps=True)
+    written = set()
+    for slot, row, block, st in zip(slots, rows, blocks, states):
+        for j, token in enumerate(block):
+            pair.ref.prefill(token[None], st, chunked=False)
+            at = slot if j == len(block) - 1 else fast.plan.step_slot(row, j)
+            written.add(at)
+            for layer in pair.cfg.linear_layers:
+                li = fast._pool_index[layer][1]
+                assert_close(f"slot {at} conv {layer}", st.gdn[layer].conv, fast.pools.conv[li, at], FP32_TOL)
+                assert_close(f"slot {at} S {layer}", st.gdn[layer].recurrent, fast.pools.ssm[li, at], FP32_TOL)
+    others = [s for s in range(fast.plan.state_slots) if s not in written]
+    assert len(written) == sum(lens) and all(torch.equal(b[:, others], a[:, others])
+                                              for b, a in zip(before, (fast.pools.conv, fast.pools.ssm)))
+
+
 def test_verify_rejects_bad_blocks():
     pair = build_pair(tiny_config(), torch.float32, "naive")
     with pytest.raises(ValueError, match="blocks"):

@@ -1,5 +1,5 @@
-"""The MTP round through its graphs' static buffers (the draft, `ninfer/fast/draft_graphs.py`; the target pass and
-a cut block's replay, `ninfer/fast/verify_graphs.py`) against the eager round, round by round: the same drafts,
+"""The MTP round through its graphs' static buffers (the draft, `ninfer/fast/draft_graphs.py`; the target pass with
+every block position's state kept for a cut block, `ninfer/fast/verify_graphs.py`) against the eager round, round by round: the same drafts,
 tokens and logprobs, and the same state in the pools (every live slot's conv window, S and stored hidden, every
 layer's K/V below each frontier, the MTP layer's included). On CPU the static path runs eagerly and is compared with
 the eager round (`MtpHead.draft` over a gathered copy of the MTP KV, the multi-query `FastModel.verify`, which packs
@@ -44,8 +44,8 @@ def _state(program, handles):
 
 def _drive(program, prompts, rounds: int, seed: int, replays: list[int]):
     """Two rows decoding; from a random round on, a row's first block of more than one token is cut inside (a
-    terminal keep < produced: the replay through B = 1's graph, counted in `replays`), after which the other
-    decodes on alone. Yields (rows, state) per round."""
+    terminal keep < produced: its state from the step slots, counted in `replays`), after which the other decodes
+    on alone. Yields (rows, state) per round."""
     rng = random.Random(seed)
     handles = [start_decoding(program, p, 30, sampling=params, seed=11 + i)
                for i, (p, params) in enumerate(zip(prompts, PARAMS))]
@@ -140,8 +140,11 @@ def test_the_dflash_static_verify_equals_the_eager_one(make_fast_dflash, prompt_
 
 def test_the_static_inputs_pad_every_short_block():
     """Blocks of lens 2, 4 and 1 at width 4: the real tokens packed first, the pad block on the pad row and slot at
-    positions 0.., every short row's later GDN steps on the last pad row with slot -1, each token's MTP pair on the
-    hidden before it (a block's first on its row's stored hidden, rows 12.. of [hidden ; stored])."""
+    positions 0.., every short row's later GDN steps on the last pad row with slots -1, each token's MTP pair on the
+    hidden before it (a block's first on its row's stored hidden, rows 12.. of [hidden ; stored]). In place (a
+    feed) each step reads and writes the row's slot and only the last stores its hidden there; keeping the steps
+    (a verify), step j writes the row's step slot j (the last one the slot) and step j + 1 reads it, each storing its
+    hidden beside it; a pad step's hidden goes to the pad slot."""
     inputs = VerifyInputs(max_batch=4, width=4, device=torch.device("cpu"))
     inputs.fill([0, 0, 0, 0], [3, 3, 3, 3], [1, 1, 1, 1], [4, 4, 4, 4], [0] * 4, 9, 8)  # a full pass first: stale
     assert inputs.fill([5, 6, 7], [2, 0, 1], [10, 3, 7], [2, 4, 1], [0, 100, 0], 9, 8) == 3
@@ -154,6 +157,14 @@ def test_the_static_inputs_pad_every_short_block():
     assert v["h_src"][:12] == [12, 0, 13, 2, 3, 4, 14, 15, 7, 8, 9, 10]
     assert [r[:3] for r in v["step_rows"]] == [[0, 2, 6], [1, 3, 11], [11, 4, 11], [11, 5, 11]]
     assert [r[:3] for r in v["step_slots"]] == [[5, 6, 7], [5, 6, -1], [-1, 6, -1], [-1, 6, -1]]
+    assert [r[:3] for r in v["step_outs"]] == [[5, 6, 7], [5, 6, -1], [-1, 6, -1], [-1, 6, -1]]
+    assert [r[:3] for r in v["h_dst"]] == [[8, 8, 7], [5, 8, 8], [8, 8, 8], [8, 6, 8]]
+    steps = ([[5, 20], [6, 30, 31, 32], [7]], [[20, 5], [30, 31, 32, 6], [7]])  # row i's step slots 20.., 30..
+    inputs.fill([5, 6, 7], [2, 0, 1], [10, 3, 7], [2, 4, 1], [0, 100, 0], 9, 8, steps)
+    v = {name: t.tolist() for name, t in inputs.views.items()}
+    assert [r[:3] for r in v["step_slots"]] == [[5, 6, 7], [20, 30, -1], [-1, 31, -1], [-1, 32, -1]]
+    assert [r[:3] for r in v["step_outs"]] == [[20, 30, 7], [5, 31, -1], [-1, 32, -1], [-1, 6, -1]]
+    assert [r[:3] for r in v["h_dst"]] == [[20, 30, 7], [5, 31, 8], [8, 32, 8], [8, 6, 8]]
     with pytest.raises(ValueError, match="blocks of 1..4"):
         inputs.fill([5], [2], [10], [5], [0], 9, 8)
 
@@ -184,8 +195,9 @@ def test_drafting_writes_only_scratch_pages(make_fast_spec, prompt_of):
 
 def test_each_pass_replays_its_own_graphs(make_fast, make_fast_spec, prompt_of):
     """The executor's dispatch: a plain Program's short prefill piece and forced tokens go through the prefill
-    graphs (`pieces`), an MTP Program's verify and replay through the verify graphs and its draft through the draft
-    graphs (two dispatch rules once shared one method name, and the prefill graphs went silently unused)."""
+    graphs (`pieces`), an MTP Program's verify and forced tokens through the verify graphs and its draft through the
+    draft graphs (two dispatch rules once shared one method name, and the prefill graphs went silently unused); a
+    block cut after one token runs no second pass (its state comes from the step slots)."""
     calls = []
 
     def spy(obj, name):
@@ -203,8 +215,12 @@ def test_each_pass_replays_its_own_graphs(make_fast, make_fast_spec, prompt_of):
     h = start_decoding(program, prompt_of(9, seed=1), 30, sampling=PARAMS[0], seed=3)
     assert not calls  # a prefill under a backend is eager
     batch = program.decode([h])
-    program.commit(batch.take(), [RowDecision(1, batch.rows[0].produced > 1)])
-    assert calls.count(("VerifyGraphRunner", "run")) == 1 + (batch.rows[0].produced > 1)
+    program.commit(batch.take(), [RowDecision(1, True)])
+    assert batch.rows[0].produced > 1 and calls.count(("VerifyGraphRunner", "run")) == 1
+    h = start_decoding(program, prompt_of(9, seed=2), 30, sampling=PARAMS[0], seed=3)
+    calls.clear()
+    program.control(h, (5, 6, 7))  # forced tokens: [pending, 5, 6] in place
+    assert calls == [("VerifyGraphRunner", "run")]
     program = make_fast_spec(3)
     spy(program.executor.drafter, "run")
     h = start_decoding(program, prompt_of(9, seed=1), 30, sampling=PARAMS[0], seed=3)

@@ -26,9 +26,11 @@ class StepInputs:
     """Per-call addressing shared by all layers of one forward. Decode: T = B rows, one per sequence. Prefill:
     T tokens of one sequence, ``slot_ids`` = [slot] and ``block_table`` = [1, max_pages]. Multi-query decode
     (``FastModel.verify``): the blocks of B sequences packed along T (``cu_seqlens`` [B+1], ``prefix_lens`` [B] =
-    the frontiers), the GDN recurrence stepped over ``gdn_steps``. A padded prefill piece (``FastModel.prefill_piece``,
-    a CUDA graph's body): T rows of a bucket, the first ``length`` real, and every quantity that depends on the
-    request (slot, table row, positions, the prefix attention sees, the length) device data."""
+    the frontiers), the GDN recurrence stepped over ``gdn_steps``, each step reading one state slot per block and
+    writing another (the verify pass keeps every block position's state) or the same one. A padded prefill piece
+    (``FastModel.prefill_piece``, a CUDA graph's body): T rows of a bucket, the first ``length`` real, and every
+    quantity that depends on the request (slot, table row, positions, the prefix attention sees, the length) device
+    data."""
     positions: torch.Tensor  # [T] int32 absolute positions
     slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) of every token
     slot_ids: torch.Tensor  # [B] int32 GDN state slots
@@ -40,8 +42,9 @@ class StepInputs:
     # prefill: (offset 0 < o < T, slot) of each checkpoint inside the piece, whose GDN state goes into that slot
     captures: tuple[tuple[int, int], ...] = ()
     max_prefix: int = 0  # prefill / multi-query decode: the longest cached prefix (host int: attention's key split)
-    # multi-query decode: step j of every block still that long, as (token rows [b_j] long, their slots [b_j] int32)
-    gdn_steps: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    # multi-query decode: step j of every block still that long, as (token rows [b_j] long, the slots they read
+    # [b_j] int32, the slots the stepped state goes to [b_j] int32)
+    gdn_steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
     # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with
     # images, or [T] int32 after one (position + rope_delta, MRoPE's three rows equal: plain RoPE)
     rope_positions: torch.Tensor | None = None
@@ -77,9 +80,9 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
         # by one (the projections above and below still run once over all T rows). Zeroed: the verify graphs' pad
         # rows outside every step stay zero instead of carrying NaN garbage into the FFN and the MoE router
         out = mixed.new_zeros(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
-        for rows, slots in step.gdn_steps:
+        for rows, slots, outs in step.gdn_steps:
             out[rows] = k.gdn_decode(mixed[rows], z[rows], a[rows], b[rows], conv, w.conv, w.A_log, w.dt_bias,
-                                     w.norm, ssm, slots, **dims)
+                                     w.norm, ssm, slots, **dims, out_slot_ids=outs)
         return k.linear_residual(out, w.out_proj, res)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)

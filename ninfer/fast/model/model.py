@@ -124,7 +124,7 @@ class FastModel:
         for r in range(len(self.ranks)) if rank is None else (rank,):
             ids, rows, pools = slot_ids.to(self.devices[r]), table_rows.to(self.devices[r]), self.ranks[r]
             parts = (pools.conv, pools.ssm) if pools.mtp_hidden is None else \
-                (pools.conv, pools.ssm, pools.mtp_hidden[None])  # [1, slots + 1, H]: h_{t-1} too
+                (pools.conv, pools.ssm, pools.mtp_hidden[None])  # [1, state_slots, H]: h_{t-1} too
             for pool in parts:
                 self.kernels.slot_copy(pool, ids, rows, backup_base)
 
@@ -197,13 +197,16 @@ class FastModel:
 
     def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
                starts: Sequence[int], lens: Sequence[int], taps: dict[int, torch.Tensor] | None = None,
-               rope_deltas: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               rope_deltas: Sequence[int] | None = None, keep_steps: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Multi-query decode: B blocks packed along tokens [N] (block i: lens[i] >= 1 tokens at positions
         starts[i].., on GDN slot slot_ids[i] and table row block_table_rows[i], whose pages must cover them), in
         one target pass: the GDN decode recurrence stepped over each block, attention with lens[i] queries per
-        block, causal inside it. Advances the slots in place and writes K/V. Returns (logits [N, V] fp32, the
-        final-normed hidden [N, H]); ``taps`` as for `prefill` ([N, H] each). ``rope_deltas[i]``: block i rotates at
-        its positions + that (a sequence after a prompt with images)."""
+        block, causal inside it. Advances the slots and writes K/V; with ``keep_steps`` the state after block
+        position j < lens[i] - 1 goes to the row's step slot j (``plan.step_slot``) and only the last one into the
+        slot, else every step is in place. Returns (logits [N, V] fp32, the final-normed hidden [N, H]); ``taps``
+        as for `prefill` ([N, H] each). ``rope_deltas[i]``: block i rotates at its positions + that (a sequence
+        after a prompt with images)."""
         if tokens.ndim != 1 or tokens.shape[0] != sum(lens) or min(lens, default=0) < 1 or \
                 not len(slot_ids) == len(block_table_rows) == len(starts) == len(lens):
             raise ValueError(f"verify takes {len(lens)} blocks of lens {list(lens)} >= 1 packed along a 1-D token "
@@ -211,7 +214,10 @@ class FastModel:
         if max(s + n for s, n in zip(starts, lens)) > self.plan.max_context:
             raise ValueError(f"positions up to {max(s + n for s, n in zip(starts, lens))} exceed the planned "
                              f"context {self.plan.max_context}")
-        steps = [self._verify_inputs(rank, slot_ids, block_table_rows, starts, lens)
+        if keep_steps and max(lens) > self.plan.step_slots + 1:
+            raise ValueError(f"blocks of lens {list(lens)} keep more states than the plan's {self.plan.step_slots} "
+                             f"step slots per row")
+        steps = [self._verify_inputs(rank, slot_ids, block_table_rows, starts, lens, keep_steps)
                  for rank in range(len(self.ranks))]
         if rope_deltas is not None and any(rope_deltas):
             deltas = [d for d, n in zip(rope_deltas, lens) for _ in range(n)]
@@ -221,7 +227,7 @@ class FastModel:
         return self.logits(hidden), hidden
 
     def _verify_inputs(self, rank: int, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
-                       lens: Sequence[int]) -> StepInputs:
+                       lens: Sequence[int], keep_steps: bool = False) -> StepInputs:
         """The blocks' addressing on rank `rank`, built on the host and queued through pinned memory (no host
         sync)."""
         dev, ps = self.devices[rank], self.plan.page_size
@@ -233,8 +239,10 @@ class FastModel:
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)
+        reads, writes = step_slots(self.plan, slots, rows, lens, keep_steps)
         steps = [(to_device([cu[i] + j for i, n in enumerate(lens) if n > j], dev, torch.long),
-                  to_device([s for s, n in zip(slots, lens) if n > j], dev)) for j in range(max(lens))]
+                  to_device([r[j] for r, n in zip(reads, lens) if n > j], dev),
+                  to_device([w[j] for w, n in zip(writes, lens) if n > j], dev)) for j in range(max(lens))]
         return StepInputs(positions=pos.to(torch.int32), slot_mapping=pages * ps + pos % ps,
                           slot_ids=to_device(slots, dev), block_table=table, cu_seqlens=to_device(cu, dev),
                           max_prefix=max(starts), prefix_lens=to_device(starts, dev), gdn_steps=steps)
@@ -341,8 +349,20 @@ def _moved(step: StepInputs, device: torch.device) -> StepInputs:
         return x.to(device) if isinstance(x, torch.Tensor) else x
     fields = {f.name: on(getattr(step, f.name)) for f in dataclasses.fields(step)}
     if step.gdn_steps is not None:
-        fields["gdn_steps"] = [(on(rows), on(slots)) for rows, slots in step.gdn_steps]
+        fields["gdn_steps"] = [tuple(map(on, s)) for s in step.gdn_steps]
     return StepInputs(**fields)
+
+
+def step_slots(plan: MemoryPlan, slots: Sequence[int], rows: Sequence[int], lens: Sequence[int], keep: bool
+               ) -> tuple[list[list[int]], list[list[int]]]:
+    """The slots each block's GDN steps read and write: in place on the block's slot, or (``keep``) step j writing
+    the row's step slot j but the last step, which writes the slot, and each step reading the one before's."""
+    reads, writes = [], []
+    for slot, row, n in zip(slots, rows, lens):
+        out = [plan.step_slot(row, j) for j in range(n - 1)] + [slot] if keep else [slot] * n
+        reads.append([slot] + out[:-1])
+        writes.append(out)
+    return reads, writes
 
 
 def piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):

@@ -51,7 +51,7 @@ class MtpHead:
         self.model, self.cfg, self.w = model, model.cfg, model.weights.mtp
         # the MTP layer's index in rank 0's pools.k / pools.v: after that rank's attention layers
         self.pool = len(model.stages.owned(0, model.cfg.attention_layers))
-        self.hidden = model.pools.mtp_hidden  # [slots + 1, H]
+        self.hidden = model.pools.mtp_hidden  # [state_slots, H]
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, step: StepInputs, k_pages: torch.Tensor,
                 v_pages: torch.Tensor) -> torch.Tensor:
@@ -153,17 +153,22 @@ class MtpHead:
             self.hidden[slot].copy_(hid[-1])
 
     def advance_paged(self, hidden: torch.Tensor, tokens: torch.Tensor, step: StepInputs, h_src: torch.Tensor,
-                      slots: torch.Tensor, last: torch.Tensor) -> None:
+                      slots: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:
         """`advance` for blocks that all start past position 0, on the pages directly (the verify graphs' body, no
         host read): token t (x_{p+1}, at page position p + 1 = step.positions[t]) pairs with h_src[t] of
         [hidden [T, H] ; the stored hidden of `slots`], and its K/V land at the target's ``step.slot_mapping``; the
         attention reads keys 1..p + 1 of its row's pages (``step.first_keys``, ``step.context_lens``) and rotates at
-        p. Then slot i stores hidden[last[i]]."""
+        p. Then slot dst[i] stores hidden[rows[i]] (each row's slot its block's last, a step slot its position's;
+        no slot but a scratch one twice)."""
         h_in = torch.cat([hidden, self.hidden.index_select(0, slots.long())]).index_select(0, h_src.long())
         pools = self.model.pools
         self.forward(h_in, F.embedding(tokens, self.model.weights.embed), step, pools.k[self.pool],
                      pools.v[self.pool])
-        self.hidden.index_copy_(0, slots[:last.shape[0]].long(), hidden.index_select(0, last.long()))
+        self.store(dst, hidden.index_select(0, rows.long()))
+
+    def store(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Slot slots[i] (int, on the device) stores hidden[i] [H] as its last final-normed hidden."""
+        self.hidden.index_copy_(0, slots.long(), hidden.to(self.hidden.dtype))
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
               ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],

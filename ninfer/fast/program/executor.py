@@ -7,12 +7,14 @@ sampler's draw. The sampler's per-row tables follow the committed outputs (`reco
 With the MTP backend (`model.mtp`), a round is `draft` (the MTP head, k' chained steps per row, each draft drawn on
 the device), `verify` (each row backed up, then every row's [pending, drafts] in one multi-query target pass,
 `FastModel.verify`, reading the drafts on the device) and `accept` (`SpecSampler`: p per verified position and
-`spec_accept` on the device, one host copy of the results). The target pass and a cut block's replay run from the
+`spec_accept` on the device, one host copy of the results). The target pass and a short forced suffix run from the
 verify graphs' static buffers (`VerifyGraphRunner`, one graph per exact B on CUDA), which back the rows up
 themselves; the MTP head's chained draft steps, each with its draw, run from the draft graphs'
 (`DraftGraphRunner`). Every consumption of tokens (prefill, verify, feed) also advances the slot's MTP state
-(`MtpHead.advance`), so backups, checkpoints, replays and resumes carry it, and `feed` runs the decode recurrence
-(`FastModel.verify`), so a replayed block equals the same tokens decoded.
+(`MtpHead.advance`), so backups, checkpoints and resumes carry it, and `feed` runs the decode recurrence
+(`FastModel.verify`), so forced tokens equal the same tokens decoded. A verify pass keeps the state after each block
+position (GDN state and stored hidden) in the row's step slots (``plan.step_slot``), graphed or eager alike, and a
+partly kept block takes its state from there (`select`): the commit copies one slot and runs no target pass.
 
 With the DFlash backend (`dflash`, `dflash_backend.FastDFlashBackend`) the same consumptions ask the model for the
 target taps and write the drafter context of their positions into the drafter's pages (inside the verify graphs, at
@@ -35,6 +37,7 @@ import torch
 
 from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
+from ninfer.fast.hostcopy import to_device
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
@@ -202,8 +205,9 @@ class FastExecutor:
         return block
 
     def verify(self, seqs: Sequence[ActiveSequence], feds: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Back each row up, then consume every row's [pending, d1..dk'] at its frontier in one target pass;
-        fp32 logits [k' + 1, V] per row, on the device. Fed blocks of a `DraftBlock` are read there."""
+        """Back each row up, then consume every row's [pending, d1..dk'] at its frontier in one target pass, the
+        state after each block position kept in the row's step slots (when the plan has them); fp32 logits
+        [k' + 1, V] per row, on the device. Fed blocks of a `DraftBlock` are read there."""
         if not self._verify_graphed([len(f) for f in feds]):
             for s in seqs:
                 self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
@@ -222,13 +226,26 @@ class FastExecutor:
                                  self.device)
         return self.spec.accept(seqs, ctxs, block, targets, masks)
 
+    def select(self, seq: ActiveSequence, keep: int) -> bool:
+        """The state after fed[:keep] of the block this row's last `verify` consumed (0 < keep < its length) into
+        its slot: step slot keep - 1's GDN state and stored hidden, on every stage (`DeviceState.copy_slot`). KV and
+        the MTP pairs past the new frontier stay where the pass wrote them, never read before they are rewritten.
+        False when the plan keeps no step states (a DFlash backend): the core then replays the kept tokens."""
+        plan = self.model.plan
+        if not plan.step_slots:
+            return False
+        self.store.copy_slot(plan.step_slot(seq.row, keep - 1), seq.handle.slot)
+        return True
+
     def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]], backup: bool = False
               ) -> torch.Tensor:
         """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the backend's state following; logits
         [N, V] fp32. Through the verify graph of (B, backup) where the blocks fit it (that graph backs the rows up
-        first), else the eager multi-query pass."""
+        first), else the eager multi-query pass. A verify (`backup`) keeps every block position's state in the
+        rows' step slots where the plan has them; forced tokens step in place."""
         slots, rows, starts = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
         lens = [len(f) for f in feds]
+        keep = backup and self.model.plan.step_slots > 0
         deltas = [ImageInputs.rope_delta(s) for s in seqs]
         taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
         if feds and isinstance(feds[0], LazyFed):
@@ -236,14 +253,28 @@ class FastExecutor:
         else:
             tokens = self._tokens([t for f in feds for t in f])
         if self._verify_graphed(lens):  # the graph advances the MTP head or the drafter context too
-            return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup)
-        logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas)
+            return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup, keep_steps=keep)
+        logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas,
+                                           keep_steps=keep)
         media = [s.media for s in seqs]
         if self.mtp is not None:
             self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)), media)
+            if keep:
+                self._store_step_hidden(rows, lens, hidden)
         if self.dflash is not None:
             self.dflash.advance(rows, starts, lens, taps, media)
         return logits
+
+    def _store_step_hidden(self, rows: Sequence[int], lens: Sequence[int], hidden: torch.Tensor) -> None:
+        """Each block position but the last stores its final-normed hidden (of hidden [N, H], blocks packed) beside
+        its step slot's GDN state: the eager twin of the verify graphs' ``h_dst``."""
+        plan, first, dst, src = self.model.plan, 0, [], []
+        for row, n in zip(rows, lens):
+            dst += [plan.step_slot(row, j) for j in range(n - 1)]
+            src += range(first, first + n - 1)
+            first += n
+        if dst:
+            self.mtp.store(to_device(dst, self.device), hidden.index_select(0, to_device(src, self.device, torch.long)))
 
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         self.sampler.record(committed)

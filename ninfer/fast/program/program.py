@@ -87,7 +87,7 @@ class FastProgram(Program):
         self.device = model.device
         # pipeline stages (docs/pipeline.md): the plan and the residual's link (None: one stage)
         self.stage_plan, self.link = model.stages, model.link
-        state_bytes, page_bytes = plan.state_bytes // (plan.slots + 1), plan.page_bytes
+        state_bytes, page_bytes = plan.slot_bytes, plan.page_bytes
         super().__init__(c, PageAllocator(plan.num_pages), IdPool(c.usable_slots, "GDN state slot"),
                          HostTier(c.host_bytes, state_bytes, page_bytes), DeviceState(model.ranks),
                          page_bytes, rows=IdPool(c.max_concurrency, "block-table row"))

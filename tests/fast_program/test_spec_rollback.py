@@ -1,0 +1,73 @@
+"""A partly accepted block on the fast Program (docs/speculative.md, "Commit and rollback"): the verify pass keeps the
+state after each block position in the row's step slots, and the commit takes the kept tokens' state from there. It
+must run no second target pass (the launches of the commit are one slot copy a cut row) and leave exactly the pools
+the replay from the backup leaves (the reference Program's rule, which the fast Program keeps for DFlash): the same
+live slots, stored hiddens and K/V below the frontier, round after round, for blocks cut by acceptance and by the
+Engine, graphed or eager."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from ninfer.contracts import RowDecision
+from ninfer.sampling import SamplingParams
+from ninfer.testing.launches import count_step
+from ninfer.testing.numerics import assert_close
+from ninfer.testing.spec_driving import start_decoding
+
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+PARAMS = (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9))
+
+
+def _state(program, handles):
+    """Every live slot's GDN state and stored hidden, and all K/V (target and MTP layers) below each frontier."""
+    pools, ps, out = program.model.pools, program.config.page_size, []
+    for h in handles:
+        seq = program.sequence(h)
+        out += [pools.conv[:, h.slot], pools.ssm[:, h.slot], pools.mtp_hidden[h.slot]]
+        pages = torch.tensor(seq.table, dtype=torch.long)[torch.arange(seq.frontier) // ps].to(pools.k.device)
+        offsets = (torch.arange(seq.frontier) % ps).to(pools.k.device)
+        out += [t[:, pages, offsets] for t in (pools.k, pools.v)]
+    return [t.clone() for t in out]
+
+
+def _replaying(program):
+    """The same Program committing a cut block by the replay from the backup (`speculation.rollback` without
+    `select`): the oracle the step slots must equal."""
+    program.executor.select = lambda seq, keep: False
+    return program
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["verify-graphs", "eager-verify"])
+def test_a_cut_block_takes_its_state_without_a_second_pass(make_fast_spec, prompt_of, eager):
+    rng = random.Random(3)
+    programs = [make_fast_spec(3, forced=True), _replaying(make_fast_spec(3, forced=True))]
+    if eager:
+        for p in programs:
+            p.executor.verifier = None
+    runs = [[start_decoding(p, prompt_of(n, seed=n), 40, sampling=s, seed=5) for n, s in zip((9, 14), PARAMS)]
+            for p in programs]
+    cut = 0
+    for i in range(10):
+        batches = [p.decode(hs) for p, hs in zip(programs, runs)]
+        assert batches[0].rows == batches[1].rows, i
+        # the Engine's terminal rule cuts some blocks further (keep < produced); acceptance cuts the others
+        decisions = [RowDecision(rng.randrange(1, r.produced + 1) if r.produced > 1 and rng.random() < 0.3
+                                 else r.produced, False) for r in batches[0].rows]
+        cuts = sum(d.accepted < len(p.fed) for d, p in zip(decisions, batches[0].payload))
+        launches = count_step(lambda: programs[0].commit(batches[0].take(), decisions))
+        programs[1].commit(batches[1].take(), decisions)
+        # one slot copy a cut row (conv windows, S, stored hidden), no model launch
+        assert Counter(n for _, n in launches.launches) == Counter({"aten.copy_": 3 * cuts} if cuts else {}), i
+        assert not launches.counts().keys() & {"gdn", "attention", "ffn"}
+        cut += cuts
+        for p in programs:
+            p.check_invariants()
+        for a, b in zip(*(_state(p, hs) for p, hs in zip(programs, runs))):
+            assert_close(f"round {i}", b, a, 1e-2 if ON_GPU else 1e-5)
+    assert cut >= 5, cut
