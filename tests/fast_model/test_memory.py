@@ -104,7 +104,8 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     """DFlash's verify graphs (blocks of k + 1 = 16 rows each) cost their fp32 logits, a pass's transients and the
     target's taps of every row (the tapped layers' outputs, their concatenation, its projection and norm, one
     drafter layer's K/V),
-    but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its rows are 3 blocks of 16."""
+    but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its rows are 3 blocks of 16. No
+    step slots: a cut DFlash block replays (they would be 15 states a row, docs/speculative.md)."""
     from ninfer.models.qwen3_5.drafter import DrafterConfig
     from ninfer.testing.drafters import drafter_hf_config
 
@@ -119,6 +120,7 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     assert graphs == verify + taps and graphs < spec_graph_bytes(cfg, 3, 16, torch.float32) + taps
     assert graphed.workspace_bytes - eager.workspace_bytes == graphs
     assert (eager.verify_rows, graphed.verify_rows, graphed.scratch_pages) == (0, 48, eager.scratch_pages)
+    assert graphed.step_slots == 0 and graphed.state_bytes == eager.state_bytes
 
 
 def test_the_prefill_graphs_pool_is_planned():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _fast_env import DEVICE, ON_GPU
-from _fast_setup import build_pair, place_sequences, tiny_config
+from _fast_setup import F, L, build_pair, place_sequences, tiny_config
 from ninfer.testing.numerics import assert_close
 
 FP32_TOL = 1e-2 if ON_GPU else 1e-4
@@ -50,8 +50,9 @@ def test_verify_keeps_every_block_positions_state():
     """With ``keep_steps`` (a speculative round's verify) the state after block position j < len - 1 (every GDN
     layer's conv window and S) lands in the row's step slot j and the state after the last in the row's slot, each
     equal to the reference's after the block's first j + 1 tokens; no other slot changes (the slots keep nothing of
-    a one-token block). On CPU the Triton kernels run in the interpreter."""
-    pair = build_pair(tiny_config(), torch.float32, "triton", verify_width=5)
+    a one-token block). The MTP head plans the step slots; an attention layer sits between the GDN layers, so
+    their later states read the block's attention too. On CPU the Triton kernels run in the interpreter."""
+    pair = build_pair(tiny_config(layers=(L, F, L, L), mtp=1), torch.float32, "triton", verify_width=5)
     fast, gen = pair.fast, torch.Generator().manual_seed(6)
     prompts, lens = (7, 13, 4), (3, 1, 5)
     slots, rows = place_sequences(fast, len(prompts))
