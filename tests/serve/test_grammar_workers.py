@@ -57,20 +57,6 @@ def _refused(c, code: str) -> None:
     assert resp.headers["Retry-After"] == "1"
 
 
-def test_a_worker_that_cannot_start_is_a_typed_503(worker_runtime, make_client, monkeypatch):
-    c = make_client(worker_runtime)
-    monkeypatch.setattr(workers.subprocess, "Popen", _refuse(OSError(errno.EAGAIN, "Resource temporarily "
-                                                                     "unavailable")))
-    for _ in range(2):  # the one worker slot is not leaked by the failed start
-        _refused(c, "grammar_overloaded")
-    assert c.post(CHAT, json=HI).status_code == 200
-    monkeypatch.setattr(workers.subprocess, "Popen", _refuse(OSError(errno.ENOENT, "No such file or directory",
-                                                                     "/opt/secret/bin/python3")))
-    _refused(c, "grammar_unavailable")
-    monkeypatch.undo()
-    assert c.post(CHAT, json=JSON).status_code == 200
-
-
 def _no_descriptors():
     raise OSError(errno.EMFILE, "Too many open files")
 
@@ -90,12 +76,21 @@ class _RefusedThread(threading.Thread):
 
 
 def test_every_way_a_worker_fails_to_start_is_a_503(worker_runtime, compiler, make_client, monkeypatch):
-    """No descriptors for its socket pair (EMFILE shows there first, before any spawn), no thread to send its
-    setup (the host's thread limit), a process that exits or stalls before it is ready (it never saw the grammar): the host's problem (503, retry), never the schema's
-    (400, simplify it) nor a 500. Requests without structured output are served meanwhile, and once workers
-    start again the next structured request starts a working one (no successor was started under the failing
-    host)."""
+    """A spawn the host refuses (EAGAIN: retry, a typed grammar_overloaded; ENOENT: grammar_unavailable, the path
+    not shown), no descriptors for its socket pair (EMFILE shows there first, before any spawn), no thread to send
+    its setup (the host's thread limit), a process that exits or stalls before it is ready (it never saw the
+    grammar): the host's problem (503), never the schema's (400, simplify it) nor a 500. Requests without
+    structured output are served meanwhile, and once workers start again the next structured request starts a
+    working one (no successor was started under the failing host). One real worker boot, at the end."""
     c = make_client(worker_runtime)
+    with monkeypatch.context() as m:
+        m.setattr(workers.subprocess, "Popen", _refuse(OSError(errno.EAGAIN, "Resource temporarily unavailable")))
+        for _ in range(2):  # the one worker slot is not leaked by the failed start
+            _refused(c, "grammar_overloaded")
+        assert c.post(CHAT, json=HI).status_code == 200
+        m.setattr(workers.subprocess, "Popen", _refuse(OSError(errno.ENOENT, "No such file or directory",
+                                                               "/opt/secret/bin/python3")))
+        _refused(c, "grammar_unavailable")
     monkeypatch.setattr(workers, "BOOT_TIMEOUT_S", 0.5)
     # only the workers module's view of socket: the test client's event loop needs real socket pairs
     with monkeypatch.context() as m:
