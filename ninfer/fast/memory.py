@@ -120,7 +120,10 @@ class MemoryPlan:
         return self.state_bytes // self.state_slots
 
     def step_slot(self, row: int, j: int) -> int:
-        """The slot that holds block-table row `row`'s state after block position j of its last verify pass."""
+        """The slot that holds block-table row `row`'s state after block position j of its last verify pass.
+        ValueError outside the rows' own k slots: a kernel would write another row's or past the pools."""
+        if not (0 <= row < self.max_seqs and 0 <= j < self.step_slots):
+            raise ValueError(f"no step slot ({row}, {j}): {self.max_seqs} rows keep {self.step_slots} each")
         return self.slots + 1 + row * self.step_slots + j
 
 

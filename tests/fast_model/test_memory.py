@@ -58,6 +58,11 @@ def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
     plan = pools.plan
     assert pools.ssm.shape[1] == pools.conv.shape[1] == pools.mtp_hidden.shape[0] == plan.state_slots
     assert plan.step_slot(0, 0) == plan.dummy_slot + 1 and plan.step_slot(2, 2) == plan.state_slots - 1
+    # past the rows' own k slots (the dummy row, a block longer than k + 1) no slot exists: refused on the host,
+    # where on CUDA a kernel would write past the pools
+    for row, j in ((plan.dummy_row, 0), (0, plan.step_slots), (-1, 0), (0, -1)):
+        with pytest.raises(ValueError, match="step slot"):
+            plan.step_slot(row, j)
 
 
 def test_pools_have_the_planned_geometry_and_a_dummy_row():
