@@ -11,6 +11,7 @@ import re
 import select
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -26,6 +27,10 @@ class PtyTerminal:
 
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: its stdin/stdout/stderr are the terminal
+            # a fresh terminal's signal state, as tmux's server gives its panes: an ignored or blocked SIGINT survives
+            # fork and exec, so whatever the test process inherited or set would otherwise swallow the Ctrl-C
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
         self.buf = b""
         self.status: int | None = None
