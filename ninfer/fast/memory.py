@@ -1,41 +1,11 @@
 """The fast Program's device memory, planned once from a byte budget and then allocated once.
 
 Stability note: every large allocation (resident weights, the paged KV pools, the GDN state slots, the block
-tables) happens in ``allocate_pools`` before the first request; afterwards only page ids, slot ids and table rows
+tables) happens in ``ninfer.fast.pools.allocate_pools`` before the first request; afterwards only page ids, slot ids and table rows
 change. Transient activations come from the torch caching allocator (CUDA graphs: the graphs' private pool) and are
 bounded by ``MemoryPlan.workspace_bytes``, because prefill is cut into pieces of at most ``max_prefill_tokens``.
 
-Layout (one tensor per kind, per-layer views are ``pools.k[i]``):
-
-    k, v         [n_attn, num_pages + 1, page_size, nkv, d]   act dtype; page ``num_pages`` is the dummy page
-    conv         [n_gdn, state_slots, conv_dim, K - 1]       act dtype; slot ``slots`` is the dummy slot
-    ssm          [n_gdn, state_slots, HV, dk, dv]            fp32
-    block_tables [max_seqs + 1, max_pages_per_seq]           int32; row ``max_seqs`` points only at the dummy page
-    mtp_hidden   [state_slots, H]                             act dtype; only with the MTP head (``plan.mtp``)
-    dk, dv       [n_draft, num_pages + 1 + scratch, page_size, nkv', d']   act dtype; only with a DFlash drafter
-
-Pipeline stages (docs/pipeline.md) allocate one ``Pools`` per rank on its device (``allocate_pools(..., layers=)``):
-k/v hold that rank's attention layers, conv/ssm its GDN layers, every rank the same pages, slots and its own copy of
-the block tables; the MTP layer, ``mtp_hidden`` and the drafter's pools are rank 0's. ``plan_stage_memory`` plans the
-pages every device can hold.
-
-With the MTP head the k/v pools hold one more layer (index ``n_attn``): the MTP layer's KV, paged in the same
-block table (docs/speculative.md), and each slot keeps the target's last final-normed hidden beside its GDN state.
-With its draft graphs (``plan.scratch_pages`` > 0) the k/v pools also hold ``scratch_pages`` pages per block-table
-row, the dummy row included, after the dummy page: where a draft's chained MTP pairs go (the frontier's partial page
-copied in first), so drafting writes no page of any sequence.
-
-With a DFlash drafter (``plan.drafter``) every page also holds the drafter's context K/V in its own geometry
-(``dk``/``dv``: its layers, KV heads and head dim), indexed by the same block table (position p at page position
-p), so prefix sharing, ``copy_page`` and host replicas carry it with the target's KV. Pages ``num_pages + 1 ..``
-of ``dk``/``dv`` are scratch: ``plan.scratch_pages`` per block-table row, where a draft block's own K/V go (the
-partial page at the frontier copied in first), so drafting never writes a sequence's pages.
-
-With the MTP round's verify graphs (``mtp``, ``verify_width`` = k + 1) the state pools also hold ``step_slots`` = k
-slots per block-table row after the dummy slot (``state_slots`` in all): a verify pass writes the state after each
-block position but the last into them (the last one into the live slot), so a partly accepted block takes its state
-from there (``step_slot(row, n - 1)``) instead of replaying the kept tokens (docs/speculative.md, "Commit and
-rollback"). A DFlash backend plans none (15 states a row at block 16) and replays.
+The pools' layout is in ``ninfer.fast.pools``.
 
 The dummy page/slot/row let CUDA-graph warm-up and capture run the real decode without touching live state.
 """
@@ -48,11 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.errors import DoesNotFitError
+from ninfer.fast.drafter_memory import drafter_needs
 from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token,
                                             kv_bytes_per_token_all_layers,
                                             kv_pages_for_tokens, weight_bytes)
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.models.qwen3_5.drafter import DrafterConfig, drafter_parameters
+from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.models.qwen3_5.params import MTP, TEXT
 from ninfer.pipeline import StagePlan, kv_pages_per_device, stage_memory
 
@@ -203,26 +174,6 @@ def sampling_bytes(vocab: int, max_batch: int) -> int:
     return (max_batch + 1) * (8 * vocab + 12 * words) + max_batch * 68 * vocab + 4 * vocab
 
 
-def drafter_page_bytes(drafter: DrafterConfig, page_size: int, act: int) -> int:
-    """A page's share of the drafter's context K/V: every drafter layer's K and V of page_size positions."""
-    return 2 * drafter.num_hidden_layers * page_size * drafter.num_key_value_heads * drafter.head_dim * act
-
-
-def drafter_workspace_bytes(cfg: Qwen35Config, drafter: DrafterConfig, tokens: int, max_seqs: int, act: int) -> int:
-    """Transients of the drafter: the target taps a prefill piece keeps (every layer's output, ``FastModel``'s
-    taps) and the context projection over it, or one block pass for every row (activations, fp32 logits)."""
-    H, n = cfg.hidden_size, len(drafter.target_layer_ids)
-    prefill = tokens * act * (cfg.num_hidden_layers * H + n * H + 4 * H)
-    rows = max_seqs * drafter.block_size
-    block = rows * (act * (2 * drafter.intermediate_size + 6 * H) + 4 * 2 * cfg.vocab_size)
-    return max(prefill, block)
-
-
-def scratch_pages_per_row(drafter: DrafterConfig, page_size: int) -> int:
-    """Pages that hold a block of block_size positions starting anywhere in a page."""
-    return -(-(page_size - 1 + drafter.block_size) // page_size)
-
-
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
                 max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
@@ -279,95 +230,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                       drafter=_drafter_geometry(drafter))
 
 
-@dataclass(frozen=True)
-class DrafterNeeds:
-    """What a DFlash drafter adds to the device that holds it (one stage's, or rank 0's over pipeline stages)."""
-
-    weight_bytes: int
-    page_bytes: int  # its context K/V in every page
-    scratch_pages: int  # per block-table row: where a draft block's own K/V go
-    workspace: int  # its transients (a prefill piece's taps, the block pass) and the rows' scratch pages
-
-
-def drafter_needs(cfg: Qwen35Config, drafter: DrafterConfig, page_size: int, dtype: torch.dtype,
-                  max_prefill_tokens: int, max_seqs: int) -> DrafterNeeds:
-    act = torch.finfo(dtype).bits // 8
-    page = drafter_page_bytes(drafter, page_size, act)
-    scratch = scratch_pages_per_row(drafter, page_size)
-    return DrafterNeeds(act * sum(p.numel for p in drafter_parameters(drafter).values()), page, scratch,
-                        drafter_workspace_bytes(cfg, drafter, max_prefill_tokens, max_seqs, act) +
-                        max_seqs * scratch * page)
-
-
 def _drafter_geometry(drafter: DrafterConfig | None) -> tuple[int, int, int] | None:
     """A plan's ``drafter`` field: the drafter's (layers, KV heads, head dim), whose K/V every page holds."""
     return None if drafter is None else (drafter.num_hidden_layers, drafter.num_key_value_heads, drafter.head_dim)
-
-
-@dataclass
-class Pools:
-    """The planned state tensors; the tensors never change identity, only their contents do."""
-    plan: MemoryPlan
-    k: torch.Tensor  # [n_attn, num_pages + 1 (+ (max_seqs + 1) * scratch with the MTP head), page_size, nkv, d]
-    v: torch.Tensor
-    conv: torch.Tensor  # [n_gdn, state_slots, conv_dim, K - 1]
-    ssm: torch.Tensor  # [n_gdn, state_slots, HV, dk, dv] fp32
-    block_tables: torch.Tensor  # [max_seqs + 1, max_pages_per_seq] int32
-    mtp_hidden: torch.Tensor | None = None  # [state_slots, H]: h_{t-1} of the slot's sequence (MTP head only)
-    dk: torch.Tensor | None = None  # [n_draft, num_pages + 1 + rows * scratch, page_size, nkv', d'] (DFlash only)
-    dv: torch.Tensor | None = None
-
-    def page_pools(self) -> tuple[torch.Tensor, ...]:
-        """Every pool indexed by page id along dim 1 (the drafter's context K/V included)."""
-        return (self.k, self.v) if self.dk is None else (self.k, self.v, self.dk, self.dv)
-
-    def scratch_page(self, row: int, j: int) -> int:
-        """Scratch page j of block-table row `row`: of the drafter's pools (a DFlash block's own K/V) or, with the
-        MTP head, of the k/v pools (a draft's chained MTP pairs)."""
-        return self.plan.num_pages + 1 + row * self.plan.scratch_pages + j
-
-    def reset_slot(self, slot: int) -> None:
-        """A fresh sequence starts from a zero conv window and a zero S (and no stored hidden)."""
-        self.conv[:, slot].zero_()
-        self.ssm[:, slot].zero_()
-        if self.mtp_hidden is not None:
-            self.mtp_hidden[slot].zero_()
-
-
-def allocate_pools(cfg: Qwen35Config, plan: MemoryPlan, device: torch.device | str,
-                   layers: range | None = None) -> Pools:
-    """Allocate the plan's state tensors, zeroed (a kernel that reads outside its pages then reads zeros, and the
-    dummy page/slot start clean). The dummy row of the block table points only at the dummy page. ``layers``: a
-    pipeline stage's layer range (its attention and GDN layers only; the MTP layer, ``mtp_hidden`` and the drafter's
-    pools come with the stage that holds layer 0, rank 0)."""
-    layers = range(cfg.num_hidden_layers) if layers is None else layers
-    head = layers.start == 0
-    P, ps = plan.num_pages + 1, plan.page_size
-    n_attn = sum(i in layers for i in cfg.attention_layers) + cfg.mtp_num_hidden_layers * (plan.mtp and head)
-    n_gdn = sum(i in layers for i in cfg.linear_layers)
-    # the MTP draft's scratch, on the rank of the MTP layer
-    kv_pages = P + (plan.max_seqs + 1) * plan.scratch_pages if plan.mtp and head else P
-    kv_shape = (n_attn, kv_pages, ps, cfg.num_key_value_heads, cfg.head_dim)
-    HV, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    tables = torch.zeros(plan.max_seqs + 1, plan.max_pages_per_seq, dtype=torch.int32, device=device)
-    tables[plan.dummy_row] = plan.dummy_page
-    draft = {}
-    if plan.drafter is not None and head:
-        n_draft, nkv, d = plan.drafter
-        shape = (n_draft, P + plan.max_seqs * plan.scratch_pages, ps, nkv, d)
-        draft = dict(dk=torch.zeros(shape, dtype=plan.dtype, device=device),
-                     dv=torch.zeros(shape, dtype=plan.dtype, device=device))
-    return Pools(
-        plan=plan, **draft,
-        k=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
-        v=torch.zeros(kv_shape, dtype=plan.dtype, device=device),
-        conv=torch.zeros(n_gdn, plan.state_slots, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=plan.dtype,
-                         device=device),
-        ssm=torch.zeros(n_gdn, plan.state_slots, HV, dk, dv, dtype=torch.float32, device=device),
-        block_tables=tables,
-        mtp_hidden=torch.zeros(plan.state_slots, cfg.hidden_size, dtype=plan.dtype, device=device)
-        if plan.mtp and head else None,
-    )
 
 
 def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], *, max_seqs: int, max_context: int,

@@ -5,7 +5,8 @@ import torch
 
 from _fast_env import DEVICE
 from _fast_setup import tiny_config
-from ninfer.fast.memory import allocate_pools, plan_memory, sampling_bytes, spec_graph_bytes, workspace_bytes
+from ninfer.fast.memory import plan_memory, sampling_bytes, spec_graph_bytes, workspace_bytes
+from ninfer.fast.pools import allocate_pools
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
 
 
@@ -84,7 +85,7 @@ def test_pools_have_the_planned_geometry_and_a_dummy_row():
 def test_a_drafter_adds_its_weights_its_context_in_every_page_and_scratch():
     """Every page holds the drafter's context K/V in its own geometry (3 layers, 2 KV heads of 8 here, not the
     target's), each row gets scratch pages for a block starting anywhere in a page, and its weights count."""
-    from ninfer.fast.memory import drafter_page_bytes, drafter_workspace_bytes, scratch_pages_per_row
+    from ninfer.fast.drafter_memory import drafter_page_bytes, drafter_workspace_bytes, scratch_pages_per_row
     from ninfer.models.qwen3_5.drafter import DrafterConfig, drafter_parameters
     from ninfer.testing.drafters import drafter_hf_config
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.fast.hostcopy import to_device
-from ninfer.fast.memory import MemoryPlan, Pools, allocate_pools
+from ninfer.fast.memory import MemoryPlan
+from ninfer.fast.pools import Pools, allocate_pools
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.pipeline import StagePlan
 from ninfer.pipeline.link import PeerLink

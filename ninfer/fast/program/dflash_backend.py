@@ -32,7 +32,7 @@ import torch
 
 from ninfer.contracts.media import PromptMedia
 from ninfer.fast.hostcopy import to_device
-from ninfer.fast.memory import Pools
+from ninfer.fast.pools import Pools
 from ninfer.fast.model.dflash import FastDrafter
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.spec import SpecSampler

@@ -19,7 +19,7 @@ from ninfer.contracts import CostFacts, PrefillCosts, ProgramLimits
 from ninfer.errors import DoesNotFitError, UnavailableError
 from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
-from ninfer.fast.memory import scratch_pages_per_row
+from ninfer.fast.drafter_memory import scratch_pages_per_row
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.dflash import FastDrafter, load_drafter_weights
 from ninfer.fast.model.model import allocate_stage_pools, check_mtp

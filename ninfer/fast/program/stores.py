@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer.fast.memory import Pools
+from ninfer.fast.pools import Pools
 
 PAGE_CHUNK = 64  # pages per gather or scatter of a host replica: 16 MiB of K (or V) on the 9B shape
 
