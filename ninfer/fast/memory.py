@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -174,6 +175,22 @@ def sampling_bytes(vocab: int, max_batch: int) -> int:
     return (max_batch + 1) * (8 * vocab + 12 * words) + max_batch * 68 * vocab + 4 * vocab
 
 
+STEP_STATE_SHARE = 8  # a DFlash backend's step slots may take at most 1/8 of the budget
+
+
+def verify_steps(verify_width: int, mtp: bool, drafter: DrafterConfig | None, max_seqs: int,
+                 fits: Callable[[int], bool]) -> int:
+    """Step slots per row of the verify pass (``MemoryPlan.step_slots``): the state after each block position but
+    the last, so a partly accepted block costs a slot copy, not a second target pass. MTP's k (at most 7 states a
+    row) always; a DFlash drafter's k (15 at block 16) where ``fits(k)``: every row's k states within
+    1/STEP_STATE_SHARE of the budget (9B: 8 rows x 15 x 49 MiB = 5.9 GB of an H100's ~70), else none and a cut
+    block replays its kept tokens (a 27B row would keep 2.3 GB: DESIGN.md section 7's rule for such models)."""
+    if not verify_width:
+        return 0
+    k = verify_width - 1
+    return k if mtp or (drafter is not None and fits(k)) else 0
+
+
 def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_context: int, page_size: int = 16,
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
                 max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
@@ -188,7 +205,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
     transients. ``verify_width`` (k + 1 of a backend) adds the round's graphs (``spec_graph_bytes``, the
     drafter's verify taps with a drafter) for ``max_seqs`` blocks of that many tokens, and with ``mtp`` the draft's
-    scratch pages in the k/v pools and k step slots per row."""
+    scratch pages in the k/v pools; k step slots per row where `verify_steps` keeps them."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -197,9 +214,10 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     w = weight_bytes(cfg, name, (TEXT, MTP) if mtp else (TEXT,)) if weight_bytes_resident is None \
         else weight_bytes_resident
     hidden = cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
-    # the verify pass's step slots: MTP's k <= 7 states a row; DFlash (15 at block 16) replays instead
-    steps = verify_width - 1 if mtp and verify_width else 0
-    state = (slots + 1 + max_seqs * steps) * (gdn_state_bytes_per_sequence(cfg, name) + hidden)
+    per_slot = gdn_state_bytes_per_sequence(cfg, name) + hidden
+    steps = verify_steps(verify_width, mtp, drafter, max_seqs,
+                         lambda k: max_seqs * k * per_slot * STEP_STATE_SHARE <= budget_bytes)
+    state = (slots + 1 + max_seqs * steps) * per_slot
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + \
         prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
@@ -249,7 +267,7 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     totals over the ranks (``page_bytes`` is one whole page, as one stage's). ``weight_bytes_per_rank``: a quantized
     model's resident bytes per rank. ``verify_width``: the round's graphs (``spec_graph_bytes``, counted on
     every rank: each runs its layers of the pass, and with a drafter taps its layers of it), and with ``mtp`` the
-    draft's scratch pages in rank 0's k/v pools and k step slots per row (every rank's GDN layers);
+    draft's scratch pages in rank 0's k/v pools, and `verify_steps`' step slots per row (every rank's GDN layers);
     ``prefill_graph_tokens``: the prefill graphs' pool (``prefill_graph_bytes``, on every rank likewise);
     ``drafter``: a DFlash drafter on rank 0 (``drafter_needs``: its weights, its context K/V in rank 0's share of
     every page, its scratch pages and the taps every rank hands to rank 0)."""
@@ -263,7 +281,9 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
             spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter) +
             prefill_graph_bytes(cfg, prefill_graph_tokens, dtype) for _ in memory]
-    steps = verify_width - 1 if mtp and verify_width else 0
+    steps = verify_steps(verify_width, mtp, drafter, max_seqs,
+                         lambda k: all(max_seqs * k * m.slot_bytes * STEP_STATE_SHARE <= b
+                                       for m, b in zip(memory, budgets)))
     state_slots = slots + 1 + max_seqs * steps
     hidden = state_slots * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     scratch = mtp_scratch_pages(page_size, verify_width - 1) if mtp and verify_width else 0

@@ -26,11 +26,12 @@ p), so prefix sharing, ``copy_page`` and host replicas carry it with the target'
 of ``dk``/``dv`` are scratch: ``plan.scratch_pages`` per block-table row, where a draft block's own K/V go (the
 partial page at the frontier copied in first), so drafting never writes a sequence's pages.
 
-With the MTP round's verify graphs (``mtp``, ``verify_width`` = k + 1) the state pools also hold ``step_slots`` = k
+With the speculative round's verify graphs (``verify_width`` = k + 1) the state pools also hold ``step_slots`` = k
 slots per block-table row after the dummy slot (``state_slots`` in all): a verify pass writes the state after each
 block position but the last into them (the last one into the live slot), so a partly accepted block takes its state
 from there (``step_slot(row, n - 1)``) instead of replaying the kept tokens (docs/speculative.md, "Commit and
-rollback"). A DFlash backend plans none (15 states a row at block 16) and replays.
+rollback"). A DFlash backend (k = 15 at block 16) keeps them while every row's take at most 1/8 of the
+budget (``memory.verify_steps``), else none, and replays.
 """
 
 from __future__ import annotations

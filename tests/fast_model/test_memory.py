@@ -5,7 +5,7 @@ import torch
 
 from _fast_env import DEVICE
 from _fast_setup import tiny_config
-from ninfer.fast.memory import plan_memory, sampling_bytes, spec_graph_bytes, workspace_bytes
+from ninfer.fast.memory import STEP_STATE_SHARE, plan_memory, sampling_bytes, spec_graph_bytes, workspace_bytes
 from ninfer.fast.pools import allocate_pools
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
 
@@ -110,8 +110,9 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     """DFlash's verify graphs (blocks of k + 1 = 16 rows each) cost their fp32 logits, a pass's transients and the
     target's taps of every row (the tapped layers' outputs, their concatenation, its projection and norm, one
     drafter layer's K/V),
-    but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its rows are 3 blocks of 16. No
-    step slots: a cut DFlash block replays (they would be 15 states a row, docs/speculative.md)."""
+    but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its rows are 3 blocks of 16. The
+    15 step slots a row while every row's take at most 1/8 of the budget; past that none, and a cut block replays
+    (docs/speculative.md)."""
     from ninfer.models.qwen3_5.drafter import DrafterConfig
     from ninfer.testing.drafters import drafter_hf_config
 
@@ -126,7 +127,12 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     assert graphs == verify + taps and graphs < spec_graph_bytes(cfg, 3, 16, torch.float32) + taps
     assert graphed.workspace_bytes - eager.workspace_bytes == graphs
     assert (eager.verify_rows, graphed.verify_rows, graphed.scratch_pages) == (0, 48, eager.scratch_pages)
-    assert graphed.step_slots == 0 and graphed.state_bytes == eager.state_bytes
+    per_slot = gdn_state_bytes_per_sequence(cfg, "float32")
+    assert graphed.step_slots == 15 and graphed.state_bytes == eager.state_bytes + 3 * 15 * per_slot
+    assert eager.step_slots == 0
+    share = 3 * 15 * per_slot * STEP_STATE_SHARE  # the budget at which the step states take exactly their share
+    assert plan_memory(cfg, share, verify_width=16, **kw).step_slots == 15
+    assert plan_memory(cfg, share - 1, verify_width=16, **kw).step_slots == 0
 
 
 def test_the_prefill_graphs_pool_is_planned():

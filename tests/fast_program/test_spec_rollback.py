@@ -25,14 +25,16 @@ PARAMS = (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p
 
 
 def _state(program, handles):
-    """Every live slot's GDN state and stored hidden, and all K/V (target and MTP layers) below each frontier."""
+    """Every live slot's GDN state and stored hidden (MTP), and all K/V below each frontier (target and MTP layers,
+    a DFlash drafter's context)."""
     pools, ps, out = program.model.pools, program.config.page_size, []
     for h in handles:
         seq = program.sequence(h)
-        out += [pools.conv[:, h.slot], pools.ssm[:, h.slot], pools.mtp_hidden[h.slot]]
+        out += [pools.conv[:, h.slot], pools.ssm[:, h.slot]]
+        out += [] if pools.mtp_hidden is None else [pools.mtp_hidden[h.slot]]
         pages = torch.tensor(seq.table, dtype=torch.long)[torch.arange(seq.frontier) // ps].to(pools.k.device)
         offsets = (torch.arange(seq.frontier) % ps).to(pools.k.device)
-        out += [t[:, pages, offsets] for t in (pools.k, pools.v)]
+        out += [t[:, pages, offsets] for t in pools.page_pools()]
     return [t.clone() for t in out]
 
 
@@ -43,27 +45,35 @@ def _replaying(program):
     return program
 
 
+@pytest.mark.parametrize("backend", ["mtp", "dflash"])
 @pytest.mark.parametrize("eager", [False, True], ids=["verify-graphs", "eager-verify"])
-def test_a_cut_block_takes_its_state_without_a_second_pass(make_fast_spec, prompt_of, eager):
+def test_a_cut_block_takes_its_state_without_a_second_pass(make_fast_spec, make_fast_dflash, prompt_of, eager,
+                                                            backend):
     rng = random.Random(3)
-    programs = [make_fast_spec(3, forced=True), _replaying(make_fast_spec(3, forced=True))]
+    make = (lambda: make_fast_spec(3, forced=True)) if backend == "mtp" else \
+        (lambda: make_fast_dflash("dflash", 7, forced=True))  # 7 step slots a row: the budget affords them
+    programs = [make(), _replaying(make())]
+    assert programs[0].model.plan.step_slots == (3 if backend == "mtp" else 7)
     if eager:
         for p in programs:
             p.executor.verifier = None
-    runs = [[start_decoding(p, prompt_of(n, seed=n), 40, sampling=s, seed=5) for n, s in zip((9, 14), PARAMS)]
+    tokens = 40 if backend == "mtp" else 90  # 10 rounds of blocks up to k + 1 long
+    runs = [[start_decoding(p, prompt_of(n, seed=n), tokens, sampling=s, seed=5) for n, s in zip((9, 14), PARAMS)]
             for p in programs]
     cut = 0
     for i in range(10):
         batches = [p.decode(hs) for p, hs in zip(programs, runs)]
         assert batches[0].rows == batches[1].rows, i
         # the Engine's terminal rule cuts some blocks further (keep < produced); acceptance cuts the others
+        # (the DFlash backend's commit refuses a non-terminal cut: there acceptance alone cuts)
         decisions = [RowDecision(rng.randrange(1, r.produced + 1) if r.produced > 1 and rng.random() < 0.3
-                                 else r.produced, False) for r in batches[0].rows]
+                                 and backend == "mtp" else r.produced, False) for r in batches[0].rows]
         cuts = sum(d.accepted < len(p.fed) for d, p in zip(decisions, batches[0].payload))
         launches = count_step(lambda: programs[0].commit(batches[0].take(), decisions))
         programs[1].commit(batches[1].take(), decisions)
-        # one slot copy a cut row (conv windows, S, stored hidden), no model launch
-        assert Counter(n for _, n in launches.launches) == Counter({"aten.copy_": 3 * cuts} if cuts else {}), i
+        # one slot copy a cut row (conv windows, S, the MTP head's stored hidden), no model launch
+        copies = (3 if backend == "mtp" else 2) * cuts
+        assert Counter(n for _, n in launches.launches) == Counter({"aten.copy_": copies} if cuts else {}), i
         assert not launches.counts().keys() & {"gdn", "attention", "ffn"}
         cut += cuts
         for p in programs:

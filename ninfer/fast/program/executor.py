@@ -230,7 +230,8 @@ class FastExecutor:
         """The state after fed[:keep] of the block this row's last `verify` consumed (0 < keep < its length) into
         its slot: step slot keep - 1's GDN state and stored hidden, on every stage (`DeviceState.copy_slot`). KV and
         the MTP pairs past the new frontier stay where the pass wrote them, never read before they are rewritten.
-        False when the plan keeps no step states (a DFlash backend): the core then replays the kept tokens."""
+        False when the plan keeps no step states (a DFlash backend whose states would pass their share of the
+        budget, `verify_steps`): the core then replays the kept tokens."""
         plan = self.model.plan
         if not plan.step_slots:
             return False
