@@ -1,6 +1,8 @@
 """Host syncs of the fast Program's speculative round, counted on any device (``ninfer.testing.host_syncs``): a
-round of greedy and sampled rows (with logprobs) makes exactly one, its readback, and committing it (with the
-replay of a cut block) none, with the MTP head and with the DFlash / DFlash2 drafters. A regression (a
+round of greedy and sampled rows (with logprobs) makes exactly one, its readback, and committing it none, with the
+MTP head and with the DFlash / DFlash2 drafters: a block cut by acceptance or by the Engine takes its state from the
+step slots (`select`), or, for a DFlash plan whose step states pass their share of the budget, replays its kept
+tokens from the backup (both counted). A regression (a
 per-position ``.item()``, a list built straight onto the device, the drafts read back before verify) fails here,
 where the GPU would only show it as a slower round."""
 
@@ -26,16 +28,25 @@ def test_a_round_syncs_once_and_its_commit_never(make_fast_spec, mtp_reference_m
     _rounds(program, prompt_of, forced)
 
 
-@pytest.mark.parametrize("forced", [False, True], ids=["drafter", "forced-drafts"])
+@pytest.mark.parametrize("forced, replay", [(False, False), (True, False), (True, True)],
+                         ids=["drafter", "forced-drafts", "forced-replay"])
 @pytest.mark.parametrize("kind", ["dflash", "dflash2"])
-def test_a_dflash_round_syncs_once_and_its_commit_never(make_fast_dflash, prompt_of, kind, forced):
+def test_a_dflash_round_syncs_once_and_its_commit_never(make_fast_dflash, prompt_of, kind, forced, replay):
     """The drafter's block pass, its draws (DFlash2's selector walk slot by slot) on the device, the verify pass
     with the drafter context's extension: one sync a round (they were 8 for DFlash and 28 for DFlash2 at k = 7,
-    each block's index lists built straight onto the device and the drafts drawn on the host)."""
-    _rounds(make_fast_dflash(kind, 7, forced=forced), prompt_of, forced)
+    each block's index lists built straight onto the device and the drafts drawn on the host). `replay`: the plan
+    keeps no step states (the 27B's), so every cut block's commit replays its kept tokens from the backup."""
+    program = make_fast_dflash(kind, 7, forced=forced)
+    assert program.model.plan.step_slots == 7
+    if replay:
+        program.executor.select = lambda seq, keep: False  # what `select` answers for a plan without step slots
+    _rounds(program, prompt_of, forced)
 
 
 def _rounds(program, prompt_of, forced: bool) -> None:
+    rollbacks = []  # the tokens each cut block kept
+    select = program.executor.select
+    program.executor.select = lambda seq, keep: rollbacks.append(keep) or select(seq, keep)
     handles = [start_decoding(program, prompt_of(n, seed=n), 64, sampling=p, seed=7)
                for n, p in ((9, GREEDY), (14, SAMPLED))]
     for i in range(12):
@@ -43,7 +54,7 @@ def _rounds(program, prompt_of, forced: bool) -> None:
             batch = program.decode(handles)
         assert syncs.count == 1 and "host_sync" in syncs.sites[0], syncs.sites
         # from round 5 on, the first round where a block kept drafts cuts every block after one token (the terminal
-        # rule: a replay from the backup); which round that is depends on the forced lengths and on the target's
+        # rule); which round that is depends on the forced lengths and on the target's
         # argmax agreeing with the teacher's, which differ between the CPU and the GPU model
         last = i >= 5 and (max(row.produced for row in batch.rows) > 1 or (not forced and i == 5))
         with count_host_syncs() as syncs:
@@ -53,4 +64,6 @@ def _rounds(program, prompt_of, forced: bool) -> None:
         program.check_invariants()
         if last:
             break
-    assert last and (not forced or max(row.produced for row in batch.rows) > 1)  # the cut replayed drafts
+    assert last and (not forced or max(row.produced for row in batch.rows) > 1)  # the cut dropped kept drafts
+    # the commits counted above cut blocks inside (the last round's two rows at least), forced ones after kept drafts
+    assert len(rollbacks) >= 2 and (not forced or any(k > 1 for k in rollbacks)), rollbacks
