@@ -44,7 +44,7 @@ import torch
 from ninfer.fast.capture import no_collection_during_capture
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
-from ninfer.fast.model.model import step_slots
+from ninfer.fast.model.addressing import step_slots
 
 if TYPE_CHECKING:  # the backend lives in the Program's package, which imports this module
     from ninfer.fast.program.dflash_backend import FastDFlashBackend

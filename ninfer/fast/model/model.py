@@ -18,7 +18,6 @@ angles and the recurrent state S in fp32; logits are returned in fp32.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import torch
@@ -31,6 +30,7 @@ from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.pipeline import StagePlan
 from ninfer.pipeline.link import PeerLink
 
+from .addressing import moved, padded_inputs, piece_rows, prefill_inputs, verify_inputs
 from .kernels import Kernels, Residual, get_kernels
 from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer
 from .mtp import MtpHead
@@ -168,8 +168,8 @@ class FastModel:
                         pools.ssm[:, cap].copy_(pools.ssm[:, slot_id])
             inner = tuple((f - at, cap) for f, cap in captures if at < f < at + n)
             sink: dict[int, torch.Tensor] | None = None if taps is None else {}
-            steps = [self._prefill_inputs(rank, n, slot_id, block_table_row, at, inner)
-                     for rank in range(len(self.ranks))]
+            steps = [prefill_inputs(p.block_tables, self.plan.page_size, n, slot_id, block_table_row, at, inner)
+                     for p in self.ranks]
             if rope_positions is not None:
                 for step in steps:
                     step.rope_positions = rope_positions[:, s:s + n].to(step.positions.device).contiguous()
@@ -193,7 +193,9 @@ class FastModel:
         sequence at any frontier. The padding rows write no KV and leave the slot's GDN state and conv window as
         the real rows leave them (what `prefill` of the real tokens does, without its slot reset at position 0,
         which the caller runs). Reads no device value back. Returns the last real token's logits [1, V] fp32."""
-        hidden = self.hidden_states(tokens, self._padded_inputs(tokens.shape[0], slot_id, table_row, start, length))
+        step = padded_inputs(self.pools.block_tables, self.plan.page_size, self.device, tokens.shape[0], slot_id,
+                             table_row, start, length)
+        hidden = self.hidden_states(tokens, step)
         return self.logits(hidden.index_select(0, (length - 1).long()))
 
     def verify(self, tokens: torch.Tensor, slot_ids: Sequence[int], block_table_rows: Sequence[int],
@@ -218,8 +220,8 @@ class FastModel:
         if keep_steps and max(lens) > self.plan.step_slots + 1:
             raise ValueError(f"blocks of lens {list(lens)} keep more states than the plan's {self.plan.step_slots} "
                              f"step slots per row")
-        steps = [self._verify_inputs(rank, slot_ids, block_table_rows, starts, lens, keep_steps)
-                 for rank in range(len(self.ranks))]
+        steps = [verify_inputs(self.plan, p.block_tables, slot_ids, block_table_rows, starts, lens, keep_steps)
+                 for p in self.ranks]
         if rope_deltas is not None and any(rope_deltas):
             deltas = [d for d, n in zip(rope_deltas, lens) for _ in range(n)]
             for step in steps:
@@ -227,62 +229,12 @@ class FastModel:
         hidden = self._layers(tokens, steps, taps)
         return self.logits(hidden), hidden
 
-    def _verify_inputs(self, rank: int, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
-                       lens: Sequence[int], keep_steps: bool = False) -> StepInputs:
-        """The blocks' addressing on rank `rank`, built on the host and queued through pinned memory (no host
-        sync)."""
-        dev, ps = self.devices[rank], self.plan.page_size
-        table = self.ranks[rank].block_tables.index_select(0, to_device(rows, dev))  # [B, max_pages]
-        pos_host = [s + j for s, n in zip(starts, lens) for j in range(n)]
-        pos = to_device(pos_host, dev, torch.long)  # [N]
-        block = to_device([i for i, n in enumerate(lens) for _ in range(n)], dev, torch.long)  # [N]
-        pages = table[block, pos // ps].long()
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
-        reads, writes = step_slots(self.plan, slots, rows, lens, keep_steps)
-        steps = [(to_device([cu[i] + j for i, n in enumerate(lens) if n > j], dev, torch.long),
-                  to_device([r[j] for r, n in zip(reads, lens) if n > j], dev),
-                  to_device([w[j] for w, n in zip(writes, lens) if n > j], dev)) for j in range(max(lens))]
-        return StepInputs(positions=pos.to(torch.int32), slot_mapping=pages * ps + pos % ps,
-                          slot_ids=to_device(slots, dev), block_table=table, cu_seqlens=to_device(cu, dev),
-                          max_prefix=max(starts), prefix_lens=to_device(starts, dev), gdn_steps=steps)
-
-    def _prefill_inputs(self, rank: int, n: int, slot: int, row: int, start: int,
-                        captures: tuple[tuple[int, int], ...] = ()) -> StepInputs:
-        dev, ps = self.devices[rank], self.plan.page_size
-        table = self.ranks[rank].block_tables[row:row + 1]  # [1, max_pages]
-        pos = torch.arange(start, start + n, device=dev, dtype=torch.int32)
-        pages = table[0, (pos // ps).long()].long()
-        i32 = dict(device=dev, dtype=torch.int32)
-        # filled on the device: a tensor built from a host list is a pageable copy, which waits for the stream
-        return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
-                          slot_ids=torch.full((1,), slot, **i32), block_table=table,
-                          cu_seqlens=torch.arange(0, 2 * n, n, **i32), prefix_lens=torch.full((1,), start, **i32),
-                          prefill_slot=slot, captures=captures, max_prefix=start)
-
     def hidden_states(self, tokens: torch.Tensor, step: StepInputs, taps: dict[int, torch.Tensor] | None = None
                       ) -> torch.Tensor:
         """tokens [T] through every layer at ``step``'s addressing (built by the caller on rank 0, e.g. the verify
         graphs' static buffers; a later stage takes a copy on its device); the final-normed hidden [T, H]; ``taps``
         as for `prefill`."""
-        return self._layers(tokens, [step] + [_moved(step, d) for d in self.devices[1:]], taps)
-
-    def _padded_inputs(self, n: int, slot: torch.Tensor, row: torch.Tensor, start: torch.Tensor,
-                       length: torch.Tensor) -> StepInputs:
-        """A padded piece's addressing, from device data only: padding rows get KV slot -1 (written nowhere) and a
-        page index clamped into the table (their positions may run past the context)."""
-        i32 = dict(device=self.device, dtype=torch.int32)
-        ps = self.plan.page_size
-        offsets = torch.arange(n, **i32)  # [n]
-        pos = start + offsets
-        table = self.pools.block_tables.index_select(0, row)  # [1, max_pages]
-        pages = table[0, (pos // ps).clamp(max=table.shape[1] - 1).long()].long()
-        slot_mapping = torch.where(offsets < length, pages * ps + (pos % ps).long(), -1)
-        cu = torch.cat([torch.zeros(1, **i32), length])  # [0, length]: attention's queries are the real rows
-        # the slot id long: the GDN state is gathered from and scattered back to it (index_copy_ takes long ids)
-        return StepInputs(positions=pos, slot_mapping=slot_mapping, slot_ids=slot.long(), block_table=table,
-                          cu_seqlens=cu, prefix_lens=start, length=length)
+        return self._layers(tokens, [step] + [moved(step, d) for d in self.devices[1:]], taps)
 
     def _layers(self, tokens: torch.Tensor, steps: list[StepInputs], taps: dict[int, torch.Tensor] | None = None,
                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -342,34 +294,3 @@ class FastModel:
         if isinstance(lm_head, torch.Tensor):
             return F.linear(hidden, lm_head).float()
         return self.kernels.linear(hidden, lm_head).float()
-
-
-def _moved(step: StepInputs, device: torch.device) -> StepInputs:
-    """``step`` with its tensors on ``device`` (the block tables are equal on every rank, so rank 0's rows serve)."""
-    def on(x):
-        return x.to(device) if isinstance(x, torch.Tensor) else x
-    fields = {f.name: on(getattr(step, f.name)) for f in dataclasses.fields(step)}
-    if step.gdn_steps is not None:
-        fields["gdn_steps"] = [tuple(map(on, s)) for s in step.gdn_steps]
-    return StepInputs(**fields)
-
-
-def step_slots(plan: MemoryPlan, slots: Sequence[int], rows: Sequence[int], lens: Sequence[int], keep: bool
-               ) -> tuple[list[list[int]], list[list[int]]]:
-    """The slots each block's GDN steps read and write: in place on the block's slot, or (``keep``) step j writing
-    the row's step slot j but the last step, which writes the slot, and each step reading the one before's."""
-    reads, writes = [], []
-    for slot, row, n in zip(slots, rows, lens):
-        out = [plan.step_slot(row, j) for j in range(n - 1)] + [slot] if keep else [slot] * n
-        reads.append([slot] + out[:-1])
-        writes.append(out)
-    return reads, writes
-
-
-def piece_rows(embeds: tuple[torch.Tensor, torch.Tensor] | None, start: int, n: int):
-    """The (rows, features) of ``embeds`` inside the prefill piece [start, start + n), rows relative to it."""
-    if embeds is None:
-        return None
-    rows, feats = embeds
-    inside = (rows >= start) & (rows < start + n)
-    return (rows[inside] - start, feats[inside]) if bool(inside.any()) else None

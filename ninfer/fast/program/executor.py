@@ -41,7 +41,7 @@ from ninfer.fast.hostcopy import to_device
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
-from ninfer.fast.model.model import piece_rows
+from ninfer.fast.model.addressing import piece_rows
 from ninfer.fast.prefill_graphs import PrefillGraphRunner
 from ninfer.contracts import RowFailure
 from ninfer.fast.sampling import DeviceSampler, SampleRow
