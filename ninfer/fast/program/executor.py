@@ -31,6 +31,7 @@ feature, the drafter context at MRoPE's temporal row.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -41,7 +42,7 @@ from ninfer.fast.hostcopy import to_device
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
-from ninfer.fast.model.addressing import piece_rows
+from ninfer.fast.model.addressing import piece_rows, step_slots
 from ninfer.fast.prefill_graphs import PrefillGraphRunner
 from ninfer.contracts import RowFailure
 from ninfer.fast.sampling import DeviceSampler, SampleRow
@@ -261,19 +262,19 @@ class FastExecutor:
         if self.mtp is not None:
             self.mtp.advance(slots, rows, starts, tokens, list(torch.split(hidden, lens)), media)
             if keep:
-                self._store_step_hidden(rows, lens, hidden)
+                self._store_step_hidden(slots, rows, lens, hidden)
         if self.dflash is not None:
             self.dflash.advance(rows, starts, lens, taps, media)
         return logits
 
-    def _store_step_hidden(self, rows: Sequence[int], lens: Sequence[int], hidden: torch.Tensor) -> None:
+    def _store_step_hidden(self, slots: Sequence[int], rows: Sequence[int], lens: Sequence[int],
+                           hidden: torch.Tensor) -> None:
         """Each block position but the last stores its final-normed hidden (of hidden [N, H], blocks packed) beside
-        its step slot's GDN state: the eager twin of the verify graphs' ``h_dst``."""
-        plan, first, dst, src = self.model.plan, 0, [], []
-        for row, n in zip(rows, lens):
-            dst += [plan.step_slot(row, j) for j in range(n - 1)]
-            src += range(first, first + n - 1)
-            first += n
+        its step slot's GDN state (the slot `step_slots` gave that position's GDN step): the eager twin of the
+        verify graphs' ``h_dst``."""
+        _, writes = step_slots(self.model.plan, slots, rows, lens, True)
+        dst = [w for out in writes for w in out[:-1]]  # the last position's state went to the row's slot
+        src = [first + j for first, n in zip(itertools.accumulate(lens, initial=0), lens) for j in range(n - 1)]
         if dst:
             self.mtp.store(to_device(dst, self.device), hidden.index_select(0, to_device(src, self.device, torch.long)))
 
