@@ -120,14 +120,17 @@ def test_static_draws_equal_the_eager_draws():
     torch.testing.assert_close(static.z, eager.z, rtol=0, atol=0, equal_nan=True)  # the NaN row's q is NaN
 
 
-def _masks(gen, lens):
-    """Row 4 under a grammar: one random bitmask per verified position, one of them forbidding everything."""
+def _masks(gen, lens, empty: int):
+    """Row 4 under a grammar: one random bitmask per verified position, the one at position `empty` (when the row
+    verifies that many) forbidding everything: acceptance reaching it fails the row."""
     out = []
     for b, n in enumerate(lens):
         if b != 4:
             out.append([None] * (n + 1))
             continue
         rows = [pack_bits(torch.rand(V, generator=gen) < 0.6) for _ in range(n + 1)]
+        if empty <= n:
+            rows[empty] = pack_bits(torch.zeros(V, dtype=torch.bool))
         out.append(rows)
     return out
 
@@ -160,9 +163,12 @@ def test_device_acceptance_equals_accept(host_drafts, seed):
             spec.draw(rows, block, j, live, torch.stack([draft_logits[b][min(j, rooms[b] - 1)] for b in
                                                          live.tolist()]))
         pairs = [block[b] for b in range(len(rooms))]
-    masks = _masks(gen, rooms)
+    # row 4's grammar leaves nothing at its first position (seeds 0, 2: it has no drafts, so it fails there) or at
+    # its second (seeds 1, 3: it fails when its first draft is accepted)
+    masks = _masks(gen, rooms, seed % 2)
     poisoned = [torch.cat([t, torch.full((K + 1 - t.shape[0], V), float("nan"))]) for t in target]
     got = spec.accept(seqs, ctxs, block, [t[:n + 1] for t, n in zip(poisoned, rooms)], masks)
+    failed = []
     for b, (drafts, q) in enumerate(pairs):
         n = int(block.num[b])
         try:
@@ -170,6 +176,7 @@ def test_device_acceptance_equals_accept(host_drafts, seed):
                           masks[b][:n + 1])
         except SamplingError as e:
             assert got[b] == e.failure, b
+            failed.append(b)
             continue
         assert not isinstance(got[b], RowFailure), (b, got[b])
         assert got[b].tokens == want.tokens, (b, got[b].tokens, want.tokens)
@@ -178,3 +185,4 @@ def test_device_acceptance_equals_accept(host_drafts, seed):
             continue
         for (lp, top), (wlp, wtop) in zip(got[b].logprobs, want.logprobs):
             assert abs(lp - wlp) < 1e-5 and [t for t, _ in top] == [t for t, _ in wtop], b
+    assert failed == [4] or (seed % 2 and not failed), failed
