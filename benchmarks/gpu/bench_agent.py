@@ -89,7 +89,7 @@ def build(run: Run, tokenizer: Path):
     from ninfer.serve.app import create_app
     from ninfer.serve.state import ServerState
     from ninfer.runtime_options import RuntimeOptions
-    from ninfer.wiring import Runtime
+    from ninfer.runtime import Runtime
 
     s = run.s
     cfg = config(s.shape)

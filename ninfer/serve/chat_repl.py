@@ -14,8 +14,8 @@ from typing import Callable
 import click
 
 from ninfer.contracts import RequestRejected
+from ninfer.runtime import Runtime
 from ninfer.sampling import SamplingParams
-from ninfer.wiring import Runtime
 
 from .terminal import Printer, run_turn
 

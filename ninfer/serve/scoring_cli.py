@@ -16,7 +16,7 @@ from typing import Callable, TextIO
 from ninfer.contracts import RequestRejected
 from ninfer.errors import NinferError, NotFoundError, UsageError
 from ninfer.frontend.input_bounds import MAX_JSON_DEPTH, too_deep
-from ninfer.wiring import Runtime
+from ninfer.runtime import Runtime
 
 from .requests import TokenText
 

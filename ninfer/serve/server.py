@@ -14,7 +14,7 @@ import socket
 import click
 
 from ninfer.errors import UnavailableError
-from ninfer.wiring import Runtime
+from ninfer.runtime import Runtime
 
 from .app import create_app
 from .lifecycle import CANCEL_GRACE_S, Lifecycle, Server

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from ninfer.contracts import RequestRejected
-from ninfer.wiring import Runtime
+from ninfer.runtime import Runtime
 
 from .errors import APIError
 from .events import Choices

@@ -13,8 +13,8 @@ from ninfer.contracts import RejectReason, RequestRejected
 from ninfer.engine.engine import GenerationHandle
 from ninfer.engine.records import GenerationRequest
 from ninfer.frontend import OutputOptions, PreparedPrompt, StructuredOutputOptions
+from ninfer.runtime import Runtime
 from ninfer.sampling import SamplingParams, resolve_seed
-from ninfer.wiring import Runtime
 
 
 def output_budget(rt: Runtime, prompt_tokens: int, max_tokens: int | None) -> int:

@@ -19,9 +19,9 @@ import click
 
 from ninfer.contracts import GenerationResult, OutputDelta
 from ninfer.frontend import ChatRequest
+from ninfer.runtime import Runtime
 from ninfer.sampling import SamplingParams
 from ninfer.serve.submit import submit
-from ninfer.wiring import Runtime
 
 CLI_MAX_TOKENS = 256
 CLI_PLAIN = {"temperature": 0.0}  # what `--generation-config none` leaves: greedy decoding
