@@ -2,7 +2,7 @@
 
     python benchmarks/quant_quality.py [--moe] [--tokens 512] [--seed 0] [--out results.json] [--smoke]
 
-Builds a small random Qwen3.5 with peaked logits (``ninfer.testing.checkpoints.peaked_text_tensors``: greedy tokens
+Builds a small random Qwen3.5 with peaked logits (``ninfer.testing.weights.peaked_text_tensors``: greedy tokens
 are not near-ties), stores it as a bf16 HF checkpoint, converts it value-preserving and with ``--quantize fp8``,
 ``q4``, ``q5`` and ``nvfp4``, and runs one teacher-forced prefill of random tokens through the reference model of
 each artifact (every representation dequantized exactly into fp32). Reports per recipe the stored bytes of the

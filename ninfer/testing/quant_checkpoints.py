@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ninfer.models.qwen3_5.config import Qwen35Config
-from ninfer.testing.checkpoints import make_hf_checkpoint, peaked_text_tensors, read_checkpoint_tensors
+from ninfer.testing.checkpoints import make_hf_checkpoint, read_checkpoint_tensors
+from ninfer.testing.weights import peaked_text_tensors
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # Modules the writers leave in bf16, as the published checkpoints do.

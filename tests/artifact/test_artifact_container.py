@@ -10,7 +10,8 @@ from ninfer.artifact import ArtifactError, ArtifactWriter, intersect_activations
 from ninfer.artifact.build import add_fused, add_packed, add_uses
 from ninfer.artifact.formats import get_format
 from ninfer.models.qwen3_5.params import logical_parameters
-from ninfer.testing.checkpoints import random_logical_tensors, tiny_config
+from ninfer.testing.checkpoints import tiny_config
+from ninfer.testing.weights import random_logical_tensors
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

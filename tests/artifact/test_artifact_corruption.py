@@ -7,7 +7,7 @@ import torch
 
 from ninfer.artifact import ArtifactError, open_artifact, write_artifact
 from ninfer.artifact.header import ALIGN
-from ninfer.testing.checkpoints import random_logical_tensors
+from ninfer.testing.weights import random_logical_tensors
 
 
 @pytest.fixture()

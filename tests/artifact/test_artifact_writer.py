@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ninfer.artifact import ArtifactError, ArtifactWriter, open_artifact, write_artifact
-from ninfer.testing.checkpoints import random_logical_tensors
+from ninfer.testing.weights import random_logical_tensors
 
 
 def _listing(d):

@@ -18,7 +18,7 @@ from ninfer.artifact import write_artifact
 from ninfer.fast.program import FastProgram, FastProgramConfig
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
 from ninfer.reference.model import ReferenceModel
-from ninfer.testing.checkpoints import peaked_text_tensors
+from ninfer.testing.weights import peaked_text_tensors
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()

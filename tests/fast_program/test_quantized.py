@@ -21,7 +21,7 @@ from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS
 from ninfer.models.qwen3_5.capacity import weight_bytes
 from ninfer.models.qwen3_5.params import logical_parameters
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
-from ninfer.testing.checkpoints import peaked_text_tensors
+from ninfer.testing.weights import peaked_text_tensors
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.quant import pack_planes
 from ninfer.testing.serving import serve
@@ -205,7 +205,7 @@ def _moe_config():
 def test_quantized_moe_experts(tmp_path, prompt_of, recipe):
     """Routed experts stored quantized ([E, 2I, H] and [E, H, I] objects): naive kernels in prefill and decode, and
     the Triton path (pair-mode GEMV in decode, dequantized stacks in prefill) through the Engine."""
-    from ninfer.testing.checkpoints import peaked_text_tensors
+    from ninfer.testing.weights import peaked_text_tensors
     cfg = _moe_config()
     path = write_quantized(tmp_path / f"moe-{recipe}.ninfer", cfg, peaked_text_tensors(cfg), recipe)
     fast = _fast(path)

@@ -14,7 +14,7 @@ import oracle.diff as diff
 from ninfer.artifact import write_artifact
 from ninfer.cli import main
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
-from ninfer.testing.checkpoints import peaked_text_tensors
+from ninfer.testing.weights import peaked_text_tensors
 
 RUN = dict(prompts=2, prompt_len=9, decode_steps=3, dtype=torch.float32, device="cpu")
 # With NINFER_TEST_DEVICE=cuda the Triton variant runs on the GPU (no interpreter there), with its TF32 tolerance.

@@ -18,7 +18,7 @@ from ninfer.artifact import write_artifact
 from ninfer.cli import main
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
-from ninfer.testing.checkpoints import peaked_text_tensors
+from ninfer.testing.weights import peaked_text_tensors
 from ninfer.testing.speculation import ForcedDrafts
 from oracle.diff import default_tolerance
 from oracle.spec_diff import main_spec_diff, run_spec_diff

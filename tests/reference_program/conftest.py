@@ -11,7 +11,7 @@ import torch
 
 from ninfer.models.qwen3_5.config import FULL, LINEAR, Qwen35Config
 from ninfer.reference.model import ReferenceModel
-from ninfer.testing.checkpoints import peaked_text_tensors
+from ninfer.testing.weights import peaked_text_tensors
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
 VOCAB = 97

@@ -15,7 +15,7 @@ from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.sampling import SamplingParams
-from ninfer.testing.checkpoints import peaked_text_tensors
+from ninfer.testing.weights import peaked_text_tensors
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.serving import in_turns
 from ninfer.testing.sessions import TokenSession
