@@ -29,20 +29,18 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_driver import Tracker, drive, steady_step_ms, submit  # noqa: E402
 from engine_report import print_table  # noqa: E402
 from runlog import Run, bench_arguments, close, free_device  # noqa: E402
 from shapes import config, random_prompt, random_source  # noqa: E402
 from prefill_phases import PhaseTimer, itl_report  # noqa: E402
 from step_gaps import StepGaps  # noqa: E402
 
-from ninfer.contracts import GenerationResult, GenerationStart, OutputDelta  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
-from ninfer.engine.records import GenerationRequest  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS  # noqa: E402
-from ninfer.testing.sessions import TokenSession  # noqa: E402
 
 LANES = 8
 
@@ -74,68 +72,6 @@ SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1,
                  itl_tokens=24, budget_bytes=1 << 30)
 # skip a model when less than this many seconds are left (weights, compiles, graphs, the long-context part)
 MIN_SECONDS = {"0.8B": 40, "9B": 70, "35B-A3B": 100, "tiny": 1}
-
-
-class Tracker:
-    """One request's events with the time each was seen: after each worker boundary the driver polls every live
-    handle without blocking."""
-
-    def __init__(self, handle, submitted: float):
-        self.handle, self.submitted = handle, submitted
-        self.token_times: list[float] = []  # one entry per committed token
-        self.reused = 0
-        self.result: GenerationResult | None = None
-
-    def poll(self, now: float) -> None:
-        try:
-            for ev in self.handle.events(timeout=0):
-                if isinstance(ev, GenerationStart):
-                    self.reused = ev.reused_prefix_tokens
-                elif isinstance(ev, OutputDelta):
-                    self.token_times.extend([now] * len(ev.token_ids))
-                elif isinstance(ev, GenerationResult):
-                    self.result = ev
-        except TimeoutError:
-            pass
-
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.submitted
-
-
-def submit(engine: Engine, prompt: list[int], max_tokens: int) -> Tracker:
-    # stop_ids=() : random weights would otherwise stop at an early eos and shorten the timed stretch
-    session = TokenSession(max_tokens, stop_ids=())
-    t = time.perf_counter()
-    return Tracker(engine.submit(GenerationRequest(tuple(prompt), session, max_tokens, seed=0)), t)
-
-
-def drive(engine: Engine, trackers: list[Tracker], on_step=None) -> None:
-    live = list(trackers)
-    while live:
-        engine.step()
-        if engine.failure:
-            raise RuntimeError(f"engine failed: {engine.failure}")
-        now = time.perf_counter()
-        for t in live:
-            t.poll(now)
-        if on_step is not None:
-            on_step()
-        live = [t for t in live if t.result is None]
-    for t in trackers:
-        if t.result.error is not None:
-            raise RuntimeError(f"request failed: {t.result.error}")
-
-
-def steady_step_ms(trackers: list[Tracker]) -> tuple[float, int]:
-    """Median interval between consecutive tokens of each request inside the window where all of them decode:
-    from the last first token to the first last token. Returns (ms, intervals used)."""
-    start = max(t.token_times[0] for t in trackers)
-    end = min(t.token_times[-1] for t in trackers)
-    gaps = [b - a for t in trackers for a, b in zip(t.token_times, t.token_times[1:]) if a >= start and b <= end]
-    if not gaps:
-        raise RuntimeError("no interval where every request decoded: raise decode_tokens")
-    return statistics.median(gaps) * 1e3, len(gaps)
 
 
 def bench_decode(run: Run, engine: Engine, vocab: int, entry: dict) -> None:

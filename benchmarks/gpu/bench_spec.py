@@ -7,8 +7,8 @@ emits exactly L tokens (L = 1..k+1; ninfer.testing.speculation.ForcedDrafts does
 reference model). The backend's own draft still runs every round, so its cost stays in the step, and is timed on its
 own. Per model and B = 1, 2, 4, 8: ms per round, emitted tokens per row and round, ms per token and tok/s for each
 L, the issue's targets at 9B B = 1 with pass/fail, and tok/s projected at perf-anchors' acceptance lengths. Each
-round is split into phases (`Phases`: draft, verify, accept on the device, replay of a cut block, each between
-device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains
+round is split into phases (`spec_forcing.Phases`: draft, verify, accept on the device, replay of a cut block, each
+between device syncs, and the host rest of the Engine's step interval), so a run tells which part of the round remains
 (the fast MTP round replays nothing: a cut block takes its state from the verify pass's step slots, a slot copy in
 the host share). On the fast Program the round's graphs are also timed on their own (`spec_graphs.py`: per B the
 captured verify pass against the same body run eagerly, the B = 1 replay graph and, for MTP, the draft's graphs),
@@ -32,25 +32,22 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_driver import Tracker, drive, submit  # noqa: E402
 from runlog import Run, bench_arguments, close, free_device  # noqa: E402
 from shapes import config, published_drafter, random_drafter_source, random_prompt, random_source  # noqa: E402
+from spec_forcing import ForcedContinuation, Phases  # noqa: E402
 from spec_graphs import round_graph_times  # noqa: E402
 from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections, targets  # noqa: E402
 
-from ninfer.contracts import GenerationResult, OutputDelta  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
-from ninfer.engine.records import GenerationRequest  # noqa: E402
-from ninfer.fast.hostcopy import to_device  # noqa: E402
 from ninfer.models.qwen3_5.params import MTP, TEXT  # noqa: E402
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
-from ninfer.testing.sessions import TokenSession  # noqa: E402
 
 LANES = 8
 
@@ -87,135 +84,9 @@ def ks(s: Settings) -> list[int]:
     return [s.k] if s.method == "mtp" else [b - 1 for b in s.blocks]
 
 
-class Phases:
-    """Wall time of the executor's round phases (draft, verify, accept: the device acceptance, where the executor
-    has it; replay: the feed of a cut block), each bracketed by device syncs so the time is the phase's own. The
-    host share of a round is what the Engine's step interval leaves: scheduling, commit, index building."""
-
-    NAMES = ("draft", "verify", "accept", "feed")
-
-    def __init__(self, program, device: str):
-        ex, self.device = program.executor, device
-        self.seconds = {}
-        for name in self.NAMES:
-            if hasattr(ex, name):
-                setattr(ex, name, self._timed(name, getattr(ex, name)))
-        self.reset()
-
-    def reset(self) -> None:
-        self.seconds = {name: 0.0 for name in self.NAMES}
-        self.rounds = 0
-
-    def _sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
-    def _timed(self, name: str, call):
-        def run(*args):
-            self._sync()
-            t = time.perf_counter()
-            out = call(*args)
-            self._sync()
-            self.seconds[name] += time.perf_counter() - t
-            self.rounds += name == "draft"
-            return out
-        return run
-
-    def per_round_ms(self) -> dict:
-        n = max(self.rounds, 1)
-        return {f"{'replay' if name == 'feed' else name}_ms": self.seconds[name] * 1e3 / n for name in self.NAMES}
-
-
-class ForcedContinuation:
-    """The backend's draft, run and then overridden by the target's precomputed greedy continuation with a wrong
-    token at index `accept` (every row then emits accept + 1 tokens). The verify logits of a block are pinned at the
-    continuation's tokens up to the first wrong draft (one logit per position set to PIN, O(1)): a bf16 verify pass
-    may pick another argmax than the plain step at a near-tie, which would derail the forced pattern, and acceptance
-    still runs on those logits. Rows whose committed outputs left the continuation anyway keep the backend's drafts
-    and count as diverged."""
-
-    PIN = 1e4
-
-    def __init__(self, program, continuations: dict[tuple[int, ...], list[int]], vocab: int, device: str):
-        ex = program.executor
-        self.real_draft, self.real_verify = ex.draft, ex.verify
-        self.continuations, self.vocab, self.device = continuations, vocab, device
-        self.reset(0)
-        ex.draft, ex.verify = self.draft, self.verify
-
-    def reset(self, accept: int) -> None:
-        self.accept, self.followed, self.diverged = accept, 0, 0
-
-    def _continuation(self, seq, need: int) -> list[int] | None:
-        """The continuation after the committed outputs (`need` tokens of it), None once the row left it."""
-        cont, n = self.continuations.get(tuple(seq.prompt)), seq.num_outputs
-        if cont is None or len(cont) < n + need or seq.outputs != cont[:n]:
-            return None
-        return cont[n:n + need]
-
-    def draft(self, seqs, ctxs, ks):
-        real = self.real_draft(seqs, ctxs, ks)
-        return [self._forced(seq, k, real, b) for b, (seq, k) in enumerate(zip(seqs, ks))]
-
-    def _forced(self, seq, k: int, real, b: int):
-        if not k:
-            return (), []
-        ahead = self._continuation(seq, k)
-        if ahead is None:
-            self.diverged += 1
-            return real[b]  # the backend's own drafts (a device block reads them back here)
-        self.followed += 1
-        drafts = list(ahead)
-        if self.accept < k:
-            drafts[self.accept] = (drafts[self.accept] + 1) % self.vocab
-        return tuple(drafts), [None] * k  # greedy rows: acceptance needs no q
-
-    def verify(self, seqs, feds):
-        out = self.real_verify(seqs, feds)
-        for seq, logits in zip(seqs, out):  # logits [len(fed), V]: row i predicts output n + i
-            last = min(self.accept, logits.shape[0] - 1)  # the first wrong draft's row, or the bonus row
-            ahead = self._continuation(seq, last + 1)
-            if ahead is not None:  # one indexed write per row, no host read
-                logits[torch.arange(len(ahead), device=logits.device),
-                       to_device(ahead, logits.device, torch.long)] = self.PIN
-        return out
-
-
-class Tracker:
-    def __init__(self, handle):
-        self.handle = handle
-        self.deltas: list[tuple[float, int]] = []  # (time seen, tokens) of every OutputDelta
-        self.tokens: list[int] = []
-        self.result: GenerationResult | None = None
-
-    def poll(self, now: float) -> None:
-        try:
-            for ev in self.handle.events(timeout=0):
-                if isinstance(ev, OutputDelta):
-                    self.deltas.append((now, len(ev.token_ids)))
-                    self.tokens.extend(ev.token_ids)
-                elif isinstance(ev, GenerationResult):
-                    self.result = ev
-        except TimeoutError:
-            pass
-
-
 def run_requests(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[Tracker]:
-    # stop_ids=(): random weights would otherwise stop at an early eos and shorten the timed stretch
-    trackers = [Tracker(engine.submit(GenerationRequest(tuple(p), TokenSession(max_tokens, stop_ids=()), max_tokens,
-                                                        seed=0))) for p in prompts]
-    live = list(trackers)
-    while live:
-        engine.step()
-        if engine.failure:
-            raise RuntimeError(f"engine failed: {engine.failure}")
-        now = time.perf_counter()
-        for t in live:
-            t.poll(now)
-        live = [t for t in live if t.result is None]
-    for t in trackers:
-        if t.result.error is not None:
-            raise RuntimeError(f"request failed: {t.result.error}")
+    trackers = [submit(engine, p, max_tokens) for p in prompts]
+    drive(engine, trackers)
     return trackers
 
 

@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 import bench_spec as bs  # noqa: E402
 from runlog import Run  # noqa: E402
+from spec_forcing import ForcedContinuation  # noqa: E402
 
 
 def test_forced_lengths_survive_a_verify_that_agrees_with_nothing():
@@ -27,7 +28,7 @@ def test_forced_lengths_survive_a_verify_that_agrees_with_nothing():
     real = program.executor.verify
     noise = torch.Generator().manual_seed(4)
     program.executor.verify = lambda seqs, feds: [torch.randn(lg.shape, generator=noise) for lg in real(seqs, feds)]
-    forced = bs.ForcedContinuation(program, continuations, vocab, "cpu")
+    forced = ForcedContinuation(program, continuations, vocab, "cpu")
     try:
         for L in range(1, s.k + 2):
             forced.reset(L - 1)

@@ -1,0 +1,107 @@
+"""bench_spec.py's instruments on a Program's executor: `Phases` times each phase of a speculative round (draft,
+verify, accept, the replay of a cut block) between device syncs, and `ForcedContinuation` forces every round to
+emit a chosen number of tokens by replacing the backend's drafts with the target's own greedy continuation, a
+wrong token at the chosen index (random weights make real drafts meaningless).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ninfer.fast.hostcopy import to_device
+
+
+class Phases:
+    """Wall time of the executor's round phases (draft, verify, accept: the device acceptance, where the executor
+    has it; replay: the feed of a cut block), each bracketed by device syncs so the time is the phase's own. The
+    host share of a round is what the Engine's step interval leaves: scheduling, commit, index building."""
+
+    NAMES = ("draft", "verify", "accept", "feed")
+
+    def __init__(self, program, device: str):
+        ex, self.device = program.executor, device
+        self.seconds = {}
+        for name in self.NAMES:
+            if hasattr(ex, name):
+                setattr(ex, name, self._timed(name, getattr(ex, name)))
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = {name: 0.0 for name in self.NAMES}
+        self.rounds = 0
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def _timed(self, name: str, call):
+        def run(*args):
+            self._sync()
+            t = time.perf_counter()
+            out = call(*args)
+            self._sync()
+            self.seconds[name] += time.perf_counter() - t
+            self.rounds += name == "draft"
+            return out
+        return run
+
+    def per_round_ms(self) -> dict:
+        n = max(self.rounds, 1)
+        return {f"{'replay' if name == 'feed' else name}_ms": self.seconds[name] * 1e3 / n for name in self.NAMES}
+
+
+class ForcedContinuation:
+    """The backend's draft, run and then overridden by the target's precomputed greedy continuation with a wrong
+    token at index `accept` (every row then emits accept + 1 tokens). The verify logits of a block are pinned at the
+    continuation's tokens up to the first wrong draft (one logit per position set to PIN, O(1)): a bf16 verify pass
+    may pick another argmax than the plain step at a near-tie, which would derail the forced pattern, and acceptance
+    still runs on those logits. Rows whose committed outputs left the continuation anyway keep the backend's drafts
+    and count as diverged."""
+
+    PIN = 1e4
+
+    def __init__(self, program, continuations: dict[tuple[int, ...], list[int]], vocab: int, device: str):
+        ex = program.executor
+        self.real_draft, self.real_verify = ex.draft, ex.verify
+        self.continuations, self.vocab, self.device = continuations, vocab, device
+        self.reset(0)
+        ex.draft, ex.verify = self.draft, self.verify
+
+    def reset(self, accept: int) -> None:
+        self.accept, self.followed, self.diverged = accept, 0, 0
+
+    def _continuation(self, seq, need: int) -> list[int] | None:
+        """The continuation after the committed outputs (`need` tokens of it), None once the row left it."""
+        cont, n = self.continuations.get(tuple(seq.prompt)), seq.num_outputs
+        if cont is None or len(cont) < n + need or seq.outputs != cont[:n]:
+            return None
+        return cont[n:n + need]
+
+    def draft(self, seqs, ctxs, ks):
+        real = self.real_draft(seqs, ctxs, ks)
+        return [self._forced(seq, k, real, b) for b, (seq, k) in enumerate(zip(seqs, ks))]
+
+    def _forced(self, seq, k: int, real, b: int):
+        if not k:
+            return (), []
+        ahead = self._continuation(seq, k)
+        if ahead is None:
+            self.diverged += 1
+            return real[b]  # the backend's own drafts (a device block reads them back here)
+        self.followed += 1
+        drafts = list(ahead)
+        if self.accept < k:
+            drafts[self.accept] = (drafts[self.accept] + 1) % self.vocab
+        return tuple(drafts), [None] * k  # greedy rows: acceptance needs no q
+
+    def verify(self, seqs, feds):
+        out = self.real_verify(seqs, feds)
+        for seq, logits in zip(seqs, out):  # logits [len(fed), V]: row i predicts output n + i
+            last = min(self.accept, logits.shape[0] - 1)  # the first wrong draft's row, or the bonus row
+            ahead = self._continuation(seq, last + 1)
+            if ahead is not None:  # one indexed write per row, no host read
+                logits[torch.arange(len(ahead), device=logits.device),
+                       to_device(ahead, logits.device, torch.long)] = self.PIN
+        return out
