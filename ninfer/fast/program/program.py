@@ -64,6 +64,23 @@ def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None)
     return FastDFlashBackend(drafter, model.pools, block, window)
 
 
+def _check_plan(model: FastModel, c: FastProgramConfig) -> bool:
+    """Refuse a model whose memory plan, MTP head or stages were not made for the resolved config `c`; whether
+    the config runs the MTP backend."""
+    plan = model.plan
+    if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
+            plan.page_size != c.page_size or plan.max_context < c.max_context:
+        raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
+    mtp = c.speculative is not None and c.speculative.method is SpeculativeMethod.MTP
+    if plan.mtp != mtp:
+        raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
+    if mtp and model.mtp is None:
+        raise MissingBackendWeights(c.speculative.method, c.speculative.method.needs)
+    if (c.stage_plan or model.stages) != model.stages:
+        raise ValueError(f"the model's stages {model.stages} are not the config's {c.stage_plan}")
+    return mtp
+
+
 class FastProgram(Program):
     def __init__(self, model: FastModel, config: FastProgramConfig, drafter: FastDrafter | None = None,
                  vision: FastVisionTower | None = None, vision_patches: int = 0):
@@ -72,16 +89,7 @@ class FastProgram(Program):
         at `vision_patches` (the largest image's patches) before serving."""
         cfg, plan = model.cfg, model.plan
         c = config.resolved(cfg)
-        if plan.max_seqs != c.max_concurrency or plan.slots != c.usable_slots + c.max_concurrency or \
-                plan.page_size != c.page_size or plan.max_context < c.max_context:
-            raise ValueError(f"the model's memory plan {plan} was not made by FastProgramConfig.plan for {c}")
-        mtp = c.speculative is not None and c.speculative.method is SpeculativeMethod.MTP
-        if plan.mtp != mtp:
-            raise ValueError(f"the model's memory plan has mtp={plan.mtp}, the config speculative={c.speculative}")
-        if mtp and model.mtp is None:
-            raise MissingBackendWeights(c.speculative.method, c.speculative.method.needs)
-        if (c.stage_plan or model.stages) != model.stages:
-            raise ValueError(f"the model's stages {model.stages} are not the config's {c.stage_plan}")
+        mtp = _check_plan(model, c)
         dflash = _dflash(c, model, drafter)
         self.model = model
         self.device = model.device
@@ -100,21 +108,50 @@ class FastProgram(Program):
                                         backup_base=c.backup_slot(0), use_graphs=c.cuda_graphs)
         if vision is not None and vision_patches:
             vision.plan(vision_patches)  # the largest image's activations, before anything else is measured
-        costs, prefill = CostFacts(), PrefillCosts()  # the generic fallbacks off CUDA
         piece = min(c.max_prefill_tokens, c.max_context)
-        on_cuda = model.device.type == "cuda"  # measured with CUDA graphs or without (cuda_graphs False)
-        if on_cuda:
-            _warm_prefill(model, piece)
-            if dflash is not None:
-                dflash.warm(piece)
-            costs = measure_costs(model, self.store, piece)
-            if vision is not None and vision_patches:
-                vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
-        # one graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
-        # eager on the same buffers elsewhere and with cuda_graphs off (--enforce-eager). Under a backend no plain
-        # decode graph would ever run; the round's target pass and a cut block's replay (verify_graphs.py; with
-        # DFlash the drafter context's extension too) and the MTP draft (draft_graphs.py) have their own graphs per
-        # exact B
+        costs = self._measure_costs(piece, dflash, vision, vision_patches)
+        verifier, drafter_graphs = self._capture_graphs(c, mtp, dflash, piece)
+        prefill = PrefillCosts()  # the generic fallback off CUDA
+        if model.device.type == "cuda":  # the plain step per B, replayed or eager; none under a backend
+            prefill = measure_prefill(model, self.runner if c.speculative is None else None, piece, _signature(model),
+                                      self.pieces)
+        no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
+        self.vision = None if vision is None else vision.cfg
+        self.max_patches = vision_patches  # a larger image would plan a workspace past the budget
+        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
+                                    prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
+                                    draft_tokens=c.draft_tokens, no_vision=no_vision)
+        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
+                                     ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs,
+                                     self.pieces)
+
+    def _measure_costs(self, piece: int, dflash: FastDFlashBackend | None, vision: FastVisionTower | None,
+                       vision_patches: int) -> CostFacts:
+        """On CUDA (with CUDA graphs or without): one full prefill piece compiles every prefill kernel (the
+        drafter's too), then the physical costs are measured and the tower warmed at the largest image; elsewhere
+        the generic fallbacks."""
+        model = self.model
+        if model.device.type != "cuda":
+            return CostFacts()
+        _warm_prefill(model, piece)
+        if dflash is not None:
+            dflash.warm(piece)
+        costs = measure_costs(model, self.store, piece)
+        if vision is not None and vision_patches:
+            vision.warm(vision_patches)  # the attention measured, kernels compiled at the largest image
+        return costs
+
+    def _capture_graphs(self, c: FastProgramConfig, mtp: bool, dflash: FastDFlashBackend | None, piece: int
+                        ) -> tuple[VerifyGraphRunner | None, DraftGraphRunner | None]:
+        """Every graph the Program replays, captured before serving; returns the speculative round's (verify,
+        draft) runners, None where the config runs none.
+
+        One graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
+        eager on the same buffers elsewhere and with cuda_graphs off (--enforce-eager). Under a backend no plain
+        decode graph would ever run; the round's target pass and a cut block's replay (verify_graphs.py; with
+        DFlash the drafter context's extension too) and the MTP draft (draft_graphs.py) have their own graphs per
+        exact B."""
+        model = self.model
         verifier = drafter_graphs = None
         if c.speculative is None:
             self.runner.capture()
@@ -129,22 +166,11 @@ class FastProgram(Program):
         self.sampler.capture()
         # short prefill pieces as graphs (a plain dense model whose plan counted their pool; none with cuda_graphs
         # off, where prefill_graph_tokens resolved to 0), eager on a CPU
-        graphed = min(plan.prefill_graph_tokens, c.prefill_graph_tokens)
+        graphed = min(model.plan.prefill_graph_tokens, c.prefill_graph_tokens)
         self.pieces = PrefillGraphRunner(model, graphed) if prefill_buckets(graphed, piece, piece) else None
         if self.pieces is not None:
             self.pieces.capture()
-        if on_cuda:  # the plain step per B, replayed or eager; none under a backend
-            prefill = measure_prefill(model, self.runner if c.speculative is None else None, piece, _signature(model),
-                                      self.pieces)
-        no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
-        self.vision = None if vision is None else vision.cfg
-        self.max_patches = vision_patches  # a larger image would plan a workspace past the budget
-        self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
-                                    prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
-                                    draft_tokens=c.draft_tokens, no_vision=no_vision)
-        self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
-                                     ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs,
-                                     self.pieces)
+        return verifier, drafter_graphs
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source, config: FastProgramConfig, *, budget_bytes: int | list[int],
