@@ -4,7 +4,7 @@ same body run eagerly, the B = 1 replay graph (the pass without backups: DFlash'
 tokens; an MTP cut block replays nothing, its state comes from the verify pass's step slots) likewise, and the MTP
 draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained steps with their draws, greedy and sort
 variants), at a context of `context` positions on the plan's dummy slot and
-row (no live state is touched). What the Engine-level phases (`bench_spec.Phases`) cannot separate: the graphs'
+row (no live state is touched). What the Engine-level phases (`spec_forcing.Phases`) cannot separate: the graphs'
 device time from the host work around them.
 """
 

@@ -83,8 +83,9 @@ class VerifyInputs:
              steps: tuple[list[list[int]], list[list[int]]] | None = None) -> int:
         """Write one pass's indices (B rows, lens[i] <= width) into the mirror and queue its copy; returns B. The pad
         block sits on table row `pad_row` and state slot `pad_slot` (the dummy ones). ``steps``: the slots each
-        row's GDN steps read and write (``model.step_slots``; None: in place), each step's hidden stored in the slot
-        it writes where that is not the row's slot, else in the pad slot, and in the row's slot after its last."""
+        row's GDN steps read and write (``addressing.step_slots``; None: in place), each step's hidden stored in the
+        slot it writes where that is not the row's slot, else in the pad slot, and in the row's slot after its
+        last."""
         B, W = len(lens), self.width
         if not 1 <= B <= self.max_batch or min(lens) < 1 or max(lens) > W:
             raise ValueError(f"a verify pass takes 1..{self.max_batch} blocks of 1..{W} tokens, got {list(lens)}")
