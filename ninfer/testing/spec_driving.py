@@ -98,16 +98,23 @@ def assert_rows_accept_different_lengths(program, prompt_of, k: int) -> None:
 
 
 def assert_sampled_hit_equals_cold(make: Callable[[], Any], prompt_of, base_len: int, reused: int) -> None:
-    """Sampled tokens depend on the drafts, and the drafts on the backend's state: a request resumed from a
-    checkpoint (`reused` prompt tokens hit) equals its cold run on a fresh `make()` only when the checkpoint
-    carried the backend state of its frontier."""
+    """The drafts depend on the backend's state: a request resumed from a checkpoint (`reused` prompt tokens hit)
+    drafts, and so samples, what its cold run on a fresh `make()` does only when the checkpoint carried the
+    backend state of its frontier. The drafts are compared, not only the tokens: a rejected draft's residual draw
+    often lands on the token the right draft would have given (a zeroed MTP hidden or MTP keys at the checkpoint
+    left every sampled token equal)."""
     base = prompt_of(base_len, seed=11)
     second = base[:min(base_len, 80)] + prompt_of(9, seed=12)
     sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
     program = make()
+    drafts = record_drafts(program)
     _, hit = in_turns(program, [[token_request(base, 4, **sampled)], [token_request(second, 10, **sampled)]],
                       max_concurrency=2, prefill_chunk=48)
     assert hit[0].usage.cached_prompt_tokens == reused
-    (cold,) = serve(make(), [token_request(second, 10, **sampled)], max_concurrency=1, prefix_caching=False)
+    cold_program = make()
+    cold_drafts = record_drafts(cold_program)
+    (cold,) = serve(cold_program, [token_request(second, 10, **sampled)], max_concurrency=1, prefix_caching=False)
     assert hit[0].token_ids == cold.token_ids
+    # the second request runs alone after the first: its drafts are the last ones the hit Program made
+    assert any(cold_drafts) and drafts[-len(cold_drafts):] == cold_drafts, (drafts, cold_drafts)
     assert_drained(program, published=True)
