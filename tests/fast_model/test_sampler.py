@@ -3,9 +3,10 @@ parameters, seed, position, history and mask: greedy, temperature, top-k, top-p,
 grammar bitmasks, min_tokens, logprobs, and the host's errors. On CPU the "naive" ops run at V = 1000 and 97 and the
 Triton kernels in the interpreter on a few mixed batches; with NINFER_TEST_DEVICE=cuda both run on the GPU, the
 Triton kernels also at the real vocabulary. Logits are random normals on a 2^-10 grid: no top-p boundary is a float64
-tie, and logprob ranks and ties do not hang on the last bit of a log-sum-exp."""
+tie, and logprob ranks and ties do not hang on the last bit of a log-sum-exp. Each case's settings decide some of its
+draws (`WITHOUT`: the host's draws change when a setting is taken away), so a sampler that ignored one would fail."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -54,13 +55,45 @@ def _assert_same(got, want):
             assert [v for _, v in g[1][1]] == pytest.approx([v for _, v in w[1][1]], rel=1e-5, abs=1e-5)
 
 
-def _check(sampler, cases, vocab, positions=(0, 17)):
+def _logits(cases, vocab, positions):
+    """The logits [B, V] drawn at each position (the same for the same cases, vocabulary and positions)."""
     gen = torch.Generator().manual_seed(vocab + len(cases))
-    for pos in positions:
-        # a 2^-10 grid keeps distinct logits distinct logprobs under either log-sum-exp rounding (test_logprobs)
-        logits = (torch.round(2048 * torch.randn(len(cases), vocab, generator=gen)) / 1024).to(DEVICE)
+    # a 2^-10 grid keeps distinct logits distinct logprobs under either log-sum-exp rounding (test_logprobs)
+    return [(torch.round(2048 * torch.randn(len(cases), vocab, generator=gen)) / 1024).to(DEVICE) for _ in positions]
+
+
+def _check(sampler, cases, vocab, positions=(0, 17)):
+    for pos, logits in zip(positions, _logits(cases, vocab, positions)):
         rows = _rows(cases, pos)
         _assert_same(sampler.sample(logits, rows), _host(logits, rows))
+
+
+# each case's feature taken away from its rows' params (one entry per setting): the host's draws must change,
+# or a device sampler that ignored the setting would pass the case (top-p, the presence penalty and min_tokens'
+# stop ids once did: their rows drew the same tokens without them)
+WITHOUT = {
+    "temperature": [lambda p: replace(p, temperature=1.0)],
+    "top_k": [lambda p: replace(p, top_k=0)],
+    "top_p": [lambda p: replace(p, top_p=1.0)],
+    "top_k_top_p": [lambda p: replace(p, top_k=0), lambda p: replace(p, top_p=1.0)],
+    "min_p": [lambda p: replace(p, min_p=0.0)],
+    "penalties": [lambda p: replace(p, repetition_penalty=1.0), lambda p: replace(p, frequency_penalty=0.0),
+                  lambda p: replace(p, presence_penalty=0.0)],
+    "logit_bias": [lambda p: replace(p, logit_bias=())],
+    "min_tokens": [lambda p: replace(p, min_tokens=0)],
+}
+
+
+def _assert_each_setting_bites(batches, vocab, positions, names):
+    """Taking any setting of `names` away from every row changes some host draw of `batches`."""
+    def draws(change):
+        return [[w[0] for pos, logits in zip(positions, _logits(cases, vocab, positions))
+                 for w in _host(logits, _rows([(change(p), s, h, m) for p, s, h, m in cases], pos))]
+                for cases in batches]
+    same = draws(lambda p: p)
+    for name in names:
+        for i, without in enumerate(WITHOUT[name]):
+            assert draws(without) != same, f"{name} setting {i} changes no draw at V = {vocab}"
 
 
 def _mask(vocab, keep, seed=0, bool_mask=False):
@@ -77,26 +110,37 @@ def _history(vocab, n_prompt, n_out, seed=1):
 def _cases(name, vocab):
     P = SamplingParams
     h = _history(vocab, 30, 12)
-    few = History((1, 3), [2, 2, 7])
+    half = History((), list(range(0, vocab, 2)) + list(range(0, vocab, 4)))
     table = {
         "greedy": [(P(temperature=0.0), 0, History(), None)] * 2,
-        "temperature": [(P(temperature=t), s, History(), None) for t, s in ((0.7, 1), (1.0, 2 ** 64 - 1), (1.6, 3))],
+        "temperature": [(P(temperature=t), s, History(), None) for t, s in ((0.7, 1), (1.0, 2 ** 64 - 1), (1.6, 3),
+                                                                             (4.0, 23))],
         "top_k": [(P(temperature=0.9, top_k=k), s, History(), None) for k, s in ((1, 4), (5, 5), (vocab + 3, 6))],
-        "top_p": [(P(temperature=t, top_p=p), s, History(), None) for t, p, s in ((0.8, 0.5, 7), (1.2, 0.93, 8))],
-        "top_k_top_p": [(P(top_k=40, top_p=0.7), 9, History(), None), (P(temperature=0.5), 10, History(), None)],
+        # hot rows with a small nucleus: without the cut most draws fall outside it
+        "top_p": [(P(temperature=t, top_p=p), s, History(), None) for t, p, s in ((0.8, 0.5, 7), (1.2, 0.93, 8),
+                                                                                 (2.0, 0.3, 21), (3.0, 0.15, 27))],
+        "top_k_top_p": [(P(top_k=40, top_p=0.7), 9, History(), None), (P(temperature=0.5), 10, History(), None),
+                        (P(temperature=2.0, top_k=8, top_p=0.3), 24, History(), None)],
         "min_p": [(P(temperature=1.3, min_p=m), s, History(), None) for m, s in ((0.05, 11), (0.3, 12))],
+        # penalties that decide draws: repetition below 1 lifts the whole history's positive logits; over `half`
+        # (every even id an output, the multiples of 4 twice) presence and frequency push the evens down
         "penalties": [(P(temperature=0.0, repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=-0.5),
                        0, h, None),
-                      (P(temperature=0.9, repetition_penalty=0.8, presence_penalty=1.2), 13, h, None),
-                      (P(temperature=0.7, frequency_penalty=-1.5), 14, few, None)],
+                      (P(temperature=0.9, repetition_penalty=0.2, presence_penalty=1.2), 13, h, None),
+                      (P(temperature=0.0, presence_penalty=2.0), 0, half, None),
+                      (P(temperature=0.0, frequency_penalty=2.0), 0, half, None)],
         "logit_bias": [(P.create(temperature=0.0, logit_bias={4: 100.0, 9: -100.0}), 0, History(), None),
                        (P.create(temperature=1.0, logit_bias={0: 3.5, vocab - 1: 8.0}), 15, History(), None)],
         "bitmask": [(P(temperature=0.0), 0, History(), _mask(vocab, 0.3)),
                     (P(temperature=1.1, top_p=0.9), 16, History(), _mask(vocab, 0.05, seed=1)),
                     (P(temperature=0.8), 17, History(), _mask(vocab, 0.5, seed=2, bool_mask=True))],
-        "min_tokens": [(P.create(temperature=0.0, min_tokens=3, stop_token_ids=[7]), 0, History((1,), [4]), None),
-                       (P(temperature=0.0, min_tokens=1), 0, History((1,), [4]), None),
-                       (P(temperature=1.0, min_tokens=2, ignore_eos=True), 18, History(), None)],
+        # a bias makes the id the block is about the certain draw: the stop id 7 blocked before 3 outputs, the
+        # EOS 2 free once 1 output is in, the EOS 5 never blocked under ignore_eos
+        "min_tokens": [(P.create(temperature=0.0, min_tokens=3, stop_token_ids=[7], logit_bias={7: 100.0}), 0,
+                        History((1,), [4]), None),
+                       (P.create(temperature=0.0, min_tokens=1, logit_bias={2: 100.0}), 0, History((1,), [4]), None),
+                       (P.create(temperature=1.0, min_tokens=2, ignore_eos=True, logit_bias={5: 100.0}), 18,
+                        History(), None)],
         "logprobs": [(P(temperature=0.0, logprobs=0), 0, History(), None),
                      (P(temperature=0.9, top_k=30, logprobs=3), 19, History(), None),
                      (P(temperature=1.0, logprobs=20), 20, h, _mask(vocab, 0.5, seed=3))],
@@ -112,14 +156,15 @@ CASES = ["greedy", "temperature", "top_k", "top_p", "top_k_top_p", "min_p", "pen
 @pytest.mark.parametrize("case", CASES)
 def test_naive_equals_host_draw(case, vocab):
     _check(_sampler(vocab, "naive"), _cases(case, vocab), vocab)
+    _assert_each_setting_bites([_cases(case, vocab)], vocab, (0, 17), [case] if case in WITHOUT else [])
 
 
 def _mixed(vocab):
-    """Every feature across two batches of four rows: (no sort) and (sort)."""
+    """Every feature across three batches of four rows: (no sort), (sort) and the penalties."""
     c = {name: _cases(name, vocab) for name in CASES}
-    plain = [c["penalties"][0], c["min_p"][0], c["logprobs"][2], c["min_tokens"][0]]
-    sorted_ = [c["top_k"][1], c["top_p"][0], c["bitmask"][1], c["logit_bias"][1]]
-    return plain, sorted_
+    plain = [c["temperature"][3], c["min_p"][1], c["logprobs"][2], c["min_tokens"][0]]
+    sorted_ = [c["top_k"][1], c["top_p"][3], c["bitmask"][1], c["logit_bias"][1]]
+    return plain, sorted_, c["penalties"]
 
 
 @pytest.mark.parametrize("vocab", [1000, 97] + ([248320] if ON_GPU else []))
@@ -127,9 +172,12 @@ def test_triton_equals_host_draw(vocab):
     sampler = _sampler(vocab, "triton")
     sampler.capture()  # the prefill draw's B = 1 graphs, one per variant (CUDA only)
     assert sorted(sampler.graphs) == (sorted(sampler.VARIANTS) if ON_GPU else [])
-    plain, sorted_ = _mixed(vocab)
-    for cases in (plain, sorted_, plain[:1], sorted_[:1], plain[1:2]):
-        _check(sampler, cases, vocab, positions=(3,) if not ON_GPU else (0, 17, 1 << 33))
+    plain, sorted_, penalties = _mixed(vocab)
+    batches = (plain, sorted_, penalties, plain[:1], sorted_[:1], plain[1:2])
+    for cases in batches:
+        _check(sampler, cases, vocab, positions=(3,) if not ON_GPU else (0, 3, 17, 1 << 33))
+    if vocab < 10_000:  # at position 3 (on every device) each setting decides some draw
+        _assert_each_setting_bites(batches, vocab, (3,), [name for name in WITHOUT if name != "top_k_top_p"])
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
