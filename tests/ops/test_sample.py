@@ -1,6 +1,7 @@
 """sample (Triton) vs sample_naive: random batches of mixed rows (greedy, temperature, top-k/top-p through the sort,
 min-p, penalties, bias, grammar mask, min_tokens), heavy ties, and the NaN/+inf/all-masked statuses. Tokens and
-statuses must agree exactly; workspaces come NaN-poisoned, so a block the reduction misses shows up."""
+statuses must agree exactly; workspaces come NaN-poisoned, so a block the reduction misses shows up. The random rows
+seldom let a penalty, min-p or a cut decide a draw, so one row per setting is built so that it does."""
 
 import pytest
 import torch
@@ -61,6 +62,45 @@ def test_sample(B, V, block, sort):
     for _ in range(2):
         logits = (3 * torch.randn(B, V, generator=gen)).to(DEVICE)
         _compare(logits, _inputs(B, V, gen, sort=sort), sort=sort, block=block)
+
+
+def test_each_setting_decides_its_row():
+    """One row per setting with only that setting on, built to turn away the token the row draws with nothing on
+    (the naive op says which): a bias of -100, a mask or min_tokens block on it, a repetition penalty of 2 on it as
+    a prompt id, a count with a frequency or presence penalty of 2, and on hot rows min-p, top-k and top-p cut to the
+    argmax. The kernel must agree with the naive op and every row must draw another token, so a kernel that
+    ignored a setting fails here; the random batches above seldom let a penalty, min-p or a cut decide a draw (the
+    kernel without them passed every one)."""
+    names = ["mask", "bias", "min_tokens", "repetition", "frequency", "presence", "min_p", "top_k", "top_p"]
+    flags = {"mask": L.MASK, "bias": L.BIAS, "min_tokens": L.MIN_TOKENS, "repetition": L.REPETITION_ON,
+             "frequency": L.FREQUENCY_ON, "presence": L.PRESENCE_ON}
+    B, V = len(names), 97
+    gen = torch.Generator().manual_seed(11)
+    logits = 3 * torch.randn(B, V, generator=gen)
+    inp = _inputs(B, V, gen, sort=True, flags=[flags.get(n, 0) for n in names])
+    inp.iparams[:, L.TOP_K], inp.fparams[:, L.TOP_P], inp.fparams[:, L.MIN_P] = 0, 1.0, 0.0
+    inp.fparams[6:, L.TEMPERATURE] = 5.0  # flat rows: the draw is seldom the argmax
+    for table in (inp.masks, inp.bias, inp.blocked, inp.prompt_seen, inp.counts):
+        table.fill_(-1 if table is inp.masks else 0)  # all allowed, nothing biased, blocked, seen or counted
+    free = sample_naive(logits, inp)[:, 0].tolist()  # [B]: each row's token with nothing on
+    for b, (name, token) in enumerate(zip(names, free)):
+        row = int(inp.iparams[b, L.ROW])
+        if name == "mask":
+            inp.masks[b] = L.pack_bits(torch.arange(V) != token)
+        elif name == "bias":
+            inp.bias[row, token] = -100.0
+        elif name in ("min_tokens", "repetition"):
+            (inp.blocked if name == "min_tokens" else inp.prompt_seen)[row] = L.pack_bits(torch.arange(V) == token)
+        elif name in ("frequency", "presence"):
+            inp.counts[row, token] = 1
+        inp.fparams[b, L.REPETITION], inp.fparams[b, L.FREQUENCY], inp.fparams[b, L.PRESENCE] = 2.0, 2.0, 2.0
+    inp.fparams[6, L.MIN_P], inp.iparams[7, L.TOP_K], inp.fparams[8, L.TOP_P] = 1.0, 1, 1e-3
+    fields = ("iparams", "fparams", "masks", "bias", "blocked", "prompt_seen", "counts")
+    ref = _compare(logits.to(DEVICE), SampleInputs(*(getattr(inp, f).to(DEVICE) for f in fields)), sort=True,
+                   block=32)
+    assert (ref[:, 1] == L.OK).all()
+    same = [name for name, token, got in zip(names, free, ref[:, 0].tolist()) if got == token]
+    assert not same, f"settings that did not change their row's draw: {same}"
 
 
 @pytest.mark.parametrize("B,V,block", SHAPES[:2])
