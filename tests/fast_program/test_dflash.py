@@ -130,15 +130,23 @@ def _assert_same_context(program, seq, fresh):
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
-def test_drafter_context_follows_the_committed_tokens(make_fast_dflash, prompt_of, kind):
-    """Rounds that accept all, some (a rollback replays the kept tokens) or none of their drafts, a cut block and
-    an aborted round: after each commit the context in the pages is exactly the one built from scratch."""
+@pytest.mark.parametrize("kind, replay", [("dflash", False), ("dflash2", True)])
+def test_drafter_context_follows_the_committed_tokens(make_fast_dflash, prompt_of, kind, replay):
+    """Rounds that accept all, some or none of their drafts, a cut block and an aborted round: after each commit
+    the context in the pages is exactly the one built from scratch. A partly kept block takes its state from the
+    step slots, or (`replay`: a plan without them) replays the kept tokens, which extends the context again."""
     program = make_fast_dflash(kind, 5, forced=True)
+    assert program.model.plan.step_slots == 5
+    kept, select = [], program.executor.select
+
+    def selecting(seq, keep: int) -> bool:
+        kept.append(keep)
+        return not replay and select(seq, keep)  # False: the core replays the kept tokens
+    program.executor.select = selecting
     h = _start(program, prompt_of(17, seed=3))
     seq = program.sequence(h)
     mixed_rounds(program, h, lambda: _assert_same_context(program, seq, make_fast_dflash(kind, 5, max_concurrency=1)))
-    assert any(n not in (0, m) for n, m in program.executor.draft.forced)  # a partial acceptance was replayed
+    assert any(1 < k for k in kept), kept  # a block kept drafts and dropped others
 
 
 def test_a_prefill_in_model_pieces_builds_the_same_context(make_fast_dflash, prompt_of):
