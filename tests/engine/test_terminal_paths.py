@@ -4,6 +4,7 @@ post-start shortfall that fails the Engine instead of rejecting the request."""
 
 import queue
 import threading
+import time
 
 import pytest
 
@@ -164,15 +165,20 @@ def test_submission_racing_a_failure_is_rejected_or_finished():
 def test_threaded_submissions_during_a_failure_each_get_one_terminal_event(round_):
     prog = FaultyProgram(ToyProgram(max_concurrency=4))
     eng = Engine(prog, EngineConfig(max_concurrency=4, queue_bound=200))
-    accepted, go = [], threading.Event()
+    accepted, refused, go = [], [], threading.Event()
 
     def submitter(i):
+        # paced, and on until the Engine refuses: the submissions span the failure (unpaced, all 60 of them
+        # were in before the worker's first decode, so none met the failure)
         go.wait()
-        for j in range(15):
+        for j in range(2000):
+            time.sleep(0.001)
             try:
                 accepted.append(eng.submit(request(range(1, 4 + (i + j) % 7), 30)))
             except RequestRejected as e:
                 assert e.reason is RejectReason.ENGINE_UNAVAILABLE
+                refused.append(i)
+                return
 
     threads = [threading.Thread(target=submitter, args=(i,)) for i in range(4)]
     for t in threads:
@@ -183,6 +189,7 @@ def test_threaded_submissions_during_a_failure_each_get_one_terminal_event(round
         t.join(timeout=20)
     results = [h.result(timeout=10) for h in accepted]
     assert not eng.available
+    assert accepted and sorted(refused) == [0, 1, 2, 3], (len(accepted), refused)
     assert all(isinstance(r, GenerationResult) for r in results)
     for h in accepted:
         assert h._rec.events.empty(), "an event after the terminal one"
