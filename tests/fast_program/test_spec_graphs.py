@@ -109,7 +109,8 @@ def test_the_static_round_equals_the_eager_round(make_fast_spec, prompt_of, forc
             eager.executor.verifier.graphs.clear()
             eager.executor.drafter.graphs.clear()
         assert _compare(static, eager, other, prompts, life, replays) > 10
-    assert len(replays) >= (3 if forced else 0), replays  # random MTP weights: their drafts are seldom kept
+    # the Engine's cut needs a kept draft, which random MTP weights seldom give: the forced drafts cover it
+    assert not forced or len(replays) >= 3, replays
 
 
 @pytest.mark.parametrize("other", ["eager-round", "eager-static"])
@@ -140,7 +141,7 @@ def test_the_dflash_static_verify_equals_the_eager_one(make_fast_dflash, prompt_
         assert _compare(static, eager, other, prompts, life, replays) > 10
         # both rows' verify passes, and with the replay a single row's (a cut block's replay, alone)
         assert 2 in passes and (1 in passes or not forced), passes
-    assert len(replays) >= (2 if forced else 0), replays
+    assert not forced or len(replays) >= 2, replays  # a random drafter seldom gets a draft kept: forced covers it
 
 
 def test_the_static_inputs_pad_every_short_block():
