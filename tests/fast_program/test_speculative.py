@@ -87,7 +87,7 @@ def test_abort_and_cancel_restore_the_whole_state(make_fast_spec, prompt_of):
     program.check_invariants()
 
 
-def test_a_cut_block_replays_only_the_kept_tokens(make_fast_spec, prompt_of):
+def test_a_cut_block_commits_only_the_kept_tokens(make_fast_spec, prompt_of):
     """The Engine's terminal rule keeps 1 of a longer block: the state equals a Program that consumed the same
     tokens as one prompt (GDN, stored hidden, MTP KV), and the block table covers exactly the new frontier."""
     prompt = prompt_of(9, seed=4)
