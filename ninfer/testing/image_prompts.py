@@ -66,13 +66,17 @@ def image_request(vp, seeds: Sequence[int], tail: Sequence[int], max_tokens: int
 
 
 def assert_prefix_hit_on_an_image_equals_the_cold_run(make: Callable[[], Any], vp, where: str,
-                                                      cold: Callable[[], Any] | None = None) -> None:
+                                                      cold: Callable[[], Any] | None = None,
+                                                      q_tol: float | None = None) -> None:
     """A sampled request resumed from a checkpoint after its image (`where` "after", past <|vision_end|>) or among
     its pads ("inside": the resumed prefill encodes the image again and the backend takes the rest of its rows)
     equals the cold run of `make()`'s Program (of `cold()`'s when given: one stage against `make`'s pipeline
-    stages): sampled tokens depend on the drafts, the drafts on the backend state at the checkpoint."""
+    stages): the drafts depend on the backend state at the checkpoint. The resumed request's drafts (and with
+    `q_tol` their q) are compared with the cold run's, not only its tokens: zeroed MTP keys at the checkpoint left
+    the tokens and the drafts equal, only q moved (`spec_driving.assert_resumed_drafts_equal`)."""
     from ninfer.sampling import SamplingParams
     from ninfer.testing.serving import assert_drained, in_turns, serve
+    from ninfer.testing.spec_driving import assert_resumed_drafts_equal, record_blocks
 
     sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
     first = image_request(vp, (4,), [7, 8, 9], 4, sizes=((90, 150),), **sampled)
@@ -81,10 +85,15 @@ def assert_prefix_hit_on_an_image_equals_the_cold_run(make: Callable[[], Any], v
     first = token_request(first.prompt, 4, media=first.media, capture_hints=(after,), **sampled)
     again = lambda: image_request(vp, (4,), [10, 11, 12], 10, sizes=((90, 150),), **sampled)  # noqa: E731
     program = make()
+    blocks = record_blocks(program)
     _, (hit,) = in_turns(program, [[first], [again()]], max_concurrency=1, prefill_chunk=48)
     assert hit.usage.cached_prompt_tokens == after
-    (want,) = serve((cold or make)(), [again()], max_concurrency=1, prefix_caching=False)
+    cold_program = (cold or make)()
+    cold_blocks = record_blocks(cold_program)
+    (want,) = serve(cold_program, [again()], max_concurrency=1, prefix_caching=False)
     assert hit.token_ids == want.token_ids
+    if cold_program.limits.speculative is not None:  # the second request ran alone: the tail of `blocks`
+        assert_resumed_drafts_equal(blocks, cold_blocks, q_tol)
     assert_drained(program, published=True)
 
 class ScratchDrafts:

@@ -100,9 +100,9 @@ def test_a_cut_block_replays_only_the_kept_tokens(make_spec, prompt_of):
 
 @pytest.mark.parametrize("base_len, reused", [(12, 12), (100, 64)])
 def test_sampled_prefix_hit_with_mtp_equals_the_cold_run(make_spec, prompt_of, base_len, reused):
-    """A wrong MTP state at the checkpoint changes the resumed request's drafts (compared with the cold run's), even
-    where the sampled tokens come out the same."""
-    assert_sampled_hit_equals_cold(lambda: make_spec(3), prompt_of, base_len, reused)
+    """A wrong MTP state at the checkpoint changes the resumed request's drafts or their q (compared with the cold
+    run's), even where the sampled tokens come out the same."""
+    assert_sampled_hit_equals_cold(lambda: make_spec(3), prompt_of, base_len, reused, q_tol=1e-4)
 
 
 def test_rows_of_one_round_accept_different_lengths(make_spec, prompt_of):
