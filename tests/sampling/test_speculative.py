@@ -95,8 +95,8 @@ def _joint_statistic(params: SamplingParams, seeds: int, k: int) -> float:
 
 def test_sampled_acceptance_is_lossless():
     """300 fixed seeds, k = 2: chi-square with V * V - 1 = 8 degrees of freedom below its 0.1% critical value
-    26.12 (this seed set gives 7.3). Accepting every draft gives 6400, drawing a rejection from p instead of
-    the residual (p - q)+ gives 59."""
+    26.12 (this seed set gives 7.3). Accepting every draft gives 14037, drawing a rejection from p instead of
+    the residual (p - q)+ gives 59, accepting with probability p(d) instead of p(d) / q(d) 128."""
     assert _joint_statistic(SamplingParams(temperature=1.0), 300, 2) < 26.12
 
 
