@@ -100,6 +100,8 @@ class ProgramWatch:
             self._phase("commit")
             if self._phases.count("commit") > 1:
                 self.violate("two batches consumed in one boundary")
+            if name == "commit":
+                self._check_accepted(args[0], args[1])
 
     def after(self, name: str, args: tuple, out: Any) -> None:
         if name == "start" and isinstance(out, RunningTransaction):
@@ -172,6 +174,13 @@ class ProgramWatch:
                     self.published_by[info.id] = rid
                 if t.kind is TransitionKind.RETAIN and result.published and self._live:
                     self.retained.add(rid)
+
+    def _check_accepted(self, batch: PendingBatch, decisions) -> None:
+        """Checked before the Program sees the decisions: a Program may index a row by them and crash."""
+        for row, d in zip(batch.rows, decisions):
+            if d.accepted > row.produced:
+                self.violate(f"request {self._rid_of.get(row.handle)} committed {d.accepted} tokens of a row that "
+                             f"produced {row.produced}")
 
     def _commit(self, batch: PendingBatch, decisions) -> None:
         for row, d in zip(batch.rows, decisions):

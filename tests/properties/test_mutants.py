@@ -264,7 +264,7 @@ MUTANTS = {
                                               "before its sequence was retained")),
     "accept_more_than_produced": ([(UnitRunner, "_preview", accept_more_than_produced),
                                    (PendingBatch, "check_decisions", no_decision_check)], TOY,
-                                  ("engine failed without an injected fault",)),
+                                  ("tokens of a row that produced",)),
     "accept_less_on_nonterminal_rows": ([(UnitRunner, "_preview", accept_less_on_nonterminal),
                                          (PendingBatch, "check_decisions", no_decision_check)], SPEC,
                                         ("delta published before commit", "output depends on the schedule")),
