@@ -90,6 +90,17 @@ def leave_active_keeps_decode_row(self, rid):
         self.control_ready.remove(rid)
 
 
+_finish = EngineCore.finish
+
+
+def finish_drops_the_kept_row(self, rec, reason):
+    """With leave_active_keeps_decode_row: the row goes only with the record, so the terminal request stays in the
+    decode rounds from TerminalPending to its result, not past it (there the round's record lookup raises KeyError,
+    which is a crash, not the harness seeing the rule broken)."""
+    self.scheduler.decode_ready.pop(rec.rid, None)
+    _finish(self, rec, reason)
+
+
 _next_unit = Scheduler.next_unit
 
 
@@ -279,8 +290,9 @@ MUTANTS = {
                                             ("engine failed without an injected fault",)),
     "decode_round_with_staged_prefill": ([(Scheduler, "next_unit", decode_with_staged_prefill)], TOY,
                                          ("not decode-ready", "engine failed without an injected fault")),
-    "terminal_request_stays_in_decode_round": ([(Scheduler, "leave_active", leave_active_keeps_decode_row)], TOY,
-                                               ("not decode-ready", "engine failed without")),
+    "terminal_request_stays_in_decode_round": ([(Scheduler, "leave_active", leave_active_keeps_decode_row),
+                                                (EngineCore, "finish", finish_drops_the_kept_row)], ONE_SESSION,
+                                               ("not decode-ready",)),
     "prefill_starves_decode": ([(Scheduler, "next_unit", prefill_first)], TOY, ("decode starved",)),
     "skip_abort_on_cancel_in_materializing": ([(EngineCore, "_advance_transition", always_advance)], SLOW_SOURCE,
                                               ("advanced, not aborted",)),
