@@ -55,6 +55,7 @@ def test_seeded_sampling_replays_and_choices_differ(client):
 
 def test_stream_matches_whole_response(client):
     req = {"messages": HI, "max_tokens": 5, "temperature": 0, "chat_template_kwargs": NO_THINK}
+    client.post(CHAT, json={**req, "max_tokens": 1})  # both requests below then reuse the same cached prefix
     whole = client.post(CHAT, json=req).json()
     resp = client.post(CHAT, json={**req, "stream": True, "stream_options": {"include_usage": True}})
     assert resp.headers["content-type"].startswith("text/event-stream")
