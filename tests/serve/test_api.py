@@ -54,7 +54,9 @@ def test_seeded_sampling_replays_and_choices_differ(client):
 
 
 def test_stream_matches_whole_response(client):
-    req = {"messages": HI, "max_tokens": 5, "temperature": 0, "chat_template_kwargs": NO_THINK}
+    # seeded sampling, not greedy: the random model's greedy text is a run of newlines, on which a stream that
+    # garbles or reorders each delta's text still equals the whole response
+    req = {"messages": HI, "max_tokens": 5, "temperature": 1.0, "seed": 5, "chat_template_kwargs": NO_THINK}
     client.post(CHAT, json={**req, "max_tokens": 1})  # both requests below then reuse the same cached prefix
     whole = client.post(CHAT, json=req).json()
     resp = client.post(CHAT, json={**req, "stream": True, "stream_options": {"include_usage": True}})
