@@ -44,7 +44,9 @@ def test_models_and_chat(client):
 
 
 def test_streaming_reassembles_to_the_whole_answer(client):
-    kw = dict(model="ninfer-test", messages=HI, max_tokens=6, temperature=0, extra_body=NO_THINK)
+    # seeded sampling, not greedy: the random model's greedy text is a run of newlines, on which a stream that
+    # garbles or reorders each delta's text still reassembles to the whole answer
+    kw = dict(model="ninfer-test", messages=HI, max_tokens=6, temperature=1.0, seed=5, extra_body=NO_THINK)
     whole = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert len({c.id for c in chunks}) == 1
