@@ -107,3 +107,20 @@ def test_sampled_prefix_hit_with_mtp_equals_the_cold_run(make_spec, prompt_of, b
 
 def test_rows_of_one_round_accept_different_lengths(make_spec, prompt_of):
     assert_rows_accept_different_lengths(make_spec(4, forced=True), prompt_of, 4)
+
+
+def test_a_block_drafts_no_further_than_the_output_budget(make_spec, prompt_of):
+    """k' = min(k, budget left - 1): the block's bonus token is the last output the budget allows, so no row
+    produces past max_new_tokens (nothing drafted, verified and paged only for the Engine to cut it)."""
+    program = make_spec(3)
+    h = start_decoding(program, prompt_of(9, seed=6), max_new=7)
+    seq = program.sequence(h)
+    rounds = 0
+    while (left := seq.max_new - seq.num_outputs) > 0:
+        batch = program.decode([h])
+        (row,) = batch.rows
+        assert row.drafted == min(3, left - 1) and row.produced <= left, (left, row.drafted, row.produced)
+        program.commit(batch.take(), [RowDecision(row.produced, row.produced == left)])
+        program.check_invariants()
+        rounds += 1
+    assert seq.num_outputs == 7 and rounds >= 2
