@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer.contracts import (BatchKind, EngineFailure, Infeasible, ResourceChoice, RowDecision, SequenceHandle,
-                              StalePlan, TransitionKind)
+from ninfer.contracts import (BatchKind, EngineFailure, Infeasible, PendingBatch, ResourceChoice, RowDecision,
+                              SequenceHandle, StalePlan, TransitionKind)
 from ninfer.sampling import SamplingParams
 from ninfer.testing.protocol_driving import (assert_baseline, assert_same, cold, finish, generate, materialize,
                                              published, run)
@@ -139,3 +139,21 @@ def test_backfill_proof(make_program, prompt_of):
     assert not prog.backfill_feasible(head, [], small)  # the donor stays: 10 + 2 + 10 > 20
     big = ResourceChoice(TransitionKind.MATERIALIZE, prompt=prompt_of(30), max_new_tokens=12)  # 11 pages
     assert not prog.backfill_feasible(head, [donor], big)  # the borrower's full reservation leaves 9
+
+
+def test_a_batch_short_of_provisional_state_is_refused_whole(make_program, prompt_of):
+    """A decode batch whose payload lost a row's provisional state (an Engine that rebuilt the batch) is an
+    EngineFailure before anything is applied: the row before it is not committed, and aborting the real batch after
+    it restores both rows (the commit is whole or nothing)."""
+    prog = make_program()
+    hs = [materialize(prog, prompt_of(10, seed=s)).handle for s in (1, 2)]
+    for h in hs:
+        generate(prog, h, 1, chunk=16)
+    before = [(prog.sequence(h).frontier, prog.sequence(h).reserve_left) for h in hs]
+    batch = prog.decode(hs)
+    short = PendingBatch(batch.kind, batch.rows, batch.resource_revision, payload=batch.payload[:1])
+    with pytest.raises(EngineFailure, match="lost its provisional state"):
+        prog.commit(short.take(), [RowDecision(1, False), RowDecision(1, False)])
+    prog.abort_pending(batch.take())
+    assert [(prog.sequence(h).frontier, prog.sequence(h).reserve_left) for h in hs] == before
+    prog.check_invariants()
