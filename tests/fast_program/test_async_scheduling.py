@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from ninfer.contracts import OutputDelta
+from ninfer.contracts import OutputDelta, RowDecision
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.records import GenerationRequest
@@ -24,6 +24,7 @@ from ninfer.program_core import ahead as ahead_step
 from ninfer.sampling import SamplingParams
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.sessions import TokenSession
+from ninfer.testing.spec_driving import start_decoding
 
 
 @functools.cache
@@ -231,3 +232,39 @@ def test_penalties_bias_min_tokens_and_logprobs_overlap_exactly():
     sync, _ = run(False)
     overlapped, program = run(True)
     assert overlapped == sync and program.ahead_adopted > 0
+
+
+def _two_rows():
+    """A fast Program with two greedy rows past their prompts, whose next tokens differ."""
+    program = _props()._program()
+    return program, [start_decoding(program, p, 12) for p in [(3, 5, 7, 9), (2, 4, 6, 8, 10)]]
+
+
+def test_a_decode_of_the_rows_in_another_order_is_not_the_launched_step():
+    """The launched draws are in the launched rows' order: a decode naming the rows in another order rolls the step
+    back and runs its own (adopting it would hand each row the other's draw)."""
+    sync, hs = _two_rows()
+    want = sync.decode(hs[::-1]).rows
+    assert want[0].tokens != want[1].tokens
+    program, hs = _two_rows()
+    assert program.launch_ahead(hs)
+    batch = program.decode(hs[::-1])
+    assert batch.rows == want and program.ahead_adopted == 0
+    program.abort_pending(batch.take())
+    program.check_invariants()
+
+
+def test_forced_tokens_for_a_launched_row_start_from_its_committed_state():
+    """`control` of a row with a step in flight (a session forcing tokens at the boundary the step was launched
+    across) first rolls the step back: its backup and its feed start from the committed state and frontier."""
+    forced = (11, 13, 17)
+    runs = []
+    for launched in (False, True):
+        program, hs = _two_rows()
+        if launched:
+            assert program.launch_ahead(hs)
+        batch = program.control(hs[0], forced)
+        program.commit(batch.take(), [RowDecision(len(forced), False)])
+        program.check_invariants()
+        runs.append(program.decode(hs).rows)
+    assert runs[0] == runs[1]
