@@ -23,6 +23,7 @@ from ninfer.engine.units import UnitRunner
 from ninfer.program_core import ahead as ahead_step
 from ninfer.sampling import SamplingParams
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.protocol_driving import finish
 from ninfer.testing.sessions import TokenSession
 from ninfer.testing.spec_driving import start_decoding
 
@@ -267,4 +268,24 @@ def test_forced_tokens_for_a_launched_row_start_from_its_committed_state():
         program.commit(batch.take(), [RowDecision(len(forced), False)])
         program.check_invariants()
         runs.append(program.decode(hs).rows)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_ending_a_launched_row_rolls_the_step_back_first(retain):
+    """A transition that ends a row of the launched step (a release, or a retain whose checkpoint is the live state)
+    first rolls the step back: the row's slot and pages are its committed ones when they change owner, and the
+    other row's next decode equals the run where nothing was launched."""
+    runs = []
+    for launched in (False, True):
+        program, hs = _two_rows()
+        if launched:
+            assert program.launch_ahead(hs)
+        frontier = program.sequence(hs[0]).frontier
+        finish(program, hs[0], retain_at=frontier if retain else None)
+        program.check_invariants()
+        batch = program.decode(hs[1:])
+        runs.append((batch.rows, program.resource_usage()))
+        program.abort_pending(batch.take())
+        program.check_invariants()
     assert runs[0] == runs[1]
