@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from ninfer.contracts import OutputDelta, RowDecision
+from ninfer.contracts import EngineFailure, OutputDelta, ResourceChoice, RowDecision, TransitionKind
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.engine import Engine
 from ninfer.engine.records import GenerationRequest
@@ -289,3 +289,19 @@ def test_ending_a_launched_row_rolls_the_step_back_first(retain):
         program.abort_pending(batch.take())
         program.check_invariants()
     assert runs[0] == runs[1]
+
+
+def test_a_launch_for_a_row_inside_its_prompt_is_refused_untouched():
+    """Only rows past their prompt can step: a launch naming a row mid-prefill is an EngineFailure before any page
+    is taken or any step queued."""
+    program = _props()._program()
+    h = start_decoding(program, (3, 5, 7, 9), 12)
+    txn = program.start(program.plan(ResourceChoice(TransitionKind.MATERIALIZE, prompt=(5, 6, 7, 8, 9, 10),
+                                                    max_new_tokens=4)))
+    mid = program.advance(txn).handle
+    assert program.prefill(mid, 3) is None
+    before = program.resource_usage()
+    with pytest.raises(EngineFailure, match="past their prompt"):
+        program.launch_ahead([h, mid])
+    assert program.ahead_handles() == () and program.resource_usage() == before
+    program.check_invariants()
