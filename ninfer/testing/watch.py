@@ -145,6 +145,8 @@ class ProgramWatch:
                 self.violate(f"decode round holds sequences that are not decode-ready: {set(handles) - self._ready}")
             if not live_ready <= set(handles):
                 self.violate(f"decode round left out decode-ready sequences {live_ready - set(handles)}")
+            if len(handles) != len(set(handles)):
+                self.violate(f"decode round names a sequence more than once: {handles}")
         if name == "prefill" and live_ready and self._last_unit == ("prefill", True):
             self.violate("two prefill units in a row while decode work was ready: decode starved")
         self._last_unit = (name, bool(live_ready))

@@ -287,7 +287,7 @@ MUTANTS = {
     "backfill_without_proof": ([(admission, "_try_backfill", backfill_without_proof)], TIGHT,
                                ("without a backfill proof",)),
     "pad_decode_round_to_max_concurrency": ([(Scheduler, "next_unit", pad_decode_round)], TOY,
-                                            ("engine failed without an injected fault",)),
+                                            ("more than once",)),
     "decode_round_with_staged_prefill": ([(Scheduler, "next_unit", decode_with_staged_prefill)], TOY,
                                          ("not decode-ready", "engine failed without an injected fault")),
     "terminal_request_stays_in_decode_round": ([(Scheduler, "leave_active", leave_active_keeps_decode_row),
