@@ -12,8 +12,8 @@ the harness's own model (`request_model.RequestModel`), never against the Engine
 - capacity against the release rule (`response_done && consumer_released`, once): the result was published and
   the harness consumed it or abandoned the handle; a rejection for overload must be explained by that model;
 - the Program calls, boundary by boundary (`watch.ProgramWatch`): worker-boundary order, the cancellation
-  snapshot, abort of a cancelled materialization, exact decode rounds (each ready sequence once), decode not starved, the FIFO head,
-  no commit accepting more tokens than its row produced;
+  snapshot, abort of a cancelled materialization, exact decode rounds (each ready sequence once), decode not
+  starved, the FIFO head, no commit accepting more tokens than its row produced;
 - SessionIndex: a binding is replaced only by a request submitted later;
 - failure: only an injected fault fails the Engine; a raised fault fails it with InjectedFault, a corrupted value
   with a typed EngineFailure in the very step it was returned; every PendingBatch is consumed by then;
