@@ -33,6 +33,8 @@ def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows:
     ahead = set(getattr(prog, "ahead_handles", tuple)())  # a step launched ahead holds its next position's page
     for slot, seq in prog.seqs.items():
         assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
+    live = {seq.handle for seq in prog.seqs.values() if seq.pending is not None}
+    assert ahead <= live, f"a step launched ahead holds {ahead - live}, not active past their prompt"
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
         refs.update(seq.table)
         slots.append(seq.handle.slot)
