@@ -152,10 +152,10 @@ def test_models_health_metrics(client, gen_runtime):
     assert card["id"] == gen_runtime.name and card["max_model_len"] == 512 and card["random_weights"] is True
     assert client.get("/health/ready").json()["status"] == "ready"
     client.post(CHAT, json={"messages": HI, "max_tokens": 2})
-    text = client.get("/metrics").text
-    for name in ("ninfer:num_requests_waiting 0", "ninfer:num_requests_running 0",
+    lines = client.get("/metrics").text.splitlines()
+    for line in ("ninfer:num_requests_waiting 0", "ninfer:num_requests_running 0",
                  "ninfer:time_to_first_token_seconds_count 1", "ninfer:generation_tokens_total 2"):
-        assert name in text, name
+        assert line in lines, line  # whole lines: "count 1" must not pass as the start of "count 12"
 
 
 WEATHER_CALL = "<tool_call>\n<function=get_weather>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"
