@@ -157,3 +157,16 @@ def test_a_batch_short_of_provisional_state_is_refused_whole(make_program, promp
     prog.abort_pending(batch.take())
     assert [(prog.sequence(h).frontier, prog.sequence(h).reserve_left) for h in hs] == before
     prog.check_invariants()
+
+
+def test_a_retain_before_any_token_publishes_nothing(make_program, prompt_of):
+    """A sequence ended before its first prefill chunk has no state worth keeping: its retain frees the slot and
+    publishes no checkpoint (an empty one would hold a slot for the root, which every request starts from anyway)."""
+    prog = make_program()
+    h = materialize(prog, prompt_of(10)).handle
+    result = finish(prog, h, retain_at=0)
+    assert result.succeeded and result.published == ()
+    assert_baseline(prog)
+    usage = prog.resource_usage()
+    assert usage.checkpoints == 0 and usage.free_slots == usage.total_slots, usage
+    prog.check_invariants()
