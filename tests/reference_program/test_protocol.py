@@ -170,3 +170,11 @@ def test_a_retain_before_any_token_publishes_nothing(make_program, prompt_of):
     usage = prog.resource_usage()
     assert usage.checkpoints == 0 and usage.free_slots == usage.total_slots, usage
     prog.check_invariants()
+
+
+def test_a_capture_at_the_materialized_frontier_is_refused(make_program, prompt_of):
+    """A capture the prefill cannot pass (at the frontier the sequence starts from: nothing is consumed there) is an
+    EngineFailure at the claim, not a reserved slot that prefill later finds already passed."""
+    prog = make_program()
+    with pytest.raises(EngineFailure, match="outside the prefill"):
+        materialize(prog, prompt_of(10), captures=(0, 4))
