@@ -96,3 +96,16 @@ def test_a_victim_demoted_then_deleted_in_one_room_is_reported_released_only(mak
     assert r.captures == (4, 8) and r.released == (b,) and [p.id for p in r.placed] == [c]
     finish(prog, r.handle)
     assert_baseline(prog)
+
+
+def test_room_already_made_releases_no_victim(make_program, prompt_of):
+    """A materialization whose pages are free exactly (free == need) displaces none of its victims: a victim goes
+    only while the pool is short, so an exact fit keeps the cached checkpoint."""
+    prog = make_program(kv_pages=24, host_bytes=0)
+    info = published(prog, prompt_of(12, seed=1))
+    free = prog.free_pages()
+    assert free > 3
+    result = materialize(prog, prompt_of(free * 4 - 8, seed=2), max_new=8, victims=(info.id,), captures=())
+    assert result.succeeded and result.released == () and info.id in prog.ckpts, result
+    assert prog.free_pages() == 0
+    prog.check_invariants()
