@@ -109,3 +109,17 @@ def test_room_already_made_releases_no_victim(make_program, prompt_of):
     assert result.succeeded and result.released == () and info.id in prog.ckpts, result
     assert prog.free_pages() == 0
     prog.check_invariants()
+
+
+def test_a_replica_that_fits_the_free_pages_exactly_is_promoted(make_program, prompt_of):
+    """Promotion needs as many free pages as the replica holds: with exactly that many free (an active sequence
+    reserves the rest) the replica comes back to the device."""
+    prog = make_program(kv_pages=24)
+    info = published(prog, prompt_of(11))
+    run(prog, ResourceChoice(TransitionKind.PLACE, source=info.id))
+    n = prog.host.entries[info.id.value].n_pages
+    materialize(prog, prompt_of((prog.free_pages() - n) * 4 - 8, seed=2), max_new=8, captures=())
+    assert prog.free_pages() == n
+    result = run(prog, ResourceChoice(TransitionKind.PLACE, source=info.id))
+    assert result.succeeded and prog.ckpts[info.id].slot is not None and not prog.host.entries, result
+    prog.check_invariants()
