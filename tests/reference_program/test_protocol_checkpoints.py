@@ -7,7 +7,7 @@ import pytest
 
 from ninfer.contracts import EngineFailure, ResourceChoice, TransitionKind, token_digest
 from ninfer.testing.protocol_driving import (assert_baseline, assert_same, capture, cold, finish, generate, materialize,
-                                             run)
+                                             published, run)
 
 
 def test_prompt_end_checkpoint_resume_equals_cold(make_program, prompt_of, model32):
@@ -103,3 +103,17 @@ def test_captures_only_where_chosen_displacing_only_allowed_victims(make_program
     assert r.captures == () and r.released == () and len(prog.ckpts) == 2  # capture_victims=0: none displaced
     finish(prog, r.handle)
     assert_baseline(prog)
+
+
+def test_a_capture_of_tokens_already_published_publishes_nothing(make_program, prompt_of):
+    """Two cold requests over the same prompt: the second's capture finds the same tokens published and frees its
+    copy (slot and page references) instead of publishing a twin."""
+    prog = make_program()
+    first = published(prog, prompt_of(11))
+    slots, pages = len(prog.slots.free), prog.alloc.available
+    h = materialize(prog, prompt_of(11), source=None).handle
+    generate(prog, h, 1)
+    assert capture(prog, h) == ()
+    finish(prog, h)
+    assert list(prog.ckpts) == [first.id] and (len(prog.slots.free), prog.alloc.available) == (slots, pages)
+    prog.check_invariants()
