@@ -124,3 +124,17 @@ def test_a_block_drafts_no_further_than_the_output_budget(make_spec, prompt_of):
         program.check_invariants()
         rounds += 1
     assert seq.num_outputs == 7 and rounds >= 2
+
+
+def test_a_plain_bitmask_row_takes_no_drafts(make_spec, prompt_of):
+    """A session whose grammar comes as one plain bitmask (not `DraftMasks`) constrains only the next token: the
+    round drafts nothing for that row, and its one token obeys the mask."""
+    program = make_spec(3, forced=True)
+    h = start_decoding(program, prompt_of(9, seed=7), max_new=12)
+    ids = torch.arange(program.limits.vocab_size)
+    allowed = (ids % 2 == 1)  # bool [V]: odd tokens only
+    batch = program.decode([h], [allowed])
+    (row,) = batch.rows
+    assert row.drafted == 0 and row.produced == 1 and row.tokens[0] % 2 == 1, row
+    program.commit(batch.take(), [RowDecision(1, False)])
+    program.check_invariants()
