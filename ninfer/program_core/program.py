@@ -124,11 +124,9 @@ class Program(ProgramCore):
             if not prefill_batch:
                 fed = batch.payload[i].fed  # the pending token, then the drafts or forced tokens but the last
                 if d.accepted < len(fed):  # a decode row longer than one token is a speculative round's
-                    rollback(self, seq, batch.payload[i], d.accepted, batch.kind is BatchKind.DECODE)
+                    rollback(self, seq, batch.payload[i], d.accepted)
                 seq.tokens.extend(fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]
-            if d.boundary is not None:
-                seq.boundary = row.base_frontier + d.boundary
         self.executor.record(counted)  # the accepted tokens are outputs now: the penalties' history follows
 
     def abort_pending(self, batch: PendingBatch) -> None:

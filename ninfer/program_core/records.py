@@ -40,7 +40,6 @@ class ActiveSequence:
     # (frontier, slot), each filled when prefill reaches it.
     captures: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[Checkpoint] = field(default_factory=list)  # captured, not yet published
-    boundary: int | None = None  # absolute reconstruction boundary of the last commit (Frontend metadata)
     media: Any = None  # contracts.PromptMedia: the prompt's images and MRoPE positions (None: a text prompt)
 
     @property

@@ -109,19 +109,20 @@ def _row(seq: ActiveSequence, got: Accepted | RowFailure, drafted: int) -> Pendi
     return PendingRow(seq.handle, got.tokens, seq.frontier + 1, lps, tops, drafted=drafted)
 
 
-def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int, verified: bool) -> None:
-    """Keep only fed[:keep] of a stepped block (0 < keep < len(fed)): the pages past frontier + keep returned, and
-    the live state made the one after the kept tokens (GDN recurrent and conv state, the backend's state; KV by
-    frontier). A `verified` block (a speculative round's) takes it from the states its verify pass kept per block
-    position where the executor has them (`select`, the fast Program's); otherwise the committed state comes back
-    from the backup slot and the kept tokens are replayed on it (DESIGN.md section 7, docs/speculative.md)."""
+def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int) -> None:
+    """Keep only fed[:keep] of a speculative round's block (0 < keep < len(fed); a forced-control suffix is
+    committed whole or not at all, so only a verified block is ever cut): the pages past frontier + keep returned,
+    and the live state made the one after the kept tokens (GDN recurrent and conv state, the backend's state; KV by
+    frontier). It comes from the states the verify pass kept per block position where the executor has them
+    (`select`, the fast Program's); otherwise the committed state comes back from the backup slot and the kept
+    tokens are replayed on it (DESIGN.md section 7, docs/speculative.md)."""
     extra = len(seq.table) - prog.config.pages_for(seq.frontier + keep)
     for p in reversed(prov.grown[len(prov.grown) - extra:] if extra > 0 else ()):
         assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
         prog.alloc.unref(p)
         seq.reserve_left += 1
     select = getattr(prog.executor, "select", None)
-    if verified and select is not None and select(seq, keep):
+    if select is not None and select(seq, keep):
         return
     prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
     prog.executor.feed(seq, prov.fed[:keep])
