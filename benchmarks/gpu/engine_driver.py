@@ -38,7 +38,7 @@ class Tracker:
                 elif isinstance(ev, GenerationResult):
                     self.result = ev
         except TimeoutError:
-            pass
+            pass  # no event ready now: the next poll looks again
 
     @property
     def ttft(self) -> float:

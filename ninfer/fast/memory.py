@@ -1,8 +1,8 @@
 """The fast Program's device memory, planned once from a byte budget and then allocated once.
 
-Stability note: every large allocation (resident weights, the paged KV pools, the GDN state slots, the block
-tables) happens in ``ninfer.fast.pools.allocate_pools`` before the first request; afterwards only page ids, slot ids and table rows
-change. Transient activations come from the torch caching allocator (CUDA graphs: the graphs' private pool) and are
+Stability note: every large allocation (resident weights, the paged KV pools, the GDN state slots, the block tables)
+happens in ``ninfer.fast.pools.allocate_pools`` before the first request; afterwards only page ids, slot ids and table
+rows change. Transient activations come from the torch caching allocator (CUDA graphs: the graphs' private pool) and are
 bounded by ``MemoryPlan.workspace_bytes``, because prefill is cut into pieces of at most ``max_prefill_tokens``.
 
 The pools' layout is in ``ninfer.fast.pools``.

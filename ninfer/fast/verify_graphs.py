@@ -3,7 +3,8 @@ tokens, every row's [pending, d1..dk'] at its frontier), with each row's backup 
 without it: tokens consumed in place (`FastExecutor.feed`: a control suffix of at most k + 1 tokens, or DFlash's
 replay of a partly accepted block, `speculation.rollback`).
 
-With the MTP backend a verify pass keeps every block position's state: GDN step j of a row reads the state step
+Where the plan keeps step slots (the MTP backend always; DFlash where their share of the budget allows,
+``memory.verify_steps``) a verify pass keeps every block position's state: GDN step j of a row reads the state step
 j - 1 wrote and writes its own into the row's step slot j (``plan.step_slot``), the last step into the row's slot,
 and the MTP head stores each position's hidden beside it; a partly accepted block then takes its state from step
 slot n - 1 (`FastExecutor.select`) instead of a second target pass over the kept tokens. A feed steps in place.

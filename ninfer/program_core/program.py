@@ -1,16 +1,15 @@
 """Program: the whole Program protocol over a `PhysicalStore` and a `ModelExecutor`, for both Programs.
 
-The resource side is `ProgramCore`'s; this adds the model transactions. Prompt tokens are not provisional: a
-prefill chunk writes KV and GDN state at once in one model call, which also fills the slot of every capture frontier
-inside it (those the ResourceManager chose and a slot was reserved for), and the final chunk's batch holds only the
-sampled first token. Decode
-(a speculative round when a backend runs: `speculation.py`) and control step the live state in place: the committed
-GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step takes
-are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
-abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short takes the
-state after its kept tokens (`speculation.rollback`). With async scheduling a plain decode step may be launched ahead of its `decode` call
-(`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this and supply
-only their store and executor.
+The resource side is `ProgramCore`'s; this adds the model transactions. Prompt tokens are not provisional: a prefill
+chunk writes KV and GDN state at once in one model call, which also fills the slot of every capture frontier inside it
+(those the ResourceManager chose and a slot was reserved for), and the final chunk's batch holds only the sampled first
+token. Decode (a speculative round when a backend runs: `speculation.py`) and control step the live state in place: the
+committed GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step
+takes are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
+abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short takes the state
+after its kept tokens (`speculation.rollback`). With async scheduling a plain decode step may be launched ahead of its
+`decode` call (`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this
+and supply only their store and executor.
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ class Program(ProgramCore):
             counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
             if not prefill_batch:
                 fed = batch.payload[i].fed  # the pending token, then the drafts or forced tokens but the last
-                if d.accepted < len(fed):  # a decode row longer than one token is a speculative round's
+                if d.accepted < len(fed):  # only a speculative block is cut: a forced suffix commits whole
                     rollback(self, seq, batch.payload[i], d.accepted)
                 seq.tokens.extend(fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]

@@ -1,10 +1,10 @@
 """The MTP round through its graphs' static buffers (the draft, `ninfer/fast/draft_graphs.py`; the target pass with
-every block position's state kept for a cut block, `ninfer/fast/verify_graphs.py`) against the eager round, round by round: the same drafts,
-tokens and logprobs, and the same state in the pools (every live slot's conv window, S and stored hidden, every
-layer's K/V below each frontier, the MTP layer's included). On CPU the static path runs eagerly and is compared with
-the eager round (`MtpHead.draft` over a gathered copy of the MTP KV, the multi-query `FastModel.verify`, which packs
-no pad rows); with NINFER_TEST_DEVICE=cuda the captured graphs are compared with both, byte for byte with the static
-path run eagerly."""
+every block position's state kept for a cut block, `ninfer/fast/verify_graphs.py`) against the eager round, round by
+round: the same drafts, tokens and logprobs, and the same state in the pools (every live slot's conv window, S and
+stored hidden, every layer's K/V below each frontier, the MTP layer's included). On CPU the static path runs eagerly and
+is compared with the eager round (`MtpHead.draft` over a gathered copy of the MTP KV, the multi-query
+`FastModel.verify`, which packs no pad rows); with NINFER_TEST_DEVICE=cuda the captured graphs are compared with both,
+byte for byte with the static path run eagerly."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def test_launch_geometry_at_35b_a3b():
     # on Hopper's 132 SMs, M = 1 gives both launches at least two programs an SM, and no configuration of M <= 8
     # and bf16/fp32 weights needs more shared memory than the limit. M = 1 is the H100's best of bench_moe.py's
     # sweep (33.1 us a block against 39.9 at the earlier gate_bn 16, K 128)
-    E, k, H, I, Is = 256, 8, 2048, 512, 512
+    k, H, I = 8, 2048, 512  # the 35B-A3B block: top-8 of 256 experts of 512, hidden 2048
     cfg = pick_config(1, H, I, 132)
     assert cfg == MoeDecodeConfig(8, 256, 4, 512, num_warps=4)
     assert (k + 1) * -(-I // cfg.gate_bn) >= 2 * 132 and -(-H // cfg.down_bn) >= 2 * 132

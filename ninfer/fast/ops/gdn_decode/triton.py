@@ -85,8 +85,8 @@ def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, ep
 
 @triton.jit
 def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, s_ptr, slot_ptr,
-                      out_slot_ptr, o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b, stride_slot,
-                      stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                      out_slot_ptr, o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b,
+                      stride_slot, stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                       DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr, BKW: tl.constexpr):
     # program (b, value head, dv block): columns of S are independent in the delta rule, so S [dk, BV] is this
