@@ -88,8 +88,9 @@ def test_workspace_bound_covers_an_encode(artifact):
 
 
 def test_the_fastest_agreeing_candidate_is_kept():
-    """measure: a candidate that raises or disagrees with the first is skipped with the reason; the fastest of
-    the rest is kept (the times here are injected: the real timer is CUDA events)."""
+    """measure: a candidate that raises, writes NaN or disagrees with fp32 attention is skipped with the reason
+    (the first one too: it is no reference); the fastest of the rest is kept (the times here are injected: the real
+    timer is CUDA events)."""
     from ninfer.fast.model.vision_attend import measure
     from ninfer.fast.ops.vision_attention import vision_attention_naive
 
@@ -105,12 +106,36 @@ def test_the_fastest_agreeing_candidate_is_kept():
     def refuses(q, k, v, cu, L, out):
         raise RuntimeError("No available kernel.\nmore text")
 
-    wrong.ms = refuses.ms = 0.1  # faster than all: never kept
-    found = {"first": agreeing(3.0), "fast": agreeing(1.0), "wrong": wrong, "refuses": refuses, "slow": agreeing(5.0)}
+    def nan(q, k, v, cu, L, out):
+        return torch.full_like(q, float("nan"))
+
+    wrong.ms = refuses.ms = nan.ms = 0.1  # faster than all: never kept
+    found = {"wrong": wrong, "first": agreeing(3.0), "fast": agreeing(1.0), "nan": nan, "refuses": refuses,
+             "slow": agreeing(5.0)}
     q, k, v = torch.randn(3, 10, 2, 8).unbind(0)
     cu = torch.tensor([0, 10], dtype=torch.int32)
     choice = measure(found, q, k, v, cu, 10, torch.empty(10, 2, 8), timer=lambda fn, repeats: fn.func.ms)
     assert choice.name == "fast"
     times = dict(choice.timings)
     assert list(times) == list(found) and (times["first"], times["slow"]) == (3.0, 5.0)
-    assert times["refuses"] == "skipped: No available kernel." and "relative RMS" in times["wrong"]
+    assert times["refuses"] == "skipped: No available kernel."
+    assert "relative RMS" in times["wrong"] and "relative RMS nan" in times["nan"]
+
+
+def test_no_agreeing_candidate_is_a_start_error_naming_each_reason():
+    """measure with nothing that agrees (the bf16 Triton kernel's wrong columns on Hopper, every SDPA backend
+    refusing the head dim) raises, listing each candidate's reason, instead of keeping a wrong one."""
+    from ninfer.fast.model.vision_attend import measure
+    from ninfer.fast.ops.vision_attention import vision_attention_naive
+
+    def wrong(q, k, v, cu, L, out):
+        return vision_attention_naive(q, k, v, cu) * 2
+
+    def refuses(q, k, v, cu, L, out):
+        raise RuntimeError("No available kernel.")
+
+    q, k, v = torch.randn(3, 10, 2, 8).unbind(0)
+    with pytest.raises(RuntimeError, match="no vision attention candidate agrees.*wrong: skipped: relative RMS.*"
+                                           "refuses: skipped: No available kernel"):
+        measure({"wrong": wrong, "refuses": refuses}, q, k, v, torch.tensor([0, 10], dtype=torch.int32), 10,
+                torch.empty(10, 2, 8), timer=lambda fn, repeats: 1.0)

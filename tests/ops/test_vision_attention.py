@@ -5,6 +5,7 @@ frames."""
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 from _device import DEVICE, DOT_IO_DTYPES, ON_GPU
 from ninfer.fast.ops.vision_attention import TILES, frames_sdpa, vision_attention, vision_attention_naive
@@ -47,13 +48,21 @@ def test_segments_do_not_see_each_other():
     assert torch.equal(both[:7], changed[:7])
 
 
+@pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
 @pytest.mark.parametrize("tile", TILES, ids=str)
-def test_every_tile(tile):
-    """The tiles the tower measures at start all give the same attention (a segment longer than every block)."""
+def test_every_tile(tile, dtype):
+    """The tiles the tower measures at start all give the same attention (a segment longer than every block). In
+    fp32 a large tile may not fit the SM's shared memory: the tower's measure skips it the same way (bf16, the
+    serving dtype, must fit)."""
     lens, nh, d = ([700, 129], 16, 72) if ON_GPU else ([130, 3], 2, 72)
-    q, k, v = torch.randn(3, sum(lens), nh, d, device=DEVICE).unbind(0)
-    out = vision_attention(q, k, v, _cu(lens), max_seqlen=max(lens), out=nan_like(q), tile=tile)
-    assert_close(f"vision_attention {tile}", vision_attention_naive(q, k, v, _cu(lens)), out, _tol(torch.float32))
+    q, k, v = torch.randn(3, sum(lens), nh, d, device=DEVICE).to(dtype).unbind(0)
+    try:
+        out = vision_attention(q, k, v, _cu(lens), max_seqlen=max(lens), out=nan_like(q), tile=tile)
+    except OutOfResources as e:
+        if dtype == torch.bfloat16:
+            raise
+        pytest.skip(f"fp32 {tile}: {e}")
+    assert_close(f"vision_attention {tile}", vision_attention_naive(q, k, v, _cu(lens)), out, _tol(dtype))
 
 
 @pytest.mark.parametrize("d", [72, 64, 24, 16, 80])

@@ -2,10 +2,12 @@
 
 One program per (head, query block, segment); a query block walks every key block of its segment with an online
 softmax in fp32 (exp2, log2(e) folded into the scale). Only the last key block of a segment is partial, so only it
-is masked. A head dim that is not a power of two (72 in the released towers) is split into a power-of-two part and
-a small padded remainder (72 = 64 + 16 columns, 8 of them masked) with two dots each way, instead of one dot padded
-to the next power of two (128): 80 instead of 128 columns of tensor-core work. Query blocks past a segment's end do
-no work, so the grid is sized by the longest segment (a host int: nothing is read back from the device).
+is masked. A head dim that is not a power of two (72 in the released towers) is split for Q K^T into a power-of-two
+part and a small padded remainder (72 = 64 + 16 columns, 8 of them masked), two dots instead of one padded to 128;
+P V is one dot over V padded to the next power of two (128). The split form of P V (a second dot with N = 16) gave
+wrong columns in bf16 on the H100 and H200 under Triton 3.6 (relative RMS ~1, NaNs) while fp32 passed. Query blocks
+past a segment's end do no work, so the grid is sized by the longest segment (a host int: nothing is read back from
+the device).
 """
 
 from __future__ import annotations
@@ -15,24 +17,28 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-# (BM, BN, num_warps, num_stages): the default tile; the tower measures the others (``TILES``) at start
+# (BM, BN, num_warps, num_stages): the default tile; the tower measures the others (``TILES``) at start. No
+# 128x128 tile with 3 stages: it needs 280 KB of shared memory, over the Hopper SM's 227 KB
 DEFAULT_TILE = (64, 64, 4, 2)
-TILES = (DEFAULT_TILE, (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3))
+TILES = (DEFAULT_TILE, (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2))
 
 
 @triton.jit
-def _block(qa, qb, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, rows0, s, seg_len, h, sk0, sk1, sv0, sv1, qk_scale,
-           D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr,
-           MASK: tl.constexpr):
+def _block(qa, qb, acc, m_i, l_i, k_ptr, v_ptr, rows0, s, seg_len, h, sk0, sk1, sv0, sv1, qk_scale,
+           D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, DV: tl.constexpr, SPLIT: tl.constexpr,
+           BN: tl.constexpr, MASK: tl.constexpr):
     n = s + tl.arange(0, BN)
     da = tl.arange(0, DA)
     db = DA + tl.arange(0, DB)
+    dv = tl.arange(0, DV)
     rows = (rows0 + n).to(tl.int64)[:, None]
     amask = (da < D)[None, :]
     bmask = (db < D)[None, :]
+    vmask = (dv < D)[None, :]
     if MASK:
         amask = amask & (n < seg_len)[:, None]
         bmask = bmask & (n < seg_len)[:, None]
+        vmask = vmask & (n < seg_len)[:, None]
     ka = tl.load(k_ptr + rows * sk0 + h * sk1 + da[None, :], mask=amask, other=0.0)  # [BN, DA]
     s_ij = tl.dot(qa, tl.trans(ka))  # [BM, BN], unscaled
     if SPLIT:
@@ -46,18 +52,15 @@ def _block(qa, qb, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, rows0, s, seg_len, h, s
     p = tl.math.exp2(s_ij * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    va = tl.load(v_ptr + rows * sv0 + h * sv1 + da[None, :], mask=amask, other=0.0)
-    acc_a = acc_a * alpha[:, None] + tl.dot(p.to(va.dtype), va)
-    if SPLIT:
-        vb = tl.load(v_ptr + rows * sv0 + h * sv1 + db[None, :], mask=bmask, other=0.0)
-        acc_b = acc_b * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
-    return acc_a, acc_b, m_new, l_i
+    v = tl.load(v_ptr + rows * sv0 + h * sv1 + dv[None, :], mask=vmask, other=0.0)  # [BN, DV]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
 
 
 @triton.jit
 def _vision_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale, sq0, sq1, sk0, sk1, sv0, sv1, so0, so1,
-                   D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr):
+                   D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, DV: tl.constexpr, SPLIT: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr):
     h = tl.program_id(0)
     mb = tl.program_id(1)
     seg = tl.program_id(2)
@@ -74,19 +77,18 @@ def _vision_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, qk_scale, sq0, sq1, sk0, 
         qb = tl.load(q_ptr + rows * sq0 + h * sq1 + db[None, :], mask=bmask, other=0.0)
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
-        acc_a = tl.zeros([BM, DA], dtype=tl.float32)
-        acc_b = tl.zeros([BM, DB], dtype=tl.float32)  # unused unless SPLIT
+        acc = tl.zeros([BM, DV], dtype=tl.float32)
         full = seg_len // BN * BN
         for s in range(0, full, BN):
-            acc_a, acc_b, m_i, l_i = _block(qa, qb, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, start, s, seg_len, h,
-                                            sk0, sk1, sv0, sv1, qk_scale, D, DA, DB, SPLIT, BN, False)
+            acc, m_i, l_i = _block(qa, qb, acc, m_i, l_i, k_ptr, v_ptr, start, s, seg_len, h, sk0, sk1, sv0, sv1,
+                                   qk_scale, D, DA, DB, DV, SPLIT, BN, False)
         if full < seg_len:
-            acc_a, acc_b, m_i, l_i = _block(qa, qb, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, start, full, seg_len, h,
-                                            sk0, sk1, sv0, sv1, qk_scale, D, DA, DB, SPLIT, BN, True)
-        o_ty = o_ptr.dtype.element_ty
-        tl.store(o_ptr + rows * so0 + h * so1 + da[None, :], (acc_a / l_i[:, None]).to(o_ty), mask=amask)
-        if SPLIT:
-            tl.store(o_ptr + rows * so0 + h * so1 + db[None, :], (acc_b / l_i[:, None]).to(o_ty), mask=bmask)
+            acc, m_i, l_i = _block(qa, qb, acc, m_i, l_i, k_ptr, v_ptr, start, full, seg_len, h, sk0, sk1, sv0,
+                                   sv1, qk_scale, D, DA, DB, DV, SPLIT, BN, True)
+        dv = tl.arange(0, DV)
+        vmask = (i < seg_len)[:, None] & (dv < D)[None, :]
+        tl.store(o_ptr + rows * so0 + h * so1 + dv[None, :], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=vmask)
 
 
 def split_head_dim(D: int) -> tuple[int, int]:
@@ -109,11 +111,12 @@ def vision_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     out = q.new_empty(N, nh, D) if out is None else out
     DA, DB, split = split_head_dim(D)
     BM, BN, warps, stages = tile
-    if DA + DB * split > 128:  # keep the accumulator and the K/V tiles inside an SM's registers and shared memory
+    DV = triton.next_power_of_2(D)
+    if DV > 128:  # keep the accumulator and the K/V tiles inside an SM's registers and shared memory
         BN = min(BN, 32)
     segments = cu_seqlens.shape[0] - 1
     grid = (nh, triton.cdiv(max(max_seqlen, 1), BM), segments)
     _vision_kernel[grid](q, k, v, out, cu_seqlens, scale * LOG2E, q.stride(0), q.stride(1), k.stride(0),
                          k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1), D=D, DA=DA, DB=DB,
-                         SPLIT=split, BM=BM, BN=BN, num_warps=warps, num_stages=stages)
+                         DV=DV, SPLIT=split, BM=BM, BN=BN, num_warps=warps, num_stages=stages)
     return out
