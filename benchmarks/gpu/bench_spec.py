@@ -90,21 +90,23 @@ def run_requests(engine: Engine, prompts: list[list[int]], max_tokens: int) -> l
     return trackers
 
 
-def steady(trackers: list[Tracker], timed_tokens: int) -> dict:
-    """Median interval between one row's consecutive rounds while every row decodes, over the rounds that end
-    within the first `timed_tokens` outputs (later rounds may have less draft room); mean tokens of those rounds."""
+def steady(trackers: list[Tracker], max_tokens: int, room: int = 1) -> dict:
+    """Median interval between one row's consecutive rounds while every row decodes, over the rounds that began
+    with at least `room` of the row's `max_tokens` left (k + 1: a whole block; later rounds have less draft room);
+    mean tokens of those rounds."""
     start = max(t.deltas[0][0] for t in trackers)
     end = min(t.deltas[-1][0] for t in trackers)
     gaps, counts = [], []
     for t in trackers:
         done = t.deltas[0][1]
         for (a, _), (b, c) in zip(t.deltas, t.deltas[1:]):
+            whole = done <= max_tokens - room
             done += c
-            if done <= timed_tokens and a >= start and b <= end:
+            if whole and a >= start and b <= end:
                 gaps.append(b - a)
                 counts.append(c)
     if not gaps:
-        raise RuntimeError("no round where every request decoded: raise steps")
+        raise RuntimeError("no round with a whole block while every request decoded: raise steps")
     ms = statistics.median(gaps) * 1e3
     per_row = statistics.mean(counts)
     B = len(trackers)
@@ -168,7 +170,7 @@ def bench_autoregressive(run: Run, name: str, prompts: dict, tokens: int, entry:
             run_requests(engine, prompts[s.batches[-1]], 4)
         for B in s.batches:
             trackers = run_requests(engine, prompts[B], tokens)
-            entry.setdefault("ar", []).append(steady(trackers, tokens - 1))
+            entry.setdefault("ar", []).append(steady(trackers, tokens))
             continuations.update({tuple(p): t.tokens for p, t in zip(prompts[B], trackers)})
             run.save()
     finally:
@@ -196,8 +198,10 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                     continue
                 forced.reset(L - 1)
                 phases.reset()
-                timed = 1 + s.steps * L
-                row = steady(run_requests(engine, prompts[B], timed + k + 1 + L), timed)
+                # s.steps rounds, one more for rows admitted a round late (B = 8 at k = 15 had no common round
+                # without it), then the block's room
+                total = 1 + (s.steps + 1) * L + k + 1
+                row = steady(run_requests(engine, prompts[B], total), total, room=k + 1)
                 row.update(k=k, L=L, **phases.per_round_ms(),
                            followed=forced.followed / max(forced.followed + forced.diverged, 1))
                 row["host_ms"] = row["step_ms"] - sum(row[f"{n}_ms"] for n in ("draft", "verify", "accept", "replay"))

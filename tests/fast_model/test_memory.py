@@ -3,11 +3,14 @@
 import pytest
 import torch
 
-from _fast_env import DEVICE
+from _fast_env import DEVICE, ON_GPU
 from _fast_setup import tiny_config
 from ninfer.fast.memory import STEP_STATE_SHARE, plan_memory, sampling_bytes, spec_graph_bytes, workspace_bytes
 from ninfer.fast.pools import allocate_pools
 from ninfer.models.qwen3_5.capacity import gdn_state_bytes_per_sequence, kv_bytes_per_token_all_layers, weight_bytes
+
+# budgets for tiny_config(), whose widths are real head dims on the GPU (its fp32 weights alone are ~20 MiB there)
+BUDGET = 1 << (30 if ON_GPU else 26)
 
 
 def test_kv_pool_gets_exactly_what_the_budget_leaves():
@@ -43,7 +46,7 @@ def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
     pools hold the scratch after the dummy page and the state pools the step slots after the dummy slot."""
     cfg = tiny_config()
     kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, mtp=True)
-    plain, spec = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=4, **kw)
+    plain, spec = plan_memory(cfg, BUDGET, **kw), plan_memory(cfg, BUDGET, verify_width=4, **kw)
     graphs = spec_graph_bytes(cfg, 3, 4, torch.float32)
     # the verify logits and a pass's, a draft step's logits and the draws' q: all fp32 rows of the vocabulary
     assert graphs >= (2 * 12 + 3 + 3 * 3) * 4 * cfg.vocab_size
@@ -54,7 +57,7 @@ def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
     assert spec.state_bytes - plain.state_bytes == 9 * plain.slot_bytes
     taken = (graphs + 8 * plain.page_bytes + 9 * plain.slot_bytes) / plain.page_bytes
     assert plain.num_pages - taken - 1 < spec.num_pages <= plain.num_pages - taken
-    pools = allocate_pools(cfg, plan_memory(cfg, 1 << 24, verify_width=4, **kw), DEVICE)
+    pools = allocate_pools(cfg, plan_memory(cfg, BUDGET // 4, verify_width=4, **kw), DEVICE)
     assert pools.k.shape[1] == pools.plan.num_pages + 1 + 4 * 2 == pools.scratch_page(3, 1) + 1
     plan = pools.plan
     assert pools.ssm.shape[1] == pools.conv.shape[1] == pools.mtp_hidden.shape[0] == plan.state_slots
@@ -68,7 +71,7 @@ def test_the_mtp_rounds_graphs_take_their_buffers_and_scratch_off_the_pages():
 
 def test_pools_have_the_planned_geometry_and_a_dummy_row():
     cfg = tiny_config()
-    plan = plan_memory(cfg, 1 << 26, max_seqs=2, max_context=16, page_size=4, dtype=torch.float32,
+    plan = plan_memory(cfg, BUDGET, max_seqs=2, max_context=16, page_size=4, dtype=torch.float32,
                        max_prefill_tokens=64, max_kv_pages=9)
     pools = allocate_pools(cfg, plan, DEVICE)
     assert pools.k.shape == (1, 10, 4, cfg.num_key_value_heads, cfg.head_dim) and pools.k.dtype == torch.float32
@@ -93,7 +96,7 @@ def test_a_drafter_adds_its_weights_its_context_in_every_page_and_scratch():
     drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, "dflash2", layers=3, num_key_value_heads=2,
                                                       num_attention_heads=4, head_dim=8, block_size=16))
     kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128)
-    plain, plan = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, drafter=drafter, **kw)
+    plain, plan = plan_memory(cfg, BUDGET, **kw), plan_memory(cfg, BUDGET, drafter=drafter, **kw)
     assert drafter_page_bytes(drafter, 4, 4) == 2 * 3 * 4 * 2 * 8 * 4
     assert plan.page_bytes == plain.page_bytes + drafter_page_bytes(drafter, 4, 4)
     assert plan.weight_bytes == plain.weight_bytes + 4 * sum(p.numel for p in drafter_parameters(drafter).values())
@@ -120,7 +123,7 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, "dflash", layers=2, num_key_value_heads=2,
                                                       num_attention_heads=4, head_dim=8, block_size=16))
     kw = dict(max_seqs=3, max_context=50, page_size=4, dtype=torch.float32, max_prefill_tokens=128, drafter=drafter)
-    eager, graphed = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, verify_width=16, **kw)
+    eager, graphed = plan_memory(cfg, BUDGET, **kw), plan_memory(cfg, BUDGET, verify_width=16, **kw)
     graphs = spec_graph_bytes(cfg, 3, 16, torch.float32, drafter)
     verify = 48 * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, 48, torch.float32) - sampling_bytes(cfg.vocab_size, 48)
     taps = 48 * 4 * ((2 * len(drafter.target_layer_ids) + 2) * cfg.hidden_size + 2 * 2 * 8)
@@ -142,7 +145,7 @@ def test_the_prefill_graphs_pool_is_planned():
 
     cfg = tiny_config()
     kw = dict(max_seqs=2, max_context=256, page_size=4, dtype=torch.bfloat16, max_prefill_tokens=1024)
-    plain, graphed = plan_memory(cfg, 1 << 26, **kw), plan_memory(cfg, 1 << 26, prefill_graph_tokens=512, **kw)
+    plain, graphed = plan_memory(cfg, BUDGET, **kw), plan_memory(cfg, BUDGET, prefill_graph_tokens=512, **kw)
     extra = prefill_graph_bytes(cfg, 512, torch.bfloat16)
     assert extra > 0 and prefill_graph_bytes(cfg, 0, torch.bfloat16) == 0
     assert graphed.workspace_bytes == plain.workspace_bytes + extra and graphed.prefill_graph_tokens == 512

@@ -24,11 +24,12 @@ from ninfer.models.qwen3_5.params import MTP, TEXT
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.reference.weights import load_model
+from ninfer.sampling import SamplingParams
 from ninfer.testing.checkpoints import make_hf_checkpoint
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import TokenSession, token_request
-from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_sampled_hit_equals_cold, record_drafts,
-                                         spec_prompts)
+from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_resumed_drafts_equal,
+                                         assert_sampled_hit_equals_cold, record_blocks, spec_prompts)
 from ninfer.testing.speculation import ForcedDrafts
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
@@ -94,19 +95,22 @@ def test_greedy_with_mtp_equals_greedy_without(quantized, prompt_of, program, re
 @pytest.mark.parametrize("recipe", ["q4", "fp8"])
 def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, recipe):
     """The fast Program dequantizes the quantized MTP head at load; the reference dequantizes it exactly: the same
-    drafts at every round, the same tokens and accepted counts. Prefill chunks of 8 tokens keep every fast call on
-    the decode GEMVs (the fp8 recipe allows A8, which a longer prefill takes and the reference never does: its e4m3
-    activations move the random head's near-tied drafts)."""
+    drafts at every round with q within fp32 rounding (TF32 attention on the GPU), the same tokens and accepted
+    counts. Sampled (seeded) requests: a greedy draft of the random head flips at its near ties, which the fp8
+    grid makes common (on the H100 one round of ~30 differed in 2 of 3 runs); a seeded draw moves only when the
+    perturbation crosses its threshold. Prefill chunks of 8 tokens keep every fast call on the decode GEMVs (the
+    fp8 recipe allows A8, which a longer prefill takes and the reference never does)."""
     prompts = spec_prompts(prompt_of)
+    sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
     runs = []
     for program in ("fast", "reference"):
         made = _maker(program, quantized[recipe])(3)
-        drafts = record_drafts(made)
-        out = serve(made, [token_request(p, 16) for p in prompts], max_concurrency=2, prefill_chunk=8)
-        runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
-    (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
-    assert len(fast_drafts) > 20
-    assert fast_drafts == ref_drafts
+        blocks = record_blocks(made)
+        out = serve(made, [token_request(p, 24, **sampled) for p in prompts], max_concurrency=2, prefill_chunk=8)
+        runs.append((blocks, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
+    (fast_blocks, fast_out), (ref_blocks, ref_out) = runs
+    assert len(fast_blocks) == len(ref_blocks) > 20
+    assert_resumed_drafts_equal(fast_blocks, ref_blocks, q_tol=1e-3 if ON_GPU else 1e-5)
     assert fast_out == ref_out
 
 

@@ -15,6 +15,11 @@ CASES = ([([4097], 16, 4, 256, 16), ([1, 700, 5000, 33, 129, 16, 17, 2048], 16, 
          else [([1, 17, 300], 6, 2, 60, 5), ([9, 0], 4, 4, 16, 8)])
 
 
+def _tol(dtype, fp32_gpu=2e-3):
+    """bf16 rounding; fp32 on the GPU runs the dots in TF32 (10-bit mantissa), exact elsewhere."""
+    return 1e-2 if dtype == torch.bfloat16 else (fp32_gpu if ON_GPU else 1e-5)
+
+
 @pytest.mark.parametrize("dtype", DOT_IO_DTYPES, ids=str)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["splits1", "splits3", "auto"])
 @pytest.mark.parametrize("lengths,nh,nkv,d,page_size", CASES)
@@ -24,7 +29,7 @@ def test_paged_decode_attention(lengths, nh, nkv, d, page_size, num_splits, dtyp
     ctx = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     ref = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
     out = paged_decode_attention(q, k_pages, v_pages, table, ctx, num_splits=num_splits)
-    assert_close("paged_decode_attention", ref, out, 1e-2 if dtype == torch.bfloat16 else (2e-3 if ON_GPU else 1e-5))
+    assert_close("paged_decode_attention", ref, out, _tol(dtype))
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["splits1", "splits3"])
@@ -57,6 +62,7 @@ def test_output_gate(num_splits, dtype):
     ref = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx, gate=gate)
     out = torch.full_like(q, float("nan"))
     paged_decode_attention(q, k_pages, v_pages, table, ctx, num_splits=num_splits, out=out, gate=gate)
-    assert_close("gated paged_decode_attention", ref, out, 1e-2 if dtype == torch.bfloat16 else 1e-5)
+    # q x 2 sharpens the softmax, which scales TF32's score error: 2.5e-3 measured on the H100
+    assert_close("gated paged_decode_attention", ref, out, _tol(dtype, fp32_gpu=5e-3))
     plain = paged_decode_attention_naive(q, k_pages, v_pages, table, ctx)
     assert not torch.allclose(ref, plain)

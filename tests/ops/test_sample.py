@@ -15,7 +15,7 @@ SHAPES = [(3, 1000, 128), (3, 97, 32)] + ([(8, 248320, 2048), (5, 151936, 1024)]
 TABLE_FLAGS = (L.MASK, L.BIAS, L.MIN_TOKENS, L.REPETITION_ON, L.FREQUENCY_ON, L.PRESENCE_ON)
 
 
-def _inputs(B, V, gen, *, sort, flags=None, max_batch=None):
+def _inputs(B, V, gen, *, sort, flags=None, max_batch=None, device=DEVICE):
     """Random rows over random tables; row b reads table row R-1-b (table rows are data, not batch positions)."""
     R = B + 1
     params = torch.zeros(max_batch or B, L.INT_COLUMNS + L.FLOAT_COLUMNS, dtype=torch.int64)
@@ -37,7 +37,7 @@ def _inputs(B, V, gen, *, sort, flags=None, max_batch=None):
     blocked = L.pack_bits(torch.rand(R, V, generator=gen) < 0.02)
     seen = L.pack_bits(torch.rand(R, V, generator=gen) < 0.1)
     counts = torch.randint(0, 3, (R, V), generator=gen, dtype=torch.int32) * (torch.rand(R, V, generator=gen) < 0.1)
-    return SampleInputs(*(t.to(DEVICE) for t in (ip, fp, masks, bias, blocked, seen, counts.to(torch.int32))))
+    return SampleInputs(*(t.to(device) for t in (ip, fp, masks, bias, blocked, seen, counts.to(torch.int32))))
 
 
 def _compare(logits, inp, *, race=True, sort=False, block=128, max_batch=None):
@@ -77,7 +77,8 @@ def test_each_setting_decides_its_row():
     B, V = len(names), 97
     gen = torch.Generator().manual_seed(11)
     logits = 3 * torch.randn(B, V, generator=gen)
-    inp = _inputs(B, V, gen, sort=True, flags=[flags.get(n, 0) for n in names])
+    # built and edited on the host, where the naive op finds each row's free token; compared on DEVICE
+    inp = _inputs(B, V, gen, sort=True, flags=[flags.get(n, 0) for n in names], device="cpu")
     inp.iparams[:, L.TOP_K], inp.fparams[:, L.TOP_P], inp.fparams[:, L.MIN_P] = 0, 1.0, 0.0
     inp.fparams[6:, L.TEMPERATURE] = 5.0  # flat rows: the draw is seldom the argmax
     for table in (inp.masks, inp.bias, inp.blocked, inp.prompt_seen, inp.counts):
