@@ -121,3 +121,33 @@ def test_gdn_decode_into_out_slots(impl, dtype):
         ins = torch.where(outs >= 0, outs, ins)
     assert_close("gdn_decode.ssm_state", ssm_ref, ssm_state, tol)
     assert_close("gdn_decode.conv_state", conv_ref, conv_state, tol)
+
+
+@pytest.mark.parametrize("impl", ["naive", "triton"])
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
+def test_gdn_decode_at_packed_rows(impl, dtype):
+    """``rows``: sequence i reads row rows[i] of the packed inputs and writes its y into that row of ``out`` (the
+    verify pass's token rows, no gather or scatter); equal to the step over the gathered rows, every other row of
+    ``out`` untouched (a sentinel), the states as in place."""
+    N, B, HK, HV, dk, dv = (13, 4, 16, 32, 128, 128) if ON_GPU else (7, 3, 2, 6, 24, 20)
+    slots = B + 2
+    weights, conv_state, ssm_state, step = _inputs(N, HK, HV, dk, dv, slots, dtype)
+    conv_ref, ssm_ref = conv_state.clone(), ssm_state.clone()
+    rows = torch.tensor([N - 1, 2, 0, 5][:B], dtype=torch.int32, device=DEVICE)
+    slot_ids = torch.tensor([1, -1, 3, 0][:B], dtype=torch.int32, device=DEVICE)  # one padding row
+    x = step()
+    at = rows.long()
+    y_ref = gdn_decode_naive(**{n: t[at] for n, t in x.items()}, **weights, conv_state=conv_ref, ssm_state=ssm_ref,
+                             slot_ids=slot_ids, num_k_heads=HK, head_k_dim=dk, head_v_dim=dv)
+    run = gdn_decode_naive if impl == "naive" else gdn_decode
+    out = torch.full((N, HV * dv), 7.0, device=DEVICE, dtype=dtype)
+    got = run(**x, **weights, conv_state=conv_state, ssm_state=ssm_state, slot_ids=slot_ids, num_k_heads=HK,
+              head_k_dim=dk, head_v_dim=dv, rows=rows, out=out)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert got is out
+    assert_close("gdn_decode.y[rows]", y_ref, out[at], tol)
+    others = torch.ones(N, dtype=torch.bool, device=DEVICE)
+    others[at] = False
+    assert bool((out[others] == 7.0).all())
+    assert_close("gdn_decode.ssm_state", ssm_ref, ssm_state, tol)
+    assert_close("gdn_decode.conv_state", conv_ref, conv_state, tol)

@@ -80,9 +80,9 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
         # by one (the projections above and below still run once over all T rows). Zeroed: the verify graphs' pad
         # rows outside every step stay zero instead of carrying NaN garbage into the FFN and the MoE router
         out = mixed.new_zeros(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
-        for rows, slots, outs in step.gdn_steps:
-            out[rows] = k.gdn_decode(mixed[rows], z[rows], a[rows], b[rows], conv, w.conv, w.A_log, w.dt_bias,
-                                     w.norm, ssm, slots, **dims, out_slot_ids=outs)
+        for rows, slots, outs in step.gdn_steps:  # each step reads and writes its token rows in place
+            k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, slots, **dims,
+                         out_slot_ids=outs, rows=rows, out=out)
         return k.linear_residual(out, w.out_proj, res)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)

@@ -4,7 +4,9 @@ so the last program of a key head to arrive (an atomic counter) finishes them. `
 alone as its own kernel. Every sequence reads its conv/SSM state slot through ``slot_ids`` and writes the stepped
 window and S to ``out_slot_ids`` (by default the same slot: in place; the verify pass writes each block position's
 state into a slot of its own, docs/speculative.md); a negative read id (a CUDA-graph padding row) reads a zero state,
-a negative out id writes no state.
+a negative out id writes no state. With ``rows`` sequence i's inputs and output are row rows[i] of the packed
+tensors: the verify pass steps its blocks' token rows without gathering them and scattering the output back (five
+index kernels a step and layer: 1.27 of the 9B verify graph's 8.7 ms on the H100).
 """
 
 from __future__ import annotations
@@ -67,10 +69,10 @@ def _shift_window(x_row, win_row, out_row, ch, mch, live, K: tl.constexpr, BKW: 
 
 
 @triton.jit
-def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, eps,
+def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, r, hk, stride_z, stride_y, eps,
                       HV: tl.constexpr, DV: tl.constexpr, G: tl.constexpr, BVF: tl.constexpr):
     # y = w * o / rms(o) * silu(z) for the G value heads of key head hk, reading the fp32 o rows every program
-    # wrote (.cg: from L2, where the other programs' stores are)
+    # of sequence b wrote (.cg: from L2, where the other programs' stores are); z and y at packed row r
     vv = tl.arange(0, BVF)
     mv = vv < DV
     w = tl.load(nw_ptr + vv, mask=mv, other=0.0).to(tl.float32)
@@ -78,20 +80,23 @@ def _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, ep
         hv = hk * G + j
         o = tl.load(o_ptr + (b * HV + hv) * DV + vv, mask=mv, other=0.0, cache_modifier=".cg")
         rstd = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
-        z = tl.load(z_ptr + b * stride_z + hv * DV + vv, mask=mv, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + r * stride_z + hv * DV + vv, mask=mv, other=0.0).to(tl.float32)
         y = o * rstd * w * (z * tl.sigmoid(z))
-        tl.store(y_ptr + b * stride_y + hv * DV + vv, y.to(y_ptr.dtype.element_ty), mask=mv)
+        tl.store(y_ptr + r * stride_y + hv * DV + vv, y.to(y_ptr.dtype.element_ty), mask=mv)
 
 
 @triton.jit
 def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, nw_ptr, s_ptr, slot_ptr,
-                      out_slot_ptr, o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b,
-                      stride_slot, stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                      DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr, BKW: tl.constexpr):
+                      out_slot_ptr, row_ptr, o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a,
+                      stride_b, stride_slot, stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr,
+                      DK: tl.constexpr, DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr,
+                      ROWS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr,
+                      BKW: tl.constexpr):
     # program (b, value head, dv block): columns of S are independent in the delta rule, so S [dk, BV] is this
-    # program's alone; q/k (and with CONV their conv) are recomputed by each of the G * NV programs of a key head
+    # program's alone; q/k (and with CONV their conv) are recomputed by each of the G * NV programs of a key head.
+    # Sequence b's inputs and output are row r of x/z/a/b/y (ROWS: rows[b]); o and the counters are b's
     b = tl.program_id(0)
+    r = tl.load(row_ptr + b).to(tl.int64) if ROWS else b.to(tl.int64)
     hv = tl.program_id(1)
     hk = hv // G  # G = HV // HK value heads per key head
     slot = tl.load(slot_ptr + b).to(tl.int64)
@@ -103,16 +108,16 @@ def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dt
     mk = kk < DK
     mv = vv < DV
     # gates in fp32; softplus uses torch's threshold of 20
-    a = tl.load(a_ptr + b * stride_a + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
+    a = tl.load(a_ptr + r * stride_a + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
     softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
     g = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus
-    beta = tl.sigmoid(tl.load(b_ptr + b * stride_b + hv).to(tl.float32))
+    beta = tl.sigmoid(tl.load(b_ptr + r * stride_b + hv).to(tl.float32))
     # the decayed state block before the conv: its DRAM latency overlaps the conv and the q/k norms.
     # A padding row starts from a zero state and writes none
     s_ptrs = s_ptr + slot * stride_slot + hv * DK * DV + kk[:, None] * DV + vv[None, :]
     smask = (kk < tl.where(live, DK, 0))[:, None] & mv[None, :]
     S = tl.load(s_ptrs, mask=smask, other=0.0) * tl.exp(g)  # [BK, BV] fp32
-    x_row = x_ptr + b * stride_x
+    x_row = x_ptr + r * stride_x
     win_row = conv_ptr + slot * stride_conv
     out_row = conv_ptr + out * stride_conv
     q, k, v = _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK, DK, DV, K, CONV)
@@ -126,7 +131,7 @@ def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dt
     if CONV:
         if kept:
             _shift_window(x_row, win_row, out_row, 2 * HK * DK + hv * DV + vv, mv, live, K, BKW)
-    _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live,
+    _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, r, hk, kk, mk, live,
                             kept, stride_z, stride_y, eps, HK, HV, DK, DV, G, K, CONV, NV, BVF, BKW)
 
 
@@ -149,7 +154,7 @@ def _load_qkv(x_row, win_row, cw_ptr, hk, hv, kk, vv, mk, mv, live, HK: tl.const
 
 
 @triton.jit
-def _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, hk, kk, mk, live,
+def _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr, cnt_ptr, b, r, hk, kk, mk, live,
                             kept, stride_z, stride_y, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                             DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr, NV: tl.constexpr,
                             BVF: tl.constexpr, BKW: tl.constexpr):
@@ -160,7 +165,7 @@ def _finish_on_last_arrival(x_row, win_row, out_row, o_ptr, z_ptr, nw_ptr, y_ptr
     arrived = tl.atomic_add(cnt_ptr + b * HK + hk, 1)
     if arrived == G * NV - 1:
         tl.debug_barrier()
-        _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, hk, stride_z, stride_y, eps, HV, DV, G, BVF)
+        _gated_norm_group(o_ptr, z_ptr, nw_ptr, y_ptr, b, r, hk, stride_z, stride_y, eps, HV, DV, G, BVF)
         if CONV:
             if kept:
                 _shift_window(x_row, win_row, out_row, hk * DK + kk, mk, live, K, BKW)
@@ -205,11 +210,12 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids, HK, DK, DV,
-            eps, out, out_slot_ids=None):
-    B = x.shape[0]
+            eps, out, out_slot_ids=None, rows=None):
+    B = x.shape[0] if rows is None else rows.shape[0]
     HV = a.shape[1]
     assert ssm_state.dtype == torch.float32 and ssm_state.shape[1:] == (HV, DK, DV)
     assert ssm_state[0].is_contiguous() and x.stride(1) == 1 and z.stride(1) == 1 and HV % HK == 0
+    assert rows is None or out is not None, "with rows the output rows land in out"
     y = x.new_empty(B, HV * DV) if out is None else out
     o = torch.empty(B, HV, DV, device=x.device, dtype=torch.float32)  # pre-norm outputs
     conv = conv_state is not None
@@ -221,10 +227,10 @@ def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ss
     NV = triton.cdiv(DV, BV)
     _recurrent_kernel[(B, HV, NV)](
         x, conv_state if conv else x, w, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids,
-        slot_ids if out_slot_ids is None else out_slot_ids, o,
+        slot_ids if out_slot_ids is None else out_slot_ids, slot_ids if rows is None else rows, o,
         _arrival_counters(x.device, B * HK), y, x.stride(0), conv_state.stride(0) if conv else 0, z.stride(0),
         a.stride(0), b.stride(0), ssm_state.stride(0), y.stride(0), DK ** -0.5, eps,
-        HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, K=K, CONV=conv, BK=BK, BV=BV, NV=NV, BVF=BVF,
+        HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, K=K, CONV=conv, ROWS=rows is not None, BK=BK, BV=BV, NV=NV, BVF=BVF,
         BKW=triton.next_power_of_2(K), num_warps=4)
     return y
 
@@ -242,11 +248,12 @@ def gdn_recurrent_update(qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b:
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
                conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
                ssm_state: torch.Tensor, slot_ids: torch.Tensor, num_k_heads: int, head_k_dim: int, head_v_dim: int,
-               eps: float = 1e-6, out_slot_ids: torch.Tensor | None = None) -> torch.Tensor:
+               eps: float = 1e-6, out_slot_ids: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """The whole GDN decode step between the input projections and out_proj (same contract as
-    ``gdn_decode_naive``, ``out_slot_ids`` included) in one launch: conv update, recurrence, gated norm. Returns
-    y [B, HV*dv]."""
+    ``gdn_decode_naive``, ``out_slot_ids``, ``rows`` and ``out`` included) in one launch: conv update, recurrence,
+    gated norm. Returns y [B, HV*dv] (with ``rows``: ``out``)."""
     C, K = mixed.shape[1], conv_weight.shape[-1]
     assert conv_state.shape[1:] == (C, K - 1) and conv_state.stride(2) == 1 and conv_state.stride(1) == K - 1
     return _launch(mixed, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids,
-                   num_k_heads, head_k_dim, head_v_dim, eps, None, out_slot_ids)
+                   num_k_heads, head_k_dim, head_v_dim, eps, out, out_slot_ids, rows)
