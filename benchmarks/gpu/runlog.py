@@ -88,12 +88,14 @@ def print_problems(results: dict) -> None:
 
 def close(program, engine) -> None:
     """Stop the Engine and drop the Program's CUDA graphs (their pools hold device memory: the decode graphs, the
-    prefill pieces' graphs and, with the MTP backend, the round's verify and draft graphs; the reference Program has
-    none)."""
+    prefill pieces' graphs and, under a speculative backend, the round's verify and draft graphs; the reference
+    Program has none)."""
     engine.shutdown()
     executor = getattr(program, "executor", None)
+    dflash = getattr(executor, "dflash", None)
     for runner in (getattr(program, "runner", None), getattr(program, "pieces", None),
-                   getattr(executor, "verifier", None), getattr(executor, "drafter", None)):
+                   getattr(executor, "verifier", None), getattr(executor, "drafter", None),
+                   getattr(dflash, "graphs", None)):
         if runner is not None:
             runner.reset()
 

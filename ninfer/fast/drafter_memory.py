@@ -22,9 +22,14 @@ def drafter_workspace_bytes(cfg: Qwen35Config, drafter: DrafterConfig, tokens: i
     taps) and the context projection over it, or one block pass for every row (activations, fp32 logits)."""
     H, n = cfg.hidden_size, len(drafter.target_layer_ids)
     prefill = tokens * act * (cfg.num_hidden_layers * H + n * H + 4 * H)
+    return max(prefill, drafter_block_bytes(cfg, drafter, max_seqs, act))
+
+
+def drafter_block_bytes(cfg: Qwen35Config, drafter: DrafterConfig, max_seqs: int, act: int) -> int:
+    """One block pass's transients for ``max_seqs`` rows: the activations of every block position and its fp32
+    logits."""
     rows = max_seqs * drafter.block_size
-    block = rows * (act * (2 * drafter.intermediate_size + 6 * H) + 4 * 2 * cfg.vocab_size)
-    return max(prefill, block)
+    return rows * (act * (2 * drafter.intermediate_size + 6 * cfg.hidden_size) + 4 * 2 * cfg.vocab_size)
 
 
 def scratch_pages_per_row(drafter: DrafterConfig, page_size: int) -> int:

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from ninfer.errors import DoesNotFitError
-from ninfer.fast.drafter_memory import drafter_needs
+from ninfer.fast.drafter_memory import drafter_block_bytes, drafter_needs
 from ninfer.models.qwen3_5.capacity import (gdn_state_bytes_per_sequence, kv_bytes_per_token,
                                             kv_bytes_per_token_all_layers,
                                             kv_pages_for_tokens, weight_bytes)
@@ -143,22 +143,25 @@ def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.
     """The speculative round's graphs for ``max_seqs`` rows and blocks of ``width`` = k + 1 tokens: the verify
     graphs' static logits (fp32, ``max_seqs * width`` rows, ``ninfer.fast.verify_graphs``) and one pass's transients
     in their pool (a decode step's of that many rows, ``workspace_bytes``), which the eager allocator's share does
-    not cover since no plain decode graph is captured under a backend. The MTP head's draft graphs add their buffers
-    (the chained hidden of ``max_seqs`` rows, ``ninfer.fast.draft_graphs``, and their draws' ``StaticDraws``: fp32 z
-    and 96 bytes of parameters per draft) and a step's transients in their pool; a DFlash ``drafter`` (drafting
-    eagerly) adds what its verify pass keeps instead: the target's taps of every row (the tapped layers' outputs,
-    their concatenation, its projection and norm) and one drafter layer's K/V of them."""
+    not cover since no plain decode graph is captured under a backend. Both backends' draft graphs add their draws'
+    ``StaticDraws`` (fp32 z and 104 bytes of parameters and drafts per draft). The MTP head's add the chained hidden
+    of ``max_seqs`` rows (``ninfer.fast.draft_graphs``) and a step's transients in their pool; a DFlash ``drafter``
+    adds what its verify pass keeps (the target's taps of every row: the tapped layers' outputs, their
+    concatenation, its projection and norm, and one drafter layer's K/V of them) and its draft graphs' pool
+    (``ninfer.fast.dflash_graphs``: one block pass of every row and a draw's transients, the sort variant's as
+    `sampling_bytes` counts them)."""
     if not width:
         return 0
-    act, rows = torch.finfo(dtype).bits // 8, max_seqs * width
-    verify = rows * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(cfg.vocab_size, rows)
+    act, rows, V = torch.finfo(dtype).bits // 8, max_seqs * width, cfg.vocab_size
+    verify = rows * 4 * V + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(V, rows)
+    draws = max_seqs * (width - 1) * (4 * V + 96 + 8)
     if drafter is not None:
         H, n = cfg.hidden_size, len(drafter.target_layer_ids)
         kv = 2 * drafter.num_key_value_heads * drafter.head_dim
-        return verify + rows * act * ((2 * n + 2) * H + kv)
-    draws = max_seqs * (width - 1) * (4 * cfg.vocab_size + 96 + 8)
+        taps = rows * act * ((2 * n + 2) * H + kv)
+        return verify + taps + draws + drafter_block_bytes(cfg, drafter, max_seqs, act) + max_seqs * 68 * V
     draft = max_seqs * act * cfg.hidden_size + draws + workspace_bytes(cfg, 1, max_seqs, dtype) - \
-        sampling_bytes(cfg.vocab_size, max_seqs)
+        sampling_bytes(V, max_seqs)
     return verify + draft
 
 

@@ -112,10 +112,10 @@ def test_a_drafter_adds_its_weights_its_context_in_every_page_and_scratch():
 def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     """DFlash's verify graphs (blocks of k + 1 = 16 rows each) cost their fp32 logits, a pass's transients and the
     target's taps of every row (the tapped layers' outputs, their concatenation, its projection and norm, one
-    drafter layer's K/V),
-    but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its rows are 3 blocks of 16. The
-    15 step slots a row while every row's take at most 1/8 of the budget; past that none, and a cut block replays
-    (docs/speculative.md)."""
+    drafter layer's K/V); its draft graphs their draws (15 a row: fp32 z and 104 bytes each), a block pass of every
+    row and a draw's transients, but no MTP draft graphs' buffers: the plan's workspace grows by exactly that and its
+    rows are 3 blocks of 16. The 15 step slots a row while every row's take at most 1/8 of the budget; past that
+    none, and a cut block replays (docs/speculative.md)."""
     from ninfer.models.qwen3_5.drafter import DrafterConfig
     from ninfer.testing.drafters import drafter_hf_config
 
@@ -127,7 +127,9 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     graphs = spec_graph_bytes(cfg, 3, 16, torch.float32, drafter)
     verify = 48 * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, 48, torch.float32) - sampling_bytes(cfg.vocab_size, 48)
     taps = 48 * 4 * ((2 * len(drafter.target_layer_ids) + 2) * cfg.hidden_size + 2 * 2 * 8)
-    assert graphs == verify + taps and graphs < spec_graph_bytes(cfg, 3, 16, torch.float32) + taps
+    draws = 3 * 15 * (4 * cfg.vocab_size + 104)
+    block = 48 * (4 * (2 * drafter.intermediate_size + 6 * cfg.hidden_size) + 8 * cfg.vocab_size)
+    assert graphs == verify + taps + draws + block + 3 * 68 * cfg.vocab_size
     assert graphed.workspace_bytes - eager.workspace_bytes == graphs
     assert (eager.verify_rows, graphed.verify_rows, graphed.scratch_pages) == (0, 48, eager.scratch_pages)
     per_slot = gdn_state_bytes_per_sequence(cfg, "float32")

@@ -116,11 +116,20 @@ class FastDrafter:
         pages of positions < frontier + B (the context's, then the scratch pages the block's own K/V go to);
         `first_keys` [R] the first context key each row attends to (a draft window; None: 0); `rope_deltas` [R]
         what each row's block rotates at beyond its positions (rope_delta after a prompt with images; None: 0)."""
-        c, kern, B, R = self.cfg, self.k, block_size, len(anchors)
-        dev = self.embed.device
+        R = len(anchors)
         # every row's (anchor, frontier, rope delta, first key) in one copy queued without a host wait: [4, R]
         anchor, front, delta, first_key = to_device([list(anchors), list(frontiers), list(rope_deltas or [0] * R),
-                                                     list(first_keys or [0] * R)], dev).unbind(0)
+                                                     list(first_keys or [0] * R)], self.embed.device).unbind(0)
+        return self.block_on(anchor, front, delta, None if first_keys is None else first_key, tables, block_size,
+                             k_pages, v_pages)
+
+    def block_on(self, anchor: torch.Tensor, front: torch.Tensor, delta: torch.Tensor, first_key: torch.Tensor | None,
+                 tables: torch.Tensor, block_size: int, k_pages: list[torch.Tensor], v_pages: list[torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`block` from device data alone (anchor, front, delta, first_key [R] int32; graph-safe: the DFlash draft
+        graphs' body, `dflash_graphs.py`)."""
+        c, kern, B, R = self.cfg, self.k, block_size, anchor.shape[0]
+        dev = self.embed.device
         ids = torch.full((R, B), c.mask_token_id, dtype=torch.long, device=dev)
         ids[:, 0] = anchor
         ids = ids.view(-1)  # [R * B]
@@ -131,7 +140,7 @@ class FastDrafter:
         slots = tables[rows, (positions // ps).long()].long() * ps + (positions % ps).long()
         q_tables = tables[rows].contiguous()  # one attention row per block query
         lens = (front + B).repeat_interleave(B)
-        first = None if first_keys is None else first_key.repeat_interleave(B)
+        first = None if first_key is None else first_key.repeat_interleave(B)
         x = F.embedding(ids, self.embed).to(self.w.fc.dtype)  # [R * B, H]
         for lw, kp, vp in zip(self.w.layers, k_pages, v_pages):
             h = kern.rmsnorm(x, lw.input_norm, c.rms_norm_eps, None)[0]

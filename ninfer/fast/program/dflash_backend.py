@@ -15,12 +15,14 @@ page positions staying the sequence indices (docs/speculative.md, "Images").
 Extension: `advance` (prefill pieces, the eager verify) builds the positions and page slots on the host and queues
 them without a wait; the verify graphs call `extend` with their static buffers' (`verify_graphs.py`).
 
-Drafting: one `FastDrafter.block` for all rows of the round; DFlash draws slot j's draft from its own logits, DFlash2
-walks the candidate selector (`dflash_select`, all rows per slot) from the pending token, each slot's drawn tokens
-staying on the device as the next slot's predecessors. Both draw on the device (`SpecSampler.draw`, the host
-``draw_draft`` row by row: greedy rows the argmax, sampled rows the race with q kept) into a `DraftBlock`, so the
-round's only host read is its readback after acceptance. A row past its own room drafts on to the round's longest
-(its extra drafts are never read), as the MTP head's chain does.
+Drafting: one block pass for all rows of the round and its draws, a CUDA graph per row count and draw variant
+(`dflash_graphs.DFlashDraftGraphs`; the same buffers eagerly without CUDA or with --enforce-eager). DFlash draws
+slot j's draft from its own logits, DFlash2 walks the candidate selector (`dflash_select`, all rows per slot) from
+the pending token, each slot's drawn tokens staying on the device as the next slot's predecessors. Both draw on the
+device (`SpecSampler.draw_static`, the host ``draw_draft`` row by row: greedy rows the argmax, sampled rows the
+race with q kept) into a `DraftBlock`, so the round's only host read is its readback after acceptance. Every row
+draws all k slots; a row's drafts past its own room are not counted (``StaticDraws.room``), as the MTP head's
+chain does.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class FastDFlashBackend:
         self.layers = drafter.cfg.target_layer_ids
         self.page_size = pools.plan.page_size
         self.k_pages, self.v_pages = list(pools.dk), list(pools.dv)  # per drafter layer [P', ps, nkv', d']
+        # the draft's static buffers and graphs (`dflash_graphs.DFlashDraftGraphs`), made with the Program's sampler
+        self.graphs = None
 
     def advance(self, rows: Sequence[int], starts: Sequence[int], lens: Sequence[int],
                 taps: dict[int, torch.Tensor], media: Sequence[PromptMedia | None] | None = None) -> None:
@@ -88,13 +92,14 @@ class FastDFlashBackend:
         logits, hidden = self.drafter.block([0] * len(rows), [0] * len(rows), tables, self.block_size, self.k_pages,
                                             self.v_pages, None if self.window is None else [0] * len(rows))
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
-            self._selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
+            self.selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
 
-    def _tables(self, seqs: Sequence[ActiveSequence]) -> torch.Tensor:
+    def tables(self, seqs: Sequence[ActiveSequence], width: int | None = None) -> torch.Tensor:
         """Each row's pages for positions < F + B: its context pages, then its scratch pages, the partial page at
-        the frontier copied into the first one (so the block's K/V land beside the context keys of that page)."""
+        the frontier copied into the first one (so the block's K/V land beside the context keys of that page);
+        [R, width] int32 (None: the widest row's pages)."""
         ps, B = self.page_size, self.block_size
-        width = max(-(-(s.frontier + B) // ps) for s in seqs)
+        width = width or max(-(-(s.frontier + B) // ps) for s in seqs)
         out = []
         for s in seqs:
             full, partial = divmod(s.frontier, ps)
@@ -109,31 +114,15 @@ class FastDFlashBackend:
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int],
               spec: SpecSampler) -> DraftBlock:
         """Up to ks[i] drafts for row i from one block pass over the rows with room, drawn on the device into a
-        `DraftBlock` (`spec`: the round's draws); nothing but the scratch pages is written."""
-        dev = self.pools.k.device
-        block = DraftBlock.empty(ks, spec.k, spec.vocab, dev, [c.params.is_greedy for c in ctxs])
+        `DraftBlock` (`spec`: the round's draws) through the draft graphs' buffers (`DFlashDraftGraphs`, replayed
+        on CUDA); nothing but the scratch pages is written."""
+        block = DraftBlock.empty(ks, spec.k, spec.vocab, self.pools.k.device, [c.params.is_greedy for c in ctxs])
         live = [i for i, k in enumerate(ks) if k]
-        if not live:
-            return block
-        rows = [seqs[i] for i in live]
-        first = None if self.window is None else [max(0, s.frontier - self.window) for s in rows]
-        deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
-        logits, hidden = self.drafter.block([s.pending for s in rows], [s.frontier for s in rows], self._tables(rows),
-                                            self.block_size, self.k_pages, self.v_pages, first,
-                                            deltas)  # [R, B-1, V/H]
-        params = spec.draft_rows(seqs, ctxs, spec.k)
-        at = to_device(live, dev, torch.long)  # [R]: the pass's rows among the batch's
-        if self.drafter.cfg.kind is DrafterKind.DFLASH:
-            for j in range(max(ks)):
-                spec.draw(params, block, j, at, logits[:, j].contiguous())
-            return block
-        select = self._selector(logits, hidden)
-        previous = to_device([s.pending for s in rows], dev, torch.long)  # [R]: each row's walk starts there
-        for j in range(max(ks)):
-            previous = spec.draw(params, block, j, at, select(j, previous))
+        if live:
+            self.graphs.draft([seqs[i] for i in live], ks, spec.draft_rows(seqs, ctxs, spec.k), block, live)
         return block
 
-    def _selector(self, logits: torch.Tensor, hidden: torch.Tensor):
+    def selector(self, logits: torch.Tensor, hidden: torch.Tensor):
         """DFlash2's selector over the block: select(j, previous [R] long) gives slot j's scores [R, V] on the
         device after each row's previous token (-inf outside the slot's top-K candidates)."""
         proj_w, pred, succ = self.drafter.w.selector

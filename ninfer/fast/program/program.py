@@ -17,6 +17,7 @@ import torch
 
 from ninfer.contracts import CostFacts, PrefillCosts, ProgramLimits
 from ninfer.errors import DoesNotFitError, UnavailableError
+from ninfer.fast.dflash_graphs import DFlashDraftGraphs
 from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.drafter_memory import scratch_pages_per_row
@@ -149,8 +150,8 @@ class FastProgram(Program):
         One graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         eager on the same buffers elsewhere and with cuda_graphs off (--enforce-eager). Under a backend no plain
         decode graph would ever run; the round's target pass and a cut block's replay (verify_graphs.py; with
-        DFlash the drafter context's extension too) and the MTP draft (draft_graphs.py) have their own graphs per
-        exact B."""
+        DFlash the drafter context's extension too), the MTP draft (draft_graphs.py) and the DFlash draft
+        (dflash_graphs.py) have their own graphs per exact B."""
         model = self.model
         verifier = drafter_graphs = None
         if c.speculative is None:
@@ -163,6 +164,10 @@ class FastProgram(Program):
             drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
                                               use_graphs=c.cuda_graphs)
             drafter_graphs.capture()
+        if dflash is not None:
+            dflash.graphs = DFlashDraftGraphs(dflash, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
+                                              use_graphs=c.cuda_graphs)
+            dflash.graphs.capture()
         self.sampler.capture()
         # short prefill pieces as graphs (a plain dense model whose plan counted their pool; none with cuda_graphs
         # off, where prefill_graph_tokens resolved to 0), eager on a CPU

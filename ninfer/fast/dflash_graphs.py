@@ -1,0 +1,130 @@
+"""CUDA graphs of the DFlash / DFlash2 draft: per exact number of drafting rows R and draw variant, one graph of the
+drafter's block pass over [anchor, MASK x (B-1)] (`FastDrafter.block_on`) and the k = B-1 draws of its slots
+(`SpecSampler.draw_static`; DFlash2 walks its candidate selector from each row's pending token, each slot's drawn
+tokens staying on the device as the next slot's predecessors), replayed once a round.
+
+Run eagerly, the pass and its draws took 13.6-18.3 ms at B=1 on the 9B shape (H100, docs/performance.md), most of
+it launches: reading the drafter's weights and the target's lm_head once takes a small fraction of that.
+
+Stability note: graphs are keyed by (R, variant) alone. The per-round quantities (each row's anchor, frontier, rope
+delta, first key, room) are one int32 tensor of input data, the draws' parameter rows another (``StaticDraws``), and
+each row's page table one [max_batch, max_pages_per_seq + scratch_pages] int32 tensor: the row's context pages, then its scratch
+pages, padded with its last scratch page (entries past frontier + B are never read). The frontier's partial page
+is copied into the row's first scratch page before the replay (`FastDFlashBackend.tables`), so nothing of any
+sequence is written. Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.hostcopy import to_device
+from ninfer.fast.sampling import VARIANTS
+from ninfer.fast.sampling.draft_block import DraftBlock
+from ninfer.fast.sampling.spec import DRAW_STEPS, RowParams, SpecSampler, draw_variant
+from ninfer.fast.sampling.static_draws import StaticDraws
+from ninfer.models.qwen3_5.drafter import DrafterKind
+
+_ROWS = ("anchors", "frontiers", "deltas", "first_keys", "room")
+
+
+class DFlashDraftGraphs:
+    def __init__(self, backend, max_batch: int, spec: SpecSampler, use_graphs: bool | None = None):
+        """backend: the `FastDFlashBackend` whose drafter, pools and block size the graphs run."""
+        plan, dev = backend.pools.plan, backend.pools.k.device
+        if not 1 <= max_batch <= plan.max_seqs or spec.k != backend.block_size - 1:
+            raise ValueError(f"DFlash draft graphs take 1..{plan.max_seqs} rows of {backend.block_size - 1} "
+                             f"drafts, got {max_batch} rows of {spec.k}")
+        self.backend, self.max_batch, self.spec = backend, max_batch, spec
+        self.draws = StaticDraws(max_batch, spec.k, backend.drafter.cfg.vocab_size, dev)
+        on_cuda = dev.type == "cuda" and torch.cuda.is_available()
+        self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
+        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [5, max_batch]
+        self.anchors, self.frontiers, self.deltas, self.first_keys, self.draws.room = self.packed.unbind(0)
+        # a frontier below max_context plus a block: at most max_pages_per_seq + scratch_pages pages
+        self.table = torch.zeros(max_batch, plan.max_pages_per_seq + plan.scratch_pages, dtype=torch.int32,
+                                 device=dev)
+        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self._pool = None
+
+    def body(self, R: int, variant: str) -> None:
+        """The graph body: the block pass of rows 0..R-1 and every slot's draw into ``draws``."""
+        bk = self.backend
+        first = None if bk.window is None else self.first_keys[:R]
+        logits, hidden = bk.drafter.block_on(self.anchors[:R], self.frontiers[:R], self.deltas[:R], first,
+                                             self.table[:R], bk.block_size, bk.k_pages, bk.v_pages)  # [R, B-1, .]
+        self.draws.reset(R)
+        steps = DRAW_STEPS[variant]
+        if bk.drafter.cfg.kind is DrafterKind.DFLASH:
+            for j in range(self.spec.k):
+                self.spec.draw_static(self.draws, R, steps, logits[:, j].contiguous())
+            return
+        select = bk.selector(logits, hidden)
+        previous = self.anchors[:R].long()  # [R]: each row's walk starts at its pending token
+        for j in range(self.spec.k):
+            previous = self.spec.draw_static(self.draws, R, steps, select(j, previous))
+
+    def capture(self, warmup: int = 2) -> None:
+        """One graph per R (largest first, one shared pool) and draw variant, on the dummy row's scratch pages and
+        the sampler tables' dummy row."""
+        if not self.use_graphs:
+            return
+        plan = self.backend.pools.plan
+        stream = torch.cuda.Stream(device=self.packed.device)
+        with no_collection_during_capture():
+            for R in range(self.max_batch, 0, -1):
+                self._fill_dummy(R, plan)
+                for variant in VARIANTS:
+                    self.draws.fill_dummy(R, variant, self.spec.tables.dummy_row)
+                    self._capture((R, variant), lambda: self.body(R, variant), stream, warmup)
+        torch.cuda.synchronize(self.packed.device)
+
+    def _fill_dummy(self, R: int, plan) -> None:
+        """Capture inputs: R blocks at position 0 over the dummy row's scratch pages (nothing any request reads)."""
+        pages = [self.backend.pools.scratch_page(plan.dummy_row, j) for j in range(plan.scratch_pages)]
+        width = self.table.shape[1]
+        self.table[:R].copy_(to_device([(pages * width)[:width]] * R, self.packed.device))
+        self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R],
+                                           self.packed.device))
+
+    def _capture(self, key, body, stream: torch.cuda.Stream, warmup: int) -> None:
+        """Warm `body` on a side stream, then capture it as graph `key`."""
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            body()
+        if self._pool is None:
+            self._pool = graph.pool()
+        self.graphs[key] = graph
+
+    def draft(self, rows: Sequence, ks: Sequence[int], params: RowParams, block: DraftBlock, live: list[int]
+              ) -> None:
+        """The drafts of the drafting rows (`live`: their indices in the round, `rows` their sequences, ks[i] the
+        drafts row i may take) through the graph of their count and variant, into `block`."""
+        bk, R = self.backend, len(live)
+        self.table[:R].copy_(bk.tables(rows, self.table.shape[1]))
+        first = [0 if bk.window is None else max(0, s.frontier - bk.window) for s in rows]
+        deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
+        self.packed[:, :R].copy_(to_device([[s.pending for s in rows], [s.frontier for s in rows], deltas, first,
+                                            [ks[i] for i in live]], self.packed.device))
+        at = to_device(live, self.packed.device, torch.long)
+        self.draws.load(params.ip, params.fp, at, R)
+        variant = draw_variant(params.steps)
+        graph = self.graphs.get((R, variant))
+        if graph is not None:
+            graph.replay()
+        else:
+            self.body(R, variant)
+        self.draws.store(block, at, R)
+
+    def reset(self) -> None:
+        """Drop the graphs and their pool (before the model's tensors are freed)."""
+        self.graphs.clear()
+        self._pool = None
