@@ -119,7 +119,8 @@ def test_the_dflash_static_verify_equals_the_eager_one(make_fast_dflash, prompt_
     """DFlash / DFlash2 blocks of 8 through the verify graphs' static buffers (the target pass with its taps and
     the drafter context's extension; a cut block's state from the step slots, or, in the forced case, its replay:
     the path of a plan without step slots) against the eager multi-query pass and `FastDFlashBackend.advance`: the
-    same drafts, tokens and logprobs, and the same GDN state, K/V and drafter context below every frontier."""
+    same drafts, tokens and logprobs, and the same GDN state, K/V and drafter context below every frontier. On CUDA
+    (`eager-static`) the draft graphs (`dflash_graphs.py`) are compared with their buffers run eagerly too."""
     if other == "eager-static" and not ON_GPU:
         pytest.skip("without CUDA the static path is the eager one: nothing is captured")
     replays: list[int] = []
@@ -132,12 +133,14 @@ def test_the_dflash_static_verify_equals_the_eager_one(make_fast_dflash, prompt_
                 program.executor.select = lambda seq, keep: False
         verifier = static.executor.verifier
         assert verifier.width == 8 and (verifier.graphs or not ON_GPU)
+        assert static.executor.dflash.graphs.graphs or not ON_GPU
         run, passes = verifier.run, []
         verifier.run = lambda *a, **kw: passes.append(len(a[4])) or run(*a, **kw)
         if other == "eager-round":
             eager.executor.verifier = None
         else:
             eager.executor.verifier.graphs.clear()
+            eager.executor.dflash.graphs.graphs.clear()
         assert _compare(static, eager, other, prompts, life, replays) > 10
         # both rows' verify passes, and with the replay a single row's (a cut block's replay, alone)
         assert 2 in passes and (1 in passes or not forced), passes
