@@ -68,7 +68,7 @@ class DFlashDraftGraphs:
             previous = self.spec.draw_static(self.draws, R, steps, select(j, previous))
 
     def capture(self, warmup: int = 2) -> None:
-        """One graph per R (largest first, one shared pool) and draw variant, on the dummy row's scratch pages and
+        """One graph per R (largest first, one shared pool) and draw variant, on the rows' own scratch pages and
         the sampler tables' dummy row."""
         if not self.use_graphs:
             return
@@ -76,17 +76,18 @@ class DFlashDraftGraphs:
         stream = torch.cuda.Stream(device=self.packed.device)
         with no_collection_during_capture():
             for R in range(self.max_batch, 0, -1):
-                self._fill_dummy(R, plan)
+                self.fill_dummy(R, plan)
                 for variant in VARIANTS:
                     self.draws.fill_dummy(R, variant, self.spec.tables.dummy_row)
                     self._capture((R, variant), lambda: self.body(R, variant), stream, warmup)
         torch.cuda.synchronize(self.packed.device)
 
-    def _fill_dummy(self, R: int, plan) -> None:
-        """Capture inputs: R blocks at position 0 over the dummy row's scratch pages (nothing any request reads)."""
-        pages = [self.backend.pools.scratch_page(plan.dummy_row, j) for j in range(plan.scratch_pages)]
+    def fill_dummy(self, R: int, plan) -> None:
+        """Capture inputs: R blocks at position 0, row r over its own scratch pages (the drafter pools hold none for
+        the dummy row; capture runs before any sequence exists, so nothing any request reads is written)."""
         width = self.table.shape[1]
-        self.table[:R].copy_(to_device([(pages * width)[:width]] * R, self.packed.device))
+        tables = [[self.backend.pools.scratch_page(r, j % plan.scratch_pages) for j in range(width)] for r in range(R)]
+        self.table[:R].copy_(to_device(tables, self.packed.device))
         self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R],
                                            self.packed.device))
 

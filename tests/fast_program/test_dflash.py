@@ -183,6 +183,29 @@ def test_the_start_up_warm_run_writes_only_the_dummy_and_scratch_pages(make_fast
         assert torch.equal(b[:, :plan.num_pages], p[:, :plan.num_pages])
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_the_draft_graphs_capture_writes_only_scratch_pages(make_fast_dflash, kind):
+    """What the draft graphs capture on CUDA (each variant's body on the capture inputs, `fill_dummy`), run eagerly
+    here: every page but the rows' scratch stays as it was. The drafter pools hold no scratch for the dummy row: a
+    capture over its pages wrote past them on an H100, into the drafter context, and every draft went wrong (on
+    the CPU the same inputs raise an index error)."""
+    from ninfer.fast.sampling import VARIANTS
+
+    program = make_fast_dflash(kind, 15)
+    graphs, pools, plan = program.executor.dflash.graphs, program.model.pools, program.model.plan
+    for pool in (pools.dk, pools.dv):
+        pool.copy_(torch.randn(pool.shape))
+    before = [p.clone() for p in (pools.dk, pools.dv)]
+    R = graphs.max_batch
+    graphs.fill_dummy(R, plan)
+    for variant in VARIANTS:
+        graphs.draws.fill_dummy(R, variant, graphs.spec.tables.dummy_row)
+        graphs.body(R, variant)
+    assert not torch.equal(before[0][:, plan.num_pages + 1:], pools.dk[:, plan.num_pages + 1:])  # scratch written
+    for b, p in zip(before, (pools.dk, pools.dv)):
+        assert torch.equal(b[:, :plan.num_pages + 1], p[:, :plan.num_pages + 1])
+
+
 def test_page_copies_and_host_replicas_carry_the_context(make_fast_dflash, prompt_of):
     program = make_fast_dflash("dflash", 7)
     h = _start(program, prompt_of(13, seed=9))
