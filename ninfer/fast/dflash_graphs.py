@@ -3,15 +3,15 @@ drafter's block pass over [anchor, MASK x (B-1)] (`FastDrafter.block_on`) and th
 (`SpecSampler.draw_static`; DFlash2 walks its candidate selector from each row's pending token, each slot's drawn
 tokens staying on the device as the next slot's predecessors), replayed once a round.
 
-Run eagerly, the pass and its draws took 13.6-18.3 ms at B=1 on the 9B shape (H100, docs/performance.md), most of
-it launches: reading the drafter's weights and the target's lm_head once takes a small fraction of that.
+Run eagerly, the pass and its draws took 13.6-18.3 ms of a 35 ms round at B=1 on the 9B shape (H100,
+docs/performance.md), where the verify pass of the same round took 51 ms eagerly and 14.5 ms as a graph.
 
 Stability note: graphs are keyed by (R, variant) alone. The per-round quantities (each row's anchor, frontier, rope
 delta, first key, room) are one int32 tensor of input data, the draws' parameter rows another (``StaticDraws``), and
-each row's page table one [max_batch, max_pages_per_seq + scratch_pages] int32 tensor: the row's context pages, then its scratch
-pages, padded with its last scratch page (entries past frontier + B are never read). The frontier's partial page
-is copied into the row's first scratch page before the replay (`FastDFlashBackend.tables`), so nothing of any
-sequence is written. Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
+each row's page table one [max_batch, max_pages_per_seq + scratch_pages] int32 tensor: the row's context pages,
+then its scratch pages, padded with its last scratch page (entries past frontier + B are never read). The
+frontier's partial page is copied into the row's first scratch page before the replay (`FastDFlashBackend.tables`),
+so nothing of any sequence is written. Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
 """
 
 from __future__ import annotations
