@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.sampling import VARIANTS
 from ninfer.fast.sampling.draft_block import DraftBlock
@@ -93,14 +93,7 @@ class DFlashDraftGraphs:
 
     def _capture(self, key, body, stream: torch.cuda.Stream, warmup: int) -> None:
         """Warm `body` on a side stream, then capture it as graph `key`."""
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                body()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            body()
+        graph, _ = warm_and_capture(body, stream, self._pool, warmup)
         if self._pool is None:
             self._pool = graph.pool()
         self.graphs[key] = graph

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.contracts.media import PromptMedia
-from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
@@ -112,17 +112,7 @@ class DraftGraphRunner:
 
     def _capture(self, key, body, stream: torch.cuda.Stream, warmup: int, before=None) -> None:
         """Warm `body` (each run after `before`) on a side stream, then capture it as graph `key`."""
-        stream.wait_stream(torch.cuda.current_stream())
-        before = before or (lambda: None)
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                before()
-                body()
-            before()  # the captured run's inputs
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            body()
+        graph, _ = warm_and_capture(body, stream, self._pool, warmup, before)
         if self._pool is None:
             self._pool = graph.pool()
         self.graphs[key] = graph

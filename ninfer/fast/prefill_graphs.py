@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.graph_runner import graphs_available
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
@@ -123,14 +123,7 @@ class PrefillGraphRunner:
     def _capture(self, bucket: int, stream: torch.cuda.Stream, warmup: int) -> None:
         plan = self.model.plan
         self.inputs.fill_dummy(bucket, plan.dummy_slot, plan.dummy_row)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.body(bucket)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self.outputs[bucket] = self.body(bucket)
+        graph, self.outputs[bucket] = warm_and_capture(lambda: self.body(bucket), stream, self._pool, warmup)
         if self._pool is None:
             self._pool = graph.pool()
         self.graphs[bucket] = graph
