@@ -26,16 +26,17 @@
 #                                       # two GPUs, else 0,0: both ranks on one GPU)
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
+#   bash benchmarks/gpu/run.sh spec:70 dflash:100 vision:90   # several parts in one call, each PART:SECONDS its own
+#                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
 #        PART_BUDGET_S (default 560)
 set -u
 cd "$(dirname "$0")/../.."
-PART="${1:-tests}"
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
-TOTAL_S="${PART_BUDGET_S:-560}"  # headroom under the 600 s limit for start-up and result transfer
+TOTAL_S="${PART_BUDGET_S:-560}"  # headroom under the 600 s limit for start-up and result transfer (one part)
 MODELS="${BENCH_MODELS:-0.8B,9B,35B-A3B}"
 left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
 # seconds for the next step: at most $1, and what is left less 5
@@ -185,7 +186,7 @@ run_pp() {
 run_vision() {
     echo "== vision: the attention op, the fast tower and the fast Program's images against the reference, then the"
     echo "   tower at the 9B geometry and TTFT through the Engine"
-    NINFER_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest tests/ops/test_vision_attention.py \
+    NINFER_TEST_DEVICE=cuda timeout "$(capped 240)" "$PY" -m pytest tests/ops/test_vision_attention.py \
         tests/ops/test_vision_rotary.py tests/ops/test_layer_norm.py tests/fast_model/test_vision_tower.py \
         tests/fast_model/test_vision_prefill.py \
         tests/fast_program/test_vision.py tests/fast_program/test_vision_speculative.py -q -p no:cacheprovider \
@@ -193,20 +194,36 @@ run_vision() {
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/bench_vision.py ${OUT:+--out "$OUT"} || echo "bench_vision rc=$?"
 }
 
-case "$PART" in
-    tests) run_tests ;;
-    engine) run_engine ;;
-    hf) run_hf ;;
-    micro) run_micro ;;
-    profile) run_profile ;;
-    moe) run_moe ;;
-    spec) run_spec ;;
-    dflash) run_dflash ;;
-    agent) run_agent ;;
-    quant) run_quant ;;
-    qgemv) run_qgemv ;;
-    vision) run_vision ;;
-    pp) run_pp ;;
-    llamacpp) run_llamacpp ;;
-    *) echo "unknown part $PART (tests, engine, hf, micro, profile, moe, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
-esac
+run_part() {
+    case "$1" in
+        tests) run_tests ;;
+        engine) run_engine ;;
+        hf) run_hf ;;
+        micro) run_micro ;;
+        profile) run_profile ;;
+        moe) run_moe ;;
+        spec) run_spec ;;
+        dflash) run_dflash ;;
+        agent) run_agent ;;
+        quant) run_quant ;;
+        qgemv) run_qgemv ;;
+        vision) run_vision ;;
+        pp) run_pp ;;
+        llamacpp) run_llamacpp ;;
+        *) echo "unknown part $1 (tests, engine, hf, micro, profile, moe, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
+    esac
+}
+
+# each part its own budget (PART:SECONDS, else PART_BUDGET_S) and, with several, its own folder under OUT (their
+# JSON files share names)
+BASE_OUT="${OUT:-}"
+[ $# -eq 0 ] && set -- tests
+for arg in "$@"; do
+    part="${arg%%:*}"
+    START=$(date +%s)
+    TOTAL_S="${PART_BUDGET_S:-560}"
+    [ "$part" != "$arg" ] && TOTAL_S="${arg#*:}"
+    [ -n "$BASE_OUT" ] && [ $# -gt 1 ] && OUT="$BASE_OUT/$part" && mkdir -p "$OUT"
+    [ $# -gt 1 ] && echo "== part $part ($TOTAL_S s)"
+    run_part "$part"
+done
