@@ -1,6 +1,6 @@
 """Engine host overhead per decode round, with a Program that does no work (not a test).
 
-Run: python benchmarks/engine_overhead.py [--rounds 20000]
+Run: python benchmarks/engine_overhead.py [--rounds 20000] (tests/benchmarks/test_engine_overhead.py runs it small)
 Prints CPU microseconds (process time, robust to a busy machine) of Engine Python per decode round at B = 1, 2, 4, 8 (median of 5 repeats; the no-op
 Program's own cost is included and is a few microseconds).
 """
@@ -19,6 +19,9 @@ from ninfer.testing.sessions import TokenSession
 from ninfer.engine.records import GenerationRequest
 
 
+PROMPT_LEN = 3
+
+
 class NoOpProgram:
     """Admits everything, returns token 5 for every row, keeps nothing."""
 
@@ -26,6 +29,7 @@ class NoOpProgram:
         self.limits = ProgramLimits(max_concurrency, 10**9, 100, ())
         self.resource_revision = 0
         self._slot = 0
+        self._prefilled: set[SequenceHandle] = set()
 
     def plan(self, choice):
         return ResourcePlan(choice, 0, 0)
@@ -48,9 +52,10 @@ class NoOpProgram:
         return True
 
     def prompt_remaining(self, handle):
-        return 0
+        return 0 if handle in self._prefilled else PROMPT_LEN  # each prompt is one prefill unit
 
     def prefill(self, handle, max_tokens, mask=None):
+        self._prefilled.add(handle)
         return PendingBatch(BatchKind.PREFILL, (PendingRow(handle, (5,), 0),), 0)
 
     def decode(self, handles, masks=None):
@@ -74,12 +79,15 @@ class NoOpProgram:
 
 def per_round_us(batch: int, rounds: int) -> float:
     engine = Engine(NoOpProgram(8), EngineConfig(max_concurrency=8, prefix_caching=False), threaded=False)
-    handles = [engine.submit(GenerationRequest((1, 2, 3), TokenSession(10**8, stop_ids=()), 10**8)) for _ in range(batch)]
+    prompt = tuple(range(1, PROMPT_LEN + 1))
+    handles = [engine.submit(GenerationRequest(prompt, TokenSession(10**8, stop_ids=()), 10**8)) for _ in range(batch)]
     while len(engine.core.scheduler.decode_ready) < batch:
         engine.step()
+        if engine.failure:
+            raise RuntimeError(f"engine failed: {engine.failure}")
     # Consumers drain their events between timed stretches, as a server's streaming tasks do; letting deltas pile
     # up would time the garbage collector scanning them instead of the Engine.
-    elapsed = 0.0
+    elapsed, drained = 0.0, 0
     for _ in range(rounds // 100):
         t0 = time.process_time()
         for _ in range(100):
@@ -88,7 +96,11 @@ def per_round_us(batch: int, rounds: int) -> float:
         for h in handles:
             while not h._rec.events.empty():
                 h._rec.events.get_nowait()
+                drained += 1
     rounds = rounds // 100 * 100
+    # every round must have decoded every row (a failed Engine or a stalled one would time nothing)
+    if engine.failure or drained < batch * rounds:
+        raise RuntimeError(f"{drained} events for {batch} rows x {rounds} rounds; engine failure: {engine.failure}")
     for h in handles:
         h.close()
     return elapsed / rounds * 1e6

@@ -12,7 +12,7 @@ and the output counts as cut off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .messages import ToolSpec
@@ -62,7 +62,9 @@ class ChannelParser:
             self.phase = REASONING if self.reasoning_open else CONTENT
 
     def clone(self) -> "ChannelParser":
-        return replace(self)
+        twin = object.__new__(ChannelParser)  # every field is immutable: a copy of the instance dict suffices
+        twin.__dict__.update(self.__dict__)
+        return twin
 
     def push(self, text: str) -> Parsed:
         out = Parsed()

@@ -63,21 +63,28 @@ class TokenTable:
 
 
 class Detokenizer:
-    """Feed token ids one at a time; `push` returns the text that became final."""
+    """Feed token ids one at a time; `push` returns the text that became final.
 
-    def __init__(self, table: TokenTable, skip_special_tokens: bool = True):
+    The bytes of an unfinished character wait in ``_pending``: `codecs.utf_8_decode` with final=False is what
+    Python's incremental UTF-8 decoder runs over its buffer, so a clone is a copy of those bytes, not a new
+    decoder and its state (a clone per row per step)."""
+
+    def __init__(self, table: TokenTable, skip_special_tokens: bool = True, pending: bytes = b""):
         self.table = table
         self.skip_special_tokens = skip_special_tokens
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = pending
 
     def push(self, token_id: int) -> str:
-        return self._decoder.decode(self.table.piece(token_id, self.skip_special_tokens))
+        data = self._pending + self.table.piece(token_id, self.skip_special_tokens)
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._pending = data[used:]
+        return text
 
     def flush(self) -> str:
         """End of output: bytes of an unfinished character become U+FFFD, as a full decode would."""
-        return self._decoder.decode(b"", final=True)
+        text, _ = codecs.utf_8_decode(self._pending, "replace", True)
+        self._pending = b""
+        return text
 
     def clone(self) -> "Detokenizer":
-        twin = Detokenizer(self.table, self.skip_special_tokens)
-        twin._decoder.setstate(self._decoder.getstate())
-        return twin
+        return Detokenizer(self.table, self.skip_special_tokens, self._pending)

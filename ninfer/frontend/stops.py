@@ -8,6 +8,13 @@ once (overlapping ones), the one starting earliest wins, so the least text is re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+
+@lru_cache(maxsize=256)
+def _prefix_ends(stops: tuple[str, ...]) -> frozenset[str]:
+    """The characters a proper prefix of some stop string can end with: a held suffix must end with one."""
+    return frozenset(s[n - 1] for s in stops for n in range(1, len(s)))
 
 
 @dataclass
@@ -36,6 +43,8 @@ class StopMatcher:
 
     def _holdback(self, buf: str) -> int:
         """Length of the longest suffix of `buf` that is a proper prefix of some stop string."""
+        if not buf or buf[-1] not in _prefix_ends(self.stops):  # most tokens: no suffix can match
+            return 0
         best = 0
         for s in self.stops:
             for n in range(min(len(s) - 1, len(buf)), best, -1):

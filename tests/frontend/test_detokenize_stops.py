@@ -36,6 +36,16 @@ def test_valid_text_never_shows_a_broken_character(tok, table, text):
     assert "".join(pieces) + d.flush() == __import__("unicodedata").normalize("NFC", text)
 
 
+def test_a_dropped_preview_inside_a_character_changes_nothing(tok, table):
+    """A preview forks the detokenizer: the first byte of 毕 that a dropped preview leaves unfinished stays in that
+    fork, so the committed output decodes as if the preview never ran (a shared decoder would emit U+FFFD + "y")."""
+    first_byte = table._raw.token_to_id("æ")  # the first of 毕's three byte-level pieces
+    s = session(table)
+    s.commit(s.preview(tok.encode("x")))
+    s.preview([first_byte])  # dropped: the Engine cut the row
+    assert s.commit(s.preview(tok.encode("y"))).text == "y"
+
+
 def test_skip_special_tokens_keeps_markers(tok, table):
     ids = tok.encode("<|im_start|>a<think>b</think><tool_call>")
     assert "".join(Detokenizer(table, True).push(t) for t in ids) == "a<think>b</think><tool_call>"

@@ -158,6 +158,19 @@ def test_preview_is_a_fork_and_commit_adopts_it(fe):
     assert s.result().content == "Hello world"
 
 
+def test_a_dropped_preview_leaves_the_channels_as_they_were(fe):
+    """A dropped preview that ends the reasoning (`</think>`) or opens a tool call moves only its fork's parser: the
+    committed tokens after it still parse as reasoning (a parser shared with the fork would have moved on)."""
+    s = open_chat(fe)
+    tok = fe.tokenizer
+    s.commit(s.preview(tok.encode("Think")))
+    s.preview(tok.encode("</think>\n\n<tool_call>"))  # dropped: the Engine cut the row
+    s.commit(s.preview(tok.encode(" more")))
+    s.commit(s.preview([IM_END]))
+    r = s.result()
+    assert (r.reasoning, r.content, r.tool_calls) == ("Think more", "", ())
+
+
 def test_result_before_the_end_is_an_error(fe):
     with pytest.raises(EngineFailure, match="before the output ended"):
         open_chat(fe).result()
