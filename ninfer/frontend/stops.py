@@ -43,7 +43,7 @@ class StopMatcher:
 
     def _holdback(self, buf: str) -> int:
         """Length of the longest suffix of `buf` that is a proper prefix of some stop string."""
-        if not buf or buf[-1] not in _prefix_ends(self.stops):  # most tokens: no suffix can match
+        if not buf or buf[-1] not in _prefix_ends(tuple(self.stops)):  # most tokens: no suffix can match
             return 0
         best = 0
         for s in self.stops:
