@@ -72,21 +72,20 @@ class DFlashDraftGraphs:
         the sampler tables' dummy row."""
         if not self.use_graphs:
             return
-        plan = self.backend.pools.plan
         stream = torch.cuda.Stream(device=self.packed.device)
         with no_collection_during_capture():
             for R in range(self.max_batch, 0, -1):
-                self.fill_dummy(R, plan)
+                self.fill_dummy(R)
                 for variant in VARIANTS:
                     self.draws.fill_dummy(R, variant, self.spec.tables.dummy_row)
                     self._capture((R, variant), lambda: self.body(R, variant), stream, warmup)
         torch.cuda.synchronize(self.packed.device)
 
-    def fill_dummy(self, R: int, plan) -> None:
+    def fill_dummy(self, R: int) -> None:
         """Capture inputs: R blocks at position 0, row r over its own scratch pages (the drafter pools hold none for
         the dummy row; capture runs before any sequence exists, so nothing any request reads is written)."""
-        width = self.table.shape[1]
-        tables = [[self.backend.pools.scratch_page(r, j % plan.scratch_pages) for j in range(width)] for r in range(R)]
+        width, n = self.table.shape[1], self.backend.pools.plan.scratch_pages
+        tables = [[self.backend.pools.scratch_page(r, j % n) for j in range(width)] for r in range(R)]
         self.table[:R].copy_(to_device(tables, self.packed.device))
         self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R],
                                            self.packed.device))

@@ -197,7 +197,7 @@ def test_the_draft_graphs_capture_writes_only_scratch_pages(make_fast_dflash, ki
         pool.copy_(torch.randn(pool.shape))
     before = [p.clone() for p in (pools.dk, pools.dv)]
     R = graphs.max_batch
-    graphs.fill_dummy(R, plan)
+    graphs.fill_dummy(R)
     for variant in VARIANTS:
         graphs.draws.fill_dummy(R, variant, graphs.spec.tables.dummy_row)
         graphs.body(R, variant)

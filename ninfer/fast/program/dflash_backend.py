@@ -94,12 +94,12 @@ class FastDFlashBackend:
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             self.selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
 
-    def tables(self, seqs: Sequence[ActiveSequence], width: int | None = None) -> torch.Tensor:
+    def tables(self, seqs: Sequence[ActiveSequence], width: int) -> torch.Tensor:
         """Each row's pages for positions < F + B: its context pages, then its scratch pages, the partial page at
         the frontier copied into the first one (so the block's K/V land beside the context keys of that page);
-        [R, width] int32 (None: the widest row's pages)."""
-        ps, B = self.page_size, self.block_size
-        width = width or max(-(-(s.frontier + B) // ps) for s in seqs)
+        [R, width] int32, padded with the last scratch page (width: the draft graphs' table, wide enough for any
+        frontier below the context plus a block)."""
+        ps = self.page_size
         out = []
         for s in seqs:
             full, partial = divmod(s.frontier, ps)
