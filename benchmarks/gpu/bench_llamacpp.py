@@ -5,7 +5,7 @@ trimmed of models, docs and other backends and carried as `.carry/llama.cpp-0c1e
 makes it from the sdist here; nothing is fetched on the device). On the device: build `llama-bench` and
 `llama-batched-bench` for sm_90, write each shape as a transformers checkpoint (bench_hf's random init, the real
 Qwen3.5 `tokenizer.json` carried as `.carry/qwen35_tokenizer.json.gz`), convert it with llama.cpp's own
-`convert_hf_to_gguf.py` to bf16 GGUF, then measure:
+`convert_hf_to_gguf.py --no-mtp` to bf16 GGUF (its Qwen3.5 class otherwise asserts MTP layers), then measure:
   - decode: `llama-batched-bench -npp 512 -ntg N -npl 1,2,4,8` (B parallel sequences after a 512-token prompt, as
     bench_engine's 512-token context); step_ms = t_tg / N, one decode step of B tokens;
   - tg128 at B=1 from an empty context (`llama-bench -n 128 -p 0`), the number llama.cpp users quote;
@@ -98,7 +98,7 @@ def gguf(name: str, timeout: float) -> Path:
     (hf / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
     env = {**os.environ, "PYTHONPATH": f"{WORK / 'llama.cpp' / 'gguf-py'}:{os.environ.get('PYTHONPATH', '')}"}
-    sh([sys.executable, str(WORK / "llama.cpp" / "convert_hf_to_gguf.py"), str(hf), "--outtype", "bf16",
+    sh([sys.executable, str(WORK / "llama.cpp" / "convert_hf_to_gguf.py"), str(hf), "--no-mtp", "--outtype", "bf16",
         "--outfile", str(path)], timeout, env=env)
     shutil.rmtree(hf)
     return path
