@@ -2,7 +2,8 @@
 equals ``draw_draft`` along the row's own chain (greedy, temperature, top-k/top-p, min-p, penalties that see the
 earlier drafts, bias, min_tokens), and each block's acceptance (tokens, failures, logprobs) equals ``accept`` with
 grammar rows per draft prefix, for drafts from the device and from a host drafter (point-mass q). Rows of one call
-have different parameters and room; logits past a row's block are NaN, so a read past it shows. CPU, naive ops."""
+have different parameters and room; logits past a row's block are NaN, so a read past it shows. CPU: naive ops, and
+the draws also with the Triton kernels (the random rows' race, ``ops/gumbel_race``), interpreted."""
 
 from __future__ import annotations
 
@@ -56,15 +57,17 @@ def _rows(gen: torch.Generator):
     return seqs, ctxs
 
 
-def _spec():
-    return SpecSampler(DeviceSampler(V, len(PARAMS), len(PARAMS), "cpu", kernels="naive", eos_token_ids=(EOS,)), K)
+def _spec(kernels: str = "naive"):
+    return SpecSampler(DeviceSampler(V, len(PARAMS), len(PARAMS), "cpu", kernels=kernels, eos_token_ids=(EOS,)), K,
+                       block_v=16)  # several vocabulary blocks, a ragged last one
 
 
-def test_device_drafts_equal_draw_draft():
+@pytest.mark.parametrize("kernels", ["naive", "triton"])
+def test_device_drafts_equal_draw_draft(kernels):
     gen = torch.Generator().manual_seed(3)
     seqs, ctxs = _rows(gen)
     rooms = [3, 2, 3, 1, 0]
-    spec = _spec()
+    spec = _spec(kernels)
     block = DraftBlock.empty(rooms, K, V, torch.device("cpu"), [c.params.is_greedy for c in ctxs])
     rows = spec.draft_rows(seqs, ctxs, K)
     live = torch.tensor([b for b, k in enumerate(rooms) if k])
@@ -88,13 +91,14 @@ def test_device_drafts_equal_draw_draft():
                 assert torch.allclose(torch.softmax(block.z[b, j].double(), -1), q, atol=1e-6), (b, j)
 
 
-def test_static_draws_equal_the_eager_draws():
+@pytest.mark.parametrize("kernels", ["naive", "triton"])
+def test_static_draws_equal_the_eager_draws(kernels):
     """The draft graphs' draws (`SpecSampler.draw_static` on `StaticDraws`: the draft index a device scalar, the
     drafting rows compact) equal `draw` on the round's block, drafts, counts and q, for every parameter mix above
     and a row that cannot be drawn from, with buffers left dirty by an earlier round of more steps."""
     gen = torch.Generator().manual_seed(5)
     seqs, ctxs = _rows(gen)
-    spec = _spec()
+    spec = _spec(kernels)
     rows = spec.draft_rows(seqs, ctxs, K)
     greedy = [c.params.is_greedy for c in ctxs]
     draws = StaticDraws(len(PARAMS), K, V, torch.device("cpu"))

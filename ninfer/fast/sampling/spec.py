@@ -24,13 +24,14 @@ import torch
 from ninfer.contracts import RowFailure
 from ninfer.fast import hostcopy
 from ninfer.fast.hostcopy import to_device
+from ninfer.fast.ops.gumbel_race import RaceWorkspace, gumbel_race, gumbel_race_naive
 from ninfer.fast.ops.logprobs import LogprobsWorkspace, logprobs, logprobs_naive
 from ninfer.fast.ops.logprobs import layout as LP
 from ninfer.fast.ops.sample import layout as L
 from ninfer.fast.ops.spec_accept import SpecAcceptWorkspace, spec_accept, spec_accept_naive
 from ninfer.fast.ops.spec_accept import layout as A
 from ninfer.sampling import Accepted, RowContext
-from ninfer.sampling.philox import STREAM_DRAFT, gumbel_noise
+from ninfer.sampling.philox import STREAM_DRAFT
 
 from .draft_block import DraftBlock
 from .rows import GREEDY, SAMPLE, SORT, SampleRow, fill_row, host_error, mask_words, row_flags
@@ -65,9 +66,10 @@ class SpecSampler:
     def __init__(self, sampler: DeviceSampler, k: int, block_v: int = 2048):
         self.sampler, self.k, self.tables = sampler, k, sampler.tables
         self.vocab, self.device, self.max_batch = sampler.vocab, sampler.device, sampler.max_batch
-        self.triton = sampler.kernels == "triton"
+        self.triton, self.block_v = sampler.kernels == "triton", block_v
         if self.triton:
             self._ws = SpecAcceptWorkspace.allocate(self.max_batch, k, self.vocab, self.device, block_v)
+            self._race_ws = RaceWorkspace.allocate(self.max_batch, self.vocab, block_v, self.device)
             self._lp_ws = LogprobsWorkspace.allocate(self.max_batch * (k + 1), self.vocab, self.device, block_v)
 
     def _bind(self, seq, ctx: RowContext) -> None:
@@ -143,9 +145,14 @@ class SpecSampler:
         if not steps.random:
             return token, None, ok
         z = truncated(x, ip, fp, steps)
-        noise = gumbel_noise(ip[:, L.SEED], ip[:, L.POSITION], V, STREAM_DRAFT)
-        race = torch.argmax(z.double() + noise.double(), dim=-1)
-        return torch.where(ip[:, L.FLAGS] & L.GREEDY != 0, token, race), z, ok
+        return torch.where(ip[:, L.FLAGS] & L.GREEDY != 0, token, self._race(z, ip)), z, ok
+
+    def _race(self, z: torch.Tensor, ip: torch.Tensor) -> torch.Tensor:
+        """The random rows' draft from their processed logits z [b, V]: the race on STREAM_DRAFT, [b] long."""
+        seeds, positions = ip[:, L.SEED], ip[:, L.POSITION]
+        if self.triton:
+            return gumbel_race(z, seeds, positions, STREAM_DRAFT, block=self.block_v, workspace=self._race_ws)
+        return gumbel_race_naive(z, seeds, positions, STREAM_DRAFT)
 
     def accept(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
                targets: Sequence[torch.Tensor], masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
