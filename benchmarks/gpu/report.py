@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from peers_report import print_peers
 from runlog import print_problems
 
 HF_ANCHORS = ("9B decode B=1 53.2 ms, B=8 67.2 ms/step, prefill 2048 87 ms, 8192 287 ms; 0.8B decode B=1 48.6 ms, "
@@ -57,13 +58,14 @@ def print_table(r: dict) -> None:
 
 
 def load_results(out_dir: str | None, name: str) -> dict | None:
-    """A benchmark's raw JSON from its output folder, or None."""
+    """A benchmark's raw JSON from its output folder or one of its part folders (`run.sh a:s b:s`), or None."""
     import json
     from pathlib import Path
 
-    if not out_dir or not (Path(out_dir) / name).is_file():
+    if not out_dir:
         return None
-    return json.loads((Path(out_dir) / name).read_text())
+    found = [p for p in [Path(out_dir) / name, *sorted(Path(out_dir).glob(f"*/{name}"))] if p.is_file()]
+    return json.loads(found[0].read_text()) if found else None
 
 
 def print_hf_table(r: dict) -> None:
@@ -116,18 +118,24 @@ def print_side_by_side(ours: dict, hf: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python benchmarks/gpu/report.py DIR: the tables of the JSON files a GPU run left in DIR."""
+    """python benchmarks/gpu/report.py [--peers] DIR: the tables of the JSON files a GPU run left in DIR (or in DIR's
+    part folders), with the peers table when the Engine's and a peer's results are there (--peers: that one only)."""
     import sys
 
-    out_dir = (argv if argv is not None else sys.argv[1:] or [None])[0]
+    args = list(argv if argv is not None else sys.argv[1:])
+    peers_only = "--peers" in args
+    out_dir = next((a for a in args if a != "--peers"), None)
     ours, hf = load_results(out_dir, "bench_fast.json"), load_results(out_dir, "bench_hf.json")
-    if ours is not None:
+    engine, llamacpp = load_results(out_dir, "bench_engine.json"), load_results(out_dir, "bench_llamacpp.json")
+    if ours is not None and not peers_only:
         print_table(ours)
-    if hf is not None:
+    if hf is not None and not peers_only:
         print_hf_table(hf)
-    if ours is not None and hf is not None:
+    if ours is not None and hf is not None and not peers_only:
         print_side_by_side(ours, hf)
-    return 0 if (ours or hf) else 1
+    if engine is not None and (llamacpp is not None or hf is not None):
+        print_peers(engine, llamacpp, hf)
+    return 0 if (ours or hf or engine) else 1
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@
 #   bash benchmarks/gpu/run.sh vision   # vision GPU tests (op, fast tower, fast Program vs reference) + bench_vision.py
 #                                       # (the tower alone, then TTFT through the Engine on the 9B shape; < 3 min)
 #   bash benchmarks/gpu/run.sh spec:70 dflash:100 vision:90   # several parts in one call, each PART:SECONDS its own
-#                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part
+#                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part,
+#                                       # and with engine beside llamacpp or hf, report.py --peers prints them side by side
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
 #        PART_BUDGET_S (default 560)
 set -u
@@ -227,3 +228,6 @@ for arg in "$@"; do
     [ $# -gt 1 ] && echo "== part $part ($TOTAL_S s)"
     run_part "$part"
 done
+# the Engine beside llama.cpp and HF when this call measured them (`engine`, `llamacpp`, `hf` parts)
+[ -n "$BASE_OUT" ] && [ $# -gt 1 ] && "$PY" benchmarks/gpu/report.py --peers "$BASE_OUT"
+exit 0
