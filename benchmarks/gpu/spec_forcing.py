@@ -1,5 +1,5 @@
 """bench_spec.py's instruments on a Program's executor: `Phases` times each phase of a speculative round (draft,
-verify, accept, the replay of a cut block) between device syncs, and `ForcedContinuation` forces every round to
+verify, accept, the replay of a cut block, and the Program's commit around it) between device syncs, and `ForcedContinuation` forces every round to
 emit a chosen number of tokens by replacing the backend's drafts with the target's own greedy continuation, a
 wrong token at the chosen index (random weights make real drafts meaningless).
 """
@@ -15,17 +15,20 @@ from ninfer.fast.hostcopy import to_device
 
 class Phases:
     """Wall time of the executor's round phases (draft, verify, accept: the device acceptance, where the executor
-    has it; replay: the feed of a cut block), each bracketed by device syncs so the time is the phase's own. The
-    host share of a round is what the Engine's step interval leaves: scheduling, commit, index building."""
+    has it; replay: the feed of a cut block) and of the Program's commit (which holds the replay, a cut block's
+    step-slot copy and the penalties' history), each bracketed by device syncs so the time is the phase's own. The
+    host share of a round is what the Engine's step interval leaves: scheduling, the Frontend's work, index
+    building."""
 
-    NAMES = ("draft", "verify", "accept", "feed")
+    NAMES = ("draft", "verify", "accept", "feed", "commit")
 
     def __init__(self, program, device: str):
         ex, self.device = program.executor, device
         self.seconds = {}
-        for name in self.NAMES:
+        for name in self.NAMES[:-1]:
             if hasattr(ex, name):
                 setattr(ex, name, self._timed(name, getattr(ex, name)))
+        program.commit = self._timed("commit", program.commit)  # the Engine looks it up on the instance
         self.reset()
 
     def reset(self) -> None:

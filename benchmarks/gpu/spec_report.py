@@ -135,7 +135,8 @@ def print_table(r: dict) -> None:
           f"{r.get('device')}, k={r.get('k')}, random weights; wall {r.get('wall_s', 0):.0f} s")
     print(f"method {r.get('method', 'mtp')}")
     print(f"{'model':8} {'k':>2} {'B':>2} {'L':>2} {'got L':>6} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} "
-          f"{'draft ms':>8} {'AR step':>8} {'AR tok/s':>8} | {'verify':>7} {'accept':>7} {'replay':>7} {'host':>7}")
+          f"{'draft ms':>8} {'AR step':>8} {'AR tok/s':>8} | {'verify':>7} {'accept':>7} {'commit':>7} {'replay':>7} "
+          f"{'host':>7}")
     for name, m in r.get("models", {}).items():
         ar = {a["B"]: a for a in m.get("ar", [])}
         for s in m.get("spec", []):
@@ -144,7 +145,7 @@ def print_table(r: dict) -> None:
                   f"{s['step_ms']:8.2f} "
                   f"{s['ms_per_token']:9.3f} {s['tok_s']:7.0f} {s['draft_ms']:8.2f} {a.get('step_ms', 0):8.2f} "
                   f"{a.get('tok_s', 0):8.0f} | {s.get('verify_ms', 0):7.2f} {s.get('accept_ms', 0):7.2f} "
-                  f"{s.get('replay_ms', 0):7.2f} {s.get('host_ms', 0):7.2f}")
+                  f"{s.get('commit_ms', 0):7.2f} {s.get('replay_ms', 0):7.2f} {s.get('host_ms', 0):7.2f}")
         print_round_graphs(name, m.get("round_graphs", []))
         if "dflash_targets" in m:
             print_dflash(name, m)

@@ -82,8 +82,9 @@ def _check_spec(results: dict) -> None:
         # the round's phases: what a GPU run needs to tell which part remains
         assert _positive(r["verify_ms"]) and "host_ms" in r and "accept_ms" in r
         # a cut block replays its kept tokens on the reference Program; the fast one takes the state from its step
-        # slots and replays nothing
+        # slots and replays nothing. The replay is part of the commit.
         assert (r["replay_ms"] > 0) == (results["program"] == "reference" and r["L"] < k + 1), r
+        assert _positive(r["commit_ms"]) and r["commit_ms"] >= r["replay_ms"], r
     assert all(_positive(a["step_ms"]) and a["tokens_per_step"] == 1 for a in tiny["ar"])
     assert set(tiny["targets"]["pass"]) == {"verify_ratio", "speedup", "draft_share"}
     assert tiny["projected"] and all(1 < p["length_at_k"] <= k + 1 and _positive(p["projected_tok_s"])
@@ -132,6 +133,7 @@ def test_bench_spec_dflash_smoke(tmp_path, program, method):
         assert _positive(r["verify_ms"]) and "host_ms" in r and "accept_ms" in r
         # a cut block (L < 8) replays on the reference Program; the fast one's plan keeps step slots at block 8
         assert (r["replay_ms"] > 0) == (program == "reference" and r["L"] < 8), r
+        assert _positive(r["commit_ms"]) and r["commit_ms"] >= r["replay_ms"], r
     t = tiny["dflash_targets"]["7"]
     assert _positive(t["values"]["draft_share_of_ar"]) and _positive(t["values"]["speedup"])
     assert t["values"]["b8_ratio"] is None and not t["applies"]  # no B = 8 in the smoke run
