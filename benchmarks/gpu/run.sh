@@ -189,6 +189,7 @@ run_vision() {
     echo "   tower at the 9B geometry and TTFT through the Engine"
     NINFER_TEST_DEVICE=cuda timeout "$(capped 240)" "$PY" -m pytest tests/ops/test_vision_attention.py \
         tests/ops/test_vision_rotary.py tests/ops/test_layer_norm.py tests/fast_model/test_vision_tower.py \
+        tests/fast_model/test_vision_graphs.py \
         tests/fast_model/test_vision_prefill.py \
         tests/fast_program/test_vision.py tests/fast_program/test_vision_speculative.py -q -p no:cacheprovider \
         || echo "vision tests rc=$?"

@@ -11,12 +11,15 @@ import torch
 
 
 @contextlib.contextmanager
-def no_collection_during_capture():
+def no_collection_during_capture(collect: bool = True):
     """Collect dead objects first and keep the cyclic garbage collector off while graphs are captured. A dead
     Program (an earlier one in the same process) holds CUDA graphs, graph pools and pinned host buffers in reference
     cycles; were the collector to free them in the middle of a capture, their cudaFree / event calls would invalidate
-    it ("operation failed due to a previous error during capture"). torch.cuda.graph no longer collects by itself."""
-    gc.collect()
+    it ("operation failed due to a previous error during capture"). torch.cuda.graph no longer collects by itself.
+    ``collect=False`` (a capture while serving, where a full collection would stall every request): only the
+    collector's pause, which is what keeps the capture valid."""
+    if collect:
+        gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:

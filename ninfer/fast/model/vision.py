@@ -13,7 +13,8 @@ blocks with a tanh-GELU MLP, the 2x2 merger. A block is seven launches:
 
 so the residual stream costs no elementwise pass of its own: each projection's bias is added by the next norm,
 which reads the residual anyway (``ops/layer_norm``). The per-grid tables (resampling taps, rotary angles) are
-cached for the last ``GRID_CACHE`` grids.
+cached for the last ``GRID_CACHE`` grids, and on CUDA the encode of a grid seen before replays its CUDA graph
+(``vision_graphs.py``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.fast.model.vision_attend import AttentionChoice, candidates, measure
+from ninfer.fast.model.vision_graphs import VisionGraphs
 from ninfer.fast.model.vision_workspace import VisionWorkspace
 from ninfer.models.qwen3_5.params import vision_parameters
 from ninfer.models.qwen3_5.vision_config import VisionConfig
 
 LN_EPS = 1e-6
-GRID_CACHE = 4  # grids whose tables stay cached (workspace_bytes counts them at the largest size)
+GRID_CACHE = 4  # grids whose tables (and CUDA graphs) stay cached (workspace_bytes counts them at the largest size)
 _INPLACE_ACTS = {"gelu_pytorch_tanh": lambda h: torch._C._nn.gelu_(h, approximate="tanh"),
                  "gelu_new": lambda h: torch._C._nn.gelu_(h, approximate="tanh"),
                  "gelu": lambda h: torch._C._nn.gelu_(h), "silu": lambda h: F.silu(h, inplace=True),
@@ -75,8 +77,11 @@ class Frames(NamedTuple):
 
 class FastVisionTower:
     def __init__(self, vcfg: VisionConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device,
-                 kernels: str = "triton"):
+                 kernels: str = "triton", use_graphs: bool | None = None):
+        """use_graphs: capture each grid's encode (`vision_graphs.py`; None: on CUDA; never elsewhere)."""
         self.cfg, self.dtype, self.device = vcfg, dtype, torch.device(device)
+        on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.graphs = VisionGraphs(on_cuda if use_graphs is None else bool(use_graphs) and on_cuda, GRID_CACHE)
         self._norm, self._rotary = _ops(kernels)
         self._candidates = candidates(kernels, self.device)
         # the default until `warm` measures the candidates (CUDA)
@@ -102,13 +107,14 @@ class FastVisionTower:
         self.marks: Callable[[str], None] | None = None
 
     @classmethod
-    def from_artifact(cls, path, dtype: torch.dtype, device, kernels: str = "triton") -> "FastVisionTower":
+    def from_artifact(cls, path, dtype: torch.dtype, device, kernels: str = "triton",
+                      use_graphs: bool | None = None) -> "FastVisionTower":
         from ninfer.artifact import open_artifact
         from ninfer.models.qwen3_5.params import TEXT, VISION
 
         with open_artifact(path, features=(TEXT, VISION)) as art:
             weights = {n: art.dequantize(n) for n, b in art.bindings.items() if b.feature == VISION}
-            return cls(art.config.vision, weights, dtype, device, kernels)
+            return cls(art.config.vision, weights, dtype, device, kernels, use_graphs)
 
     @property
     def weight_bytes(self) -> int:
@@ -117,15 +123,19 @@ class FastVisionTower:
     def workspace_bytes(self, max_patches: int) -> int:
         """The device bytes encodes of at most ``max_patches`` patches hold besides the weights: the planned
         workspace, ``GRID_CACHE`` grids' tables, an SDPA backend's output and log-sum-exp, and the features one
-        encode returns."""
+        encode returns; with CUDA graphs also each kept graph's output and its capture's SDPA transients, in the
+        graphs' pool."""
         v, act, N = self.cfg, torch.finfo(self.dtype).bits // 8, max_patches
         tables = N * (4 * 8 + 4 * 4 + v.head_dim * 4)  # taps (int64), their weights, cos and sin [d/2] (fp32)
         sdpa = N * v.hidden_size * act + v.num_heads * N * 4
         features = N // v.merge_unit * v.out_hidden_size * act
-        return VisionWorkspace.nbytes(v, N, self.dtype) + GRID_CACHE * tables + sdpa + features
+        graphs = self.graphs.limit * features + sdpa if self.graphs.enabled else 0
+        return VisionWorkspace.nbytes(v, N, self.dtype) + GRID_CACHE * tables + sdpa + features + graphs
 
     def plan(self, max_patches: int) -> None:
-        """Allocate the workspace for images of at most ``max_patches`` patches (the Program does at start)."""
+        """Allocate the workspace for images of at most ``max_patches`` patches (the Program does at start); the
+        graphs captured over the old one go."""
+        self.graphs.clear()
         self.workspace = VisionWorkspace(self.cfg, max_patches, self.dtype, self.device)
 
     def _grid(self, h: int, w: int) -> tuple:
@@ -147,7 +157,8 @@ class FastVisionTower:
 
     def warm(self, max_patches: int) -> None:
         """Plan the workspace if not yet planned, measure the attention candidates at the largest square image
-        (CUDA) and run that image once, so kernels are compiled and tables built before requests arrive."""
+        (CUDA) and run that image twice, so kernels are compiled, tables built and (with graphs) its graph captured
+        before requests arrive."""
         if self.workspace is None or self.workspace.patches < max_patches:
             self.plan(max_patches)
         m, v = self.cfg.spatial_merge_size, self.cfg
@@ -158,17 +169,30 @@ class FastVisionTower:
             out = self.workspace.take("o", (N, v.num_heads, v.head_dim))
             cu = torch.tensor([0, N], dtype=torch.int32, device=self.device)
             self.attention = measure(self._candidates, qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, N, out)
-        self.encode(torch.zeros(N, v.patch_dim, device=self.device), (1, side, side))
+        pixels = torch.zeros(N, v.patch_dim, device=self.device)
+        for _ in range(2 if self.graphs.enabled else 1):
+            self.encode(pixels, (1, side, side))
 
     def encode(self, pixels: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """pixels [t*h*w, patch_dim] (fp32, on the host or the device) -> features [t*h*w/4, out_hidden] in the
-        tower's dtype. An encode larger than the plan (or without one: tests, benchmarks) plans for its size."""
+        tower's dtype (a tensor of the caller's). An encode larger than the plan (or without one: tests,
+        benchmarks) plans for its size. The pixels are staged into the workspace, then the grid's graph replays or
+        the launches run (`VisionGraphs.run`; eagerly while the benchmark's stage timer is set)."""
         v, (t, h, w) = self.cfg, grid
         N = t * h * w
         if self.workspace is None or self.workspace.patches < N:
             self.plan(N)
         ws = self.workspace
-        self._embed(ws, pixels, grid)
+        ws.take("qkv", (N, v.patch_dim), torch.float32).copy_(pixels)  # the host's pixels straight into the plan
+        if self.marks is not None:
+            return self._encode(ws, grid)
+        return self.graphs.run(grid, lambda: self._encode(ws, grid))
+
+    def _encode(self, ws: VisionWorkspace, grid: tuple[int, int, int]) -> torch.Tensor:
+        """The encode after the pixels are staged: every launch, no host read (a CUDA graph's body)."""
+        v, (t, h, w) = self.cfg, grid
+        N = t * h * w
+        self._embed(ws, grid)
         self._mark("embed")
         cos, sin = self._grid(h, w)[2:]
         frames = Frames(h * w, torch.arange(0, N + 1, h * w, dtype=torch.int32, device=self.device), cos, sin)
@@ -177,13 +201,12 @@ class FastVisionTower:
             pending = self.block(ws, i, N, frames, pending)
         return self.merge(ws, N, pending)
 
-    def _embed(self, ws: VisionWorkspace, pixels: torch.Tensor, grid: tuple[int, int, int]) -> None:
-        """Patch embed plus the resampled position table into the residual ``x``; no bias is left pending (the
-        patch embed's is in its GEMM)."""
+    def _embed(self, ws: VisionWorkspace, grid: tuple[int, int, int]) -> None:
+        """Patch embed of the staged pixels plus the resampled position table into the residual ``x``; no bias is
+        left pending (the patch embed's is in its GEMM)."""
         v, (t, h, w) = self.cfg, grid
         N, hw, H = t * h * w, h * w, v.hidden_size
         staged = ws.take("qkv", (N, v.patch_dim), torch.float32)
-        staged.copy_(pixels)  # the host's pixels straight into the plan (no device temporary)
         px = ws.take("mlp", (N, v.patch_dim))
         px.copy_(staged)
         W = self.w

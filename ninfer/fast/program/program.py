@@ -259,7 +259,7 @@ class FastProgram(Program):
         vision = None
         if vision_patches > 0:
             kind = "naive" if kernels == "naive" else "triton"
-            vision = FastVisionTower.from_artifact(path, settings.dtype, device, kind)
+            vision = FastVisionTower.from_artifact(path, settings.dtype, device, kind, settings.cuda_graphs)
             held = vision_bytes(vision, vision_patches)  # on rank 0
             budget_bytes = [budget_bytes[0] - held, *budget_bytes[1:]] if isinstance(budget_bytes, list) else \
                 budget_bytes - held
