@@ -173,7 +173,10 @@ def test_triton_equals_host_draw(vocab):
     sampler.capture()  # the prefill draw's B = 1 graphs, one per variant (CUDA only)
     assert sorted(sampler.graphs) == (sorted(sampler.VARIANTS) if ON_GPU else [])
     plain, sorted_, penalties = _mixed(vocab)
-    batches = (plain, sorted_, penalties, plain[:1], sorted_[:1], plain[1:2])
+    c = {name: _cases(name, vocab) for name in ("top_k", "top_k_top_p")}
+    bounded = [c["top_k"][1], c["top_k_top_p"][0], c["top_k_top_p"][2], plain[0]]  # top-k <= TOP_K_BOUND: no sort
+    assert variant_of(_rows(bounded, 0)) == "top_k"
+    batches = (plain, sorted_, penalties, plain[:1], sorted_[:1], plain[1:2], bounded)
     for cases in batches:
         _check(sampler, cases, vocab, positions=(3,) if not ON_GPU else (0, 3, 17, 1 << 33))
     if vocab < 10_000:  # at position 3 (on every device) each setting decides some draw
@@ -259,4 +262,8 @@ def test_variant_is_the_cheapest_that_serves_every_row():
     assert variant_of(rows(P(temperature=0.0), P(min_p=0.1))) == "sample"
     assert variant_of(rows(P(temperature=0.0, top_k=5), P())) == "sample"  # greedy rows never truncate
     assert variant_of(rows(P(), P(top_p=0.9))) == "sort"
+    # Qwen3.5's defaults: the cutoff from the top TOP_K_BOUND values, no sort of the vocabulary
+    assert variant_of(rows(P(top_k=20, top_p=0.95), P())) == "top_k"
+    assert variant_of(rows(P(top_k=128))) == "top_k" and variant_of(rows(P(top_k=129))) == "sort"
+    assert variant_of(rows(P(top_k=20), P(top_p=0.9))) == "sort"  # a nucleus alone may reach past any bound
     assert variant_of(rows(P(top_k=-1))) == "sample"

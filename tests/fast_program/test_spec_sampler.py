@@ -27,6 +27,8 @@ PARAMS = [SamplingParams(temperature=0.0),
           SamplingParams(temperature=0.0, repetition_penalty=1.3, logit_bias=((7, 3.0), (9, -2.0)), min_tokens=6,
                          logprobs=0),
           SamplingParams(temperature=0.7)]
+# the cutoff's two ways (ninfer.fast.ops.sample.cutoff): row 1's top-k 12 reads the top values, a nucleus alone sorts
+CUTOFFS = {"top_k": PARAMS, "sort": [PARAMS[0], SamplingParams(temperature=0.9, top_p=0.8, logprobs=3), *PARAMS[2:]]}
 
 
 @dataclass
@@ -46,9 +48,9 @@ class Seq:
         return self.outputs[-1]
 
 
-def _rows(gen: torch.Generator):
+def _rows(gen: torch.Generator, params=PARAMS):
     seqs, ctxs = [], []
-    for b, p in enumerate(PARAMS):
+    for b, p in enumerate(params):
         prompt = torch.randint(0, V, (4 + b,), generator=gen).tolist()
         outputs = torch.randint(0, V, (1 + b % 3,), generator=gen).tolist()
         seqs.append(Seq(row=(b * 3) % len(PARAMS), frontier=len(prompt) + len(outputs) - 1, prompt=prompt,
@@ -62,14 +64,16 @@ def _spec(kernels: str = "naive"):
                        block_v=16)  # several vocabulary blocks, a ragged last one
 
 
+@pytest.mark.parametrize("cutoff", CUTOFFS)
 @pytest.mark.parametrize("kernels", ["naive", "triton"])
-def test_device_drafts_equal_draw_draft(kernels):
+def test_device_drafts_equal_draw_draft(kernels, cutoff):
     gen = torch.Generator().manual_seed(3)
-    seqs, ctxs = _rows(gen)
+    seqs, ctxs = _rows(gen, CUTOFFS[cutoff])
     rooms = [3, 2, 3, 1, 0]
     spec = _spec(kernels)
     block = DraftBlock.empty(rooms, K, V, torch.device("cpu"), [c.params.is_greedy for c in ctxs])
     rows = spec.draft_rows(seqs, ctxs, K)
+    assert rows.steps.sort and rows.steps.bounded == (cutoff == "top_k")  # the cutoff under test runs
     live = torch.tensor([b for b, k in enumerate(rooms) if k])
     logits = 3 * torch.randn(K, len(live), V, generator=gen)
     logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn: its drafts end after one
@@ -91,13 +95,14 @@ def test_device_drafts_equal_draw_draft(kernels):
                 assert torch.allclose(torch.softmax(block.z[b, j].double(), -1), q, atol=1e-6), (b, j)
 
 
+@pytest.mark.parametrize("cutoff", CUTOFFS)
 @pytest.mark.parametrize("kernels", ["naive", "triton"])
-def test_static_draws_equal_the_eager_draws(kernels):
+def test_static_draws_equal_the_eager_draws(kernels, cutoff):
     """The draft graphs' draws (`SpecSampler.draw_static` on `StaticDraws`: the draft index a device scalar, the
     drafting rows compact) equal `draw` on the round's block, drafts, counts and q, for every parameter mix above
     and a row that cannot be drawn from, with buffers left dirty by an earlier round of more steps."""
     gen = torch.Generator().manual_seed(5)
-    seqs, ctxs = _rows(gen)
+    seqs, ctxs = _rows(gen, CUTOFFS[cutoff])
     spec = _spec(kernels)
     rows = spec.draft_rows(seqs, ctxs, K)
     greedy = [c.params.is_greedy for c in ctxs]
@@ -141,9 +146,10 @@ def _masks(gen, lens, empty: int):
 
 @pytest.mark.parametrize("host_drafts", [False, True], ids=["device-drafts", "host-drafts"])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_device_acceptance_equals_accept(host_drafts, seed):
+@pytest.mark.parametrize("cutoff", CUTOFFS)
+def test_device_acceptance_equals_accept(host_drafts, seed, cutoff):
     gen = torch.Generator().manual_seed(40 + seed)
-    seqs, ctxs = _rows(gen)
+    seqs, ctxs = _rows(gen, CUTOFFS[cutoff])
     rooms = [3, 3, 2, 3, 3] if seed % 2 else [0, 3, 3, 1, 0]  # a random row without drafts still samples
     spec = _spec()
     # drafts near the target (so acceptance runs long) or a point mass on a random id

@@ -40,12 +40,12 @@ def _inputs(B, V, gen, *, sort, flags=None, max_batch=None, device=DEVICE):
     return SampleInputs(*(t.to(device) for t in (ip, fp, masks, bias, blocked, seen, counts.to(torch.int32))))
 
 
-def _compare(logits, inp, *, race=True, sort=False, block=128, max_batch=None):
+def _compare(logits, inp, *, race=True, sort=False, block=128, max_batch=None, top_k_bound=None):
     B, V = logits.shape
     ws = SampleWorkspace.allocate(max_batch or B, V, DEVICE, block_v=block)
     out = torch.full((max_batch or B, 2), -7, dtype=torch.int32, device=DEVICE)
     ref = sample_naive(logits, inp.rows(B))
-    tri = sample(logits, inp.rows(B), race=race, sort=sort, workspace=ws, out=out[:B])
+    tri = sample(logits, inp.rows(B), race=race, sort=sort, top_k_bound=top_k_bound, workspace=ws, out=out[:B])
     assert tri.data_ptr() == out.data_ptr()
     ok = ref[:, 1] == L.OK
     assert torch.equal(tri[:, 1], ref[:, 1]), f"status {tri[:, 1].tolist()} != {ref[:, 1].tolist()}"
@@ -122,6 +122,33 @@ def test_sample_ties_and_greedy_only(B, V, block):
     greedy = _inputs(B, V, gen, sort=False, flags=[L.GREEDY, L.GREEDY | L.BIAS | L.MASK, L.GREEDY][:B])
     ref = _compare(logits.to(DEVICE), greedy, race=False, block=block, max_batch=B + 2)
     assert ref[0, 0] == 0 and ref[2, 0] == int(torch.argmax(logits[2]))
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])
+@pytest.mark.parametrize("B,V,block", SHAPES)
+def test_sample_with_a_bounded_top_k(B, V, block, ties):
+    """The sort variant's cutoff from the top `top_k_bound` values (every random row with top-k in 1..bound, or with
+    neither filter) draws what the naive op draws, over random and heavily tied logits (a tie at the cutoff keeps its
+    lowest ids), and equals the sorting cutoff's (tau, tid) row for row."""
+    from ninfer.fast.ops.sample.cutoff import bounded_cutoff, truncation_cutoff
+
+    bound = 16
+    gen = torch.Generator().manual_seed(V + 3 * ties)
+    for _ in range(2):
+        logits = (torch.randint(-3, 3, (B, V), generator=gen).float() if ties else
+                  3 * torch.randn(B, V, generator=gen)).to(DEVICE)
+        inp = _inputs(B, V, gen, sort=True)
+        inp.iparams[:, L.TOP_K] = torch.randint(1, bound + 1, (B,), generator=gen).to(DEVICE)
+        inp.iparams[-1, L.TOP_K], inp.fparams[-1, L.TOP_P] = 0, 1.0  # a row with neither filter
+        inp.fparams[0, L.TOP_P] = 1e-3  # a nucleus of one token: the first argmax alone
+        _compare(logits, inp, sort=True, block=block, top_k_bound=bound)
+        z = logits / 0.7
+        want = torch.empty(B, device=DEVICE), torch.empty(B, dtype=torch.int64, device=DEVICE)
+        got = torch.full((B,), float("nan"), device=DEVICE), torch.full((B,), -1, dtype=torch.int64, device=DEVICE)
+        truncation_cutoff(z, inp.iparams[:, L.TOP_K], inp.fparams[:, L.TOP_P], *want)
+        bounded_cutoff(z, inp.iparams[:, L.TOP_K], inp.fparams[:, L.TOP_P], *got, bound)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert (got[0][0], got[1][0]) == (z[0].max(), z[0].argmax())
 
 
 def test_sample_statuses():

@@ -13,9 +13,11 @@ from ninfer.fast.ops.sample import layout as L
 from ninfer.sampling import SamplingError, SamplingParams
 from ninfer.sampling.processors import adjust_logits, allowed_to_bool, min_tokens_blocked
 
-GREEDY, SAMPLE, SORT = "greedy", "sample", "sort"
-# greedy: steps 1-4 and the argmax; sample: also the race and logprobs; sort: also top-k/top-p
-VARIANTS = (GREEDY, SAMPLE, SORT)
+GREEDY, SAMPLE, TOP_K, SORT = "greedy", "sample", "top_k", "sort"
+# greedy: steps 1-4 and the argmax; sample: also the race and logprobs; top_k: also top-k/top-p from the row's top
+# TOP_K_BOUND values (every random row's top-k at most that); sort: top-k/top-p from a sort of the whole row
+VARIANTS = (GREEDY, SAMPLE, TOP_K, SORT)
+TOP_K_BOUND = 128  # Qwen3.5's released defaults draw at top-k 20 (ops/sample/cutoff.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,11 +37,21 @@ class SampleRow:
 def variant_of(rows: Sequence[SampleRow]) -> str:
     """The cheapest graph variant that serves every row."""
     random = [r.params for r in rows if not r.params.is_greedy]
-    if any(p.effective_top_k > 0 or p.top_p < 1.0 for p in random):
-        return SORT
+    cut = truncation(random)
+    if cut is not None:
+        return cut
     if random or any(r.params.logprobs is not None for r in rows):
         return SAMPLE
     return GREEDY
+
+
+def truncation(random: Sequence[SamplingParams]) -> str | None:
+    """The variant whose cutoff serves these random rows' top-k/top-p: TOP_K when every row with a filter has a
+    top-k in 1..TOP_K_BOUND, SORT when one has a larger top-k or top-p alone; None when no row has either."""
+    cut = [p for p in random if p.effective_top_k > 0 or p.top_p < 1.0]
+    if not cut:
+        return None
+    return TOP_K if all(0 < p.effective_top_k <= TOP_K_BOUND for p in cut) else SORT
 
 
 def row_flags(row: SampleRow, eos_token_ids: Sequence[int]) -> int:

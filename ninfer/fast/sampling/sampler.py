@@ -24,7 +24,8 @@ from ninfer.fast.ops.sample import SampleInputs, SampleWorkspace, sample, sample
 from ninfer.fast.ops.sample import layout as L
 from ninfer.contracts import RowFailure
 
-from .rows import GREEDY, SORT, VARIANTS, SampleRow, fill_row, host_error, mask_words, row_flags, variant_of
+from .rows import (GREEDY, SORT, TOP_K, TOP_K_BOUND, VARIANTS, SampleRow, fill_row, host_error, mask_words,
+                   row_flags, variant_of)
 from .tables import SequenceTables
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
@@ -74,7 +75,8 @@ class DeviceSampler:
             if variant != GREEDY:
                 lp.copy_(logprobs_naive(logits, picked[:, 0], num))
             return
-        sample(logits, inp, race=variant != GREEDY, sort=variant == SORT, workspace=self._ws, out=picked)
+        sample(logits, inp, race=variant != GREEDY, sort=variant in (TOP_K, SORT),
+               top_k_bound=TOP_K_BOUND if variant == TOP_K else None, workspace=self._ws, out=picked)
         if variant != GREEDY:
             logprobs(logits, picked[:, 0], num, workspace=self._lp_ws, out=lp)
 
@@ -83,7 +85,7 @@ class DeviceSampler:
         ints = torch.zeros(B, NI, dtype=torch.int64)
         ints[:, L.ROW] = self.tables.dummy_row
         ints[:, L.FLAGS] = L.GREEDY if variant == GREEDY else 0
-        ints[:, L.TOP_K] = 1 if variant == SORT else 0
+        ints[:, L.TOP_K] = 1 if variant in (TOP_K, SORT) else 0
         ints[:, L.NUM_LOGPROBS] = -1 if variant == GREEDY else 1
         floats = torch.ones(B, NF, dtype=torch.float64)
         floats[:, L.MIN_P] = floats[:, L.FREQUENCY] = floats[:, L.PRESENCE] = 0.0

@@ -34,7 +34,7 @@ from ninfer.sampling import Accepted, RowContext
 from ninfer.sampling.philox import STREAM_DRAFT
 
 from .draft_block import DraftBlock
-from .rows import GREEDY, SAMPLE, SORT, SampleRow, fill_row, host_error, mask_words, row_flags
+from .rows import GREEDY, SAMPLE, SORT, TOP_K, SampleRow, fill_row, host_error, mask_words, row_flags
 from .sampler import DeviceSampler
 from .spec_steps import Steps, adjust, draft_counts, status, truncated
 from .static_draws import StaticDraws
@@ -42,15 +42,19 @@ from .static_draws import StaticDraws
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 _FAILURE = {L.BAD_LOGITS: RowFailure.NON_FINITE_LOGITS, L.ALL_MASKED: RowFailure.NOTHING_ALLOWED}
 # the steps of a draft draw per graph variant (rows.py): steps 1-4 always (each an identity for a row without its
-# flag); the random ones with min-p (an identity at 0), the sort variant with top-k/top-p
+# flag); the random ones with min-p (an identity at 0), the cutoff variants with top-k/top-p
 DRAW_STEPS = {GREEDY: Steps(bias=True, min_tokens=True, penalties=True),
               SAMPLE: Steps(bias=True, min_tokens=True, penalties=True, random=True, min_p=True),
+              TOP_K: Steps(bias=True, min_tokens=True, penalties=True, random=True, sort=True, bounded=True,
+                           min_p=True),
               SORT: Steps(bias=True, min_tokens=True, penalties=True, random=True, sort=True, min_p=True)}
 
 
 def draw_variant(steps: Steps) -> str:
     """The draft graph variant whose steps cover `steps` (the round's own)."""
-    return SORT if steps.sort else SAMPLE if steps.random else GREEDY
+    if steps.sort:
+        return TOP_K if steps.bounded else SORT
+    return SAMPLE if steps.random else GREEDY
 
 
 @dataclass

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.fast.ops.sample import layout as L
+from ninfer.fast.ops.sample.cutoff import bounded_cutoff
 from ninfer.fast.ops.sample.naive import unpack_bits
 from ninfer.sampling.filters import apply_temperature, min_p_keep, rank_order, top_k_keep, top_p_keep
 
+from .rows import TOP_K, TOP_K_BOUND, truncation
 from .tables import SequenceTables
 
 NEG_INF = float("-inf")
@@ -33,14 +35,16 @@ class Steps:
     penalties: bool = False
     random: bool = False  # a row at temperature > 0: steps 5-8 run
     sort: bool = False  # a random row with top-k or top-p
+    bounded: bool = False  # with sort: every such row's top-k is in 1..TOP_K_BOUND (no sort of the whole row)
     min_p: bool = False
 
     @classmethod
     def of(cls, flags: list[int], params: list, masked: bool) -> "Steps":
         random = [p for p in params if not p.is_greedy]
+        cut = truncation(random)
         return cls(bias=any(f & L.BIAS for f in flags), mask=masked, min_tokens=any(f & L.MIN_TOKENS for f in flags),
                    penalties=any(f & (L.REPETITION_ON | L.FREQUENCY_ON | L.PRESENCE_ON) for f in flags),
-                   random=bool(random), sort=any(p.effective_top_k > 0 or p.top_p < 1.0 for p in random),
+                   random=bool(random), sort=cut is not None, bounded=cut == TOP_K,
                    min_p=any(p.min_p > 0.0 for p in random))
 
 
@@ -92,13 +96,26 @@ def truncated(x: torch.Tensor, ip: torch.Tensor, fp: torch.Tensor, steps: Steps)
     greedy = (ip[:, L.FLAGS] & L.GREEDY != 0)[:, None]  # [N, 1]
     # a greedy row's temperature is 0: divide it by 1 and drop the result below
     z = apply_temperature(x, torch.where(greedy[:, 0], 1.0, fp[:, L.TEMPERATURE]))
-    if steps.sort:
+    if steps.sort and steps.bounded:
+        z = z.masked_fill(~_bounded_keep(z, ip[:, L.TOP_K], fp[:, L.TOP_P]), NEG_INF)
+    elif steps.sort:
         order = rank_order(z)  # [N, V]
         z = z.masked_fill(~top_k_keep(order, ip[:, L.TOP_K]), NEG_INF)
         z = z.masked_fill(~top_p_keep(z, order, fp[:, L.TOP_P]), NEG_INF)
     if steps.min_p:
         z = z.masked_fill(~min_p_keep(z, fp[:, L.MIN_P]), NEG_INF)
     return torch.where(greedy, x, z)
+
+
+def _bounded_keep(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Steps 6-7 from each row's top TOP_K_BOUND values (``bounded_cutoff``): the tokens at or before the cutoff in
+    the (z desc, id asc) order, bool [N, V]. A greedy row's result is not used."""
+    N, V = z.shape
+    tau = torch.empty(N, dtype=torch.float32, device=z.device)
+    tid = torch.empty(N, dtype=torch.int64, device=z.device)
+    bounded_cutoff(z, top_k, top_p, tau, tid, TOP_K_BOUND)
+    ids = torch.arange(V, device=z.device)
+    return (z > tau[:, None]) | ((z == tau[:, None]) & (ids <= tid[:, None]))
 
 
 def status(x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from ninfer.fast.ops.sample import layout as L
 
 from .draft_block import DraftBlock
-from .rows import GREEDY, SORT
+from .rows import GREEDY, SORT, TOP_K
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 
@@ -48,11 +48,11 @@ class StaticDraws:
 
     def fill_dummy(self, B: int, variant: str, dummy_row: int) -> None:
         """Capture inputs: rows on the sampler tables' dummy row, every table flag off, greedy or not as the variant
-        is (the sort variant with a top-k, so its steps run)."""
+        is (the cutoff variants with a top-k, so their steps run)."""
         ints = torch.zeros(B, NI, dtype=torch.int64)
         ints[:, L.ROW] = dummy_row
         ints[:, L.FLAGS] = L.GREEDY if variant == GREEDY else 0
-        ints[:, L.TOP_K] = 1 if variant == SORT else 0
+        ints[:, L.TOP_K] = 1 if variant in (TOP_K, SORT) else 0
         floats = torch.ones(B, NF, dtype=torch.float64)
         floats[:, L.MIN_P] = floats[:, L.FREQUENCY] = floats[:, L.PRESENCE] = 0.0
         self.ip[:B].copy_(ints[:, None].expand(B, self.k, NI))

@@ -2,7 +2,8 @@
 
     adjust  (B x V blocks)  logits -> steps 1-4 -> block max/argmax and NaN/+inf/all-masked flags;
                             random rows also store z = x / T (step 5) in the workspace
-    cutoff  (torch, sort variant only)  one stable sort per row gives top-k and top-p as a rank cutoff
+    cutoff  (torch, the sort variants only, ``cutoff.py``)  top-k and top-p as a rank cutoff: one stable sort per
+            row, or the top ``top_k_bound`` values when every row's top-k is at most that
     race    (B x V blocks)  random rows: cutoff, min-p, Gumbel noise (Philox), block argmax of f64(z) + f64(g)
     finish  (B)             status, then the greedy argmax or the race winner, ties to the lowest id
 
@@ -16,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.random import philox_impl
 
 from . import layout as L
+from .cutoff import bounded_cutoff, truncation_cutoff
 from .layout import SampleInputs
 
 _ROW, _TOP_K, _SEED, _POS, _FLAGS = (tl.constexpr(c) for c in (L.ROW, L.TOP_K, L.SEED, L.POSITION, L.FLAGS))
@@ -175,29 +176,6 @@ def _finish_kernel(ip_ptr, bmax_ptr, barg_ptr, bflag_ptr, smax_ptr, sarg_ptr, pi
     tl.store(picked_ptr + b * 2 + 1, status)
 
 
-def truncation_cutoff(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, tau: torch.Tensor,
-                      tid: torch.Tensor) -> None:
-    """Steps 6-7 as a cutoff in the (z desc, id asc) order: a row keeps t iff (z_t, -t) >= (tau, -tid). Written
-    into tau [B] float32 and tid [B] int64; rows with neither filter keep everything (tau -inf, tid V).
-
-    z [B, V]; top_k [B] (0 off); top_p [B] float64 (1 off). The kept ranks are those below k whose float64 mass
-    ranked before them is < top_p, a prefix of the order; its length is the first dropped rank, so a parallel
-    prefix sum that rounds differently from the host's can move the cutoff only at a boundary tie."""
-    V = z.shape[-1]
-    sorted_z, order = torch.sort(z, dim=-1, descending=True, stable=True)  # [B, V]
-    rank = torch.arange(V, device=z.device)
-    in_k = rank < torch.where(top_k > 0, top_k, V)[:, None]  # [B, V] by rank
-    p = torch.softmax(sorted_z.masked_fill(~in_k, float("-inf")).double(), dim=-1)  # [B, V] by rank
-    before = F.pad(torch.cumsum(p, dim=-1)[:, :-1], (1, 0))  # mass ranked strictly before, as the host shifts it
-    limit = top_p[:, None]
-    keep = in_k & ((before < limit) | (limit >= 1.0))
-    n = torch.where(keep.all(-1), V, (~keep).to(torch.int32).argmax(-1)).clamp(min=1)  # [B] kept ranks
-    last = (n - 1)[:, None]
-    off = (top_k <= 0) & (top_p >= 1.0)
-    tau.copy_(torch.where(off, float("-inf"), sorted_z.gather(1, last)[:, 0]))
-    tid.copy_(torch.where(off, V, order.gather(1, last)[:, 0]))
-
-
 @dataclass(frozen=True)
 class SampleWorkspace:
     """Scratch for ``sample`` at up to ``max_batch`` rows, allocated once (a CUDA graph reuses it every replay)."""
@@ -227,11 +205,13 @@ class SampleWorkspace:
 
 
 def sample(logits: torch.Tensor, inp: SampleInputs, *, race: bool = True, sort: bool = False,
-           workspace: SampleWorkspace | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           top_k_bound: int | None = None, workspace: SampleWorkspace | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """``sample_naive`` with the work split over V blocks. logits [B, V] -> int32 [B, 2] (token, status).
 
-    ``race=False`` is valid only when every row is greedy, ``sort=False`` only when no random row has top-k or top-p
-    (the caller knows its rows; the kernels never ask the device)."""
+    ``race=False`` is valid only when every row is greedy, ``sort=False`` only when no random row has top-k or top-p,
+    ``top_k_bound`` only when every random row has top-k in 1..top_k_bound or neither filter (its cutoff then reads
+    the top values instead of sorting the row; the caller knows its rows; the kernels never ask the device)."""
     B, V = logits.shape
     ws = workspace or SampleWorkspace.allocate(B, V, logits.device)
     out = torch.empty(B, 2, dtype=torch.int32, device=logits.device) if out is None else out
@@ -246,7 +226,10 @@ def sample(logits: torch.Tensor, inp: SampleInputs, *, race: bool = True, sort: 
                             inp.masks.stride(0), ws.work.stride(0), BLOCK=ws.block, **opts)
     if race:
         if sort:
-            truncation_cutoff(ws.work[:B], ip[:, L.TOP_K], fp[:, L.TOP_P], ws.tau[:B], ws.tid[:B])
+            if top_k_bound:
+                bounded_cutoff(ws.work[:B], ip[:, L.TOP_K], fp[:, L.TOP_P], ws.tau[:B], ws.tid[:B], top_k_bound)
+            else:
+                truncation_cutoff(ws.work[:B], ip[:, L.TOP_K], fp[:, L.TOP_P], ws.tau[:B], ws.tid[:B])
         _race_kernel[(B, nb)](ws.work, ip, fp, ws.bmax, ws.tau, ws.tid, ws.smax, ws.sarg, V, nb, ip.stride(0),
                               ws.work.stride(0), SORT=sort, BLOCK=ws.block, NB_BLOCK=nb_block, **opts)
     _finish_kernel[(B,)](ip, ws.bmax, ws.barg, ws.bflag, ws.smax, ws.sarg, out, V, nb, ip.stride(0), RACE=race,
