@@ -41,6 +41,7 @@ from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS  # noqa: E402
+from ninfer.sampling import SamplingParams  # noqa: E402
 
 LANES = 8
 
@@ -52,6 +53,7 @@ class Settings:
     batches: tuple[int, ...] = (1, 2, 4, 8)
     idle_batches: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     contexts: tuple[int, ...] = (512, 8192)
+    sampled_batches: tuple[int, ...] = (1, 8)  # decode at the first context under each of SAMPLINGS
     decode_tokens: int = 48
     prefill: tuple[int, ...] = (2048, 8192)
     hit: tuple[int, int] = (8000, 8192)  # (retained prefix, prompt)
@@ -67,7 +69,8 @@ class Settings:
         return self.long_context
 
 
-SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), idle_batches=(1, 2), contexts=(16, 40), decode_tokens=6,
+SMOKE = Settings(device="cpu", kernels="naive", batches=(1, 2), sampled_batches=(2,), idle_batches=(1, 2),
+                 contexts=(16, 40), decode_tokens=6,
                  prefill=(64, 100), hit=(64, 80), long_context=128, long_tokens=24, prefill_chunk=64, itl_prompt=100,
                  itl_tokens=24, budget_bytes=1 << 30)
 # skip a model when less than this many seconds are left (weights, compiles, graphs, the long-context part)
@@ -90,6 +93,30 @@ def bench_decode(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
                                    for t in trackers) * 1e3
             rows.append({"ctx": ctx, "B": B, "step_ms": ms, "intervals": n, "tpot_ms": tpot,
                          "tok_s": B * 1e3 / ms})
+            run.save()
+
+
+# the sampler's graph variants (ninfer/fast/sampling/rows.py) as requests reach them: Qwen3.5's released defaults
+# (top-k 20, top-p 0.95: the top_k variant, no sort of the vocabulary), a nucleus alone (the sort variant), neither
+SAMPLINGS = {"top_k 20 top_p 0.95": SamplingParams(temperature=0.6, top_k=20, top_p=0.95),
+             "top_p 0.95": SamplingParams(temperature=0.6, top_p=0.95),
+             "temperature 0.6": SamplingParams(temperature=0.6)}
+
+
+def bench_sampled(run: Run, engine: Engine, vocab: int, entry: dict) -> None:
+    """The decode step of B rows drawn at each of SAMPLINGS (the greedy step is bench_decode's), at the first
+    context: what the sampler's variant costs on top of the model step."""
+    s, gen = run.s, torch.Generator().manual_seed(3)
+    rows, ctx = entry.setdefault("sampled", []), s.contexts[0]
+    for name, params in SAMPLINGS.items():
+        for B in s.sampled_batches:
+            if run.left() < 10:
+                run.results["skipped"].append(f"sampled {name} B={B} (deadline)")
+                continue
+            trackers = [submit(engine, random_prompt(gen, ctx, vocab), s.decode_tokens, params) for _ in range(B)]
+            drive(engine, trackers)
+            ms, n = steady_step_ms(trackers)
+            rows.append({"sampling": name, "ctx": ctx, "B": B, "step_ms": ms, "intervals": n})
             run.save()
 
 
@@ -262,6 +289,7 @@ def bench_model(run: Run, name: str) -> None:
 def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry: dict) -> None:
     vocab = program.limits.vocab_size
     parts = {"decode": lambda: bench_decode(run, engine, vocab, entry),
+             "sampled": lambda: bench_sampled(run, engine, vocab, entry),
              "idle": lambda: bench_idle(run, engine, program, vocab, entry),
              "prefill": lambda: bench_prefill(run, engine, vocab, entry),
              "prefix hit": lambda: bench_prefix_hit(run, engine, program, vocab, entry),

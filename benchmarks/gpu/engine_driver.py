@@ -45,11 +45,13 @@ class Tracker:
         return self.token_times[0] - self.submitted
 
 
-def submit(engine: Engine, prompt: list[int], max_tokens: int) -> Tracker:
+def submit(engine: Engine, prompt: list[int], max_tokens: int, sampling=None) -> Tracker:
+    """sampling: a `SamplingParams` (None: greedy)."""
     # stop_ids=() : random weights would otherwise stop at an early eos and shorten the timed stretch
     session = TokenSession(max_tokens, stop_ids=())
     t = time.perf_counter()
-    return Tracker(engine.submit(GenerationRequest(tuple(prompt), session, max_tokens, seed=0)), t)
+    return Tracker(engine.submit(GenerationRequest(tuple(prompt), session, max_tokens, sampling=sampling, seed=0)),
+                   t)
 
 
 def drive(engine: Engine, trackers: list[Tracker], on_step=None) -> None:

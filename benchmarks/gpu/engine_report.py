@@ -21,6 +21,12 @@ def print_table(r: dict, lanes: int) -> None:
             print(f"{name:8} {d['ctx']:>5} {d['B']:>2} {d['step_ms']:8.2f} {d['step_ms'] / d['B']:9.3f} "
                   f"{d['tok_s']:7.0f} {d['tpot_ms']:8.2f}")
     for name, m in r.get("models", {}).items():
+        greedy = {(d["ctx"], d["B"]): d["step_ms"] for d in m.get("decode", [])}
+        for d in m.get("sampled", []):
+            base = greedy.get((d["ctx"], d["B"]))
+            extra = "" if base is None else f" (greedy {base:.2f}: {d['step_ms'] - base:+.2f})"
+            print(f"  {name:8} B={d['B']} ctx {d['ctx']} sampled at {d['sampling']}: step {d['step_ms']:.2f} ms{extra}")
+    for name, m in r.get("models", {}).items():
         for d in m.get("idle", []):
             unit = "device" if d["device_events"] else "host (no CUDA)"
             print(f"  {name:8} B={d['B']} async {'on ' if d['async'] else 'off'}: step {d['step_ms']:.3f} ms, idle "

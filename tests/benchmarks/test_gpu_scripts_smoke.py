@@ -35,6 +35,10 @@ def test_bench_engine_smoke(tmp_path):
     tiny = _smoke("bench_engine.py", tmp_path)["models"]["tiny"]
     assert {(d["ctx"], d["B"]) for d in tiny["decode"]} == {(16, 1), (16, 2), (40, 1), (40, 2)}
     assert all(_positive(d["step_ms"]) for d in tiny["decode"])
+    # each sampling the sampler's variants serve, at B = 2 and the first context
+    assert [(d["sampling"], d["ctx"], d["B"]) for d in tiny["sampled"]] == [
+        ("top_k 20 top_p 0.95", 16, 2), ("top_p 0.95", 16, 2), ("temperature 0.6", 16, 2)]
+    assert all(_positive(d["step_ms"]) for d in tiny["sampled"])
     assert tiny["prefix_hit"]["reused"] == tiny["prefix_hit"]["prefix"]  # the retained checkpoint was hit
     assert tiny["prefix_hit"]["cold_reused"] == 0
     phases = tiny["prefix_hit"]["phases"]  # the timed hit: its transitions, the suffix prefill and its first draw
