@@ -69,6 +69,9 @@ def test_qgemv_split_k_and_swiglu(kind):
     assert_close(f"qgemv {kind} split-K", qlinear_naive(x, w), qgemv(x, w, splits=3), _tol())
     gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)
     assert_close(f"qgemv {kind} swiglu", torch.nn.functional.silu(gate) * up, qgemv(x, w, swiglu=True).float(), _tol())
+    # one row takes each kind's own default form (NVFP4: dot-free)
+    assert_close(f"qgemv {kind} swiglu, one row", (torch.nn.functional.silu(gate) * up)[:1],
+                 qgemv(x[:1], w, swiglu=True).float(), _tol())
 
 
 @pytest.mark.parametrize("kind", KINDS)

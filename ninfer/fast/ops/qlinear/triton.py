@@ -208,7 +208,10 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
     y = x.new_empty(M, n_out) if out is None else out
     if fast_kind(w):
         return qgemv_fast(x, w, y, swiglu, splits, bw, num_warps, num_stages, use_dot)
-    use_dot = True if use_dot is None else use_dot
+    if use_dot is None:
+        # measured (bench_qgemv.py, H100, the six 9B projections, eighth session): NVFP4 at one row sums in
+        # registers 1.17-1.35x faster than through a padded tl.dot in every shape; the other kinds were not swept
+        use_dot = not (M == 1 and w.kind == QKind.NVFP4)
     assert use_dot or M == 1, "qgemv: the dot-free form takes one row"
     # measured on the H200 (bench_qgemv.py: 9B in_proj and down, int4 and NVFP4): 32 rows a program, 4 warps,
     # 4 stages is the best or within 3% of it at M = 1 (16 rows: 1.7x slower)
