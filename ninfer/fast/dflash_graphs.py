@@ -6,7 +6,11 @@ tokens staying on the device as the next slot's predecessors), replayed once a r
 Run eagerly, the pass and its draws took 13.6-18.3 ms of a 35 ms round at B=1 on the 9B shape (H100,
 docs/performance.md), where the verify pass of the same round took 51 ms eagerly and 14.5 ms as a graph.
 
-Stability note: graphs are keyed by (R, variant) alone. The per-round quantities (each row's anchor, frontier, rope
+Without penalties in the round (most requests) a DFlash block's k draws are independent (no draft's penalties see
+the ones before it) and run as one pass over R * k rows (`SpecSampler.draw_block_static`), a graph of its own;
+with penalties, or DFlash2's selector walk, they run slot by slot.
+
+Stability note: graphs are keyed by (R, variant, block draw) alone. The per-round quantities (each row's anchor, frontier, rope
 delta, first key, room) are one int32 tensor of input data, the draws' parameter rows another (``StaticDraws``), and
 each row's page table one [max_batch, max_pages_per_seq + scratch_pages] int32 tensor: the row's context pages,
 then its scratch pages, padded with its last scratch page (entries past frontier + B are never read). The
@@ -16,6 +20,7 @@ so nothing of any sequence is written. Without CUDA (or with ``use_graphs=False`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -47,17 +52,26 @@ class DFlashDraftGraphs:
         # a frontier below max_context plus a block: at most max_pages_per_seq + scratch_pages pages
         self.table = torch.zeros(max_batch, plan.max_pages_per_seq + plan.scratch_pages, dtype=torch.int32,
                                  device=dev)
-        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
-    def body(self, R: int, variant: str) -> None:
-        """The graph body: the block pass of rows 0..R-1 and every slot's draw into ``draws``."""
+    def block_draws(self) -> tuple[bool, ...]:
+        """The draw forms this drafter captures per (R, variant): slot by slot, and for DFlash the one-pass block
+        draw of rounds without penalties."""
+        return (False, True) if self.backend.drafter.cfg.kind is DrafterKind.DFLASH else (False,)
+
+    def body(self, R: int, variant: str, block_draw: bool = False) -> None:
+        """The graph body: the block pass of rows 0..R-1 and every slot's draw into ``draws`` (``block_draw``: all
+        slots in one pass, a round without penalties)."""
         bk = self.backend
         first = None if bk.window is None else self.first_keys[:R]
         logits, hidden = bk.drafter.block_on(self.anchors[:R], self.frontiers[:R], self.deltas[:R], first,
                                              self.table[:R], bk.block_size, bk.k_pages, bk.v_pages)  # [R, B-1, .]
         self.draws.reset(R)
         steps = DRAW_STEPS[variant]
+        if block_draw:
+            self.spec.draw_block_static(self.draws, R, dataclasses.replace(steps, penalties=False), logits)
+            return
         if bk.drafter.cfg.kind is DrafterKind.DFLASH:
             for j in range(self.spec.k):
                 self.spec.draw_static(self.draws, R, steps, logits[:, j].contiguous())
@@ -78,7 +92,8 @@ class DFlashDraftGraphs:
                 self.fill_dummy(R)
                 for variant in VARIANTS:
                     self.draws.fill_dummy(R, variant, self.spec.tables.dummy_row)
-                    self._capture((R, variant), lambda: self.body(R, variant), stream, warmup)
+                    for block in self.block_draws():
+                        self._capture((R, variant, block), lambda: self.body(R, variant, block), stream, warmup)
         torch.cuda.synchronize(self.packed.device)
 
     def fill_dummy(self, R: int) -> None:
@@ -110,11 +125,12 @@ class DFlashDraftGraphs:
         at = to_device(live, self.packed.device, torch.long)
         self.draws.load(params.ip, params.fp, at, R)
         variant = draw_variant(params.steps)
-        graph = self.graphs.get((R, variant))
+        one_pass = not params.penalized and True in self.block_draws()
+        graph = self.graphs.get((R, variant, one_pass))
         if graph is not None:
             graph.replay()
         else:
-            self.body(R, variant)
+            self.body(R, variant, one_pass)
         self.draws.store(block, at, R)
 
     def reset(self) -> None:

@@ -199,8 +199,10 @@ def test_the_draft_graphs_capture_writes_only_scratch_pages(make_fast_dflash, ki
     R = graphs.max_batch
     graphs.fill_dummy(R)
     for variant in VARIANTS:
-        graphs.draws.fill_dummy(R, variant, graphs.spec.tables.dummy_row)
-        graphs.body(R, variant)
+        for block in graphs.block_draws():
+            graphs.draws.fill_dummy(R, variant, graphs.spec.tables.dummy_row)
+            graphs.body(R, variant, block)
+    assert graphs.block_draws() == ((False, True) if kind == "dflash" else (False,))
     assert not torch.equal(before[0][:, plan.num_pages + 1:], pools.dk[:, plan.num_pages + 1:])  # scratch written
     for b, p in zip(before, (pools.dk, pools.dv)):
         assert torch.equal(b[:, :plan.num_pages + 1], p[:, :plan.num_pages + 1])

@@ -7,6 +7,7 @@ the draws also with the Triton kernels (the random rows' race, ``ops/gumbel_race
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -127,6 +128,45 @@ def test_static_draws_equal_the_eager_draws(kernels, cutoff):
     assert static.num.tolist() == eager.num.tolist() == [1, 2, 1, 1, 0]
     assert torch.equal(static.tokens, eager.tokens)
     torch.testing.assert_close(static.z, eager.z, rtol=0, atol=0, equal_nan=True)  # the NaN row's q is NaN
+
+
+# the rows of a round without penalties (a DFlash block's draws are then independent): greedy, top-k/top-p, min-p,
+# greedy with a bias and min_tokens, temperature alone
+NO_PENALTIES = [PARAMS[0], PARAMS[1], SamplingParams(temperature=1.1, min_p=0.05),
+                SamplingParams(temperature=0.0, logit_bias=((7, 3.0), (9, -2.0)), min_tokens=6, logprobs=0), PARAMS[4]]
+
+
+@pytest.mark.parametrize("kernels", ["naive", "triton"])
+def test_block_draws_equal_the_slot_draws(kernels):
+    """`draw_block_static` (every slot of a DFlash block in one pass, a round without penalties) leaves in
+    `StaticDraws` what k `draw_static` calls leave: drafts, q, the count of drawable drafts (a row's second slot
+    that cannot be drawn from ends its drafts there; rooms below k cut the count) and the draft index."""
+    gen = torch.Generator().manual_seed(9)
+    seqs, ctxs = _rows(gen, NO_PENALTIES)
+    spec = _spec(kernels)
+    rows = spec.draft_rows(seqs, ctxs, K)
+    assert not rows.penalized and rows.steps.random and spec.draft_rows(*_rows(gen, PARAMS), K).penalized
+    live, rooms = torch.arange(len(NO_PENALTIES)), [3, 2, 3, 1, 3]
+    B = len(live)
+    logits = 3 * torch.randn(B, K, V, generator=gen)
+    logits[2, 1, :] = float("nan")
+    out = []
+    for block in (False, True):
+        draws = StaticDraws(B, K, V, torch.device("cpu"))
+        draws.load(rows.ip, rows.fp, live, B)
+        draws.room[:B] = torch.tensor(rooms, dtype=torch.int32)
+        draws.reset(B)
+        if block:
+            # the block graph's steps: the variant's without the penalty step (an identity for these rows)
+            spec.draw_block_static(draws, B, dataclasses.replace(rows.steps, penalties=False), logits)
+        else:
+            for j in range(K):
+                spec.draw_static(draws, B, rows.steps, logits[:, j].contiguous())
+        out.append(draws)
+    slots, block = out
+    assert block.num.tolist() == slots.num.tolist() == [3, 2, 1, 1, 3] and int(block.j) == int(slots.j) == K
+    assert torch.equal(block.drafts, slots.drafts)
+    torch.testing.assert_close(block.z, slots.z, rtol=0, atol=0, equal_nan=True)
 
 
 def _masks(gen, lens, empty: int):

@@ -64,6 +64,9 @@ class RowParams:
     ip: torch.Tensor
     fp: torch.Tensor
     steps: Steps
+    # some row has a penalty on (so each draft depends on the ones before it); `steps` may be a graph variant's,
+    # which runs the penalty step for every call
+    penalized: bool = True
 
 
 class SpecSampler:
@@ -73,7 +76,8 @@ class SpecSampler:
         self.triton, self.block_v = sampler.kernels == "triton", block_v
         if self.triton:
             self._ws = SpecAcceptWorkspace.allocate(self.max_batch, k, self.vocab, self.device, block_v)
-            self._race_ws = RaceWorkspace.allocate(self.max_batch, self.vocab, block_v, self.device)
+            # a block draw races every slot of every row at once
+            self._race_ws = RaceWorkspace.allocate(self.max_batch * k, self.vocab, block_v, self.device)
             self._lp_ws = LogprobsWorkspace.allocate(self.max_batch * (k + 1), self.vocab, self.device, block_v)
 
     def _bind(self, seq, ctx: RowContext) -> None:
@@ -104,6 +108,7 @@ class SpecSampler:
         rows = self._rows(entries, False)
         # the draft graph variant's steps: a step no row of the call needs is an identity per row, so the eager
         # draws and the graphed ones run the same steps
+        rows.penalized = rows.steps.penalties
         rows.steps = DRAW_STEPS[draw_variant(rows.steps)]
         return rows
 
@@ -135,6 +140,23 @@ class SpecSampler:
         num += (ok & (num == j) & (j < d.room[:B])).to(torch.int32)
         j += 1
         return token
+
+    def draw_block_static(self, d: StaticDraws, B: int, steps: Steps, logits: torch.Tensor) -> None:
+        """Every draft of a block at once, for a drafter whose slots' logits [B, k, V] all exist before any draw
+        (DFlash) and a round whose rows have no penalties (`steps.penalties` False: no draft sees the ones before
+        it, so the k draws are independent): what k `draw_static` calls leave in `d`, in one pass over B * k rows."""
+        assert not steps.penalties, "penalties make each draft depend on the ones before it"
+        k = self.k
+        token, z, ok = self._draw(d.ip[:B].reshape(B * k, NI), d.fp[:B].reshape(B * k, NF), steps, d.drafts[:B],
+                                  None, logits.reshape(B * k, -1))
+        d.drafts[:B].copy_(token.view(B, k))
+        if z is not None:
+            d.z[:B].copy_(z.view(B, k, -1))
+        # a row keeps drafting while every draft so far could be drawn, up to its room
+        alive = torch.cumprod(ok.view(B, k).to(torch.int32), dim=1)  # [B, k]
+        within = torch.arange(k, device=logits.device)[None, :] < d.room[:B, None]
+        d.num[:B].copy_((alive * within).sum(1).to(torch.int32))
+        d.j += k
 
     def _draw(self, ip: torch.Tensor, fp: torch.Tensor, steps: Steps, prior: torch.Tensor, upto: torch.Tensor | None,
               logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
