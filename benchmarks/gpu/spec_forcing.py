@@ -1,7 +1,8 @@
 """bench_spec.py's instruments on a Program's executor: `Phases` times each phase of a speculative round (draft,
-verify, accept, the replay of a cut block, and the Program's commit around it) between device syncs, and `ForcedContinuation` forces every round to
-emit a chosen number of tokens by replacing the backend's drafts with the target's own greedy continuation, a
-wrong token at the chosen index (random weights make real drafts meaningless).
+verify, accept, the replay of a cut block, and the Program's commit around it) between device syncs, and
+`ForcedContinuation` forces every round to emit a chosen number of tokens by replacing the backend's drafts with
+the target's own greedy continuation, a wrong token at the chosen index (random weights make real drafts
+meaningless).
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ Without penalties in the round (most requests) a DFlash block's k draws are inde
 the ones before it) and run as one pass over R * k rows (`SpecSampler.draw_block_static`), a graph of its own;
 with penalties, or DFlash2's selector walk, they run slot by slot.
 
-Stability note: graphs are keyed by (R, variant, block draw) alone. The per-round quantities (each row's anchor, frontier, rope
-delta, first key, room) are one int32 tensor of input data, the draws' parameter rows another (``StaticDraws``), and
-each row's page table one [max_batch, max_pages_per_seq + scratch_pages] int32 tensor: the row's context pages,
-then its scratch pages, padded with its last scratch page (entries past frontier + B are never read). The
-frontier's partial page is copied into the row's first scratch page before the replay (`FastDFlashBackend.tables`),
-so nothing of any sequence is written. Without CUDA (or with ``use_graphs=False``) the same buffers run eagerly.
+Stability note: graphs are keyed by (R, variant, block draw) alone. The per-round quantities (each row's anchor,
+frontier, rope delta, first key, room) are one int32 tensor of input data, the draws' parameter rows another
+(``StaticDraws``), and each row's page table one [max_batch, max_pages_per_seq + scratch_pages] int32 tensor: the
+row's context pages, then its scratch pages, padded with its last scratch page (entries past frontier + B are never
+read). The frontier's partial page is copied into the row's first scratch page before the replay
+(`FastDFlashBackend.tables`), so nothing of any sequence is written. Without CUDA (or with ``use_graphs=False``) the
+same buffers run eagerly.
 """
 
 from __future__ import annotations

@@ -62,4 +62,5 @@ def test_peers_only(tmp_path, capsys):
     shutil.copy(RESULTS / "2026-12-06-s9-h100-llamacpp-7887958.json", tmp_path / "bench_llamacpp.json")
     assert report.main(["--peers", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "ninfer Engine vs llama.cpp 0c1e57098" in out and "decode (random bf16 weights" not in out  # no executor table
+    # the peers table alone: no executor table
+    assert "ninfer Engine vs llama.cpp 0c1e57098" in out and "decode (random bf16 weights" not in out

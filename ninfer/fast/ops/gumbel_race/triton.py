@@ -1,5 +1,5 @@
-"""gumbel_race over vocabulary blocks: two launches for what the naive op spends some 150 small integer kernels on
-(its torch Philox splits every 32-bit multiply into 16-bit halves, ten rounds over [B, V]).
+"""gumbel_race over vocabulary blocks: two launches for what the naive op spends 283 small kernels on (the CPU
+launch counter; its torch Philox splits every 32-bit multiply into 16-bit halves, ten rounds over [B, V]).
 
   _block_kernel  grid (B, NB): score = z + g in float64 over one block of the vocabulary, g from the sample op's
                  Philox (``_gumbel``, bit-equal to the host's); the block's max and its lowest id at that max
