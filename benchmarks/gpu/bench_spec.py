@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_driver import Tracker, drive, submit  # noqa: E402
 from runlog import Run, bench_arguments, close, free_device  # noqa: E402
 from shapes import config, published_drafter, random_drafter_source, random_prompt, random_source  # noqa: E402
-from spec_forcing import ForcedContinuation, Phases  # noqa: E402
+from spec_forcing import ForcedContinuation, Phases, host_profile  # noqa: E402
 from spec_graphs import round_graph_times  # noqa: E402
 from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections, targets  # noqa: E402
 
@@ -66,6 +66,7 @@ class Settings:
     warmup: bool = True  # untimed runs first (Triton compiles, cuBLAS plans); nothing to warm on the CPU
     max_context: int = 1024
     budget_bytes: int | None = None  # None: 90% of the free device memory
+    profile_host: bool = False  # one more run of the largest B at L = 3 under cProfile (`host_profile` in the JSON)
 
 
 SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1, 2), prompt_len=12, steps=3,
@@ -208,9 +209,23 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                 row["host_ms"] = row["step_ms"] - sum(row[f"{n}_ms"] for n in ("draft", "verify", "accept", "commit"))
                 entry.setdefault("spec", []).append(row)
                 run.save()
+            if s.profile_host and B == s.batches[-1] and run.left() > 20:
+                profile_rounds(engine, prompts[B], forced, phases, k, entry.setdefault("host_profile", []))
+                run.save()
         program.check_invariants()
     finally:
         teardown(s, program, engine)
+
+
+def profile_rounds(engine, prompts, forced: ForcedContinuation, phases: Phases, k: int, into: list) -> None:
+    """The rounds of `prompts` at a forced length of 3 under cProfile: where the host's share of a round goes."""
+    L = min(3, k + 1)
+    forced.reset(L - 1)
+    phases.reset()
+    entry = {"k": k, "B": len(prompts), "L": L}
+    with host_profile(entry, phases):
+        run_requests(engine, prompts, 1 + 4 * L + k + 1)
+    into.append(entry)
 
 
 def bench_model(run: Run, name: str) -> None:
@@ -240,9 +255,11 @@ def main() -> int:
     ap = bench_arguments(230.0, "tiny shape on the CPU (reference Program unless --program fast: naive kernels)")
     ap.add_argument("--program", choices=("fast", "reference"), default=None)
     ap.add_argument("--method", choices=("mtp", "dflash", "dflash2"), default="mtp")
+    ap.add_argument("--profile-host", action="store_true",
+                    help="after the timed rows of the largest B, one run at L = 3 under cProfile")
     args = ap.parse_args()
     s = SMOKE if args.smoke else Settings()
-    s = dataclasses.replace(s, method=args.method)
+    s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host)
     if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short
         s = dataclasses.replace(s, steps=min(s.steps, 4), blocks=(8,) if args.smoke else s.blocks)
     if args.program:

@@ -139,11 +139,13 @@ run_spec() {
 }
 
 run_dflash() {
-    # issue 12: DFlash blocks 8 and 16 at 9B and 35B-A3B (a drafter of the published geometry), forced acceptance
+    # issue 12: DFlash blocks 8 and 16 at 9B and 35B-A3B (a drafter of the published geometry), forced acceptance;
+    # then the host profile of B = 8 at L = 3 (the round's 8-10 ms host share there is unexplained)
     echo "== DFlash speculative decoding with forced acceptance, through the Engine"
     local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 240 ? $(left) : 240 ))
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --method "${DFLASH_METHOD:-dflash}" \
-        --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} || echo "bench_spec dflash rc=$?"
+        --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} --profile-host \
+        || echo "bench_spec dflash rc=$?"
 }
 
 run_quant() {

@@ -7,6 +7,9 @@ meaningless).
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
+import pstats
 import time
 
 import torch
@@ -54,6 +57,24 @@ class Phases:
     def per_round_ms(self) -> dict:
         n = max(self.rounds, 1)
         return {f"{'replay' if name == 'feed' else name}_ms": self.seconds[name] * 1e3 / n for name in self.NAMES}
+
+
+@contextlib.contextmanager
+def host_profile(into: dict, rounds: Phases, top: int = 25):
+    """cProfile over the block, its `top` functions by own time written to ``into["top"]`` per round of `rounds`
+    (a diagnostic run apart from the timed ones: the profiler slows the host's Python)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        n = max(rounds.rounds, 1)
+        stats = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+        into["rounds"] = n
+        into["top"] = [{"function": f"{path.rsplit('/', 1)[-1]}:{line}({name})", "calls": calls / n,
+                        "own_ms": own * 1e3 / n, "cumulative_ms": cum * 1e3 / n}
+                       for (path, line, name), (calls, _, own, cum, _) in stats]
 
 
 class ForcedContinuation:

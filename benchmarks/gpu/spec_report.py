@@ -129,6 +129,15 @@ def print_dflash(name: str, m: dict) -> None:
                   f"{p['projected_tok_s']:.0f} tok/s")
 
 
+def print_host_profile(name: str, profiles: list[dict]) -> None:
+    """`--profile-host`: the host functions with the most own time per round (cProfile, so slowed)."""
+    for p in profiles:
+        print(f"  {name} host profile, k={p['k']} B={p['B']} L={p['L']} over {p['rounds']} rounds (cProfile; ms per "
+              f"round, own / cumulative):")
+        for f in p["top"][:12]:
+            print(f"    {f['own_ms']:8.3f} {f['cumulative_ms']:8.3f} {f['calls']:7.1f} calls  {f['function']}")
+
+
 def print_table(r: dict) -> None:
     print("\n" + "=" * 100)
     print(f"speculative decoding (forced acceptance) through the Engine, {r.get('program')} Program on "
@@ -147,6 +156,7 @@ def print_table(r: dict) -> None:
                   f"{a.get('tok_s', 0):8.0f} | {s.get('verify_ms', 0):7.2f} {s.get('accept_ms', 0):7.2f} "
                   f"{s.get('commit_ms', 0):7.2f} {s.get('replay_ms', 0):7.2f} {s.get('host_ms', 0):7.2f}")
         print_round_graphs(name, m.get("round_graphs", []))
+        print_host_profile(name, m.get("host_profile", []))
         if "dflash_targets" in m:
             print_dflash(name, m)
             continue

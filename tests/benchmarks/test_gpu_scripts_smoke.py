@@ -119,12 +119,13 @@ def test_bench_spec_smoke_fast(tmp_path):
 @pytest.mark.parametrize("program, method", [("fast", "dflash2"), ("reference", "dflash")])
 def test_bench_spec_dflash_smoke(tmp_path, program, method):
     """The DFlash mode: a block of 8 (k = 7) at the spread of forced lengths, each met exactly, the drafter pass
-    timed, issue 12's targets and the projections computed."""
+    timed, issue 12's targets and the projections computed; with --profile-host, the host profile of the largest B
+    at L = 3."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("OUT", None)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "bench_spec.py"), "--smoke",
-                           "--program", program, "--method", method, "--out", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "--program", program, "--method", method, "--out", str(tmp_path), "--profile-host"],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "bench_spec.json").read_text())
     assert results["errors"] == {} and results["skipped"] == [] and results["method"] == method
@@ -144,6 +145,10 @@ def test_bench_spec_dflash_smoke(tmp_path, program, method):
     assert {p["B"] for p in tiny["projected"]} == {1, 2} and all(_positive(p["projected_tok_s"])
                                                                  for p in tiny["projected"])
     assert "block 8 targets" in done.stdout and "PROJECTED block 8" in done.stdout
+    [profile] = tiny["host_profile"]
+    assert (profile["k"], profile["B"], profile["L"]) == (7, 2, 3) and profile["rounds"] >= 4
+    assert len(profile["top"]) == 25 and all(f["own_ms"] >= 0 and f["calls"] > 0 for f in profile["top"])
+    assert "host profile, k=7 B=2 L=3" in done.stdout
     if program == "fast":  # the verify graphs at the block's width, timed alone (eager bodies on the CPU)
         graphs = tiny["round_graphs"]
         assert [(r["B"], r["pass"], r["k"]) for r in graphs] == [(1, "verify", 7), (2, "verify", 7), (1, "replay", 7)]
