@@ -32,6 +32,9 @@ class StandIn:
         stand_in = self
 
         class Graph:
+            def pool(self):
+                return None
+
             def replay(self):
                 stand_in.replays += 1
                 out.copy_(body())

@@ -74,7 +74,7 @@ class VisionGraphs:
             self.graphs.clear()
             log.warning("vision tower: CUDA graphs off after a failed capture (%s); encodes run eagerly", self.failed)
             return body()
-        if self._pool is None and hasattr(graph, "pool"):
+        if self._pool is None:
             self._pool = graph.pool()
         self.graphs[grid] = (graph, out)
         while len(self.graphs) > self.limit:
