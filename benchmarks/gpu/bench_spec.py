@@ -47,6 +47,7 @@ from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.models.qwen3_5.params import MTP, TEXT  # noqa: E402
+from ninfer.program_core.draft_policy import DraftPolicy, RoundCosts  # noqa: E402
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
 
 LANES = 8
@@ -189,6 +190,12 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
             run.save()
         phases = Phases(program, s.device)
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
+        # the timed rows at the full block (a policy without costs); the adaptive ones after them
+        costs = program.draft_policy.costs
+        if costs is not None:
+            entry.setdefault("round_costs", []).append({"k": k, "widths": list(costs.widths),
+                                                        "ms": [[1e3 * c for c in row] for row in costs.per_batch]})
+        program.draft_policy = DraftPolicy(k)
         for B in s.batches:
             for L in (2, k + 1) if s.warmup else ():  # a partial block (rollback) and a whole one
                 forced.reset(L - 1)
@@ -212,9 +219,30 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
             if s.profile_host and B == s.batches[-1] and run.left() > 20:
                 profile_rounds(engine, prompts[B], forced, phases, k, entry.setdefault("host_profile", []))
                 run.save()
+        if costs is not None:
+            bench_adaptive(run, engine, program, prompts[s.batches[-1]], forced, entry, k, costs)
         program.check_invariants()
     finally:
         teardown(s, program, engine)
+
+
+def bench_adaptive(run: Run, engine, program, prompts: list, forced: ForcedContinuation, entry: dict, k: int,
+                   costs: RoundCosts) -> None:
+    """The Engine's default rounds (`DraftPolicy` over the Program's measured round costs: each round's width
+    from the acceptance seen so far) at the largest B and each forced length, from a fresh policy each: tok/s and
+    the rounds per width. Issue 12's B = 8 target reads these rows."""
+    B = len(prompts)
+    for L in lengths(run.s, k):
+        if run.left() < 10:
+            run.results["skipped"].append(f"adaptive B={B} L={L} (deadline)")
+            continue
+        program.draft_policy = DraftPolicy(k, costs)
+        forced.reset(L - 1)
+        total = 1 + (run.s.steps + 1) * L + k + 1
+        row = steady(run_requests(engine, prompts, total), total, room=k + 1)
+        row.update(k=k, L=L, widths={str(w): n for w, n in program.draft_policy.rounds.items() if n})
+        entry.setdefault("adaptive", []).append(row)
+        run.save()
 
 
 def profile_rounds(engine, prompts, forced: ForcedContinuation, phases: Phases, k: int, into: list) -> None:
@@ -247,7 +275,8 @@ def bench_model(run: Run, name: str) -> None:
     entry["dflash_targets"], entry["projected"] = {}, []
     for k in ks(s):
         rows = [r for r in entry.get("spec", []) if r["k"] == k]
-        entry["dflash_targets"][str(k)] = dflash_targets(name, entry["ar"], rows, k)
+        entry["dflash_targets"][str(k)] = dflash_targets(name, entry["ar"], rows, k,
+                                                         [r for r in entry.get("adaptive", []) if r["k"] == k])
         entry["projected"] += [dict(p, k=k) for p in projections(rows, k, lengths(s, k), DFLASH_ANCHORS)]
 
 

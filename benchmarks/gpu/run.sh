@@ -30,7 +30,7 @@
 #                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part,
 #                                       # and with engine beside llamacpp or hf, report.py --peers prints them side by side
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
-#        PART_BUDGET_S (default 560)
+#        PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -189,9 +189,10 @@ run_pp() {
 run_vision() {
     echo "== vision: the attention op, the fast tower and the fast Program's images against the reference, then the"
     echo "   tower at the 9B geometry and TTFT through the Engine"
-    NINFER_TEST_DEVICE=cuda timeout "$(capped 240)" "$PY" -m pytest tests/ops/test_vision_attention.py \
-        tests/ops/test_vision_rotary.py tests/ops/test_layer_norm.py tests/fast_model/test_vision_tower.py \
-        tests/fast_model/test_vision_graphs.py \
+    # VISION_BENCH_ONLY=1: the benchmark alone (the tests ran in a tests part)
+    [ -n "${VISION_BENCH_ONLY:-}" ] || NINFER_TEST_DEVICE=cuda timeout "$(capped 240)" "$PY" -m pytest \
+        tests/ops/test_vision_attention.py tests/ops/test_vision_rotary.py tests/ops/test_layer_norm.py \
+        tests/fast_model/test_vision_tower.py tests/fast_model/test_vision_graphs.py \
         tests/fast_model/test_vision_prefill.py \
         tests/fast_program/test_vision.py tests/fast_program/test_vision_speculative.py -q -p no:cacheprovider \
         || echo "vision tests rc=$?"

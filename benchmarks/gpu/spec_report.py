@@ -92,13 +92,14 @@ def targets(name: str, ar: list[dict], spec: list[dict], k: int) -> dict | None:
     return {"values": got, "limits": TARGETS, "pass": ok, "applies": name == TARGET_MODEL}
 
 
-def dflash_targets(name: str, ar: list[dict], spec: list[dict], k: int) -> dict | None:
+def dflash_targets(name: str, ar: list[dict], spec: list[dict], k: int, adaptive: list[dict] = ()) -> dict | None:
     """Issue 12's targets for one block (k drafts; the B = 1 ones apply to block 16 at 9B, the B = 8 one to every
-    block): the drafter pass over one AR step, the full-acceptance speedup, the worst B = 8 ratio from length 3."""
+    block): the drafter pass over one AR step, the full-acceptance speedup, the worst B = 8 ratio from length 3 (of
+    the adaptive rows, the Engine's default, where the run has them; else of the full-block rows)."""
     base = {r["B"]: r for r in ar}
     full = next((r for r in spec if r["B"] == 1 and r["L"] == k + 1), None)
-    b8 = [r["tok_s"] / base[8]["tok_s"] for r in spec if r["B"] == 8 and r["L"] >= DFLASH_TARGETS["b8_from_length"]
-          and 8 in base]
+    b8 = [r["tok_s"] / base[8]["tok_s"] for r in (adaptive or spec)
+          if r["B"] == 8 and r["L"] >= DFLASH_TARGETS["b8_from_length"] and 8 in base]
     if 1 not in base or full is None:
         return None
     got = {"draft_share_of_ar": full["draft_ms"] / base[1]["step_ms"], "speedup": full["tok_s"] / base[1]["tok_s"],
@@ -138,6 +139,20 @@ def print_host_profile(name: str, profiles: list[dict]) -> None:
             print(f"    {f['own_ms']:8.3f} {f['cumulative_ms']:8.3f} {f['calls']:7.1f} calls  {f['function']}")
 
 
+def print_adaptive(name: str, m: dict, ar: dict) -> None:
+    """The adaptive rounds (the Engine's default) beside plain decode, and the round costs the policy weighed."""
+    for c in m.get("round_costs", []):
+        for B, row in enumerate(c["ms"], 1):
+            if B in (1, 8):
+                costs = ", ".join(f"w{w} {ms:.2f}" for w, ms in zip(c["widths"], row))
+                print(f"  {name} k={c['k']} measured round ms at B={B}: {costs}")
+    for a in m.get("adaptive", []):
+        plain = ar.get(a["B"], {}).get("tok_s")
+        versus = f" = {a['tok_s'] / plain:.2f}x plain {plain:.0f}" if plain else ""
+        print(f"  {name} adaptive k={a['k']} B={a['B']} L={a['L']}: {a['tok_s']:.0f} tok/s{versus}, "
+              f"{a['tokens_per_step']:.2f} tokens/round, rounds per width {a['widths']}")
+
+
 def print_table(r: dict) -> None:
     print("\n" + "=" * 100)
     print(f"speculative decoding (forced acceptance) through the Engine, {r.get('program')} Program on "
@@ -155,6 +170,7 @@ def print_table(r: dict) -> None:
                   f"{s['ms_per_token']:9.3f} {s['tok_s']:7.0f} {s['draft_ms']:8.2f} {a.get('step_ms', 0):8.2f} "
                   f"{a.get('tok_s', 0):8.0f} | {s.get('verify_ms', 0):7.2f} {s.get('accept_ms', 0):7.2f} "
                   f"{s.get('commit_ms', 0):7.2f} {s.get('replay_ms', 0):7.2f} {s.get('host_ms', 0):7.2f}")
+        print_adaptive(name, m, ar)
         print_round_graphs(name, m.get("round_graphs", []))
         print_host_profile(name, m.get("host_profile", []))
         if "dflash_targets" in m:

@@ -22,13 +22,14 @@ same buffers run eagerly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.sampling import VARIANTS
+from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.spec import DRAW_STEPS, RowParams, SpecSampler, draw_variant
 from ninfer.fast.sampling.static_draws import StaticDraws
@@ -105,6 +106,15 @@ class DFlashDraftGraphs:
         self.table[:R].copy_(to_device(tables, self.packed.device))
         self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R],
                                            self.packed.device))
+
+    def dummy_draft(self, R: int, drafts: int) -> Callable[[], object]:
+        """A greedy draft over R rows on their scratch pages, for timing (`fill_dummy`): its graph's replay, or the
+        body. The block pass costs the same for any number of drafts up to the block."""
+        self.fill_dummy(R)
+        self.draws.fill_dummy(R, GREEDY, self.spec.tables.dummy_row)
+        one_pass = True in self.block_draws()
+        graph = self.graphs.get((R, GREEDY, one_pass))
+        return graph.replay if graph is not None else lambda: self.body(R, GREEDY, one_pass)
 
     def _capture(self, key, body, stream: torch.cuda.Stream, warmup: int) -> None:
         """Warm `body` on a side stream, then capture it as graph `key`."""

@@ -17,7 +17,7 @@ rows, docs/speculative.md "Images"). Without CUDA (or with ``use_graphs=False``)
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from ninfer.fast.hostcopy import to_device
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
 from ninfer.fast.sampling import VARIANTS
+from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.spec import DRAW_STEPS, RowParams, SpecSampler, draw_variant
 from ninfer.fast.sampling.static_draws import StaticDraws
@@ -116,6 +117,19 @@ class DraftGraphRunner:
         if self._pool is None:
             self._pool = graph.pool()
         self.graphs[key] = graph
+
+    def dummy_draft(self, B: int, drafts: int) -> Callable[[], object]:
+        """A greedy draft of `drafts` chained steps over B rows on the dummy slot and row, for timing (nothing of
+        any sequence is read or written): the start and step graphs' replays, or their bodies."""
+        plan = self.model.plan
+        self.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B, [drafts] * B)
+        self.draws.fill_dummy(B, GREEDY, self.spec.tables.dummy_row)
+
+        def run() -> None:
+            self.run("start", B)
+            for _ in range(drafts):
+                self.run("step", B, GREEDY)
+        return run
 
     def fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],
              pending: Sequence[int], rope_deltas: Sequence[int], room: Sequence[int]) -> int:

@@ -9,7 +9,12 @@ j - 1 wrote and writes its own into the row's step slot j (``plan.step_slot``), 
 and the MTP head stores each position's hidden beside it; a partly accepted block then takes its state from step
 slot n - 1 (`FastExecutor.select`) instead of a second target pass over the kept tokens. A feed steps in place.
 
-Stability note: a graph is keyed by (B, backup) alone; the per-round quantities are graph *input data* in static
+Widths: a round of the adaptive draft policy (``program_core/draft_policy.py``) may verify blocks shorter than
+k + 1, down to the pending token alone (width 1: the plain step with the backend's state kept). The runner holds
+the static buffers of each of its ``widths`` and captures every (B, width) verify graph, so a narrow round pays
+for its own tokens, not the full block's; a pass takes the narrowest width its longest block fits.
+
+Stability note: a graph is keyed by (B, width, backup) alone; the per-round quantities are graph *input data* in static
 buffers (``VerifyInputs``): the tokens, each row's GDN slot, block-table row and frontier, each token's position,
 rotary position and row, the packed block starts and the GDN recurrence's steps with the slots each reads and
 writes. Page ids are read on the device from ``pools.block_tables`` through the rows, as the decode graph does.
@@ -38,7 +43,7 @@ lands in the dummy page, like its K/V.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -133,119 +138,147 @@ class VerifyInputs:
 
 class VerifyGraphRunner:
     def __init__(self, model: FastModel, max_batch: int, width: int, backup_base: int,
-                 use_graphs: bool | None = None, dflash: "FastDFlashBackend | None" = None):
-        """`dflash`: the DFlash backend whose drafter context every pass extends (None: MTP, whose head the
-        model carries)."""
+                 use_graphs: bool | None = None, dflash: "FastDFlashBackend | None" = None,
+                 widths: Sequence[int] = ()):
+        """`width`: the full block (k + 1); `widths`: the narrower verify widths to capture too (the draft policy's;
+        the full one is always there). `dflash`: the DFlash backend whose drafter context every pass extends
+        (None: MTP, whose head the model carries)."""
         plan = model.plan
         if not 1 <= max_batch <= plan.max_seqs or max_batch * width > plan.verify_rows:
             raise ValueError(f"{max_batch} blocks of {width} tokens exceed the plan's {plan.max_seqs} rows or its "
                              f"{plan.verify_rows} verify rows")
         self.model, self.max_batch, self.width, self.backup_base = model, max_batch, width, backup_base
+        self.widths = tuple(sorted({width, *(w for w in widths if 1 <= w < width)}))
         self.dflash = dflash
         # the pad block's positions and keys must stay inside the dummy row's table (past it: a device assert)
         self.max_pad = plan.max_pages_per_seq * plan.page_size
         # pipeline stages on separate GPUs run the pass eagerly: one graph cannot hold their devices' copies
         on_cuda = model.device.type == "cuda" and torch.cuda.is_available() and len(set(model.devices)) == 1
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.inputs = VerifyInputs(max_batch, width, model.device)
+        self.inputs = {w: VerifyInputs(max_batch, w, model.device) for w in self.widths}
         T = max_batch * width
-        self.logits = torch.zeros(T, model.cfg.vocab_size, dtype=torch.float32, device=model.device)  # [T, V]
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        # [T, V], shared by every width: a narrower pass writes its first B * w rows
+        self.logits = torch.zeros(T, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
+        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
-    def _step_inputs(self, B: int) -> StepInputs:
+    def _step_inputs(self, B: int, width: int) -> StepInputs:
         """The pass's addressing from the static buffers, on the device (graph-safe: no host read)."""
-        v, ps, T = self.inputs.views, self.model.plan.page_size, B * self.width
+        v, ps, T = self.inputs[width].views, self.model.plan.page_size, B * width
         table = self.model.pools.block_tables.index_select(0, v["table_rows"][:B + 1].long())  # [B + 1, max_pages]
         pos = v["positions"][:T]
         pages = table[v["block"][:T].long(), (pos // ps).long()].long()
         steps = [(v["step_rows"][j, :B].long(), v["step_slots"][j, :B], v["step_outs"][j, :B])
-                 for j in range(self.width)]
+                 for j in range(width)]
         return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=v["slot_ids"][:B],
                           block_table=table, cu_seqlens=v["cu"][:B + 2], prefix_lens=v["starts"][:B + 1],
                           max_prefix=self.model.plan.max_context, gdn_steps=steps,
                           rope_positions=v["rope_positions"][:T])
 
-    def _mtp_inputs(self, B: int, step: StepInputs) -> StepInputs:
+    def _mtp_inputs(self, B: int, width: int, step: StepInputs) -> StepInputs:
         """The MTP layer's addressing of the same tokens: pair p = position - 1 at the target's KV slot, one decode
         attention row per token over its row's pages, keys 1..position (the pad block's from key 0), rotating at
         the target's rotary position - 1: p + rope_delta after a prompt with images, which is p's MRoPE position in
         all three rows (for p the prompt's last index too, since a prompt with images ends in text:
         docs/speculative.md, "Images")."""
-        v, T = self.inputs.views, B * self.width
+        v, T = self.inputs[width].views, B * width
         block = v["block"][:T]
         pos = step.positions
         return StepInputs(positions=pos, slot_mapping=step.slot_mapping, slot_ids=v["slot_ids"][:B],
                           block_table=step.block_table.index_select(0, block.long()), context_lens=pos + 1,
                           first_keys=(block < B).to(torch.int32), rope_positions=step.rope_positions - 1)
 
-    def body(self, B: int, backup: bool) -> None:
+    def body(self, B: int, backup: bool, width: int | None = None) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
         its advance over the consumed tokens (`MtpHead.advance_paged`, each step's hidden stored where ``h_dst``
-        says), with a DFlash backend their drafter context (`FastDFlashBackend.extend`)."""
-        m, v, T = self.model, self.inputs.views, B * self.width
+        says), with a DFlash backend their drafter context (`FastDFlashBackend.extend`). `width`: blocks of at most
+        that many tokens (None: the full block)."""
+        width = width or self.width
+        m, inputs, T = self.model, self.inputs[width], B * width
+        v = inputs.views
         if backup:
             m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
-        step = self._step_inputs(B)
-        tokens = self.inputs.tokens[:T]
+        step = self._step_inputs(B, width)
+        tokens = inputs.tokens[:T]
         taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
         hidden = m.hidden_states(tokens, step, taps)
         self.logits[:T].copy_(m.logits(hidden))
         if self.dflash is not None:
             self.dflash.extend(taps, step.rope_positions, step.slot_mapping)
         if m.mtp is not None:
-            m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, step), v["h_src"][:T], v["slot_ids"][:B + 1],
+            m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, width, step), v["h_src"][:T], v["slot_ids"][:B + 1],
                                 v["h_dst"][:, :B].flatten(), v["step_rows"][:, :B].flatten())
 
     def capture(self, warmup: int = 2) -> None:
-        """Every (B, backup) graph, largest first, one shared pool; the feed's is (1, no backup)."""
+        """Every (B, width, backup) graph, largest first, one shared pool; the feed's is (1, full width, no
+        backup)."""
         if not self.use_graphs:
             return
-        keys = [(B, True) for B in range(self.max_batch, 0, -1)] + [(1, False)]
+        keys = [(B, w, True) for w in reversed(self.widths) for B in range(self.max_batch, 0, -1)]
         stream = torch.cuda.Stream(device=self.model.device)
         plan = self.model.plan
         with no_collection_during_capture():
-            for B, backup in keys:
-                self.inputs.fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+            for B, width, backup in keys + [(1, self.width, False)]:
+                self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     for _ in range(warmup):
-                        self.body(B, backup)
+                        self.body(B, backup, width)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    self.body(B, backup)
+                    self.body(B, backup, width)
                 if self._pool is None:
                     self._pool = graph.pool()
-                self.graphs[B, backup] = graph
+                self.graphs[B, width, backup] = graph
         torch.cuda.synchronize(self.model.device)
 
-    def fits(self, lens: Sequence[int]) -> bool:
-        """Whether blocks of `lens` take the static buffers (else the eager pass): at most max_batch blocks of at most
-        width tokens, with no more pad rows than the dummy row's table addresses (many short blocks beside a small
+    def width_for(self, lens: Sequence[int], backup: bool = True) -> int | None:
+        """The width whose static buffers take blocks of `lens` (None: the eager pass): at most max_batch blocks,
+        the narrowest captured width at least the longest block (a feed, without backups, has the full width's
+        graph alone), with no more pad rows than the dummy row's table addresses (many short blocks beside a small
         max_context)."""
-        return 1 <= len(lens) <= self.max_batch and max(lens) <= self.width and \
-            len(lens) * self.width - sum(lens) <= self.max_pad
+        if not 1 <= len(lens) <= self.max_batch:
+            return None
+        for width in self.widths if backup else (self.width,):
+            if max(lens) <= width:
+                return width if len(lens) * width - sum(lens) <= self.max_pad else None
+        return None
+
+    def fits(self, lens: Sequence[int], backup: bool = True) -> bool:
+        return self.width_for(lens, backup) is not None
 
     def run(self, tokens: torch.Tensor, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
             lens: Sequence[int], rope_deltas: Sequence[int], backup: bool, keep_steps: bool = False) -> torch.Tensor:
-        """tokens [N = sum lens] on the device, packed as ``FastModel.verify`` takes them. Replays (B, backup)'s
-        graph, or runs the same pass eagerly; ``keep_steps``: every block position's state kept in the rows' step
-        slots (``FastModel.verify``'s). Returns logits [N, V] fp32, a view of the static output that the next pass
-        overwrites."""
+        """tokens [N = sum lens] on the device, packed as ``FastModel.verify`` takes them. Replays the graph of
+        (B, the narrowest width that fits, backup), or runs the same pass eagerly; ``keep_steps``: every block
+        position's state kept in the rows' step slots (``FastModel.verify``'s). Returns logits [N, V] fp32, a view
+        of the static output that the next pass overwrites."""
         plan = self.model.plan
+        width = self.width_for(lens, backup)
+        if width is None:
+            raise ValueError(f"blocks of lens {list(lens)} fit no verify width of {self.widths}")
         steps = step_slots(plan, slots, rows, lens, True) if keep_steps else None
-        B = self.inputs.fill(slots, rows, starts, lens, rope_deltas, plan.dummy_row, plan.dummy_slot, steps)
+        inputs = self.inputs[width]
+        B = inputs.fill(slots, rows, starts, lens, rope_deltas, plan.dummy_row, plan.dummy_slot, steps)
         N = tokens.shape[0]
         if N != sum(lens):
             raise ValueError(f"{N} tokens for blocks of lens {list(lens)}")
-        self.inputs.tokens[:N].copy_(tokens)
-        graph = self.graphs.get((B, backup))
+        inputs.tokens[:N].copy_(tokens)
+        graph = self.graphs.get((B, width, backup))
         if graph is not None:
             graph.replay()
         else:
-            self.body(B, backup)
+            self.body(B, backup, width)
         return self.logits[:N]
+
+    def dummy_pass(self, B: int, width: int) -> Callable[[], object]:
+        """A verify pass of B full blocks of `width` on the dummy slot and row, for timing (no live state is
+        touched): its graph's replay, or the eager body."""
+        plan = self.model.plan
+        self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+        graph = self.graphs.get((B, width, True))
+        return graph.replay if graph is not None else lambda: self.body(B, True, width)
 
     def reset(self) -> None:
         """Drop the graphs and their pool (before the model's tensors are freed)."""

@@ -17,6 +17,7 @@ from ninfer.contracts import (CheckpointId, CheckpointInfo, EngineFailure, Infea
 from ninfer.models.qwen3_5.pages import PageAllocator
 
 from . import invariants, transitions
+from .draft_policy import DraftPolicy
 from .records import ActiveSequence, Checkpoint
 from .store import HostTier, IdPool, PhysicalStore
 
@@ -26,9 +27,10 @@ SLOTS_PER_SEQUENCE = 2
 
 
 class ProgramCore:
-    """`config` needs page_size, max_context, checkpoint_slots and pages_for(tokens). `slots` is any pool with
-    take/give/free/total; `rows`, when given, is one block-table row per lane, taken at the claim. A Program with a
-    vision tower sets `vision` to its VisionConfig: image prompts are then checked against it at the plan."""
+    """`config` needs page_size, max_context, checkpoint_slots, draft_tokens and pages_for(tokens). `slots` is any
+    pool with take/give/free/total; `rows`, when given, is one block-table row per lane, taken at the claim. A
+    Program with a vision tower sets `vision` to its VisionConfig: image prompts are then checked against it at the
+    plan."""
 
     vision: Any = None  # the vision tower's VisionConfig (None: no tower; the Engine refuses image prompts)
     max_patches = 0  # the most patches an image may have (0: any; the fast Program plans its encode for a size)
@@ -45,6 +47,8 @@ class ProgramCore:
         self._revision = 0
         self._generation = itertools.count(1)
         self._ids = itertools.count(1)
+        # each speculative round's width (the full block until a Program with measured round costs replaces it)
+        self.draft_policy = DraftPolicy(config.draft_tokens)
 
     @property
     def resource_revision(self) -> int:

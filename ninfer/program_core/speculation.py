@@ -1,7 +1,7 @@
 """A speculative decode round: draft, verify in one target pass, accept a prefix per row, one PendingBatch.
 
-Per row, the backend drafts k' = min(k, output budget left - 1) tokens from the committed state (so the block never
-writes past the full-growth reservation), the target consumes [pending, d1..dk'] at frontier.. in one pass on the
+Per row, the backend drafts k' = min(k, output budget left - 1, the round's width - 1) tokens from the committed
+state (so the block never writes past the full-growth reservation; the width is the Program's `DraftPolicy`'s), the target consumes [pending, d1..dk'] at frontier.. in one pass on the
 live state (backed up first, pages taken provisionally), and `ninfer.sampling.accept` keeps a prefix of the drafts
 plus one bonus (or residual) token: the row's produced tokens. The Engine may cut that further (stops, max_tokens,
 EOS inside the block); `Program.commit` keeps exactly the accepted tokens when fewer than the whole block were
@@ -54,7 +54,10 @@ def _mask_rows(mask: Any | None, drafts: tuple[int, ...]) -> list[Any | None]:
 def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> PendingBatch:
     ctxs = [row_context(prog, s) for s in seqs]
     ex = prog.executor
-    drafts = ex.draft(seqs, ctxs, [draft_room(prog, s, m) for s, m in zip(seqs, masks)])
+    rooms = [draft_room(prog, s, m) for s, m in zip(seqs, masks)]
+    width = prog.draft_policy.width(rooms)  # 1: no drafts this round, the plain step with the backend's state
+    ks = [min(r, width - 1) for r in rooms]
+    drafts = ex.draft(seqs, ctxs, ks)
     # drafts kept on the device supply their own fed blocks, whose lengths the host knows before any token
     feds = drafts.feds([s.pending for s in seqs]) if hasattr(drafts, "feds") else \
         [(s.pending,) + tuple(d) for s, (d, _) in zip(seqs, drafts)]
@@ -69,6 +72,8 @@ def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Se
     else:
         rows = [_accepted_row(s, ctx, tuple(fed[1:]), q, target, g) for s, ctx, fed, (_, q), target, g in
                 zip(seqs, ctxs, feds, drafts, targets, grammar)]
+    kept = [(k, len(r.tokens)) for k, r in zip(ks, rows) if r.failure is None]
+    prog.draft_policy.observe(width, [k for k, _ in kept], [n for _, n in kept])
     return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
 
 

@@ -4,7 +4,9 @@
     {"method": "dflash" | "dflash2", "num_speculative_tokens": k, "draft_window_size": W}   k in 1..15 (block k + 1)
 
 `draft_window_size` (DFlash methods only, optional) bounds the drafter's context KV to the last W committed
-positions. Unknown keys, an unknown method or a value out of range are start-up errors naming the field; whether
+positions. `adaptive` (any method, default true) lets each round take fewer drafts, down to none, where the
+Program's measured round costs and the acceptance seen so far say a narrower round gives more tokens per second
+(`draft_policy.py`); false drafts the full block every round. Unknown keys, an unknown method or a value out of range are start-up errors naming the field; whether
 the artifact carries the backend's weights (and a drafter trained for that block) is the Program's check.
 """
 
@@ -41,7 +43,7 @@ class SpeculativeMethod(enum.StrEnum):
 
 
 MAX_SPECULATIVE_TOKENS = {SpeculativeMethod.MTP: 7, SpeculativeMethod.DFLASH: 15, SpeculativeMethod.DFLASH2: 15}
-FIELDS = ("method", "num_speculative_tokens", "draft_window_size")
+FIELDS = ("method", "num_speculative_tokens", "draft_window_size", "adaptive")
 
 
 class SpeculativeConfigError(ValueError):
@@ -65,6 +67,7 @@ class SpeculativeConfig:
     method: SpeculativeMethod
     num_speculative_tokens: int
     draft_window_size: int | None = None  # DFlash: context positions the drafter keeps (None: all)
+    adaptive: bool = True  # each round's width from the measured costs and acceptance (DraftPolicy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpeculativeMethod):
@@ -80,6 +83,8 @@ class SpeculativeConfig:
                                                                   f"{self.method.value!r} has none")
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 raise SpeculativeConfigError("draft_window_size", f"must be a positive int, got {w!r}")
+        if not isinstance(self.adaptive, bool):
+            raise SpeculativeConfigError("adaptive", f"must be true or false, got {self.adaptive!r}")
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | None) -> "SpeculativeConfig | None":
@@ -98,13 +103,15 @@ class SpeculativeConfig:
         known = [m.value for m in SpeculativeMethod]
         if method not in known:
             raise SpeculativeConfigError("method", f"unknown method {method!r} (known: {', '.join(known)})")
-        return cls(SpeculativeMethod(method), raw["num_speculative_tokens"], raw.get("draft_window_size"))
+        return cls(SpeculativeMethod(method), raw["num_speculative_tokens"], raw.get("draft_window_size"),
+                   raw.get("adaptive", True))
 
     @property
     def name(self) -> str:
         """What the ready line and /v1/models report."""
         window = "" if self.draft_window_size is None else f", window {self.draft_window_size}"
-        return f"{self.method} (k={self.num_speculative_tokens}{window})"
+        fixed = "" if self.adaptive else ", fixed width"
+        return f"{self.method} (k={self.num_speculative_tokens}{window}{fixed})"
 
 
 def drafter_fit(spec: SpeculativeConfig, drafter: Any | None) -> tuple[int, int | None]:

@@ -71,7 +71,9 @@ RUNTIME_OPTIONS = [
     _opt("--speculative-config", env="SPECULATIVE_CONFIG", group="SpeculativeConfig", default=None,
          help='JSON, e.g. \'{"method":"mtp","num_speculative_tokens":3}\' (k in 1..7; both Programs), or method '
               '"dflash" / "dflash2" with k in 1..15 (block k+1) and an optional "draft_window_size" (both '
-              'Programs, with a drafter converted beside the target).'),
+              'Programs, with a drafter converted beside the target). "adaptive": false drafts the full block '
+              'every round (default true: fewer drafts, down to none, where the measured round costs and the '
+              'acceptance so far say so).'),
     _opt("--default-chat-template-kwargs", env="DEFAULT_CHAT_TEMPLATE_KWARGS", group="Frontend", default=None,
          help='JSON defaults for every chat request, e.g. \'{"enable_thinking": false}\'.'),
     _opt("--json-whitespace", env="JSON_WHITESPACE", group="Frontend", type=click.Choice(["compact", "pretty"]),

@@ -12,6 +12,7 @@ from ninfer.contracts import BatchKind, ResourceChoice, RowDecision, TransitionK
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import assert_drained, in_turns, serve
 from ninfer.testing.sessions import token_request
+from ninfer.testing.speculation import CyclingWidths
 
 
 def spec_prompts(prompt_of: Callable[..., tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -107,6 +108,26 @@ def assert_greedy_unchanged(make: Callable[..., Any], prompt_of, k: int, forced:
         assert any(n >= 2 for n, _ in lengths)
         assert any(r.usage.completion_tokens > 1 for r in spec)
     assert_drained(program)
+
+
+def assert_every_width_keeps_greedy(make: Callable[..., Any], prompt_of, k: int, forced: bool
+                                    ) -> tuple[Any, list[int]]:
+    """`make(k, forced=..., adaptive=True)` with rounds of every width in turn (`CyclingWidths`: the plain step,
+    each narrower block, the full one) serves greedy requests exactly as `make(0)` does; returns the Program and
+    the length of the longest block of each of its verify passes where it has a verifier (else [])."""
+    prompts = spec_prompts(prompt_of)
+    plain = serve(make(0), [token_request(p, 14) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    program = make(k, forced=forced, adaptive=True)
+    program.draft_policy = policy = CyclingWidths(k)
+    verifier, longest = getattr(program.executor, "verifier", None), []
+    if verifier is not None:
+        run = verifier.run
+        verifier.run = lambda *a, **kw: longest.append(max(a[4])) or run(*a, **kw)
+    spec = serve(program, [token_request(p, 14) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert set(policy.widths) == set(range(1, k + 2)), policy.widths
+    assert_drained(program)
+    return program, longest
 
 
 def assert_rows_accept_different_lengths(program, prompt_of, k: int) -> None:

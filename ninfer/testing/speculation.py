@@ -96,3 +96,18 @@ class ForcedDrafts:
             q = [torch.nn.functional.one_hot(torch.tensor(d), vocab).double() for d in drafts]
             out.append((tuple(drafts), q))
         return out
+
+
+class CyclingWidths:
+    """A `DraftPolicy` stand-in that gives rounds the widths 1, 2, .., k + 1 in turn (every verify width, the plain
+    step among them, whatever the acceptance), and records them."""
+
+    def __init__(self, k: int):
+        self.k, self.widths = k, []
+
+    def width(self, rooms: Sequence[int]) -> int:
+        self.widths.append(len(self.widths) % (self.k + 1) + 1)
+        return self.widths[-1]
+
+    def observe(self, width: int, offered: Sequence[int], produced: Sequence[int]) -> None:
+        assert all(n <= width - 1 for n in offered), (width, offered)

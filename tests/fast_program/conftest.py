@@ -112,14 +112,16 @@ def mtp_reference_model(tiny_mtp):
 
 @pytest.fixture(scope="session")
 def make_fast_spec(tiny_mtp, mtp_reference_model):
-    """make_fast_spec(k, forced=False, **config): the fast Program over `tiny_mtp` with the MTP backend drafting k
-    tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of the drafter."""
+    """make_fast_spec(k, forced=False, adaptive=False, **config): the fast Program over `tiny_mtp` with the MTP
+    backend drafting k tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of
+    the drafter; `adaptive` captures the draft policy's narrower verify widths (and, on CUDA, measures its costs:
+    the tests pin the full block otherwise, so that a round's width never follows a timing)."""
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.speculation import ForcedDrafts
 
-    def make(k: int, forced: bool = False, **kw) -> FastProgram:
+    def make(k: int, forced: bool = False, adaptive: bool = False, **kw) -> FastProgram:
         cfg, weights = tiny_mtp
-        spec = SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive) if k else None
         config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
         program = FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive")
@@ -132,8 +134,8 @@ def make_reference_spec(mtp_reference_model):
     """The reference Program over the same MTP weights (k=0: no backend)."""
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 
-    def make(k: int, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None
+    def make(k: int, adaptive: bool = False, **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive) if k else None
         return ReferenceProgram(mtp_reference_model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
                                                                                "speculative": spec}))
     return make
@@ -141,9 +143,10 @@ def make_reference_spec(mtp_reference_model):
 
 @pytest.fixture(scope="session")
 def make_fast_dflash(tiny):
-    """make_fast_dflash(kind, k, forced=False, window=None, **config): the fast Program over `tiny` with a random
-    `kind` drafter (block 16, seed 1: the reference's `reference_drafter`) drafting k tokens (k=0: no backend);
-    `forced` puts ForcedDrafts in front of the drafter (the drafter context is still advanced)."""
+    """make_fast_dflash(kind, k, forced=False, window=None, adaptive=False, **config): the fast Program over `tiny`
+    with a random `kind` drafter (block 16, seed 1: the reference's `reference_drafter`) drafting k tokens (k=0: no
+    backend); `forced` puts ForcedDrafts in front of the drafter (the drafter context is still advanced);
+    `adaptive` as make_fast_spec's."""
     from ninfer.models.qwen3_5.drafter import DrafterConfig
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
@@ -152,12 +155,12 @@ def make_fast_dflash(tiny):
     cfg, weights = tiny
     teacher = ReferenceModel(cfg, weights, dtype=torch.float32)
 
-    def make(kind: str, k: int, forced: bool = False, window: int | None = None, **kw) -> FastProgram:
+    def make(kind: str, k: int, forced: bool = False, window: int | None = None, adaptive: bool = False,
+             **kw) -> FastProgram:
         drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, kind))
         source = {**weights, **drafter_tensors(drafter, 1)}
-        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
-                                      "speculative": SpeculativeConfig(SpeculativeMethod(kind), k, window) if k
-                                      else None})
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive) if k else None
+        config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
         program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive", drafter=drafter)
         return ForcedDrafts(teacher).install(program) if forced else program
@@ -173,8 +176,8 @@ def make_reference_dflash(tiny):
     cfg, weights = tiny
     model = ReferenceModel(cfg, weights, dtype=torch.float32)
 
-    def make(kind: str, k: int, window: int | None = None, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window) if k else None
+    def make(kind: str, k: int, window: int | None = None, adaptive: bool = False, **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive) if k else None
         return ReferenceProgram(model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec}),
                                 reference_drafter(model, kind) if k else None)
     return make

@@ -18,8 +18,8 @@ from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeCo
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import (assert_sampled_hit_equals_cold, mixed_rounds, record_drafts, spec_prompts,
-                                         start_decoding)
+from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_sampled_hit_equals_cold, mixed_rounds,
+                                         record_drafts, spec_prompts, start_decoding)
 
 
 def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash):
@@ -28,7 +28,7 @@ def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash)
                                   speculative_config={"method": "dflash", "num_speculative_tokens": 7})
     assert e.value.field == "method"
     program = make_fast_dflash("dflash", 15)
-    assert (program.limits.speculative, program.limits.draft_tokens) == ("dflash (k=15)", 15)
+    assert (program.limits.speculative, program.limits.draft_tokens) == ("dflash (k=15, fixed width)", 15)
     assert program.model.plan.drafter is not None and program.model.pools.dk is not None
     assert make_fast_dflash("dflash", 0).model.pools.dk is None
 
@@ -45,7 +45,7 @@ def test_the_reference_checks_apply(tiny):
 
     def build(kind, k):
         config = FastProgramConfig(max_concurrency=1, max_context=64, page_size=4, kv_pages=40,
-                                   dtype=torch.float32, speculative=SpeculativeConfig(SpeculativeMethod(kind), k))
+                                   dtype=torch.float32, speculative=SpeculativeConfig(SpeculativeMethod(kind), k, adaptive=False))
         return FastProgram.build(cfg, source, config, budget_bytes=1 << 30, device="cpu", kernels="naive",
                                  drafter=block8)
     with pytest.raises(MissingBackendWeights, match="carries a dflash drafter"):
@@ -74,6 +74,15 @@ def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, p
     if forced:
         assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
     assert_drained(program)
+
+
+@pytest.mark.parametrize("kind, forced", [("dflash", True), ("dflash2", False)])
+def test_rounds_of_every_width_keep_greedy(make_fast_dflash, prompt_of, kind, forced):
+    """The draft policy's narrower rounds (1..8 in turn at block 8, the plain step among them; the drafter context
+    extended by each): greedy as without a backend."""
+    program, longest = assert_every_width_keeps_greedy(functools.partial(make_fast_dflash, kind), prompt_of, 7, forced)
+    assert program.executor.verifier.widths == (1, 2, 4, 8)
+    assert {program.executor.verifier.width_for([n]) for n in longest} == {1, 2, 4, 8}, longest
 
 
 def _on_gpu(program) -> bool:

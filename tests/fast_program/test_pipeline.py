@@ -64,7 +64,7 @@ def _program(stages: int = 1, stage_layers=None, mtp: int = 0, k: int = 0, prefi
     method = SpeculativeMethod(drafter) if drafter else SpeculativeMethod.MTP
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
-                               speculative=SpeculativeConfig(method, k) if k else None,
+                               speculative=SpeculativeConfig(method, k, adaptive=False) if k else None,
                                devices=conf.stage_devices_for(stages) if stages > 1 else None,
                                stage_layers=stage_layers,
                                # the short pieces' graphs pad a piece, which rounds otherwise: both runs alike

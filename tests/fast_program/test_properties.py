@@ -60,7 +60,7 @@ def _teacher() -> ReferenceModel:
 
 
 def _speculative() -> FastProgram:
-    return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig(SpeculativeMethod.MTP, 3)))
+    return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig(SpeculativeMethod.MTP, 3, adaptive=False)))
 
 
 def _dflash(kind: str, k: int, window: int | None, forced: bool) -> FastProgram:
@@ -72,7 +72,7 @@ def _dflash(kind: str, k: int, window: int | None, forced: bool) -> FastProgram:
     source = {**weights, **drafter_tensors(drafter, 1)}
     config = FastProgramConfig(max_concurrency=2, max_context=64, page_size=4, kv_pages=40, checkpoint_slots=2,
                                host_bytes=1 << 16, dtype=torch.float32, eos_token_ids=(0,),
-                               speculative=SpeculativeConfig(SpeculativeMethod(kind), k, window))
+                               speculative=SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive=False))
     program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=conf.BUDGET, device=conf.DEVICE,
                                 kernels="triton" if conf.ON_GPU else "naive", drafter=drafter)
     return ForcedDrafts(ReferenceModel(cfg, weights, dtype=torch.float32)).install(program) if forced else program

@@ -68,10 +68,10 @@ def _maker(program: str, path):
 
     def make(k: int, forced: bool = False):
         if program == "reference":
-            spec = SpeculativeConfig(SpeculativeMethod.MTP, k) if k else None
+            spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=False) if k else None
             made = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**PROGRAM, speculative=spec))
         else:
-            spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+            spec = {"method": "mtp", "num_speculative_tokens": k, "adaptive": False} if k else None
             made = FastProgram.from_artifact(path, speculative_config=spec, budget_bytes=1 << 30, device=DEVICE,
                                              kernels="triton" if ON_GPU else "naive", **PROGRAM)
         if not forced:
@@ -88,7 +88,7 @@ CASES = [pytest.param(p, r, id=f"{p}-{r}") for p in ("reference", "fast") for r 
 @pytest.mark.parametrize("program, recipe", CASES)
 def test_greedy_with_mtp_equals_greedy_without(quantized, prompt_of, program, recipe, forced):
     make = _maker(program, quantized[recipe])
-    assert make(3).limits.speculative == "mtp (k=3)"
+    assert make(3).limits.speculative == "mtp (k=3, fixed width)"
     assert_greedy_unchanged(make, prompt_of, 3, forced=forced)
 
 

@@ -17,7 +17,8 @@ from ninfer.program_core.speculative import MissingBackendWeights
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import TokenSession, token_request
-from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_rows_accept_different_lengths,
+from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_greedy_unchanged,
+                                         assert_rows_accept_different_lengths,
                                          assert_sampled_hit_equals_cold, decode_until_drafted, record_drafts,
                                          spec_prompts, start_decoding)
 
@@ -32,13 +33,23 @@ def test_mtp_without_mtp_weights_is_a_start_error(artifact):
 
 def test_limits_name_the_backend(make_fast_spec):
     limits = make_fast_spec(3).limits
-    assert (limits.speculative, limits.draft_tokens) == ("mtp (k=3)", 3)
+    assert (limits.speculative, limits.draft_tokens) == ("mtp (k=3, fixed width)", 3)
     assert make_fast_spec(0).limits.speculative is None
 
 
 @pytest.mark.parametrize("k, forced", [(1, False), (3, False), (3, True), (7, True)])
 def test_greedy_with_mtp_equals_greedy_without(make_fast_spec, prompt_of, k, forced):
     assert_greedy_unchanged(make_fast_spec, prompt_of, k, forced)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["mtp-drafts", "forced-drafts"])
+def test_rounds_of_every_width_keep_greedy(make_fast_spec, prompt_of, forced):
+    """The draft policy's narrower rounds (1..k + 1 in turn) through the verify widths the Program captured for
+    them (1, 2 and 4 at k = 3; a block of 3 takes width 4's buffers with pads): greedy as without a backend."""
+    program, longest = assert_every_width_keeps_greedy(make_fast_spec, prompt_of, 3, forced)
+    verifier = program.executor.verifier
+    assert verifier.widths == (1, 2, 4)
+    assert {verifier.width_for([n]) for n in longest} == {1, 2, 4}, longest
 
 
 def test_device_mtp_drafts_equal_the_reference_programs(make_fast_spec, make_reference_spec, prompt_of):

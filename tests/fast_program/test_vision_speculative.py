@@ -63,7 +63,7 @@ def _fast(artifacts, vp, method: str | None, forced: bool = False, stages: int =
 
 
 def _reference(artifacts, method: str | None) -> ReferenceProgram:
-    spec = None if method is None else SpeculativeConfig(SpeculativeMethod(method), KS[method])
+    spec = None if method is None else SpeculativeConfig(SpeculativeMethod(method), KS[method], adaptive=False)
     return ReferenceProgram.from_artifact(artifacts[method or "mtp"], ReferenceProgramConfig(**LIMITS,
                                                                                              speculative=spec),
                                           vision=True)

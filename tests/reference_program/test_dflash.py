@@ -17,7 +17,8 @@ from ninfer.program_core.speculation import row_context
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import assert_sampled_hit_equals_cold, mixed_rounds, spec_prompts, start_decoding
+from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_sampled_hit_equals_cold, mixed_rounds,
+                                         spec_prompts, start_decoding)
 
 
 def _spec(method: str, k: int) -> SpeculativeConfig:
@@ -74,6 +75,14 @@ def test_greedy_with_dflash_equals_greedy_without(make_dflash, prompt_of, plain_
     if forced:
         assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
     assert_drained(program)
+
+
+@pytest.mark.parametrize("kind, forced", [("dflash", True), ("dflash2", False)])
+def test_rounds_of_every_width_keep_greedy(make_dflash, prompt_of, kind, forced):
+    """The draft policy's narrower rounds (1..8 in turn at block 8, the plain step among them; the drafter context
+    extended by each): greedy as without a backend."""
+    program, longest = assert_every_width_keeps_greedy(functools.partial(make_dflash, kind), prompt_of, 7, forced)
+    assert not longest  # the reference Program has no verify buffers
 
 
 # chunks of 7: the drafter context is built in pieces

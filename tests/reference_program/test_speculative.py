@@ -11,8 +11,9 @@ from ninfer.contracts import RowDecision
 from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError,
                                              SpeculativeMethod)
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
-from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_rows_accept_different_lengths,
-                                         assert_sampled_hit_equals_cold, decode_until_drafted, start_decoding)
+from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_greedy_unchanged,
+                                         assert_rows_accept_different_lengths, assert_sampled_hit_equals_cold,
+                                         decode_until_drafted, start_decoding)
 
 
 @pytest.mark.parametrize("raw, field", [({"method": "eagle", "num_speculative_tokens": 2}, "method"),
@@ -20,7 +21,8 @@ from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_rows_ac
                                         ({"method": "mtp", "num_speculative_tokens": 8}, "num_speculative_tokens"),
                                         ({"method": "mtp", "num_speculative_tokens": True}, "num_speculative_tokens"),
                                         ({"method": "mtp"}, "num_speculative_tokens"),
-                                        ({"method": "mtp", "num_speculative_tokens": 2, "model": "x"}, "model")])
+                                        ({"method": "mtp", "num_speculative_tokens": 2, "model": "x"}, "model"),
+                                        ({"method": "mtp", "num_speculative_tokens": 2, "adaptive": 1}, "adaptive")])
 def test_bad_speculative_config_names_the_field(raw, field):
     with pytest.raises(SpeculativeConfigError) as e:
         SpeculativeConfig.parse(raw)
@@ -31,7 +33,9 @@ def test_speculative_config_parses_vllm_shape():
     assert SpeculativeConfig.parse(None) is None
     spec = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3})
     assert spec == SpeculativeConfig(SpeculativeMethod.MTP, 3) and spec.name == "mtp (k=3)"
-    assert spec.method is SpeculativeMethod.MTP  # parsed once into the enum
+    assert spec.method is SpeculativeMethod.MTP and spec.adaptive  # parsed once into the enum; adaptive by default
+    fixed = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
+    assert not fixed.adaptive and fixed.name == "mtp (k=3, fixed width)"
     with pytest.raises(SpeculativeConfigError, match="must be a SpeculativeMethod") as e:
         SpeculativeConfig("mtp", 3)
     assert e.value.field == "method"
@@ -51,6 +55,12 @@ def test_limits_name_the_backend(make_spec):
 @pytest.mark.parametrize("k, forced", [(1, False), (3, False), (3, True), (7, True)])
 def test_greedy_with_mtp_equals_greedy_without(make_spec, prompt_of, k, forced):
     assert_greedy_unchanged(make_spec, prompt_of, k, forced)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["mtp-drafts", "forced-drafts"])
+def test_rounds_of_every_width_keep_greedy(make_spec, prompt_of, forced):
+    """The draft policy's narrower rounds, the plain step among them (1..k + 1 in turn): greedy as without."""
+    assert_every_width_keeps_greedy(make_spec, prompt_of, 3, forced)
 
 
 def test_abort_and_cancel_restore_the_whole_state(make_spec, prompt_of):

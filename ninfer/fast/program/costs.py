@@ -6,6 +6,8 @@ prefill pieces fit the fixed, per-token and attention cost of an eager piece, on
 (`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, and one greedy
 step per B on the decode runner's dummy rows times the plain step (its graph's replay; with CUDA graphs off,
 ``FastProgramConfig.cuda_graphs``, the eager step, so the Scheduler still sizes chunks against a measured step).
+Under a speculative backend, for the draft policy (`RoundCosts`): a round per B and verify width, its draft and
+verify pass.
 Off CUDA the Program reports the generic fallbacks (`CostFacts()`, `PrefillCosts()`: docs/context-cache.md,
 docs/engine.md).
 """
@@ -21,6 +23,8 @@ from ninfer.contracts import CostFacts, PrefillCosts
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.prefill_graphs import PrefillGraphRunner
+from ninfer.fast.verify_graphs import VerifyGraphRunner
+from ninfer.program_core.draft_policy import RoundCosts
 
 from .stores import DeviceState
 
@@ -70,6 +74,22 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: 
     return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
                         floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True,
                         graph_buckets=buckets, graph_piece_s=times, graph_fixed_s=fixed)
+
+
+def measure_rounds(verifier: VerifyGraphRunner, draft: Callable[[int, int], Callable[[], object]]) -> RoundCosts:
+    """Seconds of a speculative round of B = 1..max_batch rows at each of the verifier's widths on the dummy slot
+    and row: the verify pass of B full blocks (its graph's replay) plus, past width 1, `draft(B, width - 1)`'s run
+    (the backend's greedy draft of that many tokens). The round's host work (fills, acceptance, the readback) is
+    left out: it is about the same at every width, so leaving it out only makes narrow rounds look cheaper."""
+    device = verifier.model.device
+    per_batch = []
+    for B in range(1, verifier.max_batch + 1):
+        row = []
+        for w in verifier.widths:
+            seconds = _best(device, verifier.dummy_pass(B, w))
+            row.append(seconds + (_best(device, draft(B, w - 1)) if w > 1 else 0.0))
+        per_batch.append(tuple(row))
+    return RoundCosts(verifier.widths, tuple(per_batch))
 
 
 def graph_costs(pieces: PrefillGraphRunner, token_s: float, timed: Callable[[Callable[[], object]], float]

@@ -215,9 +215,9 @@ class FastExecutor:
         logits = self._step(seqs, feds, backup=True)  # [N, V]
         return list(torch.split(logits, [len(f) for f in feds]))
 
-    def _verify_graphed(self, lens: Sequence[int]) -> bool:
+    def _verify_graphed(self, lens: Sequence[int], backup: bool = True) -> bool:
         """Whether these blocks run through the verify graphs' static buffers (`verify_graphs.py`)."""
-        return self.verifier is not None and self.verifier.fits(lens)
+        return self.verifier is not None and self.verifier.fits(lens, backup)
 
     def accept(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], drafts, targets: Sequence[Any],
                masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
@@ -254,7 +254,7 @@ class FastExecutor:
             tokens = feds[0].block.fed_tokens([s.pending for s in seqs])
         else:
             tokens = self._tokens([t for f in feds for t in f])
-        if self._verify_graphed(lens):  # the graph advances the MTP head or the drafter context too
+        if self._verify_graphed(lens, backup):  # the graph advances the MTP head or the drafter context too
             return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup, keep_steps=keep)
         logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas,
                                            keep_steps=keep)

@@ -36,12 +36,13 @@ from ninfer.models.qwen3_5.drafter import DrafterConfig
 from ninfer.models.qwen3_5.pages import PageAllocator
 from ninfer.pipeline.budgets import device_budgets, host_budget
 from ninfer.program_core import HostTier, IdPool, Program
+from ninfer.program_core.draft_policy import DraftPolicy, candidate_widths
 from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeMethod,
                                              drafter_fit)
 
 from . import invariants
 from .config import FastProgramConfig
-from .costs import measure_costs, measure_prefill
+from .costs import measure_costs, measure_prefill, measure_rounds
 from .dflash_backend import FastDFlashBackend
 from .executor import FastExecutor
 from .images import HELD, ImageInputs
@@ -116,6 +117,9 @@ class FastProgram(Program):
         if model.device.type == "cuda":  # the plain step per B, replayed or eager; none under a backend
             prefill = measure_prefill(model, self.runner if c.speculative is None else None, piece, _signature(model),
                                       self.pieces)
+            if c.speculative is not None and c.speculative.adaptive:  # each round's width from measured costs
+                draft = drafter_graphs.dummy_draft if drafter_graphs is not None else dflash.graphs.dummy_draft
+                self.draft_policy = DraftPolicy(c.draft_tokens, measure_rounds(verifier, draft))
         no_vision = "the Vision feature is not prepared (no vision tower)" if vision is None else None
         self.vision = None if vision is None else vision.cfg
         self.max_patches = vision_patches  # a larger image would plan a workspace past the budget
@@ -149,16 +153,17 @@ class FastProgram(Program):
 
         One graph per exact B and sampling variant on CUDA (the sampler's own B = 1 graphs serve prefill draws);
         eager on the same buffers elsewhere and with cuda_graphs off (--enforce-eager). Under a backend no plain
-        decode graph would ever run; the round's target pass and a cut block's replay (verify_graphs.py; with
-        DFlash the drafter context's extension too), the MTP draft (draft_graphs.py) and the DFlash draft
-        (dflash_graphs.py) have their own graphs per exact B."""
+        decode graph would ever run; the round's target pass (per verify width the draft policy may pick) and a cut
+        block's replay (verify_graphs.py; with DFlash the drafter context's extension too), the MTP draft
+        (draft_graphs.py) and the DFlash draft (dflash_graphs.py) have their own graphs per exact B."""
         model = self.model
         verifier = drafter_graphs = None
         if c.speculative is None:
             self.runner.capture()
         else:
             verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0),
-                                         use_graphs=c.cuda_graphs, dflash=dflash)
+                                         use_graphs=c.cuda_graphs, dflash=dflash,
+                                         widths=candidate_widths(c.draft_tokens) if c.speculative.adaptive else ())
             verifier.capture()
         if mtp:
             drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
