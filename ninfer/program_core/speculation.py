@@ -1,9 +1,10 @@
 """A speculative decode round: draft, verify in one target pass, accept a prefix per row, one PendingBatch.
 
 Per row, the backend drafts k' = min(k, output budget left - 1, the round's width - 1) tokens from the committed
-state (so the block never writes past the full-growth reservation; the width is the Program's `DraftPolicy`'s), the target consumes [pending, d1..dk'] at frontier.. in one pass on the
-live state (backed up first, pages taken provisionally), and `ninfer.sampling.accept` keeps a prefix of the drafts
-plus one bonus (or residual) token: the row's produced tokens. The Engine may cut that further (stops, max_tokens,
+state (so the block never writes past the full-growth reservation; the width is the Program's `DraftPolicy`'s),
+the target consumes [pending, d1..dk'] at frontier.. in one pass on the live state (backed up first, pages taken
+provisionally), and `ninfer.sampling.accept` keeps a prefix of the drafts plus one bonus (or residual) token: the
+row's produced tokens. The Engine may cut that further (stops, max_tokens,
 EOS inside the block); `Program.commit` keeps exactly the accepted tokens when fewer than the whole block were
 consumed (`rollback`): the state after them from the executor's verify pass where it kept one per block position,
 else replayed from the backup.

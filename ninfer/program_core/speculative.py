@@ -6,8 +6,9 @@
 `draft_window_size` (DFlash methods only, optional) bounds the drafter's context KV to the last W committed
 positions. `adaptive` (any method, default true) lets each round take fewer drafts, down to none, where the
 Program's measured round costs and the acceptance seen so far say a narrower round gives more tokens per second
-(`draft_policy.py`); false drafts the full block every round. Unknown keys, an unknown method or a value out of range are start-up errors naming the field; whether
-the artifact carries the backend's weights (and a drafter trained for that block) is the Program's check.
+(`draft_policy.py`); false drafts the full block every round. Unknown keys, an unknown method or a value out of
+range are start-up errors naming the field; whether the artifact carries the backend's weights (and a drafter
+trained for that block) is the Program's check.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ def test_the_reference_checks_apply(tiny):
     source = {**weights, **drafter_tensors(block8, 1)}.__getitem__
 
     def build(kind, k):
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, adaptive=False)
         config = FastProgramConfig(max_concurrency=1, max_context=64, page_size=4, kv_pages=40,
-                                   dtype=torch.float32, speculative=SpeculativeConfig(SpeculativeMethod(kind), k, adaptive=False))
+                                   dtype=torch.float32, speculative=spec)
         return FastProgram.build(cfg, source, config, budget_bytes=1 << 30, device="cpu", kernels="naive",
                                  drafter=block8)
     with pytest.raises(MissingBackendWeights, match="carries a dflash drafter"):

@@ -3,11 +3,13 @@ equals ``draw_draft`` along the row's own chain (greedy, temperature, top-k/top-
 earlier drafts, bias, min_tokens), and each block's acceptance (tokens, failures, logprobs) equals ``accept`` with
 grammar rows per draft prefix, for drafts from the device and from a host drafter (point-mass q). Rows of one call
 have different parameters and room; logits past a row's block are NaN, so a read past it shows. CPU: naive ops, and
-the draws also with the Triton kernels (the random rows' race, ``ops/gumbel_race``), interpreted."""
+the draws also with the Triton kernels (the random rows' race, ``ops/gumbel_race``), interpreted; with
+NINFER_TEST_DEVICE=cuda the Triton draws run on the GPU."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,6 +24,12 @@ from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.sampling import RowContext, SamplingError, SamplingParams, accept, draw_draft
 
 V, K, EOS = 61, 3, 5
+ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
+
+
+def _device(kernels: str) -> torch.device:
+    """Where the draws under test run: the Triton kernels on the GPU when there is one (interpreted on a CPU)."""
+    return torch.device("cuda" if kernels == "triton" and ON_GPU else "cpu")
 PARAMS = [SamplingParams(temperature=0.0),
           SamplingParams(temperature=0.9, top_k=12, top_p=0.8, logprobs=3),
           SamplingParams(temperature=1.1, min_p=0.05, presence_penalty=0.7, frequency_penalty=0.2),
@@ -61,8 +69,8 @@ def _rows(gen: torch.Generator, params=PARAMS):
 
 
 def _spec(kernels: str = "naive"):
-    return SpecSampler(DeviceSampler(V, len(PARAMS), len(PARAMS), "cpu", kernels=kernels, eos_token_ids=(EOS,)), K,
-                       block_v=16)  # several vocabulary blocks, a ragged last one
+    sampler = DeviceSampler(V, len(PARAMS), len(PARAMS), _device(kernels), kernels=kernels, eos_token_ids=(EOS,))
+    return SpecSampler(sampler, K, block_v=16)  # several vocabulary blocks, a ragged last one
 
 
 @pytest.mark.parametrize("cutoff", CUTOFFS)
@@ -71,15 +79,15 @@ def test_device_drafts_equal_draw_draft(kernels, cutoff):
     gen = torch.Generator().manual_seed(3)
     seqs, ctxs = _rows(gen, CUTOFFS[cutoff])
     rooms = [3, 2, 3, 1, 0]
-    spec = _spec(kernels)
-    block = DraftBlock.empty(rooms, K, V, torch.device("cpu"), [c.params.is_greedy for c in ctxs])
+    spec, dev = _spec(kernels), _device(kernels)
+    block = DraftBlock.empty(rooms, K, V, dev, [c.params.is_greedy for c in ctxs])
     rows = spec.draft_rows(seqs, ctxs, K)
     assert rows.steps.sort and rows.steps.bounded == (cutoff == "top_k")  # the cutoff under test runs
     live = torch.tensor([b for b, k in enumerate(rooms) if k])
     logits = 3 * torch.randn(K, len(live), V, generator=gen)
     logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn: its drafts end after one
     for j in range(K):
-        spec.draw(rows, block, j, live, logits[j])
+        spec.draw(rows, block, j, live.to(dev), logits[j].to(dev))
     for n, b in enumerate(live.tolist()):
         drafts, qs = [], []
         for j in range(rooms[b]):
@@ -93,7 +101,7 @@ def test_device_drafts_equal_draw_draft(kernels, cutoff):
         assert block.tokens[b, :len(drafts)].tolist() == drafts, b
         for j, q in enumerate(qs):
             if q is not None:
-                assert torch.allclose(torch.softmax(block.z[b, j].double(), -1), q, atol=1e-6), (b, j)
+                assert torch.allclose(torch.softmax(block.z[b, j].double(), -1).cpu(), q, atol=1e-6), (b, j)
 
 
 @pytest.mark.parametrize("cutoff", CUTOFFS)
@@ -104,15 +112,15 @@ def test_static_draws_equal_the_eager_draws(kernels, cutoff):
     and a row that cannot be drawn from, with buffers left dirty by an earlier round of more steps."""
     gen = torch.Generator().manual_seed(5)
     seqs, ctxs = _rows(gen, CUTOFFS[cutoff])
-    spec = _spec(kernels)
+    spec, dev = _spec(kernels), _device(kernels)
     rows = spec.draft_rows(seqs, ctxs, K)
     greedy = [c.params.is_greedy for c in ctxs]
-    draws = StaticDraws(len(PARAMS), K, V, torch.device("cpu"))
+    draws = StaticDraws(len(PARAMS), K, V, dev)
     # first K steps over logits every draft of which is drawable, then two steps (no row has more room)
     for rooms in ([3, 2, 3, 1, 0], [2, 2, 1, 1, 0]):
-        live = torch.tensor([b for b, k in enumerate(rooms) if k])
+        live = torch.tensor([b for b, k in enumerate(rooms) if k], device=dev)
         B, steps = len(live), max(rooms)
-        logits = 3 * torch.randn(steps, B, V, generator=gen)
+        logits = (3 * torch.randn(steps, B, V, generator=gen)).to(dev)
         if steps < K:
             logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn
         draws.load(rows.ip, rows.fp, live, B)
@@ -120,10 +128,10 @@ def test_static_draws_equal_the_eager_draws(kernels, cutoff):
         draws.reset(B)
         for j in range(steps):
             spec.draw_static(draws, B, rows.steps, logits[j])
-    eager = DraftBlock.empty(rooms, K, V, torch.device("cpu"), greedy)
+    eager = DraftBlock.empty(rooms, K, V, dev, greedy)
     for j in range(steps):
         spec.draw(rows, eager, j, live, logits[j])
-    static = DraftBlock.empty(rooms, K, V, torch.device("cpu"), greedy)
+    static = DraftBlock.empty(rooms, K, V, dev, greedy)
     draws.store(static, live, B)
     assert static.num.tolist() == eager.num.tolist() == [1, 2, 1, 1, 0]
     assert torch.equal(static.tokens, eager.tokens)
@@ -143,16 +151,17 @@ def test_block_draws_equal_the_slot_draws(kernels):
     that cannot be drawn from ends its drafts there; rooms below k cut the count) and the draft index."""
     gen = torch.Generator().manual_seed(9)
     seqs, ctxs = _rows(gen, NO_PENALTIES)
-    spec = _spec(kernels)
+    spec, dev = _spec(kernels), _device(kernels)
     rows = spec.draft_rows(seqs, ctxs, K)
     assert not rows.penalized and rows.steps.random and spec.draft_rows(*_rows(gen, PARAMS), K).penalized
-    live, rooms = torch.arange(len(NO_PENALTIES)), [3, 2, 3, 1, 3]
+    live, rooms = torch.arange(len(NO_PENALTIES), device=dev), [3, 2, 3, 1, 3]
     B = len(live)
     logits = 3 * torch.randn(B, K, V, generator=gen)
     logits[2, 1, :] = float("nan")
+    logits = logits.to(dev)
     out = []
     for block in (False, True):
-        draws = StaticDraws(B, K, V, torch.device("cpu"))
+        draws = StaticDraws(B, K, V, dev)
         draws.load(rows.ip, rows.fp, live, B)
         draws.room[:B] = torch.tensor(rooms, dtype=torch.int32)
         draws.reset(B)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ninfer.fast.ops.sample.triton import _gumbel
 
-_NO_ID = 2 ** 31 - 1
+_NO_ID = tl.constexpr(2 ** 31 - 1)  # larger than any token id: loses every lowest-id tie-break
 
 
 @triton.jit
