@@ -68,6 +68,7 @@ class Settings:
     max_context: int = 1024
     budget_bytes: int | None = None  # None: 90% of the free device memory
     profile_host: bool = False  # one more run of the largest B at L = 3 under cProfile (`host_profile` in the JSON)
+    draft_vocab: int | None = None  # the backend's draft_vocab_size (None: the whole vocabulary)
 
 
 SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1, 2), prompt_len=12, steps=3,
@@ -119,7 +120,7 @@ def steady(trackers: list[Tracker], max_tokens: int, room: int = 1) -> dict:
 def build(s: Settings, name: str, k: int):
     """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
     cfg = config(name)
-    spec = SpeculativeConfig(SpeculativeMethod(s.method), k) if k else None
+    spec = SpeculativeConfig(SpeculativeMethod(s.method), k, draft_vocab_size=s.draft_vocab) if k else None
     dflash = k and s.method != "mtp"
     features = (TEXT, MTP) if k and not dflash else (TEXT,)
     drafter = published_drafter(cfg, s.method, max(s.blocks)) if dflash else None
@@ -294,15 +295,18 @@ def main() -> int:
     ap.add_argument("--method", choices=("mtp", "dflash", "dflash2"), default="mtp")
     ap.add_argument("--profile-host", action="store_true",
                     help="after the timed rows of the largest B, one run at L = 3 under cProfile")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="the backend's draft_vocab_size: drafts from the token ids below it alone")
     args = ap.parse_args()
     s = SMOKE if args.smoke else Settings()
-    s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host)
+    s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host, draft_vocab=args.draft_vocab)
     if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short
         s = dataclasses.replace(s, steps=min(s.steps, 4), blocks=(8,) if args.smoke else s.blocks)
     if args.program:
         s = dataclasses.replace(s, program=args.program)
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
-    run.results.update(program=s.program, k=s.k if s.method == "mtp" else ks(s), method=s.method)
+    run.results.update(program=s.program, k=s.k if s.method == "mtp" else ks(s), method=s.method,
+                       draft_vocab=s.draft_vocab)
     if not run.need_cuda(args.smoke, print_table):
         return 1
     run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)

@@ -30,7 +30,8 @@
 #                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part,
 #                                       # and with engine beside llamacpp or hf, report.py --peers prints them side by side
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
-#        PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests)
+#        PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
+#        and dflash: the backend's draft_vocab_size)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -135,7 +136,7 @@ run_spec() {
     echo "== speculative decoding with forced acceptance, through the Engine"
     local budget=$(( $(left) < 240 ? $(left) : 240 ))
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --models "$MODELS" --deadline-s $(( budget - 20 )) \
-        ${OUT:+--out "$OUT"} || echo "bench_spec rc=$?"
+        ${OUT:+--out "$OUT"} ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} || echo "bench_spec rc=$?"
 }
 
 run_dflash() {
@@ -145,7 +146,7 @@ run_dflash() {
     local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 240 ? $(left) : 240 ))
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --method "${DFLASH_METHOD:-dflash}" \
         --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} --profile-host \
-        || echo "bench_spec dflash rc=$?"
+        ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} || echo "bench_spec dflash rc=$?"
 }
 
 run_quant() {

@@ -37,12 +37,14 @@ _ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas", "room"
 
 
 class DraftGraphRunner:
-    def __init__(self, model: FastModel, max_batch: int, spec: SpecSampler, use_graphs: bool | None = None):
+    def __init__(self, model: FastModel, max_batch: int, spec: SpecSampler, use_graphs: bool | None = None,
+                 draft_vocab: int | None = None):
+        """`draft_vocab`: drafts from the token ids below it alone (None: the whole vocabulary)."""
         plan, dev = model.plan, model.device
         if model.mtp is None or not plan.scratch_pages or not 1 <= max_batch <= plan.max_seqs:
             raise ValueError(f"draft graphs need the MTP head, scratch pages and 1..{plan.max_seqs} rows; the plan "
                              f"has mtp={plan.mtp}, {plan.scratch_pages} scratch pages")
-        self.model, self.max_batch, self.spec = model, max_batch, spec
+        self.model, self.max_batch, self.spec, self.draft_vocab = model, max_batch, spec, draft_vocab
         self.draws = StaticDraws(max_batch, spec.k, model.cfg.vocab_size, dev)
         on_cuda = dev.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
@@ -91,7 +93,8 @@ class DraftGraphRunner:
         h = mtp.forward(self.hidden[:B], F.embedding(self.tokens[:B], self.model.weights.embed), step,
                         pools.k[mtp.pool], pools.v[mtp.pool])
         self.hidden[:B].copy_(h)
-        self.tokens[:B].copy_(self.spec.draw_static(self.draws, B, DRAW_STEPS[variant], self.model.logits(h)))
+        logits = self.model.logits(h, self.draft_vocab)  # [B, V] fp32
+        self.tokens[:B].copy_(self.spec.draw_static(self.draws, B, DRAW_STEPS[variant], logits))
         self.positions[:B] += 1
 
     def capture(self, warmup: int = 2) -> None:

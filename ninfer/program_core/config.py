@@ -38,6 +38,8 @@ class ProgramConfig:
 
     def checked_eos(self, cfg: Qwen35Config) -> tuple[int, ...]:
         """The shared range checks (ValueError naming the field); the resolved eos ids."""
+        if self.speculative is not None:
+            self.speculative.draft_vocab(cfg.vocab_size)
         return check_program_limits(cfg, max_concurrency=self.max_concurrency, max_context=self.max_context,
                                     page_size=self.page_size, checkpoint_slots=self.checkpoint_slots,
                                     host_bytes=self.host_bytes, eos_token_ids=self.eos_token_ids)

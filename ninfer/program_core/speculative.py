@@ -6,7 +6,11 @@
 `draft_window_size` (DFlash methods only, optional) bounds the drafter's context KV to the last W committed
 positions. `adaptive` (any method, default true) lets each round take fewer drafts, down to none, where the
 Program's measured round costs and the acceptance seen so far say a narrower round gives more tokens per second
-(`draft_policy.py`); false drafts the full block every round. Unknown keys, an unknown method or a value out of
+(`draft_policy.py`); false drafts the full block every round. `draft_vocab_size` N (any method, optional) draws
+drafts from the token ids below N alone: the draft's lm_head reads N rows instead of the whole vocabulary (Qwen's
+byte-level BPE ids follow merge order, so the lowest ids are the most frequent pieces; FR-Spec's observation that a
+small hot vocabulary keeps most accepted drafts), and acceptance stays lossless (a draft distribution with less
+support is still a distribution). Unknown keys, an unknown method or a value out of
 range are start-up errors naming the field; whether the artifact carries the backend's weights (and a drafter
 trained for that block) is the Program's check.
 """
@@ -44,7 +48,7 @@ class SpeculativeMethod(enum.StrEnum):
 
 
 MAX_SPECULATIVE_TOKENS = {SpeculativeMethod.MTP: 7, SpeculativeMethod.DFLASH: 15, SpeculativeMethod.DFLASH2: 15}
-FIELDS = ("method", "num_speculative_tokens", "draft_window_size", "adaptive")
+FIELDS = ("method", "num_speculative_tokens", "draft_window_size", "adaptive", "draft_vocab_size")
 
 
 class SpeculativeConfigError(ValueError):
@@ -69,6 +73,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     draft_window_size: int | None = None  # DFlash: context positions the drafter keeps (None: all)
     adaptive: bool = True  # each round's width from the measured costs and acceptance (DraftPolicy)
+    draft_vocab_size: int | None = None  # drafts from token ids < this (None: the whole vocabulary)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpeculativeMethod):
@@ -86,6 +91,9 @@ class SpeculativeConfig:
                 raise SpeculativeConfigError("draft_window_size", f"must be a positive int, got {w!r}")
         if not isinstance(self.adaptive, bool):
             raise SpeculativeConfigError("adaptive", f"must be true or false, got {self.adaptive!r}")
+        n = self.draft_vocab_size
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise SpeculativeConfigError("draft_vocab_size", f"must be a positive int, got {n!r}")
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | None) -> "SpeculativeConfig | None":
@@ -105,14 +113,23 @@ class SpeculativeConfig:
         if method not in known:
             raise SpeculativeConfigError("method", f"unknown method {method!r} (known: {', '.join(known)})")
         return cls(SpeculativeMethod(method), raw["num_speculative_tokens"], raw.get("draft_window_size"),
-                   raw.get("adaptive", True))
+                   raw.get("adaptive", True), raw.get("draft_vocab_size"))
 
     @property
     def name(self) -> str:
         """What the ready line and /v1/models report."""
         window = "" if self.draft_window_size is None else f", window {self.draft_window_size}"
         fixed = "" if self.adaptive else ", fixed width"
-        return f"{self.method} (k={self.num_speculative_tokens}{window}{fixed})"
+        vocab = "" if self.draft_vocab_size is None else f", draft vocab {self.draft_vocab_size}"
+        return f"{self.method} (k={self.num_speculative_tokens}{window}{fixed}{vocab})"
+
+    def draft_vocab(self, vocab_size: int) -> int | None:
+        """The draft vocabulary for a model of `vocab_size` ids (None: the whole one), or the start-up error naming
+        the field when it is larger than the model's."""
+        n = self.draft_vocab_size
+        if n is not None and n > vocab_size:
+            raise SpeculativeConfigError("draft_vocab_size", f"{n} is past the model's {vocab_size} token ids")
+        return None if n is None or n == vocab_size else n
 
 
 def drafter_fit(spec: SpeculativeConfig, drafter: Any | None) -> tuple[int, int | None]:

@@ -9,12 +9,13 @@ from ninfer.sampling.params import SamplingParams, SamplingParamsError, resolve_
 from ninfer.sampling.philox import draw_bits, gumbel_noise, gumbel_scalar, philox4x32
 from ninfer.sampling.processors import SamplingError, adjust_logits
 from ninfer.sampling.sampler import RowSampling, processed_logits, sample, sample_row
-from ninfer.sampling.speculative import Accepted, RowContext, accept, draw_draft
+from ninfer.sampling.speculative import Accepted, RowContext, accept, draft_vocabulary, draw_draft
 
 __all__ = [
     "Accepted",
     "RowContext",
     "accept",
+    "draft_vocabulary",
     "draw_draft",
     "RowSampling",
     "SamplingError",

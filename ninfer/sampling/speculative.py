@@ -25,6 +25,16 @@ from ninfer.sampling.philox import (STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL
 from ninfer.sampling.sampler import RowSampling, processed_logits
 
 
+def draft_vocabulary(logits: torch.Tensor, size: int | None) -> torch.Tensor:
+    """Draft logits [..., V] with the ids at and past `size` at -inf (a copy; None: unchanged): the draft vocabulary
+    of ``draft_vocab_size``, where drafts and q have no support."""
+    if size is None:
+        return logits
+    out = logits.clone()
+    out[..., size:] = float("-inf")
+    return out
+
+
 @dataclass(frozen=True)
 class RowContext:
     """What one row's draws depend on besides logits and position."""

@@ -73,7 +73,8 @@ RUNTIME_OPTIONS = [
               '"dflash" / "dflash2" with k in 1..15 (block k+1) and an optional "draft_window_size" (both '
               'Programs, with a drafter converted beside the target). "adaptive": false drafts the full block '
               'every round (default true: fewer drafts, down to none, where the measured round costs and the '
-              'acceptance so far say so).'),
+              'acceptance so far say so); "draft_vocab_size": N drafts from the token ids below N alone (a '
+              'smaller draft lm_head).'),
     _opt("--default-chat-template-kwargs", env="DEFAULT_CHAT_TEMPLATE_KWARGS", group="Frontend", default=None,
          help='JSON defaults for every chat request, e.g. \'{"enable_thinking": false}\'.'),
     _opt("--json-whitespace", env="JSON_WHITESPACE", group="Frontend", type=click.Choice(["compact", "pretty"]),

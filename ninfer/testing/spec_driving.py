@@ -130,6 +130,24 @@ def assert_every_width_keeps_greedy(make: Callable[..., Any], prompt_of, k: int,
     return program, longest
 
 
+def assert_draft_vocab_bounds(make: Callable[..., Any], prompt_of, k: int, size: int) -> None:
+    """`make(k, draft_vocab=size)` draws every draft below `size` (where `make(k)` drafts past it) and serves greedy
+    requests exactly as `make(0)` does."""
+    prompts = spec_prompts(prompt_of)
+    plain = serve(make(0), [token_request(p, 14) for p in prompts], max_concurrency=2, prefill_chunk=9)
+    runs = []
+    for vocab in (None, size):
+        program = make(k, draft_vocab=vocab)
+        drafts = record_drafts(program)
+        out = serve(program, [token_request(p, 14) for p in prompts], max_concurrency=2, prefill_chunk=9)
+        assert [r.token_ids for r in out] == [r.token_ids for r in plain]
+        runs.append([t for d in drafts for t in d])
+    whole, bounded = runs
+    assert len(bounded) > 20 and max(bounded) < size, bounded
+    assert max(whole) >= size  # the bound is what kept them there
+    assert_drained(program)
+
+
 def assert_rows_accept_different_lengths(program, prompt_of, k: int) -> None:
     """Two rows decoding together under forced acceptance: some round commits blocks of different lengths."""
     hs = [start_decoding(program, prompt_of(n, seed=90 + n)) for n in (6, 13)]

@@ -119,9 +119,11 @@ def make_fast_spec(tiny_mtp, mtp_reference_model):
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.speculation import ForcedDrafts
 
-    def make(k: int, forced: bool = False, adaptive: bool = False, **kw) -> FastProgram:
+    def make(k: int, forced: bool = False, adaptive: bool = False, draft_vocab: int | None = None,
+             **kw) -> FastProgram:
         cfg, weights = tiny_mtp
-        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive, draft_vocab_size=draft_vocab) if k \
+            else None
         config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
         program = FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive")
@@ -134,8 +136,9 @@ def make_reference_spec(mtp_reference_model):
     """The reference Program over the same MTP weights (k=0: no backend)."""
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 
-    def make(k: int, adaptive: bool = False, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive) if k else None
+    def make(k: int, adaptive: bool = False, draft_vocab: int | None = None, **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive, draft_vocab_size=draft_vocab) if k \
+            else None
         return ReferenceProgram(mtp_reference_model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw,
                                                                                "speculative": spec}))
     return make
@@ -156,10 +159,10 @@ def make_fast_dflash(tiny):
     teacher = ReferenceModel(cfg, weights, dtype=torch.float32)
 
     def make(kind: str, k: int, forced: bool = False, window: int | None = None, adaptive: bool = False,
-             **kw) -> FastProgram:
+             draft_vocab: int | None = None, **kw) -> FastProgram:
         drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, kind))
         source = {**weights, **drafter_tensors(drafter, 1)}
-        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive, draft_vocab) if k else None
         config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
         program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive", drafter=drafter)
@@ -176,8 +179,9 @@ def make_reference_dflash(tiny):
     cfg, weights = tiny
     model = ReferenceModel(cfg, weights, dtype=torch.float32)
 
-    def make(kind: str, k: int, window: int | None = None, adaptive: bool = False, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive) if k else None
+    def make(kind: str, k: int, window: int | None = None, adaptive: bool = False, draft_vocab: int | None = None,
+             **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive, draft_vocab) if k else None
         return ReferenceProgram(model, ReferenceProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec}),
                                 reference_drafter(model, kind) if k else None)
     return make

@@ -90,16 +90,18 @@ def _on_gpu(program) -> bool:
     return program.model.device.type == "cuda"
 
 
-@pytest.mark.parametrize("kind, window", [("dflash", None), ("dflash2", None), ("dflash2", 7)])
+@pytest.mark.parametrize("kind, window, vocab", [("dflash", None, None), ("dflash2", None, None), ("dflash2", 7, None),
+                                                 ("dflash", None, 48), ("dflash2", None, 48)])
 def test_device_drafts_equal_the_reference_programs(make_fast_dflash, make_reference_dflash, prompt_of, kind,
-                                                    window):
+                                                    window, vocab):
     """The same requests (greedy and sampled) through both Programs with the real drafter: the same drafts at every
     round (two rows batched in one block pass, the context in pages, the window as a first-key bound, the selector
-    walk) and the same tokens and accepted counts."""
+    walk; with a draft vocabulary, the device's lm_head rows below it against the reference's masked logits) and
+    the same tokens and accepted counts."""
     prompts = spec_prompts(prompt_of)
     runs = []
-    fast = make_fast_dflash(kind, 7, window=window)
-    for program in (fast, make_reference_dflash(kind, 7, window=window)):
+    fast = make_fast_dflash(kind, 7, window=window, draft_vocab=vocab)
+    for program in (fast, make_reference_dflash(kind, 7, window=window, draft_vocab=vocab)):
         drafts = record_drafts(program)
         reqs = [token_request(p, 14, **({} if i % 2 else dict(sampling=SamplingParams(temperature=0.8), seed=3 + i)))
                 for i, p in enumerate(prompts)]
@@ -107,6 +109,7 @@ def test_device_drafts_equal_the_reference_programs(make_fast_dflash, make_refer
         runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))
     (fast_drafts, fast_out), (ref_drafts, ref_out) = runs
     assert len(fast_drafts) > 10 and sum(len(d) for d in fast_drafts) > 40
+    assert vocab is None or max(t for d in fast_drafts for t in d) < vocab
     if not _on_gpu(fast):
         assert fast_drafts == ref_drafts
         assert fast_out == ref_out

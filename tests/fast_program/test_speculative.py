@@ -17,7 +17,8 @@ from ninfer.program_core.speculative import MissingBackendWeights
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import TokenSession, token_request
-from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_greedy_unchanged,
+from ninfer.testing.spec_driving import (assert_draft_vocab_bounds, assert_every_width_keeps_greedy,
+                                         assert_greedy_unchanged,
                                          assert_rows_accept_different_lengths,
                                          assert_sampled_hit_equals_cold, decode_until_drafted, record_drafts,
                                          spec_prompts, start_decoding)
@@ -52,13 +53,27 @@ def test_rounds_of_every_width_keep_greedy(make_fast_spec, prompt_of, forced):
     assert {verifier.width_for([n]) for n in longest} == {1, 2, 4}, longest
 
 
-def test_device_mtp_drafts_equal_the_reference_programs(make_fast_spec, make_reference_spec, prompt_of):
+@pytest.mark.parametrize("graphs", [True, False], ids=["draft-graphs", "eager-head"])
+def test_a_draft_vocabulary_bounds_every_draft_and_keeps_greedy(make_fast_spec, prompt_of, graphs):
+    """The MTP draft's lm_head over the ids below 48 alone (`head_logits`: 48 rows read, the rest -inf), through
+    the draft graphs' buffers and through the head's own chained steps (`MtpHead.draft`)."""
+    def make(k: int, **kw):
+        program = make_fast_spec(k, **kw)
+        if k and not graphs:
+            program.executor.drafter = None
+        return program
+    assert_draft_vocab_bounds(make, prompt_of, 3, 48)  # of the model's 97 ids
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 48])
+def test_device_mtp_drafts_equal_the_reference_programs(make_fast_spec, make_reference_spec, prompt_of, draft_vocab):
     """The same requests through the fast and the reference Program with the real MTP head: the same drafts at
     every round (so the device head, its paged KV and its stored hidden follow the reference's) and the same
-    accepted counts."""
+    accepted counts; with a draft vocabulary, its rows alone read on the device and the reference's masked logits
+    agree."""
     prompts = spec_prompts(prompt_of)
     runs = []
-    for program in (make_fast_spec(3), make_reference_spec(3)):
+    for program in (make_fast_spec(3, draft_vocab=draft_vocab), make_reference_spec(3, draft_vocab=draft_vocab)):
         drafts = record_drafts(program)
         out = serve(program, [token_request(p, 16) for p in prompts], max_concurrency=2, prefill_chunk=9)
         runs.append((drafts, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))

@@ -76,8 +76,10 @@ def make_spec(mtp_model, make_program):
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.speculation import ForcedDrafts
 
-    def make(k: int, forced: bool = False, adaptive: bool = True, **kw) -> ReferenceProgram:
-        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive) if k else None
+    def make(k: int, forced: bool = False, adaptive: bool = True, draft_vocab: int | None = None,
+             **kw) -> ReferenceProgram:
+        spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive, draft_vocab_size=draft_vocab) if k \
+            else None
         program = make_program(mtp_model, speculative=spec, **kw)
         return ForcedDrafts(mtp_model).install(program) if forced else program
     return make
@@ -95,11 +97,11 @@ def make_dflash(model32):
     drafters = {}
 
     def make(kind: str, k: int, forced: bool = False, window: int | None = None, model=None, drafter=None,
-             adaptive: bool = True, **kw) -> ReferenceProgram:
+             adaptive: bool = True, draft_vocab: int | None = None, **kw) -> ReferenceProgram:
         m = model or model32
         if drafter is None:
             drafter = drafters.get((kind, id(m))) or drafters.setdefault((kind, id(m)), reference_drafter(m, kind))
-        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive) if k else None
+        spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive, draft_vocab) if k else None
         base = dict(max_concurrency=2, max_context=256, page_size=4, kv_pages=160, checkpoint_slots=3,
                     host_bytes=1 << 20, dtype=m.dtype, speculative=spec)
         base.update(kw)

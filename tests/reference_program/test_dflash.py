@@ -17,8 +17,8 @@ from ninfer.program_core.speculation import row_context
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_sampled_hit_equals_cold, mixed_rounds,
-                                         spec_prompts, start_decoding)
+from ninfer.testing.spec_driving import (assert_draft_vocab_bounds, assert_every_width_keeps_greedy,
+                                         assert_sampled_hit_equals_cold, mixed_rounds, spec_prompts, start_decoding)
 
 
 def _spec(method: str, k: int) -> SpeculativeConfig:
@@ -83,6 +83,11 @@ def test_rounds_of_every_width_keep_greedy(make_dflash, prompt_of, kind, forced)
     extended by each): greedy as without a backend."""
     program, longest = assert_every_width_keeps_greedy(functools.partial(make_dflash, kind), prompt_of, 7, forced)
     assert not longest  # the reference Program has no verify buffers
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_draft_vocabulary_bounds_every_draft_and_keeps_greedy(make_dflash, prompt_of, kind):
+    assert_draft_vocab_bounds(functools.partial(make_dflash, kind), prompt_of, 7, 48)  # of the model's 97 ids
 
 
 # chunks of 7: the drafter context is built in pieces

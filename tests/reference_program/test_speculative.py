@@ -11,7 +11,8 @@ from ninfer.contracts import RowDecision
 from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeConfigError,
                                              SpeculativeMethod)
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
-from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_greedy_unchanged,
+from ninfer.testing.spec_driving import (assert_draft_vocab_bounds, assert_every_width_keeps_greedy,
+                                         assert_greedy_unchanged,
                                          assert_rows_accept_different_lengths, assert_sampled_hit_equals_cold,
                                          decode_until_drafted, start_decoding)
 
@@ -22,7 +23,11 @@ from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert
                                         ({"method": "mtp", "num_speculative_tokens": True}, "num_speculative_tokens"),
                                         ({"method": "mtp"}, "num_speculative_tokens"),
                                         ({"method": "mtp", "num_speculative_tokens": 2, "model": "x"}, "model"),
-                                        ({"method": "mtp", "num_speculative_tokens": 2, "adaptive": 1}, "adaptive")])
+                                        ({"method": "mtp", "num_speculative_tokens": 2, "adaptive": 1}, "adaptive"),
+                                        ({"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": 0},
+                                         "draft_vocab_size"),
+                                        ({"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": "8k"},
+                                         "draft_vocab_size")])
 def test_bad_speculative_config_names_the_field(raw, field):
     with pytest.raises(SpeculativeConfigError) as e:
         SpeculativeConfig.parse(raw)
@@ -36,6 +41,9 @@ def test_speculative_config_parses_vllm_shape():
     assert spec.method is SpeculativeMethod.MTP and spec.adaptive  # parsed once into the enum; adaptive by default
     fixed = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
     assert not fixed.adaptive and fixed.name == "mtp (k=3, fixed width)"
+    hot = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3, "draft_vocab_size": 32768})
+    assert hot.draft_vocab_size == 32768 and hot.name == "mtp (k=3, draft vocab 32768)"
+    assert hot.draft_vocab(248320) == 32768 and hot.draft_vocab(32768) is None  # the whole vocabulary: no bound
     with pytest.raises(SpeculativeConfigError, match="must be a SpeculativeMethod") as e:
         SpeculativeConfig("mtp", 3)
     assert e.value.field == "method"
@@ -55,6 +63,16 @@ def test_limits_name_the_backend(make_spec):
 @pytest.mark.parametrize("k, forced", [(1, False), (3, False), (3, True), (7, True)])
 def test_greedy_with_mtp_equals_greedy_without(make_spec, prompt_of, k, forced):
     assert_greedy_unchanged(make_spec, prompt_of, k, forced)
+
+
+def test_a_draft_vocabulary_bounds_every_draft_and_keeps_greedy(make_spec, prompt_of):
+    assert_draft_vocab_bounds(make_spec, prompt_of, 3, 48)  # of the model's 97 ids
+
+
+def test_a_draft_vocabulary_past_the_models_is_a_start_error(make_spec):
+    with pytest.raises(SpeculativeConfigError, match="draft_vocab_size: 98 is past the model's 97") as e:
+        make_spec(3, draft_vocab=98)
+    assert e.value.field == "draft_vocab_size"
 
 
 @pytest.mark.parametrize("forced", [False, True], ids=["mtp-drafts", "forced-drafts"])

@@ -26,6 +26,7 @@ from ninfer.fast.hostcopy import to_device
 from ninfer.models.qwen3_5.drafter import PREFIX, DrafterConfig, DrafterKind
 
 from .kernels import Kernels
+from .layers import head_logits
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,10 @@ def load_drafter_weights(cfg: DrafterConfig, source: Callable[[str], torch.Tenso
 
 class FastDrafter:
     def __init__(self, cfg: DrafterConfig, weights: DrafterWeights, kernels: Kernels, embed: torch.Tensor,
-                 lm_head: torch.Tensor):
+                 lm_head: torch.Tensor, draft_vocab: int | None = None):
+        """`draft_vocab`: the drafts' logits over the token ids below it alone (None: the whole vocabulary)."""
         self.cfg, self.w, self.k, self.embed, self.lm_head = cfg, weights, kernels, embed, lm_head
+        self.draft_vocab = draft_vocab
 
     def _kv_write(self, lw: DrafterLayer, x: torch.Tensor, q: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
@@ -159,7 +162,7 @@ class FastDrafter:
             m = kern.linear(kern.linear_swiglu(h, lw.gate_up), lw.down)
             x = x + (m if mlp_later is None else kern.dflash_conv(m, mlp_later, lw.conv[2][1], B))
         hidden = kern.rmsnorm(x, self.w.norm, c.rms_norm_eps, None)[0].view(R, B, -1)[:, 1:]  # [R, B-1, H]
-        return F.linear(hidden, self.lm_head.to(hidden.dtype)).float(), hidden
+        return head_logits(hidden, self.lm_head.to(hidden.dtype), self.draft_vocab), hidden
 
     def _prepare(self, h: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, block: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.fast.ops.gdn_chunk.naive import chunk_ends, conv_window_at
 from ninfer.models.qwen3_5.config import Qwen35Config
@@ -60,6 +61,16 @@ class StepInputs:
 
 
 GDN_CHUNK = 64  # the ops' default chunk size: the grid their chunk states sit on
+
+
+def head_logits(hidden: torch.Tensor, lm_head: torch.Tensor, draft_vocab: int | None = None) -> torch.Tensor:
+    """hidden [N, H] through a dense lm_head [V, H]: fp32 logits [N, V]. With `draft_vocab` (a draft's, below V)
+    only its first rows are read, and the ids past it are -inf: `ninfer.sampling.draft_vocabulary`'s logits
+    without the other rows' bytes."""
+    if draft_vocab is None:
+        return F.linear(hidden, lm_head).float()
+    rest = lm_head.shape[0] - draft_vocab
+    return F.pad(F.linear(hidden, lm_head[:draft_vocab]).float(), (0, rest), value=float("-inf"))
 
 
 def _split_gdn(proj: torch.Tensor, cfg: Qwen35Config):

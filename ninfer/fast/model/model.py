@@ -29,10 +29,11 @@ from ninfer.fast.pools import Pools, allocate_pools
 from ninfer.models.qwen3_5.config import FULL, Qwen35Config
 from ninfer.pipeline import StagePlan
 from ninfer.pipeline.link import PeerLink
+from ninfer.sampling.speculative import draft_vocabulary
 
 from .addressing import moved, padded_inputs, piece_rows, prefill_inputs, verify_inputs
 from .kernels import Kernels, Residual, get_kernels
-from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer
+from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer, head_logits
 from .mtp import MtpHead
 from .weights import FastWeights, Source, load_fast_weights
 
@@ -288,9 +289,11 @@ class FastModel:
         """The final-normed hidden [T, H] on rank 0."""
         return self.kernels.norm(res, self.weights.final_norm, self.cfg.rms_norm_eps)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in)."""
+    def logits(self, hidden: torch.Tensor, draft_vocab: int | None = None) -> torch.Tensor:
+        """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in).
+        `draft_vocab`: a draft's logits, the ids at and past it -inf (a dense lm_head reads only the rows below
+        it; a quantized one computes them all)."""
         lm_head = self.weights.lm_head
         if isinstance(lm_head, torch.Tensor):
-            return F.linear(hidden, lm_head).float()
-        return self.kernels.linear(hidden, lm_head).float()
+            return head_logits(hidden, lm_head, draft_vocab)
+        return draft_vocabulary(self.kernels.linear(hidden, lm_head).float(), draft_vocab)

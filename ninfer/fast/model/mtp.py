@@ -172,12 +172,13 @@ class MtpHead:
 
     def draft(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int], pending: Sequence[int],
               ks: Sequence[int], draw: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
-              media: Sequence[PromptMedia | None] | None = None) -> None:
+              media: Sequence[PromptMedia | None] | None = None, draft_vocab: int | None = None) -> None:
         """max(ks) chained draft steps for the rows with ks[i] > 0 from their committed MTP state (nothing in the
         pools changes): the first from (h_{F-1}, pending), each next from the previous MTP output and draft, draft j
         the pair at F - 1 + j (its MRoPE position for a row of `media` with images).
         ``draw(j, live [b] long batch rows, logits [b, V]) -> tokens [b] long`` draws draft j on the device; a row
-        past its own ks[i] drafts on (its extra drafts are never read), so no step waits for the host."""
+        past its own ks[i] drafts on (its extra drafts are never read), so no step waits for the host.
+        `draft_vocab`: drafts from the token ids below it alone (`FastModel.logits`)."""
         dev = self.model.device
         live = [i for i, k in enumerate(ks) if k]
         if not live:
@@ -193,4 +194,4 @@ class MtpHead:
         for j in range(most):
             step = self._step(kv, local, [c + j for c in committed], [1] * len(live), rows_media)
             h = self.forward(h, F.embedding(x, self.model.weights.embed), step, kv.k, kv.v)
-            x = draw(j, at, self.model.logits(h))
+            x = draw(j, at, self.model.logits(h, draft_vocab))

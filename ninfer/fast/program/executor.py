@@ -67,8 +67,9 @@ class FastExecutor:
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
                  images: ImageInputs | None = None, draft_tokens: int = 0,
                  verifier: VerifyGraphRunner | None = None, drafter: DraftGraphRunner | None = None,
-                 pieces: PrefillGraphRunner | None = None):
+                 pieces: PrefillGraphRunner | None = None, draft_vocab: int | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
+        self.draft_vocab = draft_vocab  # the MTP head's drafts from the token ids below it alone (None: all)
         self.pieces = pieces  # the short prefill pieces' graphs (None: every piece eager)
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
@@ -200,7 +201,7 @@ class FastExecutor:
                 [s.pending for s in seqs], ks)
         if self.drafter is None:
             self.mtp.draft(*args, lambda j, live, logits: self.spec.draw(rows, block, j, live, logits),
-                           [s.media for s in seqs])
+                           [s.media for s in seqs], self.draft_vocab)
         else:
             self.drafter.draft(*args, rows, block, [s.media for s in seqs])
         return block

@@ -24,16 +24,16 @@ from ninfer.models.qwen3_5.drafter import DrafterKind
 from ninfer.program_core import ActiveSequence
 from ninfer.reference.dflash import Drafter, DrafterContext
 from ninfer.reference.dflash_selector import CandidateSelector
-from ninfer.sampling import RowContext, SamplingError, draw_draft
+from ninfer.sampling import RowContext, SamplingError, draft_vocabulary, draw_draft
 
 
 class DFlashBackend:
     wants_taps = True
 
-    def __init__(self, drafter: Drafter, block_size: int, window: int | None):
+    def __init__(self, drafter: Drafter, block_size: int, window: int | None, draft_vocab: int | None = None):
         """block_size: the drafter pass's length (num_speculative_tokens + 1); window: the context positions kept
-        (None: every committed position)."""
-        self.drafter, self.block_size, self.window = drafter, block_size, window
+        (None: every committed position); draft_vocab: drafts from the token ids below it alone (None: all)."""
+        self.drafter, self.block_size, self.window, self.draft_vocab = drafter, block_size, window, draft_vocab
         self.layers = drafter.cfg.target_layer_ids
 
     def empty(self) -> DrafterContext:
@@ -49,6 +49,7 @@ class DFlashBackend:
         assert ctx.end == seq.frontier, f"drafter context ends at {ctx.end}, the frontier is {seq.frontier}"
         delta = 0 if seq.media is None else seq.media.rope_delta
         logits, hidden = self.drafter.block(ctx, seq.pending, self.block_size, delta)  # [B-1, V], [B-1, H]
+        logits = draft_vocabulary(logits, self.draft_vocab)
         selector = None
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             selector = CandidateSelector(self.drafter.root.sub("candidate_selector"), self.drafter.cfg.selector_top_k,

@@ -23,7 +23,7 @@ from ninfer.contracts.media import PromptMedia
 from ninfer.program_core import ActiveSequence
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.state import KVCache, SequenceState
-from ninfer.sampling import RowContext, SamplingError, draw_draft
+from ninfer.sampling import RowContext, SamplingError, draft_vocabulary, draw_draft
 
 
 @dataclass
@@ -46,8 +46,9 @@ def _view(mtp: MTPState) -> SequenceState:
 class MTPBackend:
     wants_taps = False
 
-    def __init__(self, model: ReferenceModel):
-        self.model = model
+    def __init__(self, model: ReferenceModel, draft_vocab: int | None = None):
+        """`draft_vocab`: drafts from the token ids below it alone (None: the whole vocabulary)."""
+        self.model, self.draft_vocab = model, draft_vocab
 
     def empty(self) -> MTPState:
         cfg, dtype = self.model.cfg, self.model.dtype
@@ -89,7 +90,7 @@ class MTPBackend:
             logits, h_out = self.model.mtp_forward(h[None], torch.tensor([x]), view, step=j, return_hidden=True,
                                                    positions=positions)  # [1, V], [1, H]
             try:
-                x, q = draw_draft(logits[0], ctx, seq.frontier + 1 + j, drafts)
+                x, q = draw_draft(draft_vocabulary(logits[0], self.draft_vocab), ctx, seq.frontier + 1 + j, drafts)
             except SamplingError:
                 break  # a draft distribution that cannot be drawn from ends the drafts, not the request
             drafts.append(x)
