@@ -173,9 +173,11 @@ def run_spec_diff(artifact_path: str | Path, speculative: dict, *, prompts: int 
     from ninfer.program_core.speculative import SpeculativeConfig
     from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 
-    spec = SpeculativeConfig.parse(speculative)
-    if spec is None:
+    if not speculative:
         raise ValueError("run_spec_diff needs a speculative config")
+    # round by round at the full block on both sides: the adaptive width follows costs measured on the device
+    speculative = {**speculative, "adaptive": False}
+    spec = SpeculativeConfig.parse(speculative)
     gen = torch.Generator().manual_seed(seed)
     with open_artifact(artifact_path) as art:
         vocab = art.config.vocab_size

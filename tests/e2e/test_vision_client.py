@@ -85,14 +85,16 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def mtp_client(tmp_path_factory, vision_model):
-    """The same model served with the MTP head drafting 3 tokens a round."""
+    """The same model served with the MTP head drafting 3 tokens a round. At the full block every round: random
+    weights reject every draft, so on a GPU (measured round costs) the adaptive width would go plain after the
+    warm-up, and no image round would draft."""
     srv = LiveServer([str(vision_model), *program_args(), "--max-model-len", "1024", "--max-num-seqs", "2",
                       "--served-model-name", "vl", "--speculative-config",
-                      '{"method": "mtp", "num_speculative_tokens": 3}'],
+                      '{"method": "mtp", "num_speculative_tokens": 3, "adaptive": false}'],
                      tmp_path_factory.mktemp("vspec") / "server.log")
     try:
         srv.wait_ready()
-        srv.wait_log("speculative mtp (k=3)")
+        srv.wait_log("speculative mtp (k=3, fixed width)")
         yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
     finally:
         srv.stop()

@@ -49,7 +49,7 @@ def vp(artifacts):
 def _fast(artifacts, vp, method: str | None, forced: bool = False, stages: int = 1) -> FastProgram:
     """`stages` 2: two pipeline stages of layers 0-1 and 2-3 sharing the test device (`cpu,cpu`; `0,0` on the
     GPU)."""
-    spec = None if method is None else {"method": method, "num_speculative_tokens": KS[method]}
+    spec = None if method is None else {"method": method, "num_speculative_tokens": KS[method], "adaptive": False}
     patches = vp.processor.max_pixels // vp.processor.patch_size ** 2
     program = FastProgram.from_artifact(artifacts[method or "mtp"], **LIMITS, budget_bytes=1 << 30, device=DEVICE,
                                         page_size=4, kv_pages=200, dtype=torch.float32, speculative_config=spec,
