@@ -255,13 +255,21 @@ def bench_adaptive(run: Run, engine, program, prompts: list, forced: ForcedConti
 
 
 def profile_rounds(engine, prompts, forced: ForcedContinuation, phases: Phases, k: int, into: list) -> None:
-    """The rounds of `prompts` at a forced length of 3 under cProfile: where the host's share of a round goes."""
+    """The rounds of `prompts` at a forced length of 3 under cProfile from the step after the last request's first
+    token (the prompts' prefill left out): where the host's share of a round goes."""
     L = min(3, k + 1)
     forced.reset(L - 1)
-    phases.reset()
-    entry = {"k": k, "B": len(prompts), "L": L}
-    with host_profile(entry, phases):
-        run_requests(engine, prompts, 1 + 4 * L + k + 1)
+    entry = {"k": k, "B": len(prompts), "L": L, "from": "the step after every request's first token"}
+    trackers, started = [submit(engine, p, 1 + 4 * L + k + 1) for p in prompts], []
+    with host_profile(entry, phases) as prof:
+        prof.disable()
+
+        def start_after_admissions() -> None:
+            if not started and all(t.deltas for t in trackers):
+                started.append(True)
+                phases.reset()
+                prof.enable()
+        drive(engine, trackers, start_after_admissions)
     into.append(entry)
 
 

@@ -61,12 +61,13 @@ class Phases:
 
 @contextlib.contextmanager
 def host_profile(into: dict, rounds: Phases, top: int = 25):
-    """cProfile over the block, its `top` functions by own time written to ``into["top"]`` per round of `rounds`
-    (a diagnostic run apart from the timed ones: the profiler slows the host's Python)."""
+    """cProfile over the block (the caller may disable the yielded profiler and enable it later), its `top`
+    functions by own time written to ``into["top"]`` per round of `rounds` (a diagnostic run apart from the timed
+    ones: the profiler slows the host's Python)."""
     prof = cProfile.Profile()
     prof.enable()
     try:
-        yield
+        yield prof
     finally:
         prof.disable()
         n = max(rounds.rounds, 1)

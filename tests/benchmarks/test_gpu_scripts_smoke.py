@@ -147,6 +147,7 @@ def test_bench_spec_dflash_smoke(tmp_path, program, method):
     assert "block 8 targets" in done.stdout and "PROJECTED block 8" in done.stdout
     [profile] = tiny["host_profile"]
     assert (profile["k"], profile["B"], profile["L"]) == (7, 2, 3) and profile["rounds"] >= 4
+    assert profile["from"] == "the step after every request's first token"  # the prompts' prefill left out
     assert len(profile["top"]) == 25 and all(f["own_ms"] >= 0 and f["calls"] > 0 for f in profile["top"])
     assert "host profile, k=7 B=2 L=3" in done.stdout
     if program == "fast":  # the verify graphs at the block's width, timed alone (eager bodies on the CPU)
