@@ -68,7 +68,8 @@ class DFlashDraftGraphs:
         bk = self.backend
         first = None if bk.window is None else self.first_keys[:R]
         logits, hidden = bk.drafter.block_on(self.anchors[:R], self.frontiers[:R], self.deltas[:R], first,
-                                             self.table[:R], bk.block_size, bk.k_pages, bk.v_pages)  # [R, B-1, .]
+                                             self.table[:R], bk.block_size, bk.k_pages, bk.v_pages,
+                                             bk.draft_vocab)  # [R, B-1, .]
         self.draws.reset(R)
         steps = DRAW_STEPS[variant]
         if block_draw:

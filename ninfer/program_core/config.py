@@ -36,10 +36,12 @@ class ProgramConfig:
         """Drafts per row and round (0 without a backend)."""
         return 0 if self.speculative is None else self.speculative.num_speculative_tokens
 
+    def resolved_speculative(self, cfg: Qwen35Config) -> SpeculativeConfig | None:
+        """The backend's config against the model (`SpeculativeConfig.for_vocab`), for a resolved config."""
+        return None if self.speculative is None else self.speculative.for_vocab(cfg.vocab_size)
+
     def checked_eos(self, cfg: Qwen35Config) -> tuple[int, ...]:
         """The shared range checks (ValueError naming the field); the resolved eos ids."""
-        if self.speculative is not None:
-            self.speculative.draft_vocab(cfg.vocab_size)
         return check_program_limits(cfg, max_concurrency=self.max_concurrency, max_context=self.max_context,
                                     page_size=self.page_size, checkpoint_slots=self.checkpoint_slots,
                                     host_bytes=self.host_bytes, eos_token_ids=self.eos_token_ids)

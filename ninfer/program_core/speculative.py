@@ -17,6 +17,7 @@ trained for that block) is the Program's check.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -123,13 +124,13 @@ class SpeculativeConfig:
         vocab = "" if self.draft_vocab_size is None else f", draft vocab {self.draft_vocab_size}"
         return f"{self.method} (k={self.num_speculative_tokens}{window}{fixed}{vocab})"
 
-    def draft_vocab(self, vocab_size: int) -> int | None:
-        """The draft vocabulary for a model of `vocab_size` ids (None: the whole one), or the start-up error naming
-        the field when it is larger than the model's."""
+    def for_vocab(self, vocab_size: int) -> "SpeculativeConfig":
+        """This config against a model of `vocab_size` ids: a draft vocabulary of the whole vocabulary is none, one
+        larger than it the start-up error naming the field."""
         n = self.draft_vocab_size
         if n is not None and n > vocab_size:
             raise SpeculativeConfigError("draft_vocab_size", f"{n} is past the model's {vocab_size} token ids")
-        return None if n is None or n == vocab_size else n
+        return dataclasses.replace(self, draft_vocab_size=None) if n == vocab_size else self
 
 
 def drafter_fit(spec: SpeculativeConfig, drafter: Any | None) -> tuple[int, int | None]:

@@ -43,7 +43,7 @@ def test_speculative_config_parses_vllm_shape():
     assert not fixed.adaptive and fixed.name == "mtp (k=3, fixed width)"
     hot = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3, "draft_vocab_size": 32768})
     assert hot.draft_vocab_size == 32768 and hot.name == "mtp (k=3, draft vocab 32768)"
-    assert hot.draft_vocab(248320) == 32768 and hot.draft_vocab(32768) is None  # the whole vocabulary: no bound
+    assert hot.for_vocab(248320) is hot and hot.for_vocab(32768).draft_vocab_size is None  # the whole one: no bound
     with pytest.raises(SpeculativeConfigError, match="must be a SpeculativeMethod") as e:
         SpeculativeConfig("mtp", 3)
     assert e.value.field == "method"

@@ -85,10 +85,8 @@ def load_drafter_weights(cfg: DrafterConfig, source: Callable[[str], torch.Tenso
 
 class FastDrafter:
     def __init__(self, cfg: DrafterConfig, weights: DrafterWeights, kernels: Kernels, embed: torch.Tensor,
-                 lm_head: torch.Tensor, draft_vocab: int | None = None):
-        """`draft_vocab`: the drafts' logits over the token ids below it alone (None: the whole vocabulary)."""
+                 lm_head: torch.Tensor):
         self.cfg, self.w, self.k, self.embed, self.lm_head = cfg, weights, kernels, embed, lm_head
-        self.draft_vocab = draft_vocab
 
     def _kv_write(self, lw: DrafterLayer, x: torch.Tensor, q: torch.Tensor, positions: torch.Tensor,
                   slots: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
@@ -113,22 +111,24 @@ class FastDrafter:
 
     def block(self, anchors: list[int], frontiers: list[int], tables: torch.Tensor, block_size: int,
               k_pages: list[torch.Tensor], v_pages: list[torch.Tensor], first_keys: list[int] | None = None,
-              rope_deltas: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              rope_deltas: list[int] | None = None, draft_vocab: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass over [anchor, MASK x (B-1)] at positions frontier.. for each of R rows: the drafts' logits
         [R, B-1, V] fp32 and the final-normed hidden [R, B-1, H]. `tables` [R, max_pages] int32 names each row's
         pages of positions < frontier + B (the context's, then the scratch pages the block's own K/V go to);
         `first_keys` [R] the first context key each row attends to (a draft window; None: 0); `rope_deltas` [R]
-        what each row's block rotates at beyond its positions (rope_delta after a prompt with images; None: 0)."""
+        what each row's block rotates at beyond its positions (rope_delta after a prompt with images; None: 0);
+        `draft_vocab` the logits over the token ids below it alone (`head_logits`; None: the whole vocabulary)."""
         R = len(anchors)
         # every row's (anchor, frontier, rope delta, first key) in one copy queued without a host wait: [4, R]
         anchor, front, delta, first_key = to_device([list(anchors), list(frontiers), list(rope_deltas or [0] * R),
                                                      list(first_keys or [0] * R)], self.embed.device).unbind(0)
         return self.block_on(anchor, front, delta, None if first_keys is None else first_key, tables, block_size,
-                             k_pages, v_pages)
+                             k_pages, v_pages, draft_vocab)
 
     def block_on(self, anchor: torch.Tensor, front: torch.Tensor, delta: torch.Tensor, first_key: torch.Tensor | None,
-                 tables: torch.Tensor, block_size: int, k_pages: list[torch.Tensor], v_pages: list[torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 tables: torch.Tensor, block_size: int, k_pages: list[torch.Tensor], v_pages: list[torch.Tensor],
+                 draft_vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`block` from device data alone (anchor, front, delta, first_key [R] int32; graph-safe: the DFlash draft
         graphs' body, `dflash_graphs.py`)."""
         c, kern, B, R = self.cfg, self.k, block_size, anchor.shape[0]
@@ -162,7 +162,7 @@ class FastDrafter:
             m = kern.linear(kern.linear_swiglu(h, lw.gate_up), lw.down)
             x = x + (m if mlp_later is None else kern.dflash_conv(m, mlp_later, lw.conv[2][1], B))
         hidden = kern.rmsnorm(x, self.w.norm, c.rms_norm_eps, None)[0].view(R, B, -1)[:, 1:]  # [R, B-1, H]
-        return head_logits(hidden, self.lm_head.to(hidden.dtype), self.draft_vocab), hidden
+        return head_logits(hidden, self.lm_head.to(hidden.dtype), draft_vocab), hidden
 
     def _prepare(self, h: torch.Tensor, base: torch.Tensor, proj: torch.Tensor, block: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,7 +75,8 @@ class FastProgramConfig(ProgramConfig):
         elif layers is not None and len(layers) > 1:
             raise StageError("--stage-layers: with one device there is one stage")
         graphs = self.prefill_graph_tokens if self.speculative is None and not cfg.is_moe else 0
-        return dataclasses.replace(self, eos_token_ids=eos, prefill_graph_tokens=graphs, stage_layers=layers)
+        return dataclasses.replace(self, eos_token_ids=eos, prefill_graph_tokens=graphs, stage_layers=layers,
+                                   speculative=self.resolved_speculative(cfg))
 
     @property
     def stage_plan(self) -> StagePlan | None:

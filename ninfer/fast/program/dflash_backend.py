@@ -44,12 +44,14 @@ from ninfer.sampling import RowContext
 
 
 class FastDFlashBackend:
-    def __init__(self, drafter: FastDrafter, pools: Pools, block_size: int, window: int | None):
+    def __init__(self, drafter: FastDrafter, pools: Pools, block_size: int, window: int | None,
+                 draft_vocab: int | None = None):
         """block_size: the pass's length (num_speculative_tokens + 1); window: context positions a block sees
-        (None: all)."""
+        (None: all); draft_vocab: drafts from the token ids below it alone (None: all)."""
         if pools.dk is None:
             raise ValueError("the memory plan has no drafter page pools (plan_memory(..., drafter=cfg))")
         self.drafter, self.pools, self.block_size, self.window = drafter, pools, block_size, window
+        self.draft_vocab = draft_vocab
         self.layers = drafter.cfg.target_layer_ids
         self.page_size = pools.plan.page_size
         self.k_pages, self.v_pages = list(pools.dk), list(pools.dv)  # per drafter layer [P', ps, nkv', d']
@@ -90,7 +92,8 @@ class FastDFlashBackend:
         rows = range(plan.max_seqs)
         tables = to_device([[self.pools.scratch_page(r, j) for j in range(plan.scratch_pages)] for r in rows], dev)
         logits, hidden = self.drafter.block([0] * len(rows), [0] * len(rows), tables, self.block_size, self.k_pages,
-                                            self.v_pages, None if self.window is None else [0] * len(rows))
+                                            self.v_pages, None if self.window is None else [0] * len(rows),
+                                            draft_vocab=self.draft_vocab)
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             self.selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
 

@@ -63,7 +63,7 @@ def _dflash(c: FastProgramConfig, model: FastModel, drafter: FastDrafter | None)
             plan.scratch_pages != scratch_pages_per_row(d, plan.page_size):
         raise ValueError(f"the model's memory plan {plan} was not made for this drafter ({d})")
     model.tap(d.target_layer_ids)  # over stages only these cross to rank 0, where the drafter and its pages live
-    return FastDFlashBackend(drafter, model.pools, block, window)
+    return FastDFlashBackend(drafter, model.pools, block, window, spec.draft_vocab_size)
 
 
 def _check_plan(model: FastModel, c: FastProgramConfig) -> bool:
@@ -128,8 +128,7 @@ class FastProgram(Program):
                                     draft_tokens=c.draft_tokens, no_vision=no_vision)
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
                                      ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs,
-                                     self.pieces, None if c.speculative is None else
-                                     c.speculative.draft_vocab(cfg.vocab_size))
+                                     self.pieces, None if c.speculative is None else c.speculative.draft_vocab_size)
 
     def _measure_costs(self, piece: int, dflash: FastDFlashBackend | None, vision: FastVisionTower | None,
                        vision_patches: int) -> CostFacts:
@@ -169,7 +168,7 @@ class FastProgram(Program):
         if mtp:
             drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
                                               use_graphs=c.cuda_graphs,
-                                              draft_vocab=c.speculative.draft_vocab(model.cfg.vocab_size))
+                                              draft_vocab=c.speculative.draft_vocab_size)
             drafter_graphs.capture()
         if dflash is not None:
             dflash.graphs = DFlashDraftGraphs(dflash, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
@@ -231,8 +230,7 @@ class FastProgram(Program):
             resident = weights.nbytes if stages is None else rank_nbytes(weights, stages)
             plan = config.plan(cfg, budget_bytes, resident, quant_workspace_bytes(weights, act), drafter)
             model = FastModel(cfg, weights, allocate_stage_pools(cfg, plan, device, stages), kernels, stages)
-        vocab = None if config.speculative is None else config.speculative.draft_vocab(cfg.vocab_size)
-        return cls(model, config, None if drafter is None else _load_drafter(model, drafter, source, vocab), vision,
+        return cls(model, config, None if drafter is None else _load_drafter(model, drafter, source), vision,
                    vision_patches)
 
     @classmethod
@@ -297,15 +295,14 @@ def vision_bytes(tower: FastVisionTower, patches: int) -> int:
     return tower.weight_bytes + tower.workspace_bytes(patches) + HELD * features
 
 
-def _load_drafter(model: FastModel, drafter: DrafterConfig, source, draft_vocab: int | None) -> FastDrafter:
-    """The drafter's weights on the model's device, over the target's embedding and lm_head (its rows below
-    `draft_vocab` alone, where one is set)."""
+def _load_drafter(model: FastModel, drafter: DrafterConfig, source) -> FastDrafter:
+    """The drafter's weights on the model's device, over the target's embedding and lm_head."""
     lm_head = model.weights.lm_head
     if not isinstance(lm_head, torch.Tensor):
         raise UnavailableError("the fast DFlash drafter drafts through a dense lm_head; this model's is "
                                "quantized").locate("lm_head", hint="run it on --program reference")
     weights = load_drafter_weights(drafter, source, model.plan.dtype, model.device)
-    return FastDrafter(drafter, weights, model.kernels, model.weights.embed, lm_head, draft_vocab)
+    return FastDrafter(drafter, weights, model.kernels, model.weights.embed, lm_head)
 
 
 def _warm_prefill(model: FastModel, tokens: int) -> None:

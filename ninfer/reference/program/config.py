@@ -47,7 +47,7 @@ class ReferenceProgramConfig(ProgramConfig):
         features = ("text", "mtp") if mtp else ("text",)
         plan = plan_stages(cfg, tuple(self.devices), self.stage_layers, self.dtype_name, features)
         return dataclasses.replace(self, kv_pages=pages, eos_token_ids=eos, devices=plan.devices,
-                                   stage_layers=plan.layers)
+                                   stage_layers=plan.layers, speculative=self.resolved_speculative(cfg))
 
     @property
     def stage_plan(self) -> StagePlan:

@@ -34,9 +34,9 @@ def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Dra
     if spec.method is SpeculativeMethod.MTP:
         if not model.has_mtp:
             raise MissingBackendWeights(spec.method, spec.method.needs)
-        return MTPBackend(model, spec.draft_vocab(model.cfg.vocab_size))
+        return MTPBackend(model, spec.draft_vocab_size)
     block, window = drafter_fit(spec, None if drafter is None else drafter.cfg)
-    return DFlashBackend(drafter, block, window, spec.draft_vocab(model.cfg.vocab_size))
+    return DFlashBackend(drafter, block, window, spec.draft_vocab_size)
 
 
 class ReferenceProgram(Program):
