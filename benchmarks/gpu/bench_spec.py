@@ -207,13 +207,8 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                     continue
                 forced.reset(L - 1)
                 phases.reset()
-                # s.steps rounds, one more for rows admitted a round late (B = 8 at k = 15 had no common round
-                # without it), then the block's room
-                total = 1 + (s.steps + 1) * L + k + 1
-                try:
-                    row = steady(run_requests(engine, prompts[B], total), total, room=k + 1)
-                except RuntimeError as e:  # staggered admissions left no common round: the row is not timed
-                    run.results["skipped"].append(f"{name} k={k} B={B} L={L}: {e}")
+                row = timed_rounds(run, engine, prompts[B], L, k, f"{name} k={k} B={B} L={L}")
+                if row is None:
                     continue
                 row.update(k=k, L=L, **phases.per_round_ms(),
                            followed=forced.followed / max(forced.followed + forced.diverged, 1))
@@ -231,6 +226,19 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
         teardown(s, program, engine)
 
 
+def timed_rounds(run: Run, engine, prompts: list, L: int, k: int, label: str) -> dict | None:
+    """`steady` over s.steps rounds at forced length L, one more for rows admitted a round late (B = 8 at k = 15
+    had no common round without it), then the block's room; None (the row skipped, `label` noted) when the
+    staggered admissions left no round where every request decoded."""
+    total = 1 + (run.s.steps + 1) * L + k + 1
+    trackers = run_requests(engine, prompts, total)  # a failed request or Engine raises here, never skipped
+    try:
+        return steady(trackers, total, room=k + 1)
+    except RuntimeError as e:
+        run.results["skipped"].append(f"{label}: {e}")
+        return None
+
+
 def bench_adaptive(run: Run, engine, program, prompts: list, forced: ForcedContinuation, entry: dict, k: int,
                    costs: RoundCosts) -> None:
     """The Engine's default rounds (`DraftPolicy` over the Program's measured round costs: each round's width
@@ -243,11 +251,8 @@ def bench_adaptive(run: Run, engine, program, prompts: list, forced: ForcedConti
             continue
         program.draft_policy = DraftPolicy(k, costs)
         forced.reset(L - 1)
-        total = 1 + (run.s.steps + 1) * L + k + 1
-        try:
-            row = steady(run_requests(engine, prompts, total), total, room=k + 1)
-        except RuntimeError as e:  # staggered admissions left no common round: the row is not timed
-            run.results["skipped"].append(f"adaptive k={k} B={B} L={L}: {e}")
+        row = timed_rounds(run, engine, prompts, L, k, f"adaptive k={k} B={B} L={L}")
+        if row is None:
             continue
         row.update(k=k, L=L, widths={str(w): n for w, n in program.draft_policy.rounds.items() if n})
         entry.setdefault("adaptive", []).append(row)
