@@ -51,14 +51,9 @@ class RoundCosts:
         if not self.per_batch or bad:
             raise ValueError(f"round costs need a positive second per width for each B, got {self.per_batch}")
 
-    @property
-    def max_batch(self) -> int:
-        return len(self.per_batch)
-
     def seconds(self, B: int, i: int) -> float:
-        """Rows past the measured B scale the largest B's cost (a round never has more rows than the plan's)."""
-        row = self.per_batch[min(B, self.max_batch) - 1]
-        return row[i] * max(1.0, B / self.max_batch)
+        """A round of B rows (1..the Program's lanes, every B measured) at widths[i]."""
+        return self.per_batch[B - 1][i]
 
 
 class DraftPolicy:

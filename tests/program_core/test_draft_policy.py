@@ -77,10 +77,6 @@ def test_rows_without_room_never_widen_the_round():
     assert policy.width([1, 0]) == 2  # one row may take a draft: the 4-wide block would only pad
 
 
-def test_more_rows_than_measured_scale_the_largest_cost():
-    assert MTP_COSTS.seconds(4, 2) == pytest.approx(12.6e-3 * 2)
-
-
 @pytest.mark.parametrize("widths, per_batch", [((2, 4), ((1.0, 2.0),)), ((1, 4, 2), ((1.0, 2.0, 3.0),)),
                                                ((1, 4), ((1.0,),)), ((1, 4), ((1.0, float("nan")),)),
                                                ((1, 4), ())])
