@@ -40,14 +40,19 @@ from ninfer.fast.ops.qlinear.fastgemv import to_tiles  # noqa: E402
 from ninfer.fast.ops.qlinear.triton import qgemv  # noqa: E402
 
 ROTATE_BYTES = 256 << 20
-# per (recipe, M = 1 or more): (rows per program, stages, warps, tl.dot, splits or None for the heuristic)
+# per (recipe, M = 1 or more): (rows per program, stages, warps, tl.dot, splits or None for the heuristic[, FP8's K
+# tile])
 SWEEP = {
     ("q4", 1): [(64, 4, 4, False, None), (128, 4, 4, False, None), (128, 2, 4, False, None), (128, 3, 8, False, None),
                 (256, 3, 8, False, None), (128, 4, 4, False, 16), (64, 4, 4, True, None)],
     ("q4", 8): [(32, 4, 4, True, None), (64, 4, 4, True, None), (64, 3, 8, True, None), (128, 3, 8, True, None),
                 (32, 4, 4, False, None)],
     ("fp8", 1): [(32, 4, 4, False, None), (64, 4, 4, False, None), (16, 4, 4, False, None), (64, 3, 8, False, None),
-                 (32, 4, 4, True, None)],
+                 (32, 4, 4, True, None), (16, 4, 4, True, None),
+                 # K tiles over 2..8 column blocks: more bytes in flight per program
+                 (32, 4, 4, False, None, 256), (16, 4, 4, False, None, 256), (16, 4, 4, False, None, 512),
+                 (16, 3, 8, False, None, 512), (8, 4, 4, False, None, 512), (8, 3, 4, False, None, 1024),
+                 (16, 2, 8, False, None, 1024), (32, 3, 8, False, None, 512)],
     ("fp8", 8): [(32, 4, 4, True, None), (64, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 1): [(32, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 8): [(32, 4, 4, True, None), (64, 3, 8, True, None)],
@@ -84,14 +89,16 @@ def _sweep(variant: str, M: int, smoke: bool) -> list:
     if variant == "q4_generic":
         return [None]
     configs = SWEEP.get((variant, 1 if M == 1 else 8), [])
-    return [None] + (configs[:2] if smoke else configs)
+    # the smoke run checks the first two and the first wide FP8 tile against the naive op
+    return [None] + (configs[:2] + [c for c in configs if len(c) > 5][:1] if smoke else configs)
 
 
 def _config_name(cfg) -> str:
     if cfg is None:
         return "default"
-    bw, stages, warps, dot, splits = cfg
-    return f"{bw}r{stages}s{warps}w{'dot' if dot else 'fma'}" + (f"{splits}k" if splits else "")
+    bw, stages, warps, dot, splits = cfg[:5]
+    return f"{bw}r{stages}s{warps}w{'dot' if dot else 'fma'}" + (f"{splits}k" if splits else "") + \
+        (f"{cfg[5]}bk" if len(cfg) > 5 else "")
 
 
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:
@@ -100,7 +107,7 @@ def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, err
     best = None
     for cfg in _sweep(variant, M, smoke):
         kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], use_dot=cfg[3],
-                                         splits=cfg[4])
+                                         splits=cfg[4], bk=cfg[5] if len(cfg) > 5 else None)
         name = _config_name(cfg)
         try:
             us = graph_us(lambda: qgemv(x, ws[next(it) % len(ws)], **kw), 2 * len(ws))

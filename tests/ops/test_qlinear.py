@@ -147,6 +147,23 @@ def test_fp8_gemv_rows_dot_free(kind):
     assert_close(f"fp8 {kind} dot-free rows", qlinear_naive(x, w), qgemv(x, w, use_dot=False), _tol())
 
 
+@pytest.mark.parametrize("kind", ["fp8", "fp8_row"])
+@pytest.mark.parametrize("blocks", [2, 4])
+def test_fp8_gemv_wide_tiles_one_row(kind, blocks):
+    # a K tile over several column blocks scales each block's products by its own entry (and for per-row scales,
+    # one entry over a tile wider than the default); split-K and SwiGLU on the same tile
+    N, K = SHAPES[-1]
+    w = _weight(kind, 2 * N, K)
+    bk = blocks * min(w.block_cols, 32 if not ON_GPU else 128)
+    x = torch.randn(1, K, device=DEVICE).to(DTYPE)
+    out = torch.full((1, 2 * N), float("nan"), device=DEVICE, dtype=DTYPE)
+    assert_close(f"fp8 {kind} tile {bk}", qlinear_naive(x, w), qgemv(x, w, out=out, bk=bk, use_dot=False), _tol())
+    assert_close(f"fp8 {kind} tile {bk} split-K", qlinear_naive(x, w), qgemv(x, w, bk=bk, splits=2), _tol())
+    gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)
+    assert_close(f"fp8 {kind} tile {bk} swiglu", torch.nn.functional.silu(gate) * up,
+                 qgemv(x, w, swiglu=True, bk=bk).float(), _tol())
+
+
 def test_to_tiles_leaves_other_layouts():
     # act-order, a group narrower than a tile, and other kinds keep the stored order (the generic kernel)
     for kind, params in (("int4_act", {"group_size": 128, "zero_point": True, "act_order": True}),

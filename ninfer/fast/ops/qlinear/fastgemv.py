@@ -75,6 +75,23 @@ def fast_kind(w: QuantWeight) -> bool:
 
 
 @triton.jit
+def _blocks(ptr, rows, valid, k0, K, BC, stride, SB: tl.constexpr, NSB: tl.constexpr):
+    """Per row, the plane entries of the NSB column blocks of SB columns from k0 (entry (k0 + j*SB) // BC): [BW, NSB]
+    fp32. SB divides BC, or BC >= K (one entry per row)."""
+    start = k0 + tl.arange(0, NSB) * SB
+    mask = valid[:, None] & (start < K)[None, :]
+    # no `other`: one call serves fp32, fp16/bf16, e4m3 and uint8 planes
+    v = tl.load(ptr + rows[:, None].to(tl.int64) * stride + (start // BC)[None, :], mask=mask)
+    return tl.where(mask, v.to(tl.float32), 0.0)
+
+
+@triton.jit
+def _scaled(v, s, BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
+    """v [BW, BK] times s [BW, BK/SB], each entry of s over its SB columns."""
+    return tl.reshape(tl.reshape(v, (BW, BK // SB, SB)) * s[:, :, None], (BW, BK))
+
+
+@triton.jit
 def _nibble(words, T: tl.constexpr, C: tl.constexpr):
     """Nibble T of each int32 word as fp32 (u - C) * 16^P: in place (P = T) while it lies inside the 23 mantissa
     bits, nibbles 5..7 after one shift by 12 bits (P = T - 3)."""
@@ -190,8 +207,8 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, M, R, 
 @triton.jit
 def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_splits, half, BR, BC,
                 stride_x, stride_w, stride_s, stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr,
-                EVEN_K: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr, USE_DOT: tl.constexpr,
-                FP32_DOT: tl.constexpr):
+                SB: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr,
+                USE_DOT: tl.constexpr, FP32_DOT: tl.constexpr):
     pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     m = tl.arange(0, BM)
@@ -214,18 +231,24 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per
         else:
             w = tl.load(w_rows + k[None, :], mask=valid[:, None] & (k < K)[None, :], other=0.0)
             x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & (k < K)[None, :], other=0.0)
-        s = tl.load(s_rows + k0 // BC, mask=valid, other=0.0).to(tl.float32)  # the tile's column block
-        if USE_DOT:
-            if FP32_DOT:
-                part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
-            else:
-                part = tl.dot(w.to(tl.bfloat16), tl.trans(x.to(tl.bfloat16)))
-            acc += part * s[:, None]
-        elif BM == 1:
-            # one row of x as a vector: a slice of the weight tile's layout, no 3-D broadcast to convert into
-            acc += (w.to(tl.float32) * s[:, None] * tl.sum(x.to(tl.float32), axis=0)[None, :])[None, :, :]
+        if SB < BK:
+            # a wide tile (dot-free, one row of x): each row's scales of the tile's BK // SB column blocks
+            sb = _blocks(s_ptr, rows // BR, valid, k0, K, BC, stride_s, SB, BK // SB)  # [BW, BK // SB]
+            xv = tl.sum(x.to(tl.float32), axis=0)  # [BK]: the one row
+            acc += (_scaled(w.to(tl.float32), sb, BW, BK, SB) * xv[None, :])[None, :, :]
         else:
-            acc += (w.to(tl.float32) * s[:, None])[None, :, :] * x.to(tl.float32)[:, None, :]
+            s = tl.load(s_rows + k0 // BC, mask=valid, other=0.0).to(tl.float32)  # the tile's column block
+            if USE_DOT:
+                if FP32_DOT:
+                    part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
+                else:
+                    part = tl.dot(w.to(tl.bfloat16), tl.trans(x.to(tl.bfloat16)))
+                acc += part * s[:, None]
+            elif BM == 1:
+                # one row of x as a vector: a slice of the weight tile's layout, no 3-D broadcast to convert into
+                acc += (w.to(tl.float32) * s[:, None] * tl.sum(x.to(tl.float32), axis=0)[None, :])[None, :, :]
+            else:
+                acc += (w.to(tl.float32) * s[:, None])[None, :, :] * x.to(tl.float32)[:, None, :]
     if USE_DOT:
         out = tl.trans(acc)
     else:
@@ -253,9 +276,10 @@ def split_plan(x: torch.Tensor, y: torch.Tensor, blocks: int, M: int, R: int, K:
         _arrival_table(x.device, blocks)
 
 
-def _config(w: QuantWeight, M: int, dot: bool, bw: int | None) -> tuple[int, int, int]:
-    """(BM, BW, BK): x's padded rows, weight rows per program, the K tile (one int4 tile; FP8: within one column
-    block). From sm_90 SASS: int4 dot-free at 128 rows spends about 5 instructions a weight (at 64: 6, each thread's
+def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = None
+            ) -> tuple[int, int, int, int]:
+    """(BM, BW, BK, SB): x's padded rows, weight rows per program, the K tile (one int4 tile; FP8: within one column
+    block unless ``bk`` asks for whole blocks at one row), the columns one scale entry covers in the tile. From sm_90 SASS: int4 dot-free at 128 rows spends about 5 instructions a weight (at 64: 6, each thread's
     x vectors serve fewer rows), and at 32 rows tl.dot's four warps decode each weight twice. Measured
     (bench_qgemv.py, H100, the six 9B projections, eighth session, docs/performance.md): FP8 with tl.dot at M = 8
     runs 1.2-1.4x faster at 64 rows a program than at 32 in every shape (x is padded to 16 rows, so every M > 1 runs
@@ -263,21 +287,28 @@ def _config(w: QuantWeight, M: int, dot: bool, bw: int | None) -> tuple[int, int
     best swept configuration in both forms, which no single alternative beats in every shape."""
     bm = 16 if dot else triton.next_power_of_2(M)
     if w.tiled:
-        return bm, bw or (64 if dot else 128), TILE
-    bc = w.block_cols
-    bk = 128 if bc >= w.k else min(128, bc)
-    return bm, bw or (64 if dot else 32), bk
+        return bm, bw or (64 if dot else 128), TILE, TILE
+    # a block as wide as K (one scale entry per row) takes any tile up to K's power of two
+    bc = w.block_cols if w.block_cols < w.k else triton.next_power_of_2(w.k)
+    if bk is None:
+        bk = min(128, bc)
+    if bk <= bc:
+        assert bc % bk == 0, f"qgemv: a K tile of {bk} must divide the {bc}-column blocks"
+        return bm, bw or (64 if dot else 32), bk, bk
+    # a tile over whole column blocks scales each block's products apart: the dot-free one-row form only
+    assert bk % bc == 0 and not dot and M == 1, f"qgemv: a {bk}-wide K tile over {bc}-column blocks"
+    return bm, bw or 32, bk, bc
 
 
 def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, splits: int | None, bw: int | None,
-               num_warps: int, num_stages: int, use_dot: bool | None) -> torch.Tensor:
+               num_warps: int, num_stages: int, use_dot: bool | None, bk: int | None = None) -> torch.Tensor:
     """``qgemv`` for a ``fast_kind`` weight (x contiguous along K, y allocated): ``use_dot`` None takes tl.dot for
     M > 1 and the dot-free form for one row."""
     M, K = x.shape
     R = w.n
     n_out = R // 2 if swiglu else R
     dot = M > 1 if use_dot is None else use_dot
-    bm, bw, bk = _config(w, M, dot, bw)
+    bm, bw, bk, sb = _config(w, M, dot, bw, bk)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     k_per, splits, part, arrivals = split_plan(x, y, blocks, M, R, K, bk, splits)
     common = dict(BM=bm, BW=bw, SPLIT=splits > 1, SWIGLU=swiglu, USE_DOT=dot, FP32_DOT=fp32_dot(x),
@@ -292,5 +323,6 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
     else:
         _fp8_kernel[(blocks, splits)](
             x, w.data, w.scales, y, part, arrivals, M, R, K, k_per, splits, n_out, w.block_rows, w.block_cols,
-            x.stride(0), w.data.stride(0), w.scales.stride(-2), y.stride(0), BK=bk, EVEN_K=K % bk == 0, **common)
+            x.stride(0), w.data.stride(0), w.scales.stride(-2), y.stride(0), BK=bk, SB=sb, EVEN_K=K % bk == 0,
+            **common)
     return y

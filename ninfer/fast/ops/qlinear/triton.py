@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ninfer.fast.ops.gemv.triton import _finish, _tile_rows
 
-from .fastgemv import fast_kind, fp32_dot, qgemv_fast, split_plan
+from .fastgemv import _blocks, _scaled, fast_kind, fp32_dot, qgemv_fast, split_plan
 from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
 
 MAX_ROWS = 16
@@ -36,23 +36,6 @@ def _e2m1(c):
     bits = tl.where(i >= 2, (((i >> 1) + 126) << 23) | ((i & 1) << 22), tl.where(i == 1, 126 << 23, 0))
     bits = bits | ((c >> 3) << 31)
     return bits.to(tl.uint32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _blocks(ptr, rows, valid, k0, K, BC, stride, SB: tl.constexpr, NSB: tl.constexpr):
-    """Per row, the plane entries of the NSB column blocks of SB columns from k0 (entry (k0 + j*SB) // BC): [BW, NSB]
-    fp32. SB divides BC, or BC >= K (one entry per row)."""
-    start = k0 + tl.arange(0, NSB) * SB
-    mask = valid[:, None] & (start < K)[None, :]
-    # no `other`: one call serves fp32, fp16/bf16, e4m3 and uint8 planes
-    v = tl.load(ptr + rows[:, None].to(tl.int64) * stride + (start // BC)[None, :], mask=mask)
-    return tl.where(mask, v.to(tl.float32), 0.0)
-
-
-@triton.jit
-def _scaled(v, s, BW: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
-    """v [BW, BK] times s [BW, BK/SB], each entry of s over its SB columns."""
-    return tl.reshape(tl.reshape(v, (BW, BK // SB, SB)) * s[:, :, None], (BW, BK))
 
 
 @triton.jit
@@ -194,12 +177,13 @@ def _aux(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
 
 def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swiglu: bool = False,
           splits: int | None = None, bw: int | None = None, num_warps: int = 4, num_stages: int = 4,
-          use_dot: bool | None = None) -> torch.Tensor:
+          use_dot: bool | None = None, bk: int | None = None) -> torch.Tensor:
     """x [M, K] (M <= 16, any row stride) @ dequant(w [N, K])^T -> [M, N] in x's dtype, fp32 accumulation; with
     ``swiglu``, w = [gate | up] and the result is silu(gate) * up [M, N/2]. ``splits``, ``bw`` (weight rows per
     program), ``num_warps`` and ``num_stages`` override the shape heuristic (tests, benchmarks/gpu/bench_qgemv.py);
     ``use_dot=False`` sums fp32 products in registers instead of a padded ``tl.dot`` (the generic kernel: M = 1
-    only). Tiled int4 and 2-D FP8 weights run ``fastgemv``'s kernels."""
+    only); ``bk``: an FP8 weight's K tile (``fastgemv._config``). Tiled int4 and 2-D FP8 weights run ``fastgemv``'s
+    kernels."""
     M, K = x.shape
     R = w.n
     assert len(w.shape) == 2 and w.k == K and 1 <= M <= MAX_ROWS, f"qgemv: x {tuple(x.shape)}, w {w.shape}"
@@ -207,7 +191,7 @@ def qgemv(x: torch.Tensor, w: QuantWeight, out: torch.Tensor | None = None, swig
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
     if fast_kind(w):
-        return qgemv_fast(x, w, y, swiglu, splits, bw, num_warps, num_stages, use_dot)
+        return qgemv_fast(x, w, y, swiglu, splits, bw, num_warps, num_stages, use_dot, bk)
     if use_dot is None:
         # measured (bench_qgemv.py, H100, the six 9B projections, eighth session): NVFP4 at one row sums in
         # registers 1.17-1.35x faster than through a padded tl.dot in every shape; the other kinds were not swept
