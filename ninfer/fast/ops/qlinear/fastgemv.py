@@ -279,8 +279,9 @@ def split_plan(x: torch.Tensor, y: torch.Tensor, blocks: int, M: int, R: int, K:
 def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = None
             ) -> tuple[int, int, int, int]:
     """(BM, BW, BK, SB): x's padded rows, weight rows per program, the K tile (one int4 tile; FP8: within one column
-    block unless ``bk`` asks for whole blocks at one row), the columns one scale entry covers in the tile. From sm_90 SASS: int4 dot-free at 128 rows spends about 5 instructions a weight (at 64: 6, each thread's
-    x vectors serve fewer rows), and at 32 rows tl.dot's four warps decode each weight twice. Measured
+    block unless ``bk`` asks for whole blocks at one row), the columns one scale entry covers in the tile. From sm_90
+    SASS: int4 dot-free at 128 rows spends about 5 instructions a weight (at 64: 6, each thread's x vectors serve
+    fewer rows), and at 32 rows tl.dot's four warps decode each weight twice. Measured
     (bench_qgemv.py, H100, the six 9B projections, eighth session, docs/performance.md): FP8 with tl.dot at M = 8
     runs 1.2-1.4x faster at 64 rows a program than at 32 in every shape (x is padded to 16 rows, so every M > 1 runs
     the same tile); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x slower); int4's defaults are within 15% of the
