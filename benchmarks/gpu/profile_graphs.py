@@ -16,7 +16,8 @@ what the graph pays besides its kernels (launch gaps, the graph launch). Where t
 half the eager body's launches, CUPTI missed the graph's kernels on this torch, and the eager table stands in
 (`profiled` says which). On a CPU (--smoke) nothing is captured: the eager bodies and the profiler's operators run.
 
-Run: python benchmarks/gpu/profile_graphs.py [--models 0.8B,9B] [--spec-models 9B] [--deadline-s 540] [--out DIR]
+Run: python benchmarks/gpu/profile_graphs.py [--models 0.8B,9B] [--spec-models 9B] [--recipes fp8,q4]
+     [--deadline-s 540] [--out DIR]   (--recipes: the same plain graphs on bench_quant.py's quantized weights)
      python benchmarks/gpu/profile_graphs.py --smoke   # tiny shape on the CPU, naive kernels
 """
 
@@ -27,11 +28,13 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_engine  # noqa: E402
+import bench_quant  # noqa: E402
 import bench_spec  # noqa: E402
 from kernel_table import kernel_table  # noqa: E402
 from measure import cuda_ms  # noqa: E402
@@ -116,12 +119,18 @@ def round_case_rows(s: Settings, program) -> list[dict]:
     return rows
 
 
-def profile_plain(run: Run, name: str) -> None:
-    program, engine, info = bench_engine.build(run.s.engine, name)
+def profile_plain(run: Run, name: str, recipe: str = "bf16") -> None:
+    """The plain Program's graphs; a quantized `recipe` (bench_quant.py's random planes) builds it as bench_quant
+    does."""
+    if recipe == "bf16":
+        program, engine, info = bench_engine.build(run.s.engine, name)
+    else:
+        program, engine, info = bench_quant.build(SimpleNamespace(s=run.s.engine), name, recipe)
     entry = run.results["models"].setdefault(name, {})
-    entry["prefill_graph_buckets"] = info["prefill_graph_buckets"]
+    entry["prefill_graph_buckets"] = info.get("prefill_graph_buckets")
     try:
-        entry.setdefault("cases", []).extend(dict(r, program="plain") for r in plain_cases(run.s, program))
+        entry.setdefault("cases", []).extend(dict(r, program="plain" if recipe == "bf16" else f"plain {recipe}")
+                                             for r in plain_cases(run.s, program))
     finally:
         close(program, engine)
         del program, engine
@@ -182,18 +191,22 @@ def main() -> int:
     ap = bench_arguments(540.0, "tiny shape on the CPU (naive kernels, eager bodies, the profiler's CPU operators)")
     ap.set_defaults(models="0.8B,9B")
     ap.add_argument("--spec-models", default="9B", help="models whose MTP round graphs are profiled ('' for none)")
+    ap.add_argument("--recipes", default="", help="quantized recipes (bench_quant.py's: fp8, q4, nvfp4) whose plain "
+                    "graphs are profiled after the bf16 ones, per model")
     args = ap.parse_args()
     run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "profile_graphs.json")
     if not run.need_cuda(args.smoke, print_report):
         return 1
     plain = ["tiny"] if args.smoke else [m for m in args.models.split(",") if m]
     spec = ["tiny"] if args.smoke else [m for m in args.spec_models.split(",") if m]
-    for part, name, fn in [("prefill and decode", m, profile_plain) for m in plain] + \
-                          [("MTP round", m, profile_round) for m in spec]:
+    recipes = [r for r in args.recipes.split(",") if r]
+    parts = [("prefill and decode", m, profile_plain, ()) for m in plain]
+    parts += [(f"{r} prefill and decode", m, profile_plain, (r,)) for m in plain for r in recipes]
+    for part, name, fn, extra in parts + [("MTP round", m, profile_round, ()) for m in spec]:
         if run.left() < MIN_SECONDS.get(name, 60):
             run.results["skipped"].append(f"{name} {part} (deadline: {run.left():.0f}s left)")
             continue
-        run.part(f"{name} {part}", fn, run, name)
+        run.part(f"{name} {part}", fn, run, name, *extra)
     run.results["wall_s"] = time.monotonic() - run.t0
     run.save()
     print_report(run.results)

@@ -30,7 +30,7 @@
 #                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part,
 #                                       # and with engine beside llamacpp or hf, report.py --peers prints them side by side
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
-#        PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
+#        PROFILE_RECIPES (profile: quantized recipes profiled too, e.g. fp8,q4), PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
 #        and dflash: the backend's draft_vocab_size)
 set -u
 cd "$(dirname "$0")/../.."
@@ -115,8 +115,8 @@ run_profile() {
     # issue 14: where the graphed prefill piece's and the MTP round's fixed costs go (docs/performance.md)
     echo "== kernels inside the prefill, decode and MTP round graphs"
     timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_graphs.py --models "${BENCH_MODELS:-0.8B,9B}" \
-        --spec-models "${SPEC_MODELS:-9B}" --deadline-s $(( $(left) - 20 )) ${OUT:+--out "$OUT"} \
-        || echo "profile_graphs rc=$?"
+        --spec-models "${SPEC_MODELS-9B}" --recipes "${PROFILE_RECIPES:-}" --deadline-s $(( $(left) - 20 )) \
+        ${OUT:+--out "$OUT"} || echo "profile_graphs rc=$?"
 }
 
 run_moe() {
