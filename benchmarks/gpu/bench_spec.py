@@ -227,10 +227,11 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
 
 
 def timed_rounds(run: Run, engine, prompts: list, L: int, k: int, label: str) -> dict | None:
-    """`steady` over s.steps rounds at forced length L, one more for rows admitted a round late (B = 8 at k = 15
-    had no common round without it), then the block's room; None (the row skipped, `label` noted) when the
-    staggered admissions left no round where every request decoded."""
-    total = 1 + (run.s.steps + 1) * L + k + 1
+    """`steady` over s.steps rounds at forced length L, plus one round per request after the first (the Engine
+    alternates each admission's prefill with a decode round, so the last request starts up to B - 1 rounds after
+    the first: on the GPU, B = 8 at L = 9 and 16 had no common round with less), then the block's room; None (the
+    row skipped, `label` noted) when the staggered admissions still left no round where every request decoded."""
+    total = 1 + (run.s.steps + len(prompts)) * L + k + 1
     trackers = run_requests(engine, prompts, total)  # a failed request or Engine raises here, never skipped
     try:
         return steady(trackers, total, room=k + 1)
@@ -284,9 +285,9 @@ def bench_model(run: Run, name: str) -> None:
     vocab = config(name).vocab_size
     gen = torch.Generator().manual_seed(7)
     prompts = {B: [random_prompt(gen, s.prompt_len, vocab) for _ in range(B)] for B in s.batches}
-    # the longest speculative case plus its untimed tail
+    # the longest speculative case (with timed_rounds' round per later admission) plus its untimed tail
     top = max(ks(s))
-    tokens = 1 + s.steps * (top + 1) + 2 * (top + 1)
+    tokens = 1 + (s.steps + max(s.batches)) * (top + 1) + 2 * (top + 1)
     continuations = bench_autoregressive(run, name, prompts, tokens, entry)
     for k in ks(s):
         bench_speculative(run, name, prompts, continuations, entry, k)
