@@ -108,8 +108,9 @@ class UnitRunner:
                 return
             masked = any(m is not None for m in masks)
             batch = program.decode([r.handle for r in recs], masks if masked else None)
-            # a masked round's next masks depend on the tokens just drawn: it stays synchronous
-            self._commit(batch, recs, forced=False, ahead=not masked and not program.limits.draft_tokens)
+            # a masked round's next masks depend on the tokens just drawn: it stays synchronous (a speculative
+            # row's draft masks too, and a block bound its session gives)
+            self._commit(batch, recs, forced=False, ahead=not masked)
 
     def _ask(self, rec: "RequestRecord", what: str, call: Callable[[], Any]) -> Any:
         """A session's answer before a model call (its mask, its control suffix), or _FAILED when the session

@@ -60,7 +60,7 @@ class ModelExecutor(Protocol):
     # (0 < keep < len(fed); GDN and backend state) put into its live slot from states the pass kept per block
     # position; False when it kept none, and the core replays the kept tokens from the backup instead.
 
-    # optional: accept(seqs, ctxs, drafts, targets, grammar) -> [Accepted | RowFailure] per row, grammar[i] one mask
-    # row per verified position: `ninfer.sampling.accept` on the executor's device (the fast Program's one host
-    # copy a round). A `draft` result may also keep its drafts on the device and supply the fed blocks itself
+    # optional: accept(seqs, ctxs, drafts, targets, grammar) -> a call returning [Accepted | RowFailure] per row,
+    # grammar[i] one mask row per verified position: `ninfer.sampling.accept` queued on the executor's device (the
+    # fast Program's one host copy a round, waited for by the call, so a round launched ahead holds it). A `draft` result may also keep its drafts on the device and supply the fed blocks itself
     # (`drafts.feds(pending)`, lengths on the host); without `accept` the core accepts on the host.

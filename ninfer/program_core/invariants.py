@@ -30,11 +30,12 @@ def resource_usage(prog: "ProgramCore") -> ResourceUsage:
 
 def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows: list[int]) -> None:
     pages_for = prog.config.pages_for
-    ahead = set(getattr(prog, "ahead_handles", tuple)())  # a step launched ahead holds its next position's page
+    # a round launched ahead holds the pages of the positions it fed past each row's frontier
+    ahead = getattr(prog, "ahead_extents", dict)()
     for slot, seq in prog.seqs.items():
         assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
     live = {seq.handle for seq in prog.seqs.values() if seq.pending is not None}
-    assert ahead <= live, f"a step launched ahead holds {ahead - live}, not active past their prompt"
+    assert set(ahead) <= live, f"a round launched ahead holds {set(ahead) - live}, not active past their prompt"
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
         refs.update(seq.table)
         slots.append(seq.handle.slot)
@@ -42,7 +43,7 @@ def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows:
         assert [f for f, _ in seq.captures] == sorted({f for f, _ in seq.captures}), f"{seq.handle}: captures unordered"
         assert all(f > seq.frontier for f, _ in seq.captures), f"{seq.handle}: prefill passed a reserved capture"
         rows.extend([seq.row] if seq.row is not None else [])
-        covered = pages_for(seq.frontier + (seq.handle in ahead))
+        covered = pages_for(seq.frontier + ahead.get(seq.handle, 0))
         assert len(seq.table) == covered, f"{seq.handle}: block table does not cover the frontier"
         assert seq.reserve_left >= 0, f"{seq.handle}: negative reservation"
         assert len(seq.table) + seq.reserve_left <= pages_for(len(seq.prompt) + seq.max_new), \

@@ -7,8 +7,8 @@ token. Decode (a speculative round when a backend runs: `speculation.py`) and co
 committed GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step
 takes are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
 abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short takes the state
-after its kept tokens (`speculation.rollback`). With async scheduling a plain decode step may be launched ahead of its
-`decode` call (`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this
+after its kept tokens (`speculation.rollback`). With async scheduling a decode round (plain or speculative) may be
+launched ahead of its `decode` call (`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this
 and supply only their store and executor.
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, ResourceResult, RowDecision,
-                              RowFailure, RunningTransaction, SequenceHandle)
+                              RunningTransaction, SequenceHandle)
 
 from . import ahead as ahead_step
 from .core import ProgramCore
 from .execution import (Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end, restore,
                         validate_commit)
 from .executor import ModelExecutor
-from .speculation import rollback, speculative_round
+from .speculation import rollback
 
 
 class Program(ProgramCore):
@@ -33,11 +33,9 @@ class Program(ProgramCore):
     ahead_launched = ahead_adopted = 0  # steps launched ahead, and of them those a `decode` adopted
 
     def launch_ahead(self, handles: Sequence[SequenceHandle]) -> bool:
-        """Launch the plain decode step of `handles` now, unmasked; the next `decode` of exactly these rows adopts
-        it. False (nothing launched) with a speculative backend: its rounds stay synchronous."""
+        """Launch the next round of `handles` now, unmasked (the plain step, or a speculative round when a backend
+        runs); the next `decode` of exactly these rows adopts it."""
         self.discard_ahead()
-        if self.config.draft_tokens:
-            return False
         self._ahead = ahead_step.launch(self, handles)
         self.ahead_launched += 1
         return True
@@ -50,6 +48,13 @@ class Program(ProgramCore):
 
     def ahead_handles(self) -> tuple[SequenceHandle, ...]:
         return () if self._ahead is None else self._ahead.handles
+
+    def ahead_extents(self) -> dict[SequenceHandle, int]:
+        """Per row of the round launched ahead, the positions it fed past the frontier (1 for a plain step, the
+        block for a speculative round): the pages it holds until adopted or discarded."""
+        if self._ahead is None:
+            return {}
+        return {h: len(p.fed) for h, p in zip(self._ahead.handles, self._ahead.provisional)}
 
     def advance(self, txn: RunningTransaction) -> ResourceResult | None:
         self.discard_ahead()  # a transition may change a mapping the launched step reads
@@ -72,8 +77,8 @@ class Program(ProgramCore):
         capture_due(self, seq)
         if end < n:
             return None
-        return PendingBatch(BatchKind.PREFILL, (_row(handle, n, self.executor.draw_first(seq, logits, mask)),),
-                            self.resource_revision)
+        first = ahead_step.drawn_row(handle, n, self.executor.draw_first(seq, logits, mask))
+        return PendingBatch(BatchKind.PREFILL, (first,), self.resource_revision)
 
     def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
         if masks is not None and len(masks) != len(handles):
@@ -81,19 +86,12 @@ class Program(ProgramCore):
         if self._ahead is not None and ahead_step.matches(self._ahead, handles, masks):
             ahead, self._ahead = self._ahead, None
             self.ahead_adopted += 1
-            seqs, provisional, drawn = [self.sequence(h) for h in handles], ahead.provisional, ahead.collect()
-        else:
-            self.discard_ahead()
-            seqs = [self.sequence(h) for h in handles]
-            if any(s.pending is None for s in seqs):
-                raise EngineFailure("decode of a sequence before its prompt finished")
-            if self.config.draft_tokens:
-                return speculative_round(self, seqs, masks or [None] * len(seqs))
-            provisional = tuple(Provisional((s.pending,), grow(self, s, s.frontier + 1)) for s in seqs)
-            drawn = self.executor.decode(seqs, masks or [None] * len(seqs))
-        # a failed row keeps its Provisional: the Engine drops it, and commit restores its slot and pages
-        rows = [_row(h, s.frontier + 1, d) for h, s, d in zip(handles, seqs, drawn)]
-        return PendingBatch(BatchKind.DECODE, tuple(rows), self.resource_revision, payload=provisional)
+            return ahead.started.finish()
+        self.discard_ahead()
+        seqs = [self.sequence(h) for h in handles]
+        if any(s.pending is None for s in seqs):
+            raise EngineFailure("decode of a sequence before its prompt finished")
+        return ahead_step.start(self, seqs, masks or [None] * len(seqs)).finish()
 
     def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
         """Forced tokens: no sampling, no RNG position consumed beyond the tokens themselves."""
@@ -136,10 +134,3 @@ class Program(ProgramCore):
         for row, prov in zip(batch.rows, batch.payload):
             restore(self, self.sequence(row.handle), prov)
 
-
-def _row(handle: SequenceHandle, base_frontier: int, drawn: Any) -> PendingRow:
-    """A drawn (token, logprobs) as a one-token row; a RowFailure as a failed row, whose request ends alone."""
-    if isinstance(drawn, RowFailure):
-        return PendingRow.failed(handle, base_frontier, drawn)
-    token, lp = drawn
-    return PendingRow.drawn(handle, (token,), base_frontier, lp)

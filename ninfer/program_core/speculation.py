@@ -12,7 +12,7 @@ else replayed from the backup.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ninfer.contracts import BatchKind, DraftMasks, EngineFailure, PendingBatch, PendingRow, RowFailure
 from ninfer.sampling import Accepted, RowContext, SamplingError, accept
@@ -52,7 +52,11 @@ def _mask_rows(mask: Any | None, drafts: tuple[int, ...]) -> list[Any | None]:
     return [mask]  # a plain bitmask row: no drafts were taken
 
 
-def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> PendingBatch:
+def launch_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]
+                 ) -> tuple[tuple[Provisional, ...], Callable[[], PendingBatch]]:
+    """Queue one speculative round: (each row's provisional step, the call that waits for the acceptance and returns
+    the round's PendingBatch). An executor with device acceptance (`accept`) leaves its one readback to that call;
+    otherwise the round is accepted on the host here."""
     ctxs = [row_context(prog, s) for s in seqs]
     ex = prog.executor
     rooms = [draft_room(prog, s, m) for s, m in zip(seqs, masks)]
@@ -66,16 +70,25 @@ def speculative_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Se
     targets = ex.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
     grammar = [_grammar(m, fed) for m, fed in zip(masks, feds)]
     if hasattr(ex, "accept"):  # acceptance on the executor's device, the same definition as `accept`
-        got = ex.accept(seqs, ctxs, drafts, targets,
-                        [[None] * len(fed) if isinstance(g, RowFailure) else g for g, fed in zip(grammar, feds)])
-        rows = [_row(s, g if isinstance(g, RowFailure) else a, len(fed) - 1)
-                for s, a, g, fed in zip(seqs, got, grammar, feds)]
+        collect = ex.accept(seqs, ctxs, drafts, targets,
+                            [[None] * len(fed) if isinstance(g, RowFailure) else g for g, fed in zip(grammar, feds)])
+
+        def accepted() -> list[PendingRow]:
+            return [_row(s, g if isinstance(g, RowFailure) else a, len(fed) - 1)
+                    for s, a, g, fed in zip(seqs, collect(), grammar, feds)]
     else:
         rows = [_accepted_row(s, ctx, tuple(fed[1:]), q, target, g) for s, ctx, fed, (_, q), target, g in
                 zip(seqs, ctxs, feds, drafts, targets, grammar)]
-    kept = [(k, len(r.tokens)) for k, r in zip(ks, rows) if r.failure is None]
-    prog.draft_policy.observe(width, [k for k, _ in kept], [n for _, n in kept])
-    return PendingBatch(BatchKind.DECODE, tuple(rows), prog.resource_revision, payload=provisional)
+
+        def accepted() -> list[PendingRow]:
+            return rows
+
+    def finish() -> PendingBatch:
+        got = accepted()
+        kept = [(k, len(r.tokens)) for k, r in zip(ks, got) if r.failure is None]
+        prog.draft_policy.observe(width, [k for k, _ in kept], [n for _, n in kept])
+        return PendingBatch(BatchKind.DECODE, tuple(got), prog.resource_revision, payload=provisional)
+    return provisional, finish
 
 
 def _fills(mask: Any | None) -> bool:

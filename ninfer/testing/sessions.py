@@ -69,11 +69,29 @@ class TokenSession:
         return self.mask(len(self.tokens)) if callable(self.mask) else self.mask
 
     def draft_masks(self) -> DraftMasks | None:
-        """No grammar; while a thinking budget is running, a speculative block stops at it (the forced think-end
-        comes right after the budget's last token, as in a plain run)."""
-        if self.think_budget is None or self.forced or self.think_end in self.tokens:
-            return None
-        return DraftMasks(max_block=max(1, self.think_budget - len(self.tokens)))
+        """The mask of each draft prefix's next token (a `mask` that depends on the count alone, as `AlternateMask`
+        does, is the same for every draft); while a thinking budget is running, a speculative block stops at it (the
+        forced think-end comes right after the budget's last token, as in a plain run)."""
+        budget = self.think_budget is not None and not self.forced and self.think_end not in self.tokens
+        max_block = max(1, self.think_budget - len(self.tokens)) if budget else None
+        if self.mask is None:
+            return None if max_block is None else DraftMasks(max_block=max_block)
+        return DraftMasks(fill=self._draft_rows, max_block=max_block)
+
+    def _draft_rows(self, drafts: Sequence[int]) -> Any:
+        """int32 [len(drafts) + 1, ceil(V / 32)] bitmask rows (bit t % 32 of word t // 32), row i the mask after
+        drafts[:i] (a bool [V] mask, or a callable of the count with a `vocab`); an unconstrained position allows
+        every token."""
+        import numpy as np
+        import torch
+
+        n = len(self.tokens)
+        masks = [self.mask(n + i) if callable(self.mask) else self.mask for i in range(len(drafts) + 1)]
+        vocab = self.mask.vocab if callable(self.mask) else self.mask.shape[0]
+        bits = np.zeros((len(masks), -(-vocab // 32) * 32), dtype=bool)
+        for i, m in enumerate(masks):
+            bits[i, :vocab] = True if m is None else m.numpy()
+        return torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view("<i4").copy())
 
     def control_suffix(self) -> tuple[int, ...] | None:
         """Once the thinking budget is spent without a think-end token, force one (once)."""
@@ -107,6 +125,7 @@ class AlternateMask:
     def __init__(self, vocab: int, allowed: Sequence[int] = (0, 3, 5, 8, 13)):
         import torch
 
+        self.vocab = vocab
         self.allowed = torch.zeros(vocab, dtype=torch.bool)  # [V]
         self.allowed[[t % vocab for t in allowed]] = True
 

@@ -3,7 +3,8 @@ bugs the property harness must catch, each breaking one rule of docs/engine.md "
 checks of the launched step's adoption and rollback.
 
 The machine is test_properties.py's `Async` (two lanes, tight pools, masked rows, cancellations, deadlines,
-faults); the hunt is derandomized so each mutant meets the same schedules."""
+faults; `AsyncSpeculative` with MTP rounds launched ahead); the hunt is derandomized so each mutant meets the same
+schedules."""
 
 from __future__ import annotations
 
@@ -58,12 +59,14 @@ def publish_ahead_token_of_cancelled(self, cancelled):
     """A cancelled row's launched-ahead token is published as if it had been committed."""
     inner = getattr(self.core.program, "inner", self.core.program)
     launched = inner._ahead
+    batch = None
     for rid in sorted(cancelled):
         rec = self.core.records.get(rid)
         if launched is not None and rec is not None and rec.handle in launched.handles:
-            drawn = launched.collect()[launched.handles.index(rec.handle)]
-            if isinstance(drawn, tuple):
-                rec.events.put(OutputDelta(rid, (drawn[0],), (drawn[0],)))
+            batch = batch or launched.started.finish()
+            row = batch.rows[launched.handles.index(rec.handle)]
+            if row.failure is None:
+                rec.events.put(OutputDelta(rid, row.tokens, row.tokens))
     return _end_cancelled(self, cancelled)
 
 
@@ -121,6 +124,15 @@ def test_harness_catches_async_mutant(name, monkeypatch):
                                                          f"{type(caught.value).__name__}: {str(caught.value)[:400]}"
 
 
+@pytest.mark.skipif("_on_gpu()", reason="the harness's own check: runs on the CPU")
+def test_harness_catches_a_speculative_round_discarded_without_its_restore(monkeypatch):
+    # whole MTP rounds launched ahead: a discard that keeps the round's stepped state must show
+    monkeypatch.setattr(ahead_step, "discard", discard_keeps_the_step)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - any failure of the harness, checked by its message
+        run_state_machine_as_test(_props().AsyncSpeculative, settings=HUNT)
+    assert "output depends on the schedule" in str(caught.value), str(caught.value)[:400]
+
+
 @pytest.mark.parametrize("unmasked", [False, True])
 def test_the_unmutated_hunt_passes(unmasked):
     examples = 8 if _on_gpu() else 40
@@ -169,9 +181,28 @@ def test_a_discarded_step_restores_the_committed_state():
     assert len(second.result(timeout=0).token_ids) == 5
 
 
-def test_speculative_rounds_stay_synchronous():
+def _run_speculative(async_scheduling: bool, prompts, max_tokens=11):
     program = _props()._speculative()
-    assert program.launch_ahead([]) is False and program.ahead_handles() == ()
+    engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
+                                          async_scheduling=async_scheduling), threaded=False)
+    handles = [engine.submit(GenerationRequest(p, TokenSession(max_tokens, stop_ids=()), max_tokens))
+               for p in prompts]
+    engine.run_until_idle()
+    return [h.result(timeout=0).token_ids for h in handles], program
+
+
+def test_speculative_rounds_launched_ahead_equal_the_synchronous_run():
+    # MTP k = 3 with ForcedDrafts (random acceptance lengths): each round after a commit is launched ahead whole
+    # (draft, verify, device acceptance and its copy queued) and adopted by the next decode
+    prompts = [(3, 5, 7, 9), (2, 4, 6, 8, 10, 12)]
+    sync, sync_program = _run_speculative(False, prompts)
+    overlapped, program = _run_speculative(True, prompts)
+    assert overlapped == sync and all(len(t) == 11 for t in sync)
+    assert sync_program.ahead_launched == 0
+    assert program.ahead_adopted >= 2 and program.ahead_launched == program.ahead_adopted
+    assert program.resource_usage().active_sequences == 0 and program.ahead_handles() == ()
+    alone, _ = _run(False, prompts, max_tokens=11)  # the plain Program's greedy output
+    assert overlapped == alone
 
 
 @pytest.mark.parametrize("planted", [False, True])

@@ -112,6 +112,13 @@ Async.TestCase.settings = settings(settings.default,
                                    stateful_step_count=30)
 TestAsyncFastEngine = Async.TestCase
 
+# Async scheduling with MTP: whole speculative rounds launched ahead (draft, verify, device acceptance), adopted or
+# rolled back; every request equal to its solo run on a synchronous Engine and, greedy, on the plain Program
+AsyncSpeculative = make_engine_machine(_speculative, max_concurrency=2, async_scheduling=True, grammar_rows=True,
+                                       oracle=lambda: _program(True))
+AsyncSpeculative.TestCase.settings = Speculative.TestCase.settings
+TestAsyncSpeculativeFastEngine = AsyncSpeculative.TestCase
+
 # 15 examples each on CPU (a DFlash round runs the drafter, and ForcedDrafts its teacher), 5 on the GPU
 _dflash_settings = settings(settings.default, max_examples=max(5 if _conftest()[0].ON_GPU else 15,
                                                                settings.default.max_examples // 80),

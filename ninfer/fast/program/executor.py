@@ -221,12 +221,13 @@ class FastExecutor:
         return self.verifier is not None and self.verifier.fits(lens, backup)
 
     def accept(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], drafts, targets: Sequence[Any],
-               masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
-        """Every row's acceptance on the device (`SpecSampler.accept`), one host copy for the batch."""
+               masks: Sequence[list[Any | None]]) -> Callable[[], list[Accepted | RowFailure]]:
+        """Every row's acceptance queued on the device (`SpecSampler.accept_later`) with one host copy for the
+        batch; the returned call waits for it and reads the results."""
         block = drafts if isinstance(drafts, DraftBlock) else \
             DraftBlock.from_host(drafts, [c.params.is_greedy for c in ctxs], self.spec.k, self.model.cfg.vocab_size,
                                  self.device)
-        return self.spec.accept(seqs, ctxs, block, targets, masks)
+        return self.spec.accept_later(seqs, ctxs, block, targets, masks)
 
     def select(self, seq: ActiveSequence, keep: int) -> bool:
         """The state after fed[:keep] of the block this row's last `verify` consumed (0 < keep < its length) into

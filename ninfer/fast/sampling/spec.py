@@ -6,7 +6,8 @@
   distribution cannot be drawn from ending its drafts there (``DraftBlock.num``).
 - ``accept``: p at every verified position (steps 1-8 with that draft prefix's grammar mask and the drafts before it
   in the penalties' history), ``spec_accept`` (the host ``accept``, tested equal to it), the raw logprobs of every
-  emitted token, and one host copy of (count, status, tokens, drafts, logprobs) for the whole batch.
+  emitted token, and one host copy of (count, status, tokens, drafts, logprobs) for the whole batch, queued
+  (``accept_later``): the host waits for it only when it reads the results.
 
 The host ``ninfer.sampling.speculative`` stays the definition: ``tests/fast_program/test_spec_sampler.py`` checks
 these draws against it row by row. Rows the host sampler refuses before reading logits (ids outside the vocabulary,
@@ -16,7 +17,7 @@ a malformed mask: ``rows.host_error``) run as plain greedy rows and report the h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -184,6 +185,14 @@ class SpecSampler:
                targets: Sequence[torch.Tensor], masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
         """targets[b]: the raw target logits [lens[b] + 1, V]; masks[b]: one grammar row (or None) per verified
         position. Returns each row's accepted drafts plus bonus (or residual) token, or its failure."""
+        return self.accept_later(seqs, ctxs, block, targets, masks)()
+
+    def accept_later(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
+                     targets: Sequence[torch.Tensor], masks: Sequence[list[Any | None]]
+                     ) -> Callable[[], list[Accepted | RowFailure]]:
+        """`accept` queued on the device with its host copy: the returned call waits for that copy (the round's one
+        host sync) and reads the results, so a round launched ahead (async scheduling) holds it across the host's
+        work."""
         B, K1, V = len(seqs), self.k + 1, self.vocab
         rows, errors, words = self._verify_rows(seqs, ctxs, block, masks)
         raw = self._stack(targets, block.lens)  # [B * K1, V]
@@ -197,8 +206,15 @@ class SpecSampler:
         out = self._accept(z.view(B, K1, V), block, rows.ip.view(B, K1, NI)[:, 0])
         wants = [c.params.logprobs for c in ctxs]
         lp = self._logprobs(raw, out, rows) if any(n is not None for n in wants) else None
-        host = self._read_back(out, block, lp)
-        return [self._result(host, b, errors[b], wants[b]) for b in range(B)]
+        host = self._queue_read_back(out, block, lp)
+
+        def collect() -> list[Accepted | RowFailure]:
+            hostcopy.host_sync(self.device)
+            array = host.numpy()
+            k = self.k
+            block.fill_host(array[:, A.TOKENS + k + 1:A.TOKENS + 2 * k + 1].tolist())
+            return [self._result(array, b, errors[b], wants[b]) for b in range(B)]
+        return collect
 
     def _verify_rows(self, seqs, ctxs, block: DraftBlock, masks) -> tuple[RowParams, list, torch.Tensor | None]:
         """Row b * K1 + i: p at position frontier + 1 + i with that prefix's mask; each row's host error (ids or a
@@ -247,18 +263,14 @@ class SpecSampler:
             return logprobs(raw, chosen, num, workspace=self._lp_ws)
         return logprobs_naive(raw, chosen, num)
 
-    def _read_back(self, out: torch.Tensor, block: DraftBlock, lp: torch.Tensor | None) -> np.ndarray:
-        """The round's one host copy: [B, 2 + K1 | k drafts | K1 * LP.COLUMNS] int32."""
+    def _queue_read_back(self, out: torch.Tensor, block: DraftBlock, lp: torch.Tensor | None) -> torch.Tensor:
+        """The round's one host copy, queued: [B, 2 + K1 | k drafts | K1 * LP.COLUMNS] int32 (pinned on CUDA)."""
         B = out.shape[0]
         parts = [out, block.tokens.to(torch.int32)] + ([] if lp is None else [lp.view(B, -1)])
         packed = torch.cat(parts, dim=1)
         host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=packed.is_cuda)
         host.copy_(packed, non_blocking=True)
-        hostcopy.host_sync(self.device)
-        array = host.numpy()
-        k = self.k
-        block.fill_host(array[:, A.TOKENS + k + 1:A.TOKENS + 2 * k + 1].tolist())
-        return array
+        return host
 
     def _result(self, host: np.ndarray, b: int, error, want: int | None) -> Accepted | RowFailure:
         if error is not None:
