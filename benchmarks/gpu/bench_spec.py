@@ -154,7 +154,9 @@ def build(s: Settings, name: str, k: int):
             source = lambda n: draft(n) if n.startswith("dflash.") else target(n)  # noqa: E731
         program = FastProgram.build(cfg, source, settings, budget_bytes=budget, device=s.device, kernels=s.kernels,
                                     drafter=drafter)
-    return program, Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=512), threaded=False)
+    # as served: the fast Program's rounds (plain and speculative) launched ahead of the host's commit
+    return program, Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=512,
+                                                 async_scheduling=s.program == "fast"), threaded=False)
 
 
 def teardown(s: Settings, program, engine) -> None:
@@ -190,6 +192,7 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                 round_graph_times(program, s.batches, s.prompt_len, s.device, reps=3 if s.device == "cpu" else 20))
             run.save()
         phases = Phases(program, s.device)
+        phases.enabled = False  # the timed rows run as served; `add_phases` and the host profile bracket phases
         forced = ForcedContinuation(program, continuations, program.limits.vocab_size, s.device)
         # the timed rows at the full block (a policy without costs); the adaptive ones after them
         costs = program.draft_policy.costs
@@ -206,14 +209,12 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                     run.results["skipped"].append(f"{name} B={B} L={L} (deadline)")
                     continue
                 forced.reset(L - 1)
-                phases.reset()
                 row = timed_rounds(run, engine, prompts[B], L, k, f"{name} k={k} B={B} L={L}")
                 if row is None:
                     continue
-                row.update(k=k, L=L, **phases.per_round_ms(),
-                           followed=forced.followed / max(forced.followed + forced.diverged, 1))
-                # the replay runs inside the commit
-                row["host_ms"] = row["step_ms"] - sum(row[f"{n}_ms"] for n in ("draft", "verify", "accept", "commit"))
+                row.update(k=k, L=L, followed=forced.followed / max(forced.followed + forced.diverged, 1))
+                if L == k + 1:
+                    add_phases(run, engine, prompts[B], phases, forced, row, k)
                 entry.setdefault("spec", []).append(row)
                 run.save()
             if s.profile_host and B == s.batches[-1] and run.left() > 20:
@@ -224,6 +225,22 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
         program.check_invariants()
     finally:
         teardown(s, program, engine)
+
+
+def add_phases(run: Run, engine, prompts: list, phases: Phases, forced: ForcedContinuation, row: dict, k: int
+               ) -> None:
+    """The full block's phases (draft, verify, accept, replay, commit) into its row, from one more run of the same
+    rounds with each phase bracketed by syncs (`synced_step_ms`: that run's round); host: the synced round less
+    the phases (the replay runs inside the commit)."""
+    forced.reset(k)
+    phases.reset()
+    phases.enabled = True
+    synced = timed_rounds(run, engine, prompts, k + 1, k, f"phases k={k} B={len(prompts)}")
+    phases.enabled = False
+    if synced is None:
+        return
+    row.update(**phases.per_round_ms(), synced_step_ms=synced["step_ms"])
+    row["host_ms"] = synced["step_ms"] - sum(row[f"{n}_ms"] for n in ("draft", "verify", "accept", "commit"))
 
 
 def timed_rounds(run: Run, engine, prompts: list, L: int, k: int, label: str) -> dict | None:

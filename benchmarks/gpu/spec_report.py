@@ -82,7 +82,7 @@ def targets(name: str, ar: list[dict], spec: list[dict], k: int) -> dict | None:
     """The issue's three targets from B = 1 at full acceptance (L = k + 1) against the autoregressive B = 1 step
     (they apply to 9B; other models get the same figures for information)."""
     base = next((r for r in ar if r["B"] == 1), None)
-    full = next((r for r in spec if r["B"] == 1 and r["L"] == k + 1), None)
+    full = next((r for r in spec if r["B"] == 1 and r["L"] == k + 1 and "draft_ms" in r), None)
     if base is None or full is None:
         return None
     got = {"verify_ratio": (full["step_ms"] - full["draft_ms"]) / base["step_ms"],
@@ -97,7 +97,7 @@ def dflash_targets(name: str, ar: list[dict], spec: list[dict], k: int, adaptive
     block): the drafter pass over one AR step, the full-acceptance speedup, the worst B = 8 ratio from length 3 (of
     the adaptive rows, the Engine's default, where the run has them; else of the full-block rows)."""
     base = {r["B"]: r for r in ar}
-    full = next((r for r in spec if r["B"] == 1 and r["L"] == k + 1), None)
+    full = next((r for r in spec if r["B"] == 1 and r["L"] == k + 1 and "draft_ms" in r), None)
     b8 = [r["tok_s"] / base[8]["tok_s"] for r in (adaptive or spec)
           if r["B"] == 8 and r["L"] >= DFLASH_TARGETS["b8_from_length"] and 8 in base]
     if 1 not in base or full is None:
@@ -162,15 +162,19 @@ def print_table(r: dict) -> None:
     print(f"{'model':8} {'k':>2} {'B':>2} {'L':>2} {'got L':>6} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} "
           f"{'draft ms':>8} {'AR step':>8} {'AR tok/s':>8} | {'verify':>7} {'accept':>7} {'commit':>7} {'replay':>7} "
           f"{'host':>7}")
+    print("(step ms and tok/s: rounds as served, launched ahead; the phase columns, at the full block only: one more "
+          "run with a sync around each phase)")
     for name, m in r.get("models", {}).items():
         ar = {a["B"]: a for a in m.get("ar", [])}
         for s in m.get("spec", []):
             a = ar.get(s["B"], {})
+            phase = {n: "-" if f"{n}_ms" not in s else f"{s[f'{n}_ms']:.2f}"
+                     for n in ("draft", "verify", "accept", "commit", "replay", "host")}
             print(f"{name:8} {s.get('k', r.get('k')):>2} {s['B']:>2} {s['L']:>2} {s['tokens_per_step']:6.2f} "
                   f"{s['step_ms']:8.2f} "
-                  f"{s['ms_per_token']:9.3f} {s['tok_s']:7.0f} {s['draft_ms']:8.2f} {a.get('step_ms', 0):8.2f} "
-                  f"{a.get('tok_s', 0):8.0f} | {s.get('verify_ms', 0):7.2f} {s.get('accept_ms', 0):7.2f} "
-                  f"{s.get('commit_ms', 0):7.2f} {s.get('replay_ms', 0):7.2f} {s.get('host_ms', 0):7.2f}")
+                  f"{s['ms_per_token']:9.3f} {s['tok_s']:7.0f} {phase['draft']:>8} {a.get('step_ms', 0):8.2f} "
+                  f"{a.get('tok_s', 0):8.0f} | {phase['verify']:>7} {phase['accept']:>7} {phase['commit']:>7} "
+                  f"{phase['replay']:>7} {phase['host']:>7}")
         print_adaptive(name, m, ar)
         print_round_graphs(name, m.get("round_graphs", []))
         print_host_profile(name, m.get("host_profile", []))
