@@ -104,6 +104,26 @@ def test_device_drafts_equal_draw_draft(kernels, cutoff):
                 assert torch.allclose(torch.softmax(block.z[b, j].double(), -1).cpu(), q, atol=1e-6), (b, j)
 
 
+@pytest.mark.parametrize("kernels", ["naive", "triton"])
+def test_min_tokens_ends_inside_a_block(kernels):
+    # a row two outputs short of min_tokens drafts three, EOS the argmax everywhere: each draft position counts its
+    # own outputs (the drafts before it), so EOS is blocked for the first two and drawn third, as draw_draft says
+    prompt, outputs = [1, 2, 3, 4], [7, 8]
+    seq = Seq(row=0, frontier=len(prompt) + len(outputs) - 1, prompt=prompt, outputs=outputs)
+    ctx = RowContext(SamplingParams(temperature=0.0, min_tokens=4), 99, prompt, outputs, (EOS,))
+    spec, dev = _spec(kernels), _device(kernels)
+    rows = spec.draft_rows([seq], [ctx], K)
+    block = DraftBlock.empty([K], K, V, dev, [True])
+    logits = torch.randn(K, 1, V, generator=torch.Generator().manual_seed(11))
+    logits[:, :, EOS] = 50.0
+    for j in range(K):
+        spec.draw(rows, block, j, torch.tensor([0], device=dev), logits[j].to(dev))
+    want: list[int] = []
+    for j in range(K):
+        want.append(draw_draft(logits[j, 0], ctx, seq.frontier + 1 + j, want)[0])
+    assert block.tokens[0].tolist() == want and want[2] == EOS and EOS not in want[:2]
+
+
 @pytest.mark.parametrize("cutoff", CUTOFFS)
 @pytest.mark.parametrize("kernels", ["naive", "triton"])
 def test_static_draws_equal_the_eager_draws(kernels, cutoff):

@@ -54,13 +54,16 @@ def truncation(random: Sequence[SamplingParams]) -> str | None:
     return TOP_K if all(0 < p.effective_top_k <= TOP_K_BOUND for p in cut) else SORT
 
 
-def row_flags(row: SampleRow, eos_token_ids: Sequence[int]) -> int:
-    """The FLAGS bits: which of steps 1-4 apply to this row now (the host applies the same ones)."""
+def row_flags(row: SampleRow, eos_token_ids: Sequence[int], ahead: int = 0, masked: bool | None = None) -> int:
+    """The FLAGS bits: which of steps 1-4 apply to this row now (the host applies the same ones); `ahead` more
+    outputs (the drafts before a block position) and `masked` (a grammar row there; None: the row's own mask)
+    describe the draw that many positions on."""
     p = row.params
+    outputs = row.num_outputs + ahead
     flags = L.GREEDY if p.is_greedy else 0
-    flags |= L.MASK if row.mask is not None else 0
+    flags |= L.MASK if (row.mask is not None if masked is None else masked) else 0
     flags |= L.BIAS if p.logit_bias else 0
-    if row.num_outputs < p.min_tokens and min_tokens_blocked(p, row.num_outputs, eos_token_ids):
+    if outputs < p.min_tokens and min_tokens_blocked(p, outputs, eos_token_ids):
         flags |= L.MIN_TOKENS
     flags |= L.REPETITION_ON if p.repetition_penalty != 1.0 else 0
     flags |= L.FREQUENCY_ON if p.frequency_penalty != 0.0 else 0

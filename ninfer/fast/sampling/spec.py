@@ -16,6 +16,7 @@ a malformed mask: ``rows.host_error``) run as plain greedy rows and report the h
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -85,28 +86,37 @@ class SpecSampler:
         if not self.tables.bound(seq.row, seq.handle):
             self.tables.bind(seq.row, seq.handle, ctx.params, ctx.prompt, ctx.outputs, ctx.eos_token_ids)
 
-    def _rows(self, entries: list[tuple[SampleRow, bool]], masked: bool) -> RowParams:
-        """One parameter row per (row, run as plain greedy) entry, filled on the host and copied once."""
-        host = torch.zeros(len(entries), NI + NF, dtype=torch.int64)
-        ints, floats = host[:, :NI].numpy(), host[:, NI:].view(torch.float64).numpy()
-        flags = []
-        for n, (r, plain) in enumerate(entries):
-            flags.append(L.GREEDY if plain else row_flags(r, self.sampler.eos))
-            fill_row(ints[n], floats[n], r, flags[-1])
+    def _rows(self, bases: Sequence[SampleRow], plain: Sequence[bool], n: int,
+              masked: Sequence[Sequence[bool]] | None = None) -> RowParams:
+        """Parameter rows b * n + i (i < n): bases[b] (drawn at its position) i positions on, with i more outputs
+        (the drafts before it) for min_tokens, and masked[b][i] saying whether a grammar row constrains it; a plain
+        row runs as plain greedy. One host fill per base row, copied once."""
+        B = len(bases)
+        base = np.zeros((B, NI + NF), dtype=np.int64)
+        flags: list[int] = []
+        for b, (r, pl) in enumerate(zip(bases, plain)):
+            fill_row(base[b, :NI], base[b, NI:].view(np.float64), r, 0)
+            flags += [L.GREEDY] * n if pl else \
+                [row_flags(r, self.sampler.eos, i, bool(masked and masked[b][i])) for i in range(n)]
+        host = torch.from_numpy(np.repeat(base, n, axis=0))  # [B * n, NI | NF]
+        ints = host[:, :NI].numpy()
+        ints[:, L.POSITION] += np.tile(np.arange(n), B)
+        ints[:, L.FLAGS] = flags
         dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else \
             host.to(self.device)
-        params = [r.params for r, plain in entries if not plain]
-        return RowParams(dev[:, :NI], dev[:, NI:].view(torch.float64), Steps.of(flags, params, masked))
+        params = [r.params for r, pl in zip(bases, plain) if not pl]
+        any_mask = masked is not None and any(any(m) for m in masked)
+        return RowParams(dev[:, :NI], dev[:, NI:].view(torch.float64), Steps.of(flags, params, any_mask))
+
+    def _base(self, seq, ctx: RowContext) -> SampleRow:
+        """The row's draw at frontier + 1, its tables bound."""
+        self._bind(seq, ctx)
+        return SampleRow(ctx.params, ctx.seed, seq.frontier + 1, seq.row, seq.handle, seq.num_outputs, seq)
 
     def draft_rows(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], k: int) -> RowParams:
         """Row b * k + j: the draft at position frontier + 1 + j (no grammar mask: lossless for any q)."""
-        entries = []
-        for s, c in zip(seqs, ctxs):
-            self._bind(s, c)
-            plain = self.tables.invalid[s.row]
-            entries += [(SampleRow(c.params, c.seed, s.frontier + 1 + j, s.row, s.handle, s.num_outputs + j, s),
-                         plain) for j in range(k)]
-        rows = self._rows(entries, False)
+        bases = [self._base(s, c) for s, c in zip(seqs, ctxs)]
+        rows = self._rows(bases, [bool(self.tables.invalid[s.row]) for s in seqs], k)
         # the draft graph variant's steps: a step no row of the call needs is an identity per row, so the eager
         # draws and the graphed ones run the same steps
         rows.penalized = rows.steps.penalties
@@ -220,24 +230,25 @@ class SpecSampler:
         """Row b * K1 + i: p at position frontier + 1 + i with that prefix's mask; each row's host error (ids or a
         mask the host refuses before reading logits: the row runs as plain greedy and reports it); the masks."""
         K1, V = self.k + 1, self.vocab
-        entries, errors, words = [], [], None
-        for b, (s, c) in enumerate(zip(seqs, ctxs)):
-            self._bind(s, c)
+        bases = [self._base(s, c) for s, c in zip(seqs, ctxs)]
+        errors, words, masked = [], None, []
+        for b, (s, base) in enumerate(zip(seqs, bases)):
             error = None
-            for i in range(K1):
-                mask = masks[b][i] if i < len(masks[b]) else None
-                r = SampleRow(c.params, c.seed, s.frontier + 1 + i, s.row, s.handle, s.num_outputs + i, s, mask)
+            row_masks = [masks[b][i] if i < len(masks[b]) else None for i in range(K1)]
+            for i, mask in enumerate(row_masks):
                 w = None if mask is None else mask_words(mask, V)
                 if error is None and i <= block.lens[b] and (self.tables.invalid[s.row] or
                                                              (mask is not None and w is None)):
-                    error = host_error(r, V, self.sampler.eos)
+                    error = host_error(dataclasses.replace(base, position=base.position + i,
+                                                           num_outputs=base.num_outputs + i, mask=mask),
+                                       V, self.sampler.eos)
                 if w is not None:
                     if words is None:
                         words = torch.zeros(len(seqs) * K1, L.bitmask_words(V), dtype=torch.int32)
                     words[b * K1 + i] = w
-                entries.append(r)
+            masked.append([m is not None for m in row_masks])
             errors.append(error)
-        rows = self._rows([(r, errors[n // K1] is not None) for n, r in enumerate(entries)], words is not None)
+        rows = self._rows(bases, [e is not None for e in errors], K1, masked if words is not None else None)
         return rows, errors, words
 
     def _stack(self, targets: Sequence[torch.Tensor], lens: Sequence[int]) -> torch.Tensor:
