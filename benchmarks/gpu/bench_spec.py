@@ -69,10 +69,11 @@ class Settings:
     budget_bytes: int | None = None  # None: 90% of the free device memory
     profile_host: bool = False  # one more run of the largest B at L = 3 under cProfile (`host_profile` in the JSON)
     draft_vocab: int | None = None  # the backend's draft_vocab_size (None: the whole vocabulary)
+    phases_everywhere: bool = False  # the synced phase run at every forced length (else at the full block alone)
 
 
 SMOKE = Settings(device="cpu", kernels="naive", program="reference", batches=(1, 2), prompt_len=12, steps=3,
-                 warmup=False, max_context=96, budget_bytes=1 << 30)
+                 warmup=False, max_context=96, budget_bytes=1 << 30, phases_everywhere=True)
 MIN_SECONDS = {"0.8B": 30, "9B": 60, "35B-A3B": 90, "tiny": 1}
 
 
@@ -213,8 +214,8 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
                 if row is None:
                     continue
                 row.update(k=k, L=L, followed=forced.followed / max(forced.followed + forced.diverged, 1))
-                if L == k + 1:
-                    add_phases(run, engine, prompts[B], phases, forced, row, k)
+                if L == k + 1 or s.phases_everywhere:
+                    add_phases(run, engine, prompts[B], phases, forced, row, k, L)
                 entry.setdefault("spec", []).append(row)
                 run.save()
             if s.profile_host and B == s.batches[-1] and run.left() > 20:
@@ -227,15 +228,15 @@ def bench_speculative(run: Run, name: str, prompts: dict, continuations: dict, e
         teardown(s, program, engine)
 
 
-def add_phases(run: Run, engine, prompts: list, phases: Phases, forced: ForcedContinuation, row: dict, k: int
-               ) -> None:
-    """The full block's phases (draft, verify, accept, replay, commit) into its row, from one more run of the same
-    rounds with each phase bracketed by syncs (`synced_step_ms`: that run's round); host: the synced round less
-    the phases (the replay runs inside the commit)."""
-    forced.reset(k)
+def add_phases(run: Run, engine, prompts: list, phases: Phases, forced: ForcedContinuation, row: dict, k: int,
+               L: int) -> None:
+    """The phases (draft, verify, accept, replay, commit) of forced length L into its row, from one more run of the
+    same rounds with each phase bracketed by syncs (`synced_step_ms`: that run's round); host: the synced round
+    less the phases (the replay runs inside the commit)."""
+    forced.reset(L - 1)
     phases.reset()
     phases.enabled = True
-    synced = timed_rounds(run, engine, prompts, k + 1, k, f"phases k={k} B={len(prompts)}")
+    synced = timed_rounds(run, engine, prompts, L, k, f"phases k={k} B={len(prompts)} L={L}")
     phases.enabled = False
     if synced is None:
         return

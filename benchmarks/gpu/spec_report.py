@@ -162,8 +162,8 @@ def print_table(r: dict) -> None:
     print(f"{'model':8} {'k':>2} {'B':>2} {'L':>2} {'got L':>6} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} "
           f"{'draft ms':>8} {'AR step':>8} {'AR tok/s':>8} | {'verify':>7} {'accept':>7} {'commit':>7} {'replay':>7} "
           f"{'host':>7}")
-    print("(step ms and tok/s: rounds as served, launched ahead; the phase columns, at the full block only: one more "
-          "run with a sync around each phase)")
+    print("(step ms and tok/s: rounds as served, launched ahead; the phase columns (at the full block on a GPU): one "
+          "more run with a sync around each phase)")
     for name, m in r.get("models", {}).items():
         ar = {a["B"]: a for a in m.get("ar", [])}
         for s in m.get("spec", []):
