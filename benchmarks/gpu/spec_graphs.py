@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from ninfer.fast.sampling.rows import GREEDY, SORT
+from ninfer.fast.sampling.spec import LEAN, base_variant
 
 
 def median_ms(call, device: str, reps: int) -> float:
@@ -72,18 +73,19 @@ def round_cases(program, batches, context: int) -> list[GraphCase]:
     if program.executor.drafter is None:
         return cases
     served = [c.B for c in cases if c.name == "verify"]
-    return cases + [_draft_case(program, B, variant, start) for B in served for variant in (GREEDY, SORT)]
+    return cases + [_draft_case(program, B, variant, start) for B in served
+                    for variant in (GREEDY, GREEDY + LEAN, SORT)]
 
 
 def _draft_case(program, B: int, variant: str, context: int) -> GraphCase:
-    """The start graph and k step graphs in a row, each step with its draw (greedy; sort: sampled rows with top-k /
-    top-p), against the same bodies eagerly."""
+    """The start graph and k step graphs in a row, each step with its draw (greedy; its lean form, without steps
+    1-4; sort: sampled rows with top-k / top-p), against the same bodies eagerly."""
     drafter, k, plan = program.executor.drafter, program.executor.spec.k, program.model.plan
     keys = [("start", B, None)] + [("step", B, variant)] * k
 
     def prepare():
         drafter.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [context] * B, [0] * B, [0] * B, [k] * B)
-        drafter.draws.fill_dummy(B, variant, drafter.spec.tables.dummy_row)
+        drafter.draws.fill_dummy(B, base_variant(variant), drafter.spec.tables.dummy_row)
 
     def replay():
         for key in keys:

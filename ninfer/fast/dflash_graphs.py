@@ -28,10 +28,10 @@ import torch
 
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.hostcopy import to_device
-from ninfer.fast.sampling import VARIANTS
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
-from ninfer.fast.sampling.spec import DRAW_STEPS, RowParams, SpecSampler, draw_variant
+from ninfer.fast.sampling.spec import (DRAW_VARIANTS, LEAN, RowParams, SpecSampler, base_variant, draw_steps,
+                                      draw_variant)
 from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.models.qwen3_5.drafter import DrafterKind
 
@@ -57,10 +57,12 @@ class DFlashDraftGraphs:
         self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
-    def block_draws(self) -> tuple[bool, ...]:
+    def block_draws(self, variant: str) -> tuple[bool, ...]:
         """The draw forms this drafter captures per (R, variant): slot by slot, and for DFlash the one-pass block
-        draw of rounds without penalties."""
-        return (False, True) if self.backend.drafter.cfg.kind is DrafterKind.DFLASH else (False,)
+        draw of rounds without penalties (a lean variant's only form: it has no penalties)."""
+        if self.backend.drafter.cfg.kind is not DrafterKind.DFLASH:
+            return (False,)
+        return (True,) if variant != base_variant(variant) else (False, True)
 
     def body(self, R: int, variant: str, block_draw: bool = False) -> None:
         """The graph body: the block pass of rows 0..R-1 and every slot's draw into ``draws`` (``block_draw``: all
@@ -71,7 +73,7 @@ class DFlashDraftGraphs:
                                              self.table[:R], bk.block_size, bk.k_pages, bk.v_pages,
                                              bk.draft_vocab)  # [R, B-1, .]
         self.draws.reset(R)
-        steps = DRAW_STEPS[variant]
+        steps = draw_steps(variant)
         if block_draw:
             self.spec.draw_block_static(self.draws, R, dataclasses.replace(steps, penalties=False), logits)
             return
@@ -93,9 +95,9 @@ class DFlashDraftGraphs:
         with no_collection_during_capture():
             for R in range(self.max_batch, 0, -1):
                 self.fill_dummy(R)
-                for variant in VARIANTS:
-                    self.draws.fill_dummy(R, variant, self.spec.tables.dummy_row)
-                    for block in self.block_draws():
+                for variant in DRAW_VARIANTS:
+                    self.draws.fill_dummy(R, base_variant(variant), self.spec.tables.dummy_row)
+                    for block in self.block_draws(variant):
                         self._capture((R, variant, block), lambda: self.body(R, variant, block), stream, warmup)
         torch.cuda.synchronize(self.packed.device)
 
@@ -113,9 +115,10 @@ class DFlashDraftGraphs:
         body. The block pass costs the same for any number of drafts up to the block."""
         self.fill_dummy(R)
         self.draws.fill_dummy(R, GREEDY, self.spec.tables.dummy_row)
-        one_pass = True in self.block_draws()
-        graph = self.graphs.get((R, GREEDY, one_pass))
-        return graph.replay if graph is not None else lambda: self.body(R, GREEDY, one_pass)
+        variant = GREEDY + LEAN  # a greedy round without bias, min_tokens or penalties: the common one
+        one_pass = True in self.block_draws(variant)
+        graph = self.graphs.get((R, variant, one_pass))
+        return graph.replay if graph is not None else lambda: self.body(R, variant, one_pass)
 
     def _capture(self, key, body, stream: torch.cuda.Stream, warmup: int) -> None:
         """Warm `body` on a side stream, then capture it as graph `key`."""
@@ -137,7 +140,7 @@ class DFlashDraftGraphs:
         at = to_device(live, self.packed.device, torch.long)
         self.draws.load(params.ip, params.fp, at, R)
         variant = draw_variant(params.steps)
-        one_pass = not params.penalized and True in self.block_draws()
+        one_pass = not params.penalized and True in self.block_draws(variant)
         graph = self.graphs.get((R, variant, one_pass))
         if graph is not None:
             graph.replay()

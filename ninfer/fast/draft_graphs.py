@@ -2,7 +2,8 @@
 table, its frontier's partial page copied into its scratch, the chain seeded with the stored hidden and the pending
 token, the draws reset) and one ``step`` graph per draw variant (one chained MTP step of every row: its pair's K/V
 into the scratch, attention over the row's pages, the draft logits and their draw, ``SpecSampler.draw_static``; the
-chain's hidden, position and drawn token advanced in place), replayed once per draft position.
+chain's hidden, position and drawn token advanced in place), replayed once per draft position. Each sampling
+variant has a lean form for rounds without a logit bias, min_tokens or a penalty (``spec.LEAN``: steps 1-4 off).
 
 Stability note: graphs are keyed by (kind, B, variant) alone; the per-round quantities (each row's slot, block-table
 row, frontier, pending token, rope delta and room) are one int32 tensor of input data and the draws' parameter rows
@@ -27,10 +28,10 @@ from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
-from ninfer.fast.sampling import VARIANTS
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
-from ninfer.fast.sampling.spec import DRAW_STEPS, RowParams, SpecSampler, draw_variant
+from ninfer.fast.sampling.spec import (DRAW_VARIANTS, LEAN, RowParams, SpecSampler, base_variant, draw_steps,
+                                      draw_variant)
 from ninfer.fast.sampling.static_draws import StaticDraws
 
 _ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas", "room")
@@ -94,7 +95,7 @@ class DraftGraphRunner:
                         pools.k[mtp.pool], pools.v[mtp.pool])
         self.hidden[:B].copy_(h)
         logits = self.model.logits(h, self.draft_vocab)  # [B, V] fp32
-        self.tokens[:B].copy_(self.spec.draw_static(self.draws, B, DRAW_STEPS[variant], logits))
+        self.tokens[:B].copy_(self.spec.draw_static(self.draws, B, draw_steps(variant), logits))
         self.positions[:B] += 1
 
     def capture(self, warmup: int = 2) -> None:
@@ -107,8 +108,8 @@ class DraftGraphRunner:
             for B in range(self.max_batch, 0, -1):
                 self.fill([plan.dummy_slot] * B, [plan.dummy_row] * B, [1] * B, [0] * B, [0] * B, [self.spec.k] * B)
                 self._capture(("start", B, None), lambda: self.start(B), stream, warmup)
-                for variant in VARIANTS:
-                    self.draws.fill_dummy(B, variant, self.spec.tables.dummy_row)
+                for variant in DRAW_VARIANTS:
+                    self.draws.fill_dummy(B, base_variant(variant), self.spec.tables.dummy_row)
                     # each step from a fresh start: the draft index stays inside 0..k-1
                     self._capture(("step", B, variant), lambda: self.step(B, variant), stream, warmup,
                                   before=lambda: self.start(B))
@@ -131,7 +132,7 @@ class DraftGraphRunner:
         def run() -> None:
             self.run("start", B)
             for _ in range(drafts):
-                self.run("step", B, GREEDY)
+                self.run("step", B, GREEDY + LEAN)
         return run
 
     def fill(self, slots: Sequence[int], rows: Sequence[int], frontiers: Sequence[int],

@@ -111,8 +111,9 @@ def test_bench_spec_smoke_fast(tmp_path):
     _check_spec(results)
     # the verify graphs' own times: nothing is captured on the CPU, the same body runs eagerly
     graphs = results["models"]["tiny"]["round_graphs"]
-    assert [(r["B"], r["pass"]) for r in graphs] == [(1, "verify"), (2, "verify"), (1, "replay"), (1, "draft (greedy)"),
-                                                     (1, "draft (sort)"), (2, "draft (greedy)"), (2, "draft (sort)")]
+    drafts = [f"draft ({v})" for v in ("greedy", "greedy+lean", "sort")]
+    assert [(r["B"], r["pass"]) for r in graphs] == [(1, "verify"), (2, "verify"), (1, "replay")] + \
+        [(B, d) for B in (1, 2) for d in drafts]
     assert all(r["graph_ms"] is None and _positive(r["eager_ms"]) and r["k"] == 3 for r in graphs)
 
 
@@ -257,7 +258,7 @@ def test_profile_graphs_smoke(tmp_path):
     assert tiny["prefill_graph_buckets"] == [64]
     assert [(c["case"], c["program"]) for c in tiny["cases"]] == [
         ("prefill 64", "plain"), ("decode B=1", "plain"), ("verify B=1", "mtp k=3"), ("replay B=1", "mtp k=3"),
-        ("draft (greedy) B=1", "mtp k=3"), ("draft (sort) B=1", "mtp k=3")]
+        ("draft (greedy) B=1", "mtp k=3"), ("draft (greedy+lean) B=1", "mtp k=3"), ("draft (sort) B=1", "mtp k=3")]
     for c in tiny["cases"]:
         assert c["profiled"] == "eager body (nothing captured)" and c["graph"] is None, c["case"]
         assert _positive(c["wall_ms"]) and _positive(c["eager_ms"]) and c["replay_device_ms"] is None

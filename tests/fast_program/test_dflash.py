@@ -202,7 +202,7 @@ def test_the_draft_graphs_capture_writes_only_scratch_pages(make_fast_dflash, ki
     here: every page but the rows' scratch stays as it was. The drafter pools hold no scratch for the dummy row: a
     capture over its pages wrote past them on an H100, into the drafter context, and every draft went wrong (on
     the CPU the same inputs raise an index error)."""
-    from ninfer.fast.sampling import VARIANTS
+    from ninfer.fast.sampling.spec import DRAW_VARIANTS, LEAN, base_variant
 
     program = make_fast_dflash(kind, 15)
     graphs, pools, plan = program.executor.dflash.graphs, program.model.pools, program.model.plan
@@ -211,11 +211,13 @@ def test_the_draft_graphs_capture_writes_only_scratch_pages(make_fast_dflash, ki
     before = [p.clone() for p in (pools.dk, pools.dv)]
     R = graphs.max_batch
     graphs.fill_dummy(R)
-    for variant in VARIANTS:
-        for block in graphs.block_draws():
-            graphs.draws.fill_dummy(R, variant, graphs.spec.tables.dummy_row)
+    for variant in DRAW_VARIANTS:
+        for block in graphs.block_draws(variant):
+            graphs.draws.fill_dummy(R, base_variant(variant), graphs.spec.tables.dummy_row)
             graphs.body(R, variant, block)
-    assert graphs.block_draws() == ((False, True) if kind == "dflash" else (False,))
+    # DFlash: slot by slot and the one-pass block draw, whose form alone a lean round (no penalties) takes
+    assert graphs.block_draws("greedy") == ((False, True) if kind == "dflash" else (False,))
+    assert graphs.block_draws("greedy" + LEAN) == ((True,) if kind == "dflash" else (False,))
     assert not torch.equal(before[0][:, plan.num_pages + 1:], pools.dk[:, plan.num_pages + 1:])  # scratch written
     for b, p in zip(before, (pools.dk, pools.dv)):
         assert torch.equal(b[:, :plan.num_pages + 1], p[:, :plan.num_pages + 1])

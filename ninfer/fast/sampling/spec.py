@@ -52,11 +52,28 @@ DRAW_STEPS = {GREEDY: Steps(bias=True, min_tokens=True, penalties=True),
               SORT: Steps(bias=True, min_tokens=True, penalties=True, random=True, sort=True, min_p=True)}
 
 
+# a variant's lean form: a round none of whose rows has a logit bias, min_tokens or a penalty skips steps 1-4 (about
+# 35 full-vocabulary launches a draft position)
+LEAN = "+lean"
+DRAW_VARIANTS = tuple(v + lean for v in DRAW_STEPS for lean in ("", LEAN))
+
+
 def draw_variant(steps: Steps) -> str:
-    """The draft graph variant whose steps cover `steps` (the round's own)."""
-    if steps.sort:
-        return TOP_K if steps.bounded else SORT
-    return SAMPLE if steps.random else GREEDY
+    """The draft graph variant whose steps cover `steps` (the round's own): the lean form where steps 1-4 are off."""
+    base = (TOP_K if steps.bounded else SORT) if steps.sort else (SAMPLE if steps.random else GREEDY)
+    return base + LEAN if not (steps.bias or steps.min_tokens or steps.penalties or steps.mask) else base
+
+
+def draw_steps(variant: str) -> Steps:
+    """The steps a draft graph of `variant` runs."""
+    if variant.endswith(LEAN):
+        return dataclasses.replace(DRAW_STEPS[variant[:-len(LEAN)]], bias=False, min_tokens=False, penalties=False)
+    return DRAW_STEPS[variant]
+
+
+def base_variant(variant: str) -> str:
+    """The sampling variant (rows.py) a draft variant draws with."""
+    return variant.removesuffix(LEAN)
 
 
 @dataclass
@@ -120,7 +137,7 @@ class SpecSampler:
         # the draft graph variant's steps: a step no row of the call needs is an identity per row, so the eager
         # draws and the graphed ones run the same steps
         rows.penalized = rows.steps.penalties
-        rows.steps = DRAW_STEPS[draw_variant(rows.steps)]
+        rows.steps = draw_steps(draw_variant(rows.steps))
         return rows
 
     def draw(self, rows: RowParams, block: DraftBlock, j: int, live: torch.Tensor, logits: torch.Tensor
