@@ -265,3 +265,19 @@ def test_device_acceptance_equals_accept(host_drafts, seed, cutoff):
         for (lp, top), (wlp, wtop) in zip(got[b].logprobs, want.logprobs):
             assert abs(lp - wlp) < 1e-5 and [t for t, _ in top] == [t for t, _ in wtop], b
     assert failed == [4] or (seed % 2 and not failed), failed
+
+
+def test_rounds_without_steps_1_to_4_draw_lean():
+    # the draft graphs' lean variants skip the bias, min_tokens and penalty steps only where no row of the round
+    # has them; one row with a penalty puts the whole round on the full steps
+    from ninfer.fast.sampling.spec import LEAN, draw_steps, draw_variant
+
+    gen = torch.Generator().manual_seed(2)
+    plain = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=12, top_p=0.8)]
+    seqs, ctxs = _rows(gen, plain)
+    rows = _spec().draft_rows(seqs, ctxs, K)
+    assert draw_variant(rows.steps) == "top_k" + LEAN and rows.steps == draw_steps("top_k" + LEAN)
+    assert not (rows.steps.bias or rows.steps.min_tokens or rows.steps.penalties)
+    seqs, ctxs = _rows(gen, plain + [SamplingParams(temperature=0.0, presence_penalty=0.5)])
+    rows = _spec().draft_rows(seqs, ctxs, K)
+    assert draw_variant(rows.steps) == "top_k" and rows.steps.penalties and rows.penalized
