@@ -181,8 +181,11 @@ def test_a_discarded_step_restores_the_committed_state():
     assert len(second.result(timeout=0).token_ids) == 5
 
 
-def _run_speculative(async_scheduling: bool, prompts, max_tokens=11):
-    program = _props()._speculative()
+_BACKENDS = {"mtp": lambda: _props()._speculative(), "dflash2": lambda: _props()._dflash("dflash2", 7, 12, True)}
+
+
+def _run_speculative(async_scheduling: bool, prompts, max_tokens=11, backend="mtp"):
+    program = _BACKENDS[backend]()
     engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
                                           async_scheduling=async_scheduling), threaded=False)
     handles = [engine.submit(GenerationRequest(p, TokenSession(max_tokens, stop_ids=()), max_tokens))
@@ -191,12 +194,13 @@ def _run_speculative(async_scheduling: bool, prompts, max_tokens=11):
     return [h.result(timeout=0).token_ids for h in handles], program
 
 
-def test_speculative_rounds_launched_ahead_equal_the_synchronous_run():
-    # MTP k = 3 with ForcedDrafts (random acceptance lengths): each round after a commit is launched ahead whole
-    # (draft, verify, device acceptance and its copy queued) and adopted by the next decode
+@pytest.mark.parametrize("backend", sorted(_BACKENDS))
+def test_speculative_rounds_launched_ahead_equal_the_synchronous_run(backend):
+    # MTP k = 3 and DFlash2 block 8 with ForcedDrafts (random acceptance lengths): each round after a commit is
+    # launched ahead whole (draft, verify, device acceptance and its copy queued) and adopted by the next decode
     prompts = [(3, 5, 7, 9), (2, 4, 6, 8, 10, 12)]
-    sync, sync_program = _run_speculative(False, prompts)
-    overlapped, program = _run_speculative(True, prompts)
+    sync, sync_program = _run_speculative(False, prompts, backend=backend)
+    overlapped, program = _run_speculative(True, prompts, backend=backend)
     assert overlapped == sync and all(len(t) == 11 for t in sync)
     assert sync_program.ahead_launched == 0
     assert program.ahead_adopted >= 2 and program.ahead_launched == program.ahead_adopted
