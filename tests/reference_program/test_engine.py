@@ -84,3 +84,21 @@ def test_async_scheduling_on_the_reference_program_equals_the_synchronous_run(ma
     sync, _ = run(False)
     overlapped, program = run(True)
     assert overlapped == sync and program.ahead_adopted > 0
+
+
+def test_async_scheduling_with_mtp_on_the_reference_program_equals_the_synchronous_run(make_spec, prompt_of):
+    """Speculative rounds launched ahead on the reference executor (drafted, verified and accepted on the host at
+    launch, adopted by the next decode): seeded sampling with random acceptance lengths gives the same tokens."""
+    prompts = [prompt_of(n, seed=80 + n) for n in (7, 11)]
+
+    def run(overlap: bool):
+        program = make_spec(3, forced=True)
+        requests = [token_request(p, 10, seed=i, sampling=SamplingParams(temperature=0.8)) for i, p in
+                    enumerate(prompts)]
+        results = serve(program, requests, max_concurrency=2, prefill_chunk=5, async_scheduling=overlap)
+        assert_drained(program)
+        return [r.token_ids for r in results], program
+
+    sync, _ = run(False)
+    overlapped, program = run(True)
+    assert overlapped == sync and program.ahead_adopted > 0
