@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ninfer.fast.sampling.rows import GREEDY, SORT
-from ninfer.fast.sampling.spec import LEAN, base_variant
+from ninfer.fast.sampling.draw_variants import LEAN, base_variant
 
 
 def median_ms(call, device: str, reps: int) -> float:

@@ -30,8 +30,8 @@ from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.hostcopy import to_device
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
-from ninfer.fast.sampling.spec import (DRAW_VARIANTS, LEAN, RowParams, SpecSampler, base_variant, draw_steps,
-                                      draw_variant)
+from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant, draw_steps, draw_variant
+from ninfer.fast.sampling.spec import RowParams, SpecSampler
 from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.models.qwen3_5.drafter import DrafterKind
 

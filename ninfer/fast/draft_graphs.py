@@ -30,8 +30,8 @@ from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
-from ninfer.fast.sampling.spec import (DRAW_VARIANTS, LEAN, RowParams, SpecSampler, base_variant, draw_steps,
-                                      draw_variant)
+from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant, draw_steps, draw_variant
+from ninfer.fast.sampling.spec import RowParams, SpecSampler
 from ninfer.fast.sampling.static_draws import StaticDraws
 
 _ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas", "room")

@@ -202,7 +202,7 @@ def test_the_draft_graphs_capture_writes_only_scratch_pages(make_fast_dflash, ki
     here: every page but the rows' scratch stays as it was. The drafter pools hold no scratch for the dummy row: a
     capture over its pages wrote past them on an H100, into the drafter context, and every draft went wrong (on
     the CPU the same inputs raise an index error)."""
-    from ninfer.fast.sampling.spec import DRAW_VARIANTS, LEAN, base_variant
+    from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant
 
     program = make_fast_dflash(kind, 15)
     graphs, pools, plan = program.executor.dflash.graphs, program.model.pools, program.model.plan

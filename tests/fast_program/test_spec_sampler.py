@@ -270,7 +270,7 @@ def test_device_acceptance_equals_accept(host_drafts, seed, cutoff):
 def test_rounds_without_steps_1_to_4_draw_lean():
     # the draft graphs' lean variants skip the bias, min_tokens and penalty steps only where no row of the round
     # has them; one row with a penalty puts the whole round on the full steps
-    from ninfer.fast.sampling.spec import LEAN, draw_steps, draw_variant
+    from ninfer.fast.sampling.draw_variants import LEAN, draw_steps, draw_variant
 
     gen = torch.Generator().manual_seed(2)
     plain = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=12, top_p=0.8)]

@@ -36,46 +36,14 @@ from ninfer.sampling import Accepted, RowContext
 from ninfer.sampling.philox import STREAM_DRAFT
 
 from .draft_block import DraftBlock
-from .rows import GREEDY, SAMPLE, SORT, TOP_K, SampleRow, fill_row, host_error, mask_words, row_flags
+from .draw_variants import draw_steps, draw_variant
+from .rows import SampleRow, fill_row, host_error, mask_words, row_flags
 from .sampler import DeviceSampler
 from .spec_steps import Steps, adjust, draft_counts, status, truncated
 from .static_draws import StaticDraws
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 _FAILURE = {L.BAD_LOGITS: RowFailure.NON_FINITE_LOGITS, L.ALL_MASKED: RowFailure.NOTHING_ALLOWED}
-# the steps of a draft draw per graph variant (rows.py): steps 1-4 always (each an identity for a row without its
-# flag); the random ones with min-p (an identity at 0), the cutoff variants with top-k/top-p
-DRAW_STEPS = {GREEDY: Steps(bias=True, min_tokens=True, penalties=True),
-              SAMPLE: Steps(bias=True, min_tokens=True, penalties=True, random=True, min_p=True),
-              TOP_K: Steps(bias=True, min_tokens=True, penalties=True, random=True, sort=True, bounded=True,
-                           min_p=True),
-              SORT: Steps(bias=True, min_tokens=True, penalties=True, random=True, sort=True, min_p=True)}
-
-
-# a variant's lean form: a round none of whose rows has a logit bias, min_tokens or a penalty skips steps 1-4 (about
-# 35 full-vocabulary launches a draft position)
-LEAN = "+lean"
-DRAW_VARIANTS = tuple(v + lean for v in DRAW_STEPS for lean in ("", LEAN))
-
-
-def draw_variant(steps: Steps) -> str:
-    """The draft graph variant whose steps cover `steps` (the round's own): the lean form where steps 1-4 are off."""
-    base = (TOP_K if steps.bounded else SORT) if steps.sort else (SAMPLE if steps.random else GREEDY)
-    return base + LEAN if not (steps.bias or steps.min_tokens or steps.penalties or steps.mask) else base
-
-
-def draw_steps(variant: str) -> Steps:
-    """The steps a draft graph of `variant` runs."""
-    if variant.endswith(LEAN):
-        return dataclasses.replace(DRAW_STEPS[variant[:-len(LEAN)]], bias=False, min_tokens=False, penalties=False)
-    return DRAW_STEPS[variant]
-
-
-def base_variant(variant: str) -> str:
-    """The sampling variant (rows.py) a draft variant draws with."""
-    return variant.removesuffix(LEAN)
-
-
 @dataclass
 class RowParams:
     """Sample-layout parameter rows of one call on the device: ip [N, NI] int64, fp [N, NF] float64."""
