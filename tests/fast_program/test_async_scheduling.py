@@ -140,8 +140,8 @@ def test_the_unmutated_hunt_passes(unmasked):
                                                                                               max_examples=examples))
 
 
-def _run(async_scheduling: bool, prompts, max_tokens=9):
-    program = _props()._program()
+def _run(async_scheduling: bool, prompts, max_tokens=9, make=lambda: _props()._program()):
+    program = make()
     engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
                                           async_scheduling=async_scheduling), threaded=False)
     handles = [engine.submit(GenerationRequest(p, TokenSession(max_tokens, stop_ids=()), max_tokens))
@@ -184,23 +184,13 @@ def test_a_discarded_step_restores_the_committed_state():
 _BACKENDS = {"mtp": lambda: _props()._speculative(), "dflash2": lambda: _props()._dflash("dflash2", 7, 12, True)}
 
 
-def _run_speculative(async_scheduling: bool, prompts, max_tokens=11, backend="mtp"):
-    program = _BACKENDS[backend]()
-    engine = Engine(program, EngineConfig(max_concurrency=2, prefix_caching=False, check_invariants=True,
-                                          async_scheduling=async_scheduling), threaded=False)
-    handles = [engine.submit(GenerationRequest(p, TokenSession(max_tokens, stop_ids=()), max_tokens))
-               for p in prompts]
-    engine.run_until_idle()
-    return [h.result(timeout=0).token_ids for h in handles], program
-
-
 @pytest.mark.parametrize("backend", sorted(_BACKENDS))
 def test_speculative_rounds_launched_ahead_equal_the_synchronous_run(backend):
     # MTP k = 3 and DFlash2 block 8 with ForcedDrafts (random acceptance lengths): each round after a commit is
     # launched ahead whole (draft, verify, device acceptance and its copy queued) and adopted by the next decode
     prompts = [(3, 5, 7, 9), (2, 4, 6, 8, 10, 12)]
-    sync, sync_program = _run_speculative(False, prompts, backend=backend)
-    overlapped, program = _run_speculative(True, prompts, backend=backend)
+    sync, sync_program = _run(False, prompts, 11, _BACKENDS[backend])
+    overlapped, program = _run(True, prompts, 11, _BACKENDS[backend])
     assert overlapped == sync and all(len(t) == 11 for t in sync)
     assert sync_program.ahead_launched == 0
     assert program.ahead_adopted >= 2 and program.ahead_launched == program.ahead_adopted

@@ -67,22 +67,27 @@ def test_pressure_drains_back_to_baseline(make_program, prompt_of):
     assert_drained(program)
 
 
+def _sync_and_overlapped(make, prompts, max_tokens: int, max_concurrency: int):
+    """Each prompt's seeded sampled tokens served without and with async scheduling (a fresh Program from `make`
+    each time, drained after), and the second Program."""
+    def run(overlap: bool):
+        program = make()
+        requests = [token_request(p, max_tokens, seed=i, sampling=SamplingParams(temperature=0.8)) for i, p in
+                    enumerate(prompts)]
+        results = serve(program, requests, max_concurrency=max_concurrency, prefill_chunk=5,
+                        async_scheduling=overlap)
+        assert_drained(program)
+        return [r.token_ids for r in results], program
+
+    return run(False)[0], *run(True)
+
+
 def test_async_scheduling_on_the_reference_program_equals_the_synchronous_run(make_program, prompt_of):
     """The reference executor has no device queue: its launched round runs at launch time (docs/engine.md "Async
     scheduling"), adopted by the next decode; seeded sampling and prefix hits give the same tokens."""
     shared = prompt_of(12, seed=60)
     prompts = [shared + prompt_of(n, seed=61 + n) for n in (2, 5)] + [prompt_of(9, seed=70)]
-
-    def run(overlap: bool):
-        program = make_program(max_concurrency=3)
-        requests = [token_request(p, 8, seed=i, sampling=SamplingParams(temperature=0.8)) for i, p in
-                    enumerate(prompts)]
-        results = serve(program, requests, max_concurrency=3, prefill_chunk=5, async_scheduling=overlap)
-        assert_drained(program)
-        return [r.token_ids for r in results], program
-
-    sync, _ = run(False)
-    overlapped, program = run(True)
+    sync, overlapped, program = _sync_and_overlapped(lambda: make_program(max_concurrency=3), prompts, 8, 3)
     assert overlapped == sync and program.ahead_adopted > 0
 
 
@@ -90,15 +95,5 @@ def test_async_scheduling_with_mtp_on_the_reference_program_equals_the_synchrono
     """Speculative rounds launched ahead on the reference executor (drafted, verified and accepted on the host at
     launch, adopted by the next decode): seeded sampling with random acceptance lengths gives the same tokens."""
     prompts = [prompt_of(n, seed=80 + n) for n in (7, 11)]
-
-    def run(overlap: bool):
-        program = make_spec(3, forced=True)
-        requests = [token_request(p, 10, seed=i, sampling=SamplingParams(temperature=0.8)) for i, p in
-                    enumerate(prompts)]
-        results = serve(program, requests, max_concurrency=2, prefill_chunk=5, async_scheduling=overlap)
-        assert_drained(program)
-        return [r.token_ids for r in results], program
-
-    sync, _ = run(False)
-    overlapped, program = run(True)
+    sync, overlapped, program = _sync_and_overlapped(lambda: make_spec(3, forced=True), prompts, 10, 2)
     assert overlapped == sync and program.ahead_adopted > 0
