@@ -28,7 +28,8 @@ class TokenSession:
                  think_budget: int | None = None, think_end: int = 1,
                  commit_guard: Callable[[TokenPreview], None] | None = None, mask: Any = None):
         self.max_tokens, self.stop_ids, self.min_tokens = max_tokens, frozenset(stop_ids), min_tokens
-        # the mask of every sampled token (None: unconstrained), or a callable of the committed token count giving it
+        # the mask of every sampled token (bool [V]; None: unconstrained), or a callable of the committed token count
+        # giving it; under speculation such a callable also says its `vocab` (`AlternateMask` does)
         self.mask = mask
         self.think_budget, self.think_end = think_budget, think_end
         self.tokens: list[int] = []
