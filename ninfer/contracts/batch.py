@@ -32,6 +32,9 @@ class BatchKind(enum.Enum):
     PREFILL = "prefill"  # the last prompt chunk, sampling the first output token
     DECODE = "decode"  # one ordinary or speculative decode round over the compact batch
     CONTROL = "control"  # a forced-control suffix supplied by the Frontend; no sampling, no RNG advance
+    # a decode round that carried one prompt's prefill chunk in its model pass: the decode rows, then, when the
+    # chunk finished the prompt, that request's first-token row (a PREFILL row: nothing provisional)
+    MIXED = "mixed"
 
 
 class RowFailure(enum.Enum):

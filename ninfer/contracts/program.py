@@ -70,6 +70,13 @@ class PrefillCosts:
             return self.graph_piece_s[bucket] + tokens * frontier * self.pair_s
         return max(self.floor_s, self.fixed_s + tokens * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
 
+    def mixed_s(self, tokens: int, frontier: int, rows: int) -> float:
+        """Predicted seconds of a decode round of `rows` rows carrying a chunk of `tokens` prompt tokens from
+        `frontier` (`Program.decode(..., prefill=)`): one eager pass over tokens + rows rows, whose every weight is
+        read once for both (the decode rows' own attention is the small part left out)."""
+        t = tokens + rows
+        return max(self.floor_s, self.fixed_s + t * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
+
     def step_s(self, rows: int) -> float | None:
         """A plain decode step's seconds at `rows` rows (the widest measured B past them); None if unmeasured."""
         if not self.decode_step_s or rows < 1:
@@ -91,6 +98,11 @@ class ProgramLimits:
     draft_tokens: int = 0
     costs: CostFacts = CostFacts()  # what a replica copy and a prefilled token cost (the generic fallback here)
     prefill: PrefillCosts = PrefillCosts()  # what a prefill piece and a decode step cost (chunk sizing)
+    # Whether a decode round runs a prefill chunk inside its own model pass (`Program.decode(..., prefill=)`, every
+    # weight read once for both): the Scheduler then rides staged prefill chunks on decode rounds instead of
+    # alternating the two, and sizes the chunks by `PrefillCosts.mixed_s`. A Program may accept `prefill=` either
+    # way; False: it would run the chunk as a pass of its own, which alternating units do as well.
+    mixed_steps: bool = False
     # Why image prompts are refused (None: the Vision feature is prepared and a request may carry PromptMedia).
     no_vision: str | None = "the Vision feature is not prepared"
 
@@ -125,6 +137,17 @@ class DraftMasks:
     max_block: int | None = None
 
 
+@dataclass(frozen=True)
+class PrefillChunk:
+    """A prefill chunk riding on a decode round (`Program.decode(..., prefill=)`): up to `max_tokens` further
+    prompt tokens of `handle`, and the grammar's mask of its first output token when the chunk finishes the
+    prompt."""
+
+    handle: SequenceHandle
+    max_tokens: int
+    mask: Any | None = None
+
+
 @runtime_checkable
 class Program(Protocol):
     limits: ProgramLimits
@@ -154,8 +177,11 @@ class Program(Protocol):
         """Consume up to `max_tokens` further prompt tokens. Returns the PendingBatch holding the first sampled
         token when this chunk finishes the prompt, else None (the frontier advanced, nothing to preview)."""
 
-    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
-        """One compact decode round over exactly these sequences (B = len(handles))."""
+    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None,
+               prefill: PrefillChunk | None = None) -> PendingBatch:
+        """One compact decode round over exactly these sequences (B = len(handles)). With `prefill` (another
+        sequence, in staged prefill) the round also consumes that chunk as `prefill` would; the batch is then
+        MIXED: the decode rows, then the first-token row when the chunk finished the prompt."""
 
     def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
         """Feed a Frontend-supplied forced-control suffix; no sampling, no RNG advance."""

@@ -1,10 +1,12 @@
 """How many prompt tokens one prefill unit runs: the Scheduler's chunk sizing over the Program's `PrefillCosts`
 (the seed's prefill_signature). Pure Python: the Program reports the physics once at start, this decides.
 
-The Scheduler alternates a prefill chunk with each decode round when both have work, so a decoding row waits one
-decode step plus one chunk between its tokens. With rows decoding, a chunk is the largest multiple of the GDN chunk
-(64 tokens) whose predicted time keeps that wait within ``itl_ratio`` plain steps (with `MARGIN` left for the
-prediction's error); with none decoding it is the Program's largest piece (one-piece prefill throughput). Where
+When both have work, a prefill chunk rides in each decode round's pass where the Program runs it so (mixed units,
+`ProgramLimits.mixed_steps`): a decoding row waits that one pass between its tokens. Otherwise the Scheduler
+alternates a chunk with each decode round, and a decoding row waits one decode step plus one chunk. With rows
+decoding, a chunk is the largest multiple of the GDN chunk (64 tokens) whose predicted time keeps that wait within
+``itl_ratio`` plain steps (with `MARGIN` left for the prediction's error); with none decoding it is the Program's
+largest piece (one-piece prefill throughput). Where
 not even one GDN chunk fits (a piece's floor or fixed cost above the budget), the decoding rows wait that one
 chunk's time anyway, so the chunk is the most tokens predicted to cost no more than it (a graphed bucket, or the
 flat floor of an eager piece), not one GDN chunk. Without
@@ -15,6 +17,7 @@ explicit `EngineConfig.prefill_chunk` always is.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Callable
 
 from ninfer.contracts import PrefillCosts
 
@@ -34,9 +37,10 @@ class ChunkVerdict(Enum):
 
 
 def prefill_chunk(costs: PrefillCosts, remaining: int, frontier: int, decode_rows: int, fixed: int | None,
-                  itl_ratio: float) -> tuple[int, ChunkVerdict]:
+                  itl_ratio: float, mixed: bool = False) -> tuple[int, ChunkVerdict]:
     """Prompt tokens for the next prefill unit of a prompt with `remaining` tokens left from `frontier`, while
-    `decode_rows` requests are decode-ready, and why."""
+    `decode_rows` requests are decode-ready, and why. `mixed`: the chunk rides in the decode round's pass, so a
+    decoding row waits that one pass (`PrefillCosts.mixed_s`), not a step and then a chunk."""
     if remaining < 1:
         raise ValueError(f"a prefill chunk of a consumed prompt (remaining {remaining})")
     step = costs.step_s(decode_rows) if decode_rows else None
@@ -45,25 +49,30 @@ def prefill_chunk(costs: PrefillCosts, remaining: int, frontier: int, decode_row
     largest = max(GRID, costs.max_piece // GRID * GRID)
     if not decode_rows:
         return min(largest, remaining), ChunkVerdict.WHOLE
-    budget = MARGIN * (itl_ratio - 1.0) * step
-    if costs.piece_s(min(remaining, largest), frontier) <= budget:
-        return min(remaining, largest), ChunkVerdict.ITL
-    chunks = _fitting_chunks(costs, min(remaining, largest), frontier, budget)
+    if mixed:
+        cost: Callable[[int], float] = lambda t: costs.mixed_s(t, frontier, decode_rows)  # noqa: E731
+        budget = MARGIN * itl_ratio * step
+    else:
+        cost, budget = (lambda t: costs.piece_s(t, frontier)), MARGIN * (itl_ratio - 1.0) * step
+    most = min(remaining, largest)
+    if cost(most) <= budget:
+        return most, ChunkVerdict.ITL
+    chunks = _fitting_chunks(cost, most, budget)
     if chunks:
         return chunks * GRID, ChunkVerdict.ITL
     one = min(GRID, remaining)
-    chunks = _fitting_chunks(costs, min(remaining, largest), frontier, costs.piece_s(one, frontier))
+    chunks = _fitting_chunks(cost, most, cost(one))
     if chunks > 1:
         return chunks * GRID, ChunkVerdict.THROUGHPUT
     return one, ChunkVerdict.FLOOR
 
 
-def _fitting_chunks(costs: PrefillCosts, most: int, frontier: int, budget: float) -> int:
-    """The most whole GDN chunks (of at most `most` tokens) predicted within `budget` (0: not one). piece_s grows
+def _fitting_chunks(cost: Callable[[int], float], most: int, budget: float) -> int:
+    """The most whole GDN chunks (of at most `most` tokens) predicted within `budget` (0: not one). The cost grows
     with the tokens, so bisection finds it (this runs at every prefill boundary beside decoding rows: O(log)
     predictions, not one per 64 tokens)."""
     lo, hi = 0, most // GRID  # lo chunks fit (0: none known), hi + 1 do not
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if costs.piece_s(mid * GRID, frontier) <= budget else (lo, mid - 1)
+        lo, hi = (mid, hi) if cost(mid * GRID) <= budget else (lo, mid - 1)
     return lo

@@ -15,6 +15,9 @@ class EngineConfig:
     prefill_chunk: int | None = None
     prefill_itl_ratio: float = 2.5
     concurrent_prefill: bool = False  # admit while another request is still in staged prefill
+    # A staged prefill's chunk rides on the decode round (one model pass reading every weight once for both) when
+    # the Program runs it so (`ProgramLimits.mixed_steps`); False, or a Program without: the two alternate
+    mixed_prefill: bool = True
     prefix_caching: bool = True
     queue_timeout: float | None = None  # default seconds a request may wait before admission
     max_cached_checkpoints: int | None = None  # inactive checkpoints kept at most (None: only pressure evicts)

@@ -31,7 +31,8 @@ class EngineCore:
             raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the Program's "
                              f"{program.limits.max_concurrency}")
         self.program, self.config, self.clock = program, config, clock
-        self.scheduler = Scheduler(concurrent_prefill=config.concurrent_prefill)
+        self.scheduler = Scheduler(concurrent_prefill=config.concurrent_prefill,
+                                   mixed=config.mixed_prefill and program.limits.mixed_steps)
         self.resources = ResourceManager(config.max_concurrency, prefix_caching=config.prefix_caching,
                                          costs=program.limits.costs)
         self.records: dict[int, RequestRecord] = {}

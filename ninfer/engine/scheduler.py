@@ -17,11 +17,13 @@ class Unit:
 
     kind: str  # "control" | "prefill" | "decode"
     requests: tuple[int, ...]  # control/prefill: one request; decode: every decode-ready request, lane order
+    riding: int | None = None  # decode: the staged-prefill request whose next chunk rides in the round's pass
 
 
 class Scheduler:
-    def __init__(self, *, concurrent_prefill: bool = False):
+    def __init__(self, *, concurrent_prefill: bool = False, mixed: bool = False):
         self.concurrent_prefill = concurrent_prefill
+        self.mixed = mixed  # staged prefill chunks ride on decode rounds instead of alternating with them
         self.waiting: deque[int] = deque()
         self.staged_prefill: deque[int] = deque()  # round-robin order of requests in Prefill
         self.decode_ready: dict[int, int] = {}  # request -> lane (decode rows follow lane order)
@@ -100,22 +102,33 @@ class Scheduler:
             self.admission_dirty = True  # the staged-prefill set changed
 
     def next_unit(self) -> Unit | None:
-        """Control first (it is short and blocks its request); prefill and decode alternate when both have work,
-        so consecutive prefill never starves decode and a long decode phase never starves a staged prefill."""
+        """Control first (it is short and blocks its request). When both have work, a staged prefill's chunk rides
+        on each decode round (`mixed`), or prefill and decode alternate, so consecutive prefill never starves
+        decode and a long decode phase never starves a staged prefill."""
         if self.control_ready:
             self._last_kind = "control"
             return Unit("control", (self.control_ready[0],))
+        if self.mixed and self.staged_prefill and self.decode_ready:
+            self._last_kind = "decode"
+            return Unit("decode", self._rows(), riding=self._next_staged())
         want_prefill = bool(self.staged_prefill) and (not self.decode_ready or self._last_kind != "prefill")
         if want_prefill:
-            rid = self.staged_prefill[0]
-            self.staged_prefill.rotate(-1)  # one lane's chunk per boundary, round robin
             self._last_kind = "prefill"
-            return Unit("prefill", (rid,))
+            return Unit("prefill", (self._next_staged(),))
         if self.decode_ready:
             self._last_kind = "decode"
-            rows = tuple(sorted(self.decode_ready, key=self.decode_ready.__getitem__))
-            return Unit("decode", rows)
+            return Unit("decode", self._rows())
         return None
+
+    def _rows(self) -> tuple[int, ...]:
+        """Every decode-ready request, in lane order."""
+        return tuple(sorted(self.decode_ready, key=self.decode_ready.__getitem__))
+
+    def _next_staged(self) -> int:
+        """The staged prefill whose chunk runs next: one lane's chunk per boundary, round robin."""
+        rid = self.staged_prefill[0]
+        self.staged_prefill.rotate(-1)
+        return rid
 
     def check_invariants(self) -> None:
         staged, ready, control = set(self.staged_prefill), set(self.decode_ready), set(self.control_ready)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ninfer.contracts import (ROW_FAILURE_TEXT, EngineFailure, FinishReason, OutputDelta, PendingBatch, PendingRow,
-                              RequestState, RowDecision)
+                              PrefillChunk, RequestState, RowDecision)
 
 from .ahead import launch_next_round
 from .chunking import prefill_chunk
@@ -86,31 +86,55 @@ class UnitRunner:
             self._commit(program.control(rec.handle, suffix), recs, forced=True)
         elif unit.kind == "prefill":
             rec = recs[0]
-            remaining = program.prompt_remaining(rec.handle)
-            config = self.core.config
-            chunk, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining,
-                                     len(self.core.scheduler.decode_ready), config.prefill_chunk,
-                                     config.prefill_itl_ratio)  # one lane's chunk per boundary
-            # Only the chunk that finishes the prompt samples, so only it needs the grammar's mask.
-            mask = self._ask(rec, "mask", rec.request.session.next_token_mask) if chunk == remaining else None
-            if mask is _FAILED:
-                return
-            batch = program.prefill(rec.handle, chunk, mask)
-            if batch is not None:
-                self._commit(batch, recs, forced=False)
-                rec.capture_pending = self.core.config.prefix_caching
+            chunk = self._chunk(rec, mixed=False)
+            if chunk is not None:
+                self._run_prefill(rec, chunk)
         else:
-            # a speculative backend: each row's grammar over its draft prefixes
-            ask = "draft_masks" if program.limits.draft_tokens else "next_token_mask"
-            masks = [self._ask(r, "mask", getattr(r.request.session, ask)) for r in recs]
-            recs, masks = [r for r, m in zip(recs, masks) if m is not _FAILED], [m for m in masks if m is not _FAILED]
-            if not recs:
-                return
-            masked = any(m is not None for m in masks)
+            self._run_decode(recs, unit.riding)
+
+    def _chunk(self, rec: "RequestRecord", mixed: bool) -> PrefillChunk | None:
+        """`rec`'s next prefill chunk, sized beside the decode-ready rows (riding in their round's pass when
+        `mixed`), with the grammar's mask when it finishes the prompt (only that chunk samples); None when the
+        session failed to give the mask (the request ended alone)."""
+        program, config = self.core.program, self.core.config
+        remaining = program.prompt_remaining(rec.handle)
+        size, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining,
+                                len(self.core.scheduler.decode_ready), config.prefill_chunk,
+                                config.prefill_itl_ratio, mixed)
+        mask = self._ask(rec, "mask", rec.request.session.next_token_mask) if size == remaining else None
+        return None if mask is _FAILED else PrefillChunk(rec.handle, size, mask)
+
+    def _run_prefill(self, rec: "RequestRecord", chunk: PrefillChunk) -> None:
+        batch = self.core.program.prefill(rec.handle, chunk.max_tokens, chunk.mask)
+        if batch is not None:
+            self._commit(batch, [rec], forced=False)
+            rec.capture_pending = self.core.config.prefix_caching
+
+    def _run_decode(self, recs: list["RequestRecord"], riding: int | None) -> None:
+        """The decode round of `recs`, carrying the next chunk of staged prefill `riding` (a mixed unit) if any."""
+        program = self.core.program
+        rider = None if riding is None else self.core.records[riding]
+        chunk = None if rider is None else self._chunk(rider, mixed=True)
+        # a speculative backend: each row's grammar over its draft prefixes
+        ask = "draft_masks" if program.limits.draft_tokens else "next_token_mask"
+        masks = [self._ask(r, "mask", getattr(r.request.session, ask)) for r in recs]
+        recs, masks = [r for r, m in zip(recs, masks) if m is not _FAILED], [m for m in masks if m is not _FAILED]
+        if not recs:
+            if chunk is not None:
+                self._run_prefill(rider, chunk)
+            return
+        masked = any(m is not None for m in masks)
+        if chunk is None:
             batch = program.decode([r.handle for r in recs], masks if masked else None)
             # a masked round's next masks depend on the tokens just drawn: it stays synchronous (a speculative
             # row's draft masks too, and a block bound its session gives)
             self._commit(batch, recs, forced=False, ahead=not masked)
+            return
+        finishes = chunk.max_tokens >= program.prompt_remaining(rider.handle)
+        batch = program.decode([r.handle for r in recs], masks if masked else None, chunk)
+        self._commit(batch, recs + [rider] if finishes else recs, forced=False)
+        if finishes:
+            rider.capture_pending = self.core.config.prefix_caching
 
     def _ask(self, rec: "RequestRecord", what: str, call: Callable[[], Any]) -> Any:
         """A session's answer before a model call (its mask, its control suffix), or _FAILED when the session

@@ -91,21 +91,29 @@ def capture_filled(prog: "ProgramCore", seq: ActiveSequence, filled: Sequence[tu
         seq.snapshots.append(Checkpoint(tuple(seq.tokens[:frontier]), table, slot))
 
 
+def provisionals(batch: PendingBatch) -> tuple[Provisional | None, ...]:
+    """Each row's provisional step, None for a first-token row (a PREFILL batch's, a MIXED batch's last)."""
+    return (None,) * len(batch.rows) if batch.kind is BatchKind.PREFILL else tuple(batch.payload)
+
+
 def validate_commit(prog: "ProgramCore", batch: PendingBatch, decisions: Sequence[RowDecision]) -> list[ActiveSequence]:
     """Every row's sequence, after checking them all before anything is touched: a live handle, an unchanged
     frontier, and full acceptance of decode rows unless a speculative backend runs (then the Engine's terminal
     rule may cut a block anywhere)."""
     batch.check_decisions(decisions)
-    prefill_batch = batch.kind is BatchKind.PREFILL
-    if not prefill_batch and (batch.payload is None or len(batch.payload) != len(batch.rows)):
+    if batch.kind is not BatchKind.PREFILL and (batch.payload is None or len(batch.payload) != len(batch.rows)):
         raise EngineFailure("a decode/control batch lost its provisional state")
+    firsts = [p is None for p in provisionals(batch)]
+    if batch.kind is not BatchKind.PREFILL and any(firsts) and \
+            (batch.kind is not BatchKind.MIXED or firsts.index(True) != len(firsts) - 1):
+        raise EngineFailure(f"a {batch.kind.value} batch lost a row's provisional state")
     seqs = []
-    for row, d in zip(batch.rows, decisions):
+    for row, d, prefill_row in zip(batch.rows, decisions, firsts):
         seq = prog.sequence(row.handle)
-        expected = seq.frontier if prefill_batch else seq.frontier + 1
-        if row.base_frontier != expected or (prefill_batch and seq.pending is not None):
+        expected = seq.frontier if prefill_row else seq.frontier + 1
+        if row.base_frontier != expected or (prefill_row and seq.pending is not None):
             raise EngineFailure(f"batch row {row.handle} at {row.base_frontier}, sequence expects {expected}")
-        if d.accepted and not prefill_batch and d.accepted != row.produced and not prog.config.draft_tokens:
+        if d.accepted and not prefill_row and d.accepted != row.produced and not prog.config.draft_tokens:
             raise EngineFailure("partial acceptance needs a speculative backend; this Program has none")
         seqs.append(seq)
     return seqs

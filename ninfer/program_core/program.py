@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, ResourceResult, RowDecision,
-                              RunningTransaction, SequenceHandle)
+from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, PrefillChunk, ResourceResult,
+                              RowDecision, RunningTransaction, SequenceHandle)
 
 from . import ahead as ahead_step
 from .core import ProgramCore
-from .execution import (Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end, restore,
-                        validate_commit)
+from .execution import (Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end, provisionals,
+                        restore, validate_commit)
 from .executor import ModelExecutor
+from .mixed import mixed_round
 from .speculation import rollback
 
 
@@ -80,10 +81,11 @@ class Program(ProgramCore):
         first = ahead_step.drawn_row(handle, n, self.executor.draw_first(seq, logits, mask))
         return PendingBatch(BatchKind.PREFILL, (first,), self.resource_revision)
 
-    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
+    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None,
+               prefill: PrefillChunk | None = None) -> PendingBatch:
         if masks is not None and len(masks) != len(handles):
             raise EngineFailure(f"{len(masks)} masks for {len(handles)} decode rows")
-        if self._ahead is not None and ahead_step.matches(self._ahead, handles, masks):
+        if prefill is None and self._ahead is not None and ahead_step.matches(self._ahead, handles, masks):
             ahead, self._ahead = self._ahead, None
             self.ahead_adopted += 1
             return ahead.started.finish()
@@ -91,6 +93,8 @@ class Program(ProgramCore):
         seqs = [self.sequence(h) for h in handles]
         if any(s.pending is None for s in seqs):
             raise EngineFailure("decode of a sequence before its prompt finished")
+        if prefill is not None:
+            return mixed_round(self, seqs, masks or [None] * len(seqs), prefill)
         return ahead_step.start(self, seqs, masks or [None] * len(seqs)).finish()
 
     def control(self, handle: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
@@ -110,27 +114,28 @@ class Program(ProgramCore):
         """Validate every row first, then apply: the batch is committed whole or not at all."""
         self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
         seqs = validate_commit(self, batch, decisions)
-        prefill_batch = batch.kind is BatchKind.PREFILL
         counted = []
-        for i, (seq, row, d) in enumerate(zip(seqs, batch.rows, decisions)):
+        for seq, row, d, prov in zip(seqs, batch.rows, decisions, provisionals(batch)):
             if d.accepted == 0:
-                if not prefill_batch:
-                    restore(self, seq, batch.payload[i])
+                if prov is not None:
+                    restore(self, seq, prov)
                 continue
             counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
-            if not prefill_batch:
-                fed = batch.payload[i].fed  # the pending token, then the drafts or forced tokens but the last
+            if prov is not None:  # a first-token row (prefill's, or a mixed round's last) holds nothing provisional
+                fed = prov.fed  # the pending token, then the drafts or forced tokens but the last
                 if d.accepted < len(fed):  # only a speculative block is cut: a forced suffix commits whole
-                    rollback(self, seq, batch.payload[i], d.accepted)
+                    rollback(self, seq, prov, d.accepted)
                 seq.tokens.extend(fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]
         self.executor.record(counted)  # the accepted tokens are outputs now: the penalties' history follows
 
     def abort_pending(self, batch: PendingBatch) -> None:
-        """Every row back to its committed state: prefill rows hold nothing provisional, stepped rows are restored."""
+        """Every row back to its committed state: first-token rows hold nothing provisional, stepped rows are
+        restored."""
         self.discard_ahead()
-        if batch.kind is BatchKind.PREFILL or batch.payload is None:
-            return
-        for row, prov in zip(batch.rows, batch.payload):
-            restore(self, self.sequence(row.handle), prov)
+        if batch.payload is None and batch.kind is not BatchKind.PREFILL:
+            return  # a batch without its provisional state is refused by commit too; nothing to restore here
+        for row, prov in zip(batch.rows, provisionals(batch)):
+            if prov is not None:
+                restore(self, self.sequence(row.handle), prov)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ninfer.contracts import (BatchKind, CheckpointId, CheckpointInfo, EngineFailure, Infeasible, PendingBatch,
-                              PendingRow, ProgramLimits, ResourceChoice, ResourceUsage, ResourcePlan, ResourceResult, RowDecision,
+                              PendingRow, PrefillChunk, ProgramLimits, ResourceChoice, ResourceUsage, ResourcePlan, ResourceResult, RowDecision,
                               RowFailure, RunningTransaction, SequenceHandle, StalePlan, TransitionKind, token_digest)
 
 from .toy_stores import PagePool, SlotPool
@@ -61,8 +61,8 @@ class ToyProgram:
     def __init__(self, *, max_concurrency: int = 4, max_context: int = 256, vocab: int = 97, page_size: int = 4,
                  total_pages: int = 128, checkpoint_slots: int = 8, draft_tokens: int = 1, source_stages: int = 2,
                  root_stages: int = 1,
-                 eos: tuple[int, ...] = (0,)):
-        self.limits = ProgramLimits(max_concurrency, max_context, vocab, eos)
+                 eos: tuple[int, ...] = (0,), mixed_steps: bool = True):
+        self.limits = ProgramLimits(max_concurrency, max_context, vocab, eos, mixed_steps=mixed_steps)
         self.page_size, self.draft_tokens, self.source_stages = page_size, draft_tokens, source_stages
         self.root_stages = root_stages
         self.checkpoint_slots = checkpoint_slots
@@ -224,7 +224,19 @@ class ToyProgram:
             return PendingRow.failed(handle, base_frontier, drawn[0])
         return PendingRow(handle, tuple(drawn), base_frontier)
 
-    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None) -> PendingBatch:
+    def decode(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None = None,
+               prefill: PrefillChunk | None = None) -> PendingBatch:
+        rows = self._decode_rows(handles, masks)
+        if prefill is None:
+            return PendingBatch(BatchKind.DECODE, tuple(rows), self._revision)
+        seq = self._seq(prefill.handle)
+        if prefill.handle in handles or seq.prompt_pos >= len(seq.prompt):
+            raise EngineFailure(f"a decode round carrying {prefill.handle}'s prefill, whose prompt is consumed")
+        first = self.prefill(prefill.handle, prefill.max_tokens, prefill.mask)
+        return PendingBatch(BatchKind.MIXED, tuple(rows) + (() if first is None else first.rows), self._revision)
+
+    def _decode_rows(self, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None
+                     ) -> list[PendingRow]:
         rows = []
         for j, handle in enumerate(handles):
             seq = self._seq(handle)
@@ -237,7 +249,7 @@ class ToyProgram:
                 rolling = _roll(rolling, tokens[-1])  # drafts past the first token are unconstrained
                 tokens.append(self._draw(seq, rolling, len(seq.history) + 1 + i))
             rows.append(self._row(handle, tokens, len(seq.history) + 1))
-        return PendingBatch(BatchKind.DECODE, tuple(rows), self._revision)
+        return rows
 
     def _outputs(self, seq: ToySequence) -> int:
         return len(seq.history) - len(seq.prompt) + (seq.pending is not None)

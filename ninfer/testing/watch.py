@@ -95,7 +95,7 @@ class ProgramWatch:
         elif name == "backfill_feasible":
             self._phase("admit")
         elif name in ("prefill", "decode", "control"):
-            self._before_unit(name, args[0])
+            self._before_unit(name, args[0], args[2] if name == "decode" and len(args) > 2 else None)
         elif name in ("commit", "abort_pending"):
             self._phase("commit")
             if self._phases.count("commit") > 1:
@@ -131,18 +131,24 @@ class ProgramWatch:
         if name == "advance" and txn.txn_id in self._must_abort:
             self.violate(f"the materialization of cancelled request {t.rid if t else '?'} advanced, not aborted")
 
-    def _before_unit(self, name: str, target: Any) -> None:
+    def _before_unit(self, name: str, target: Any, chunk: Any = None) -> None:
+        """`chunk`: the PrefillChunk a decode round carries (a mixed unit), else None."""
         self._phase("run")
         if self._phases.count("run") > 1:
             self.violate("two model units in one boundary")
         handles = list(target) if name == "decode" else [target]
+        if chunk is not None:
+            if chunk.handle in self._ready or chunk.handle in handles:
+                self.violate(f"a decode round carries the prefill of {chunk.handle}, which is decode-ready")
+            handles = handles + [chunk.handle]
         for h in handles:
             if self._rid_of.get(h) in self._ended:
                 self.violate(f"request {self._rid_of[h]} ran in a unit after it was cancelled or expired")
         live_ready = {h for h in self._ready if not self.excused(self._rid_of.get(h, -1))}
         if name == "decode":
-            if not set(handles) <= self._ready:
-                self.violate(f"decode round holds sequences that are not decode-ready: {set(handles) - self._ready}")
+            rows = set(handles) - ({chunk.handle} if chunk is not None else set())
+            if not rows <= self._ready:
+                self.violate(f"decode round holds sequences that are not decode-ready: {rows - self._ready}")
             if not live_ready <= set(handles):
                 self.violate(f"decode round left out decode-ready sequences {live_ready - set(handles)}")
             if len(handles) != len(set(handles)):

@@ -112,6 +112,35 @@ def test_an_8192_token_prompt_beside_decoding_rows_keeps_every_gap_within_the_bo
     assert prefill_chunk(NINE_B, 8192, 0, 0, None, 2.5) == (8192, ChunkVerdict.WHOLE)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("frontier", [0, 4096, 30000])
+def test_a_riding_chunk_bounds_its_pass(rows, frontier):
+    """Riding on the round, a decoding row waits the one pass: the chunk is the largest whose pass over it and the
+    decode rows fits the whole ITL budget, not the budget less a step."""
+    chunk, verdict = prefill_chunk(NINE_B, 9000, frontier, rows, None, 2.5, mixed=True)
+    budget = MARGIN * 2.5 * NINE_B.step_s(rows)
+    assert verdict is ChunkVerdict.ITL and chunk % GRID == 0
+    assert NINE_B.mixed_s(chunk, frontier, rows) <= budget < NINE_B.mixed_s(chunk + GRID, frontier, rows)
+    assert chunk > prefill_chunk(NINE_B, 9000, frontier, rows, None, 2.5)[0]
+
+
+def test_riding_chunks_keep_prefill_near_its_speed_alone():
+    """Issue 14's case on the model: an 8192-token prompt beside 8 decoding rows. Riding, each gap is one pass
+    within 2.5 steps and the prompt is done within 20% of its one-piece time (the rows decoding all along);
+    alternating, the steps between the smaller chunks more than double it."""
+    step, alone = NINE_B.step_s(8), NINE_B.piece_s(8192, 0)
+    took = {}
+    for mixed in (False, True):
+        frontier, gaps = 0, []
+        while frontier < 8192:
+            chunk, _ = prefill_chunk(NINE_B, 8192 - frontier, frontier, 8, None, 2.5, mixed=mixed)
+            gaps.append(NINE_B.mixed_s(chunk, frontier, 8) if mixed else step + NINE_B.piece_s(chunk, frontier))
+            frontier += chunk
+        assert max(gaps) <= 2.5 * step
+        took[mixed] = sum(gaps)
+    assert took[True] <= 1.2 * alone and took[False] > 2 * alone
+
+
 def prompt(n: int) -> list[int]:
     return [1 + i % 90 for i in range(n)]  # inside the toy vocabulary
 
@@ -132,15 +161,17 @@ def test_the_engine_asks_for_the_sized_chunks(make_engine):
     eng.submit(token_request(prompt(199), 3))
     eng.run_until_idle()
     assert asked == [192, 7]  # the Program's largest piece, then the rest
-    asked.clear()
-    eng, _ = make_engine(program(), max_concurrency=2)
-    eng.submit(GenerationRequest((95, 94, 93, 92), TokenSession(40, stop_ids=()), 40))  # never stops early
-    for _ in range(4):  # the first request is decoding
-        eng.step()
-    eng.submit(token_request(prompt(199), 3))
-    eng.run_until_idle()
-    # 0.8 * 1.5 ms budget: 1e-4 + t * 1e-5 <= 1.2e-3 -> t <= 110: 64 tokens a chunk, and a rest of 71 at once
-    assert asked == [4, 64, 64, 71]
+    for mixed, chunks in ((False, [4, 64, 64, 71]), (True, [4, 128, 71])):
+        asked.clear()
+        eng, _ = make_engine(program(), max_concurrency=2, mixed_prefill=mixed)
+        eng.submit(GenerationRequest((95, 94, 93, 92), TokenSession(40, stop_ids=()), 40))  # never stops early
+        for _ in range(4):  # the first request is decoding
+            eng.step()
+        eng.submit(token_request(prompt(199), 3))
+        eng.run_until_idle()
+        # alternating: 0.8 * 1.5 ms budget, 1e-4 + t * 1e-5 <= 1.2e-3 -> t <= 110: 64 tokens a chunk, then 71 at
+        # once. Riding on the round: 0.8 * 2.5 ms for the one pass over t + 1 rows -> t <= 189: 128, then 71
+        assert asked == chunks, mixed
     asked.clear()
     eng, _ = make_engine(program(), max_concurrency=2, prefill_chunk=50)
     eng.submit(token_request(prompt(119), 3))

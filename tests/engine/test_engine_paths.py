@@ -42,7 +42,7 @@ def test_decode_rounds_hold_exactly_the_decode_ready_requests(make_engine):
     eng, prog = make_engine(max_concurrency=4, prefill_chunk=64)
     sizes = []
     decode = prog.decode
-    prog.decode = lambda handles, masks=None: sizes.append(len(handles)) or decode(handles, masks)
+    prog.decode = lambda handles, masks=None, *chunk: sizes.append(len(handles)) or decode(handles, masks, *chunk)
     for i in range(3):
         eng.submit(request(range(1, 5 + i), 8))
         eng.step()

@@ -197,9 +197,9 @@ def test_threaded_submissions_during_a_failure_each_get_one_terminal_event(round
 
 
 class _SlowToy(ToyProgram):
-    def decode(self, handles, masks=None):
+    def decode(self, handles, masks=None, prefill=None):
         threading.Event().wait(0.002)  # long enough that a threaded worker is still decoding at shutdown
-        return super().decode(handles, masks)
+        return super().decode(handles, masks, prefill)
 
 
 @pytest.mark.parametrize("threaded", [False, True])

@@ -196,7 +196,7 @@ def test_nan_logits_end_one_request_alone(make_reference, prompt_of):
         return (logits, hidden) if return_hidden else logits
     model.decode_step = poisoned
     decode = program.decode
-    program.decode = lambda handles, masks=None: rounds.append(len(handles)) or decode(handles, masks)
+    program.decode = lambda handles, masks=None, *chunk: rounds.append(len(handles)) or decode(handles, masks, *chunk)
     got = serve(program, [token_request(p, 6) for p in prompts], **cfg)
     assert poisoned_round[0] > 1, "the poisoned row was alone in its round"
     failed = [r for r in got if r.failure is not None]

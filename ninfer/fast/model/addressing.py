@@ -54,6 +54,25 @@ def prefill_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: int
                       prefill_slot=slot, captures=captures, max_prefix=start)
 
 
+def mixed_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: int, row: int, start: int,
+                 captures: tuple[tuple[int, int], ...], slots: Sequence[int], rows: Sequence[int],
+                 frontiers: Sequence[int]) -> StepInputs:
+    """A prefill piece (n tokens of the sequence at GDN slot ``slot`` and table row ``row`` from ``start``) and one
+    decode token of each of B other sequences (at ``slots``, ``rows``, positions ``frontiers``) packed as T = n + B
+    rows, the piece first, over ``block_tables`` (one rank's). Attention sees B + 1 causal blocks with their
+    prefixes (a decode row is a block of one, as in the verify pass); the GDN layers run the piece through the
+    chunked rule and the decode rows through the recurrence (``decode_rows``)."""
+    dev, ps, B = block_tables.device, page_size, len(slots)
+    table = block_tables.index_select(0, to_device([row, *rows], dev))  # [1 + B, max_pages]
+    pos = to_device([*range(start, start + n), *frontiers], dev)  # [T] int32
+    block = to_device([0] * n + list(range(1, B + 1)), dev, torch.long)  # [T] each row's table row
+    pages = table[block, (pos // ps).long()].long()
+    return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=to_device(slots, dev),
+                      block_table=table, cu_seqlens=to_device([0, *range(n, n + B + 1)], dev),
+                      prefix_lens=to_device([start, *frontiers], dev), prefill_slot=slot, captures=captures,
+                      max_prefix=max(start, *frontiers), decode_rows=to_device(range(n, n + B), dev, torch.long))
+
+
 def padded_inputs(block_tables: torch.Tensor, page_size: int, device: torch.device, n: int, slot: torch.Tensor,
                   row: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> StepInputs:
     """A padded piece's addressing, from device data only: padding rows get KV slot -1 (written nowhere) and a

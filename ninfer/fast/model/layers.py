@@ -31,7 +31,8 @@ class StepInputs:
     writing another (the verify pass keeps every block position's state) or the same one. A padded prefill piece
     (``FastModel.prefill_piece``, a CUDA graph's body): T rows of a bucket, the first ``length`` real, and every
     quantity that depends on the request (slot, table row, positions, the prefix attention sees, the length) device
-    data."""
+    data. A mixed pass (``FastModel.mixed``): a prefill piece's rows, then B decode rows (``decode_rows``), packed
+    as multi-query decode packs its blocks."""
     positions: torch.Tensor  # [T] int32 absolute positions
     slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) of every token
     slot_ids: torch.Tensor  # [B] int32 GDN state slots
@@ -54,6 +55,9 @@ class StepInputs:
     # padded prefill: [1] int32 real rows of the piece (a device value); padding rows write no KV (slot -1), leave
     # the GDN state and conv window alone and are never read by a real row
     length: torch.Tensor | None = None
+    # a prefill piece with decode rows riding (``FastModel.mixed``): [B] long, the last B rows, one token of each
+    # sequence at ``slot_ids``; the rows before them are the piece of the sequence at ``prefill_slot``
+    decode_rows: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -100,6 +104,21 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
         return k.linear_residual(out, w.out_proj, res)
     if step.length is not None:
         return k.linear_residual(_padded_gdn(k, w, mixed, z, a, b, conv, ssm, step, dims), w.out_proj, res)
+    if step.decode_rows is None:
+        return k.linear_residual(_piece_gdn(k, w, mixed, z, a, b, conv, ssm, step, dims), w.out_proj, res)
+    # a mixed pass: the piece's rows [:n] by the chunked rule, the decode rows [n:] by the recurrence on their slots
+    n = mixed.shape[0] - step.decode_rows.shape[0]
+    out = mixed.new_empty(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
+    out[:n] = _piece_gdn(k, w, mixed[:n], z[:n], a[:n], b[:n], conv, ssm, step, dims)
+    k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims,
+                 rows=step.decode_rows, out=out)
+    return k.linear_residual(out, w.out_proj, res)
+
+
+def _piece_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,
+               dims: dict) -> torch.Tensor:
+    """The prefill GDN of a piece on the slot ``step.prefill_slot`` (its window and S advanced in place), filling
+    the slot of each capture inside it. Returns the mixer's output [T, HV*dv]."""
     slot, cuts = step.prefill_slot, [c for c, _ in step.captures]
     for c, cap in step.captures:  # the window at a checkpoint: the K-1 inputs before it, read before it advances
         conv[cap].copy_(conv_window_at(mixed, conv[slot], c))
@@ -112,7 +131,7 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
         ends = chunk_ends(mixed.shape[0], GDN_CHUNK, cuts)
         for c, cap in step.captures:
             ssm[cap].copy_(states[ends.index(c)])
-    return k.linear_residual(out, w.out_proj, res)
+    return out
 
 
 def _padded_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,

@@ -31,7 +31,7 @@ from ninfer.pipeline import StagePlan
 from ninfer.pipeline.link import PeerLink
 from ninfer.sampling.speculative import draft_vocabulary
 
-from .addressing import moved, padded_inputs, piece_rows, prefill_inputs, verify_inputs
+from .addressing import mixed_inputs, moved, padded_inputs, piece_rows, prefill_inputs, verify_inputs
 from .kernels import Kernels, Residual, get_kernels
 from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer, head_logits
 from .mtp import MtpHead
@@ -185,6 +185,39 @@ class FastModel:
             taps.update({i: torch.cat([p[i] for p in pieces]) for i in pieces[0]})
         logits = torch.cat(outs) if all_logits else self.logits(hidden[-1:])[0]
         return (logits, torch.cat(hiddens)) if return_hidden else logits
+
+    def mixed(self, tokens: torch.Tensor, slot: int, block_table_row: int, start: int,
+              decode: tuple[torch.Tensor, Sequence[int], Sequence[int], Sequence[int]],
+              captures: Sequence[tuple[int, int]] = (), rope_positions: torch.Tensor | None = None,
+              embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One pass over a prefill piece and one decode step of B other sequences: every weight is read once for
+        both. The piece is `prefill`'s (tokens [n] of the sequence at GDN slot ``slot`` and table row
+        ``block_table_row`` from ``start``, n within one piece; ``captures``, ``embeds`` and its rotary positions
+        [3, n] or [n] as there, the slot reset at start 0); ``decode`` = (tokens [B] on the device, GDN slots,
+        table rows, positions), each row as `decode`'s (its pages already in the table; the caller backed its
+        state up). ``rope_positions`` covers the n + B rows where any rotates off its position. Returns logits
+        [1 + B, V] fp32: the piece's last token's, then each decode row's."""
+        n, (dec_tokens, slots, rows, frontiers) = tokens.shape[0], decode
+        if tokens.ndim != 1 or not 0 < n <= self.plan.max_prefill_tokens or not len(slots) == len(rows) == \
+                len(frontiers) == dec_tokens.shape[0] > 0:
+            raise ValueError(f"a mixed pass takes a piece of 1..{self.plan.max_prefill_tokens} tokens and B >= 1 "
+                             f"decode rows, got {tuple(tokens.shape)} and {len(slots)} rows")
+        if max(start + n, *(p + 1 for p in frontiers)) > self.plan.max_context:
+            raise ValueError(f"a mixed pass past the planned context {self.plan.max_context}")
+        if start == 0:
+            for pools in self.ranks:
+                pools.reset_slot(slot)
+        if any(not start < f < start + n for f, _ in captures):
+            raise ValueError(f"capture frontiers {[f for f, _ in captures]} must lie strictly inside ({start}, "
+                             f"{start + n})")
+        inner = tuple((f - start, cap) for f, cap in captures)  # offsets into the piece, as `prefill`'s
+        steps = [mixed_inputs(p.block_tables, self.plan.page_size, n, slot, block_table_row, start, inner, slots,
+                              rows, frontiers) for p in self.ranks]
+        if rope_positions is not None:
+            for step in steps:
+                step.rope_positions = rope_positions.to(step.positions.device)
+        hidden = self._layers(torch.cat([tokens, dec_tokens]), steps, embeds=embeds)
+        return self.logits(hidden[n - 1:])
 
     def prefill_piece(self, tokens: torch.Tensor, slot_id: torch.Tensor, table_row: torch.Tensor,
                       start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:

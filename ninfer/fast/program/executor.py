@@ -62,6 +62,20 @@ def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) ->
                       s if s.media is None else ModelHistory(s), m) for s, m in zip(seqs, masks)]
 
 
+def _mixed_rope(piece: torch.Tensor | None, start: int, end: int, seqs: Sequence[ActiveSequence],
+                device: torch.device) -> torch.Tensor | None:
+    """A mixed pass's rotary positions over its n + B rows, None when every row rotates at its position: the
+    piece's MRoPE rows [3, n] (a prompt with images) beside each decode row's position + rope_delta, MRoPE's three
+    rows equal there."""
+    deltas = [ImageInputs.rope_delta(s) for s in seqs]
+    if piece is None and not any(deltas):
+        return None
+    rows = to_device([s.frontier + d for s, d in zip(seqs, deltas)], device)  # [B]
+    if piece is None:
+        return torch.cat([torch.arange(start, end, device=device, dtype=torch.int32), rows])
+    return torch.cat([piece.to(device, torch.int32), rows.expand(3, -1)], dim=1)  # [3, n + B]
+
+
 class FastExecutor:
     def __init__(self, model: FastModel, runner: DecodeGraphRunner, sampler: DeviceSampler, store: DeviceState,
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
@@ -161,6 +175,24 @@ class FastExecutor:
             if i < len(captures):
                 self.store.copy_slot(slot, captures[i][1])
         return logits
+
+    def mixed(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], pseq: ActiveSequence, start: int,
+              end: int, captures: Sequence[tuple[int, int]] = ()) -> tuple[list[Drawn], torch.Tensor]:
+        """`decode` of `seqs` and `prefill` of pseq's prompt[start:end] in one eager pass (`FastModel.mixed`): each
+        row backed up, then the piece and one token of every row through the layers, every weight read once for
+        both. Returns the rows' draws (read back) and the piece's last logits [V] fp32. A chunk longer than one
+        piece runs as its own prefill, then the decode step."""
+        if end - start > self.model.plan.max_prefill_tokens or self.mtp is not None or self.dflash is not None:
+            logits = self.prefill(pseq, start, end, captures)
+            return self.decode(seqs, masks), logits
+        ids, image_args = self._inputs(pseq, start, end)
+        slots, rows, frontiers = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
+        self.model.backup_slots(to_device(slots, self.device), to_device(rows, self.device), self.backup_slot(0))
+        rope = _mixed_rope(image_args.pop("rope_positions", None), start, end, seqs, self.device)
+        logits = self.model.mixed(ids, pseq.handle.slot, pseq.row, start,
+                                  (self._tokens([s.pending for s in seqs]), slots, rows, frontiers), captures, rope,
+                                  **image_args)  # [1 + B, V]
+        return self.sampler.sample(logits[1:], _sample_rows(seqs, masks)), logits[0]
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)

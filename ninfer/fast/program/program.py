@@ -125,7 +125,8 @@ class FastProgram(Program):
         self.max_patches = vision_patches  # a larger image would plan a workspace past the budget
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids, costs=costs,
                                     prefill=prefill, speculative=None if c.speculative is None else c.speculative.name,
-                                    draft_tokens=c.draft_tokens, no_vision=no_vision)
+                                    draft_tokens=c.draft_tokens, no_vision=no_vision,
+                                    mixed_steps=not c.draft_tokens)  # a backend's round runs the chunk apart
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
                                      ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs,
                                      self.pieces, None if c.speculative is None else c.speculative.draft_vocab_size)

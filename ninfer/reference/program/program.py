@@ -59,7 +59,8 @@ class ReferenceProgram(Program):
         self.vision = None if vision is None else vision.cfg
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,
-                                    draft_tokens=c.draft_tokens, no_vision=no_vision)
+                                    draft_tokens=c.draft_tokens, no_vision=no_vision,
+                                    mixed_steps=True)  # the chunk, then the round: the oracle of the one pass
         slots, empty = c.usable_slots + c.max_concurrency, None if backend is None else backend.empty
         # allocatable, then backups
         self.states = StagedSlots(cfg, self.stage_plan, slots, c.dtype, empty) if self.link else \

@@ -1,0 +1,51 @@
+"""A decode round carrying one prompt's prefill chunk (`Program.decode(..., prefill=)`): the MIXED batch.
+
+The chunk is consumed as `Program.prefill` would consume it (prompt tokens are not provisional: its KV and GDN
+state are written at once, its captures filled) and the decode rows step as in a plain round (backed up, their
+pages provisional). An executor with a `mixed` call runs both in one model pass, every weight read once for the
+chunk's tokens and the decode rows together; without one (or when a speculative backend runs the round), the chunk
+runs first and the round after it: the same state and the same draws, two passes. The batch holds the decode rows
+and, when the chunk finished its prompt, the first-token row last, which has no provisional part (payload None).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PrefillChunk
+
+from . import ahead as ahead_step
+from .execution import Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end
+from .records import ActiveSequence
+
+if TYPE_CHECKING:
+    from .program import Program
+
+
+def mixed_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any | None],
+                chunk: PrefillChunk) -> PendingBatch:
+    """Step `seqs` and consume `chunk` in one unit; the MIXED batch."""
+    pseq = prog.sequence(chunk.handle)
+    if not seqs or any(s.handle == chunk.handle for s in seqs):
+        raise EngineFailure(f"a decode round carrying {chunk.handle}'s prefill needs other rows to decode")
+    n = len(pseq.prompt)
+    start, end = pseq.frontier, prefill_end(pseq, chunk.max_tokens)
+    inner = capture_cuts(pseq, start, end)
+    grow(prog, pseq, end)
+    one_pass = getattr(prog.executor, "mixed", None)
+    if one_pass is None or prog.config.draft_tokens:
+        logits = prog.executor.prefill(pseq, start, end, inner)
+        batch = ahead_step.start(prog, seqs, masks).finish()
+        rows, payload = batch.rows, batch.payload
+    else:
+        provisional = tuple(Provisional((s.pending,), grow(prog, s, s.frontier + 1)) for s in seqs)
+        drawn, logits = one_pass(seqs, masks, pseq, start, end, inner)  # the decode draws already read back
+        rows = tuple(ahead_step.drawn_row(s.handle, s.frontier + 1, d) for s, d in zip(seqs, drawn))
+        payload = provisional
+    pseq.tokens.extend(pseq.prompt[start:end])
+    capture_filled(prog, pseq, inner)
+    capture_due(prog, pseq)
+    if end == n:  # drawn after the decode rows' draws were read: the sampler's workspace is free again
+        rows += (ahead_step.drawn_row(chunk.handle, n, prog.executor.draw_first(pseq, logits, chunk.mask)),)
+        payload += (None,)
+    return PendingBatch(BatchKind.MIXED, tuple(rows), prog.resource_revision, payload=tuple(payload))
