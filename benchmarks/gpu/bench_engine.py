@@ -195,11 +195,27 @@ def bench_itl(run: Run, engine: Engine, program: FastProgram, vocab: int, entry:
     """Inter-token latency of LANES - 1 decoding rows while another request prefills `itl_prompt` tokens, with the
     chunks sized from the Program's PrefillCosts (prefill_chunk None: docs/engine.md): the p99 gap against the same
     rows' plain step (target <= prefill_itl_ratio), and the long prompt's prefill throughput against the same
-    prompt prefilled alone (target >= 95%)."""
-    s, gen, config = run.s, torch.Generator().manual_seed(6), engine.core.config
+    prompt prefilled alone (target >= 95%). As served, each chunk rides in a decode round's pass (mixed units);
+    then, for comparison, the chunks alternating with the rounds."""
+    entry["itl"] = _itl(run, engine, program, vocab, mixed=True)
+    if run.left() > 40:
+        entry["itl_alternating"] = _itl(run, engine, program, vocab, mixed=False)
+
+
+def _itl(run: Run, engine: Engine, program: FastProgram, vocab: int, mixed: bool) -> dict:
+    # another seed for each run: the same prompts would hit the checkpoints the other run left
+    s, gen, config, scheduler = run.s, torch.Generator().manual_seed(6 + mixed), engine.core.config, \
+        engine.core.scheduler
     engine.core.config = dataclasses.replace(config, prefill_chunk=None)
-    asked, prefill = [], program.prefill
+    was_mixed, scheduler.mixed = scheduler.mixed, mixed and scheduler.mixed
+    asked, prefill, decode = [], program.prefill, program.decode
     program.prefill = lambda handle, n, mask=None: asked.append(n) or prefill(handle, n, mask)
+
+    def riding(handles, masks=None, chunk=None):
+        if chunk is not None:
+            asked.append(chunk.max_tokens)
+        return decode(handles, masks, chunk)
+    program.decode = riding
     try:
         for _ in range(2):  # the first compiles; the second is the one-piece baseline (nothing decodes: WHOLE)
             alone = submit(engine, random_prompt(gen, s.itl_prompt, vocab), 1)
@@ -217,13 +233,13 @@ def bench_itl(run: Run, engine: Engine, program: FastProgram, vocab: int, entry:
         drive(engine, decoders, on_step)
         drive(engine, long)
     finally:
-        engine.core.config = config
-        del program.prefill
+        engine.core.config, scheduler.mixed = config, was_mixed
+        del program.prefill, program.decode
     chunks = asked[mark[0]:]  # the long prompt's chunks (the decoders prefilled before it was submitted)
-    entry["itl"] = {"prompt": s.itl_prompt, "decoding": LANES - 1, "chunks": chunks,
-                    "costs": dataclasses.asdict(program.limits.prefill),
-                    **itl_report([t.token_times for t in decoders], long[0].submitted, long[0].token_times[0],
-                                 s.itl_prompt, s.itl_prompt / alone.ttft, config.prefill_itl_ratio)}
+    return {"prompt": s.itl_prompt, "decoding": LANES - 1, "chunks": chunks, "mixed": scheduler.mixed and mixed,
+            "costs": dataclasses.asdict(program.limits.prefill),
+            **itl_report([t.token_times for t in decoders], long[0].submitted, long[0].token_times[0],
+                         s.itl_prompt, s.itl_prompt / alone.ttft, config.prefill_itl_ratio)}
 
 
 def bench_long(run: Run, engine: Engine, program: FastProgram, vocab: int, entry: dict) -> None:

@@ -45,6 +45,7 @@ def print_table(r: dict, lanes: int) -> None:
                   f"{'fits a prefill graph bucket' if graphed else 'runs eagerly'}); cold {h['cold_ttft_ms']:.1f} ms")
             print_phases(h)
         print_itl(name, m.get("itl"))
+        print_itl(name, m.get("itl_alternating"))
         lg = m.get("long")
         if lg:
             print(f"  {name:8} {lg['context']}-token sequences: pools hold {lg['fit_by_pages']} by KV pages, "
@@ -86,7 +87,8 @@ def print_itl(name: str, d: dict | None) -> None:
         return
     verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
     sizes = sorted(set(d["chunks"]))
-    print(f"  {name:8} ITL while a {d['prompt']}-token prompt prefills beside {d['decoding']} decoding rows: p99 "
+    how = "riding in the decode rounds" if d.get("mixed") else "alternating with the decode rounds"
+    print(f"  {name:8} ITL while a {d['prompt']}-token prompt prefills ({how}) beside {d['decoding']} decoding rows: p99 "
           f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, plain step {d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
           f"(target <= {d['target']}x) {verdict(d['itl_pass'])}; {len(d['chunks'])} chunks of {sizes[0]}.."
           f"{sizes[-1]} tokens; its prefill {d['prefill_tok_s']:.0f} tok/s against {d['alone_tok_s']:.0f} alone "

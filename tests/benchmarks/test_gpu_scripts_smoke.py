@@ -47,6 +47,8 @@ def test_bench_engine_smoke(tmp_path):
     itl = tiny["itl"]  # no measured costs on the CPU: one fixed chunk covers the 100-token prompt
     assert itl["chunks"] == [100] and itl["gaps"] >= itl["decoding"] and not itl["costs"]["measured"]
     assert all(_positive(itl[k]) for k in ("plain_step_ms", "p99_ms", "prefill_tok_s", "alone_tok_s"))
+    # as served the chunk rode in a decode round; then the same with the chunks alternating with the rounds
+    assert itl["mixed"] and not tiny["itl_alternating"]["mixed"] and tiny["itl_alternating"]["chunks"] == [100]
     assert tiny["long"]["peak_active"] == tiny["long"]["lanes"]  # every long sequence ran at once
     # the prefill graphs' bucket (the 64-token piece) and the costs the report prints (not measured on the CPU)
     assert tiny["prefill_graph_buckets"] == [64] and tiny["prefill_costs"]["graph_buckets"] == []
