@@ -54,14 +54,19 @@ class PrefillCosts:
     graph_buckets: tuple[int, ...] = ()  # ascending piece lengths replayed as graphs (none: every piece eager)
     graph_piece_s: tuple[float, ...] = ()  # a replay of each bucket at frontier 0, non-decreasing
     graph_fixed_s: float = 0.0  # what a graphed piece costs beyond its tokens (reported; piece_s uses the above)
+    # a decode round carrying a chunk of each of these lengths at frontier 0 beside one decode row, measured
+    # (ascending; none: `mixed_s` falls back to the eager piece's fit)
+    mixed_tokens: tuple[int, ...] = ()
+    mixed_pass_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if min(self.fixed_s, self.token_s, self.pair_s, self.floor_s, self.graph_fixed_s, *self.decode_step_s,
                *self.graph_piece_s) < 0 or self.max_piece < 1:
             raise ValueError(f"PrefillCosts need non-negative costs and a positive piece, got {self}")
-        if len(self.graph_buckets) != len(self.graph_piece_s) or list(self.graph_buckets) != \
-                sorted(set(self.graph_buckets)) or list(self.graph_piece_s) != sorted(self.graph_piece_s):
-            raise ValueError(f"PrefillCosts need one non-decreasing time per ascending graph bucket, got {self}")
+        for lengths, times in ((self.graph_buckets, self.graph_piece_s), (self.mixed_tokens, self.mixed_pass_s)):
+            if len(lengths) != len(times) or list(lengths) != sorted(set(lengths)) or list(times) != sorted(times) \
+                    or min(times, default=0.0) < 0 or min(lengths, default=1) < 1:
+                raise ValueError(f"PrefillCosts need one non-decreasing time per ascending length, got {self}")
 
     def piece_s(self, tokens: int, frontier: int) -> float:
         """Predicted seconds of one prefill call of `tokens` tokens starting at `frontier`."""
@@ -72,10 +77,24 @@ class PrefillCosts:
 
     def mixed_s(self, tokens: int, frontier: int, rows: int) -> float:
         """Predicted seconds of a decode round of `rows` rows carrying a chunk of `tokens` prompt tokens from
-        `frontier` (`Program.decode(..., prefill=)`): one eager pass over tokens + rows rows, whose every weight is
-        read once for both (the decode rows' own attention is the small part left out)."""
-        t = tokens + rows
-        return max(self.floor_s, self.fixed_s + t * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
+        `frontier` (`Program.decode(..., prefill=)`), one pass whose every weight is read once for both: the
+        measured passes (`mixed_tokens`, one decode row) interpolated piecewise linearly at `tokens` (past the
+        longest, along its last segment), plus the attention over the keys before the chunk and each row more's
+        share of the plain step's growth with B. Without measured passes, the eager piece's fit over
+        tokens + rows rows."""
+        if not self.mixed_tokens:
+            t = tokens + rows
+            return max(self.floor_s, self.fixed_s + t * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
+        lengths, times = self.mixed_tokens, self.mixed_pass_s
+        i = next((j for j, n in enumerate(lengths) if tokens <= n), len(lengths) - 1)
+        if tokens <= lengths[0] or len(lengths) == 1:
+            at = times[0] if tokens <= lengths[0] else times[0] * tokens / lengths[0]
+        else:
+            i = max(i, 1)
+            slope = (times[i] - times[i - 1]) / (lengths[i] - lengths[i - 1])
+            at = times[i - 1] + (tokens - lengths[i - 1]) * slope
+        step, one = self.step_s(rows), self.step_s(1)
+        return at + tokens * frontier * self.pair_s + (step - one if step is not None and one is not None else 0.0)
 
     def step_s(self, rows: int) -> float | None:
         """A plain decode step's seconds at `rows` rows (the widest measured B past them); None if unmeasured."""

@@ -93,11 +93,15 @@ def test_graphed_buckets_lift_the_floor():
     assert max(gaps) <= 2.5 * step
 
 
-def test_graph_costs_are_checked():
-    with pytest.raises(ValueError, match="graph bucket"):
+def test_graph_and_mixed_costs_are_checked():
+    with pytest.raises(ValueError, match="ascending length"):
         dataclasses.replace(GRAPHED, graph_piece_s=(1e-3, 0.8e-3, 1.5e-3, 2.9e-3))  # a longer bucket faster
-    with pytest.raises(ValueError, match="graph bucket"):
+    with pytest.raises(ValueError, match="ascending length"):
         dataclasses.replace(GRAPHED, graph_buckets=(64, 128))
+    with pytest.raises(ValueError, match="ascending length"):
+        dataclasses.replace(NINE_B, mixed_tokens=(512, 64), mixed_pass_s=(1e-3, 2e-3))
+    with pytest.raises(ValueError, match="ascending length"):
+        dataclasses.replace(NINE_B, mixed_tokens=(64,), mixed_pass_s=())
 
 
 def test_an_8192_token_prompt_beside_decoding_rows_keeps_every_gap_within_the_bound():
@@ -139,6 +143,21 @@ def test_riding_chunks_keep_prefill_near_its_speed_alone():
         assert max(gaps) <= 2.5 * step
         took[mixed] = sum(gaps)
     assert took[True] <= 1.2 * alone and took[False] > 2 * alone
+
+
+def test_measured_mixed_passes_predict_a_riding_chunk():
+    """With timed passes the prediction interpolates them (beyond the longest, along its last segment), adds the
+    attention over the keys before the chunk and the plain step's growth per extra row; the chunk sizing follows
+    the table rather than the eager fit."""
+    costs = dataclasses.replace(NINE_B, mixed_tokens=(64, 512, 1024), mixed_pass_s=(8e-3, 14e-3, 26e-3))
+    assert costs.mixed_s(10, 0, 1) == costs.mixed_s(64, 0, 1) == 8e-3  # a pass reads every weight however short
+    assert costs.mixed_s(288, 0, 1) == pytest.approx(11e-3) and costs.mixed_s(1536, 0, 1) == pytest.approx(38e-3)
+    assert costs.mixed_s(512, 1000, 1) == pytest.approx(14e-3 + 512 * 1000 * NINE_B.pair_s)
+    assert costs.mixed_s(512, 0, 8) == pytest.approx(14e-3 + NINE_B.step_s(8) - NINE_B.step_s(1))
+    # budget 0.8 * 2.5 * 6.3 ms = 12.6 ms with 0.9 ms for seven more rows: 320 tokens (11.43 ms) fit, 384 (12.29)
+    # do not
+    assert prefill_chunk(costs, 9000, 0, 8, None, 2.5, mixed=True) == (320, ChunkVerdict.ITL)
+    assert prefill_chunk(NINE_B, 9000, 0, 8, None, 2.5, mixed=True)[0] != 320  # the fit sizes otherwise
 
 
 def prompt(n: int) -> list[int]:

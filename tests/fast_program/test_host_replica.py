@@ -149,8 +149,8 @@ def test_the_fast_program_measures_its_cost_facts_on_cuda(make_fast):
 def test_the_fast_program_measures_its_prefill_signature_on_cuda(make_fast):
     """The chunk sizing's PrefillCosts: on CUDA measured at start (a plain decode step per B, a prefill model that
     predicts a timed piece within 3x: the tiny model's pieces are mostly launch latency; each prefill graph
-    bucket's run, the shortest bucket faster than the eager shortest piece, and a graphed piece predicted within 3x);
-    elsewhere the generic fallback."""
+    bucket's run, the shortest bucket faster than the eager shortest piece, and a graphed piece predicted within 3x;
+    the decode round with a chunk riding, predicted within 3x); elsewhere the generic fallback."""
     import dataclasses
     import time
 
@@ -186,6 +186,17 @@ def test_the_fast_program_measures_its_prefill_signature_on_cuda(make_fast):
     torch.cuda.synchronize()
     took = time.perf_counter() - t
     assert took / 3 < costs.piece_s(100, 64) < 3 * took, (took, costs)
+    # decode rounds carrying a chunk, timed per chunk length: a 100-token chunk beside two rows predicted within 3x
+    assert costs.mixed_tokens == tuple(t for t in (64, 256, 512, 1024, 2048) if t <= plan.max_prefill_tokens)
+    rows = (torch.zeros(2, dtype=torch.long, device=model.device), [plan.dummy_slot] * 2, [plan.dummy_row] * 2,
+            [70, 80])
+    model.mixed(ids[:100], plan.dummy_slot, plan.dummy_row, 64, rows)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.mixed(ids[:100], plan.dummy_slot, plan.dummy_row, 64, rows)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t
+    assert took / 3 < costs.mixed_s(100, 64, 2) < 3 * took, (took, costs)
 
 
 def test_through_the_engine_a_demoted_conversation_resumes_from_its_replica(make_fast, prompt_of):

@@ -3,7 +3,8 @@ row and page, so no live state is touched). For the context cache's cost model: 
 and a pinned host-to-device copy of one GDN slot's state (the bulk of a short replica) and of one KV page (the
 fixed cost of a copy). For the Scheduler's chunk sizing (the prefill_signature, `PrefillCosts`): three timed
 prefill pieces fit the fixed, per-token and attention cost of an eager piece, one run of each prefill graph bucket
-(`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, and one greedy
+(`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, decode rounds
+with a chunk of 64..2048 tokens riding (`mixed_costs`) time the mixed units' pass, and one greedy
 step per B on the decode runner's dummy rows times the plain step (its graph's replay; with CUDA graphs off,
 ``FastProgramConfig.cuda_graphs``, the eager step, so the Scheduler still sizes chunks against a measured step).
 Under a speculative backend, for the draft policy (`RoundCosts`): a round per B and verify width, its draft and
@@ -32,6 +33,7 @@ MEASURE_TOKENS = 2048  # the timed prefill piece (at most the Program's own piec
 SHORT_TOKENS = 256  # the short timed piece: mostly the fixed cost and the projections
 FLOOR_TOKENS = 64  # the shortest piece a chunk is (one GDN chunk): the floor, every weight read once
 DEEP_FRONTIER = 4096  # the short piece again this deep: the attention term
+MIXED_TOKENS = (64, 256, 512, 1024, 2048)  # the chunks timed riding in a decode round (as far as the piece allows)
 
 
 def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFacts:
@@ -71,9 +73,24 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: 
     steps = () if runner is None else \
         tuple(_best(device, runner.dummy_step(B)) for B in range(1, runner.max_batch + 1))
     buckets, times, fixed = graph_costs(pieces, token, lambda fn: _best(device, fn)) if pieces else ((), (), 0.0)
+    mixed_tokens, mixed_s = mixed_costs(model, tokens) if runner is not None else ((), ())
     return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
                         floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True,
-                        graph_buckets=buckets, graph_piece_s=times, graph_fixed_s=fixed)
+                        graph_buckets=buckets, graph_piece_s=times, graph_fixed_s=fixed,
+                        mixed_tokens=mixed_tokens, mixed_pass_s=mixed_s)
+
+
+def mixed_costs(model: FastModel, tokens: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(chunk lengths, seconds) of `FastModel.mixed` passes at frontier 0 beside one decode row, both on the dummy
+    slot and row (every page the dummy page: the writes land nowhere that counts), made non-decreasing: what a
+    decode round costs with a chunk riding in it, launches and all (the eager pass's host time can exceed its
+    device time at short chunks, which a fit of the piece's terms would not see)."""
+    device, plan = model.device, model.plan
+    lengths = tuple(t for t in MIXED_TOKENS if t <= min(tokens, plan.max_prefill_tokens))
+    row = (torch.zeros(1, dtype=torch.long, device=device), [plan.dummy_slot], [plan.dummy_row], [0])
+    raw = [_best(device, lambda t=t: model.mixed(torch.zeros(t, dtype=torch.long, device=device), plan.dummy_slot,
+                                                 plan.dummy_row, 0, row), repeats=2) for t in lengths]
+    return lengths, tuple(max(raw[:i + 1]) for i in range(len(raw)))
 
 
 def measure_rounds(verifier: VerifyGraphRunner, draft: Callable[[int, int], Callable[[], object]]) -> RoundCosts:
