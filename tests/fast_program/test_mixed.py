@@ -69,10 +69,10 @@ def test_the_one_pass_equals_the_chunk_then_the_round(make_fast, prompt_of):
         plain = two.decode([a2])
         assert batch.kind is BatchKind.MIXED and (first is None) == (i < len(CHUNKS) - 1)
         assert [r.tokens for r in batch.rows] == [r.tokens for r in plain.rows + (first.rows if first else ())]
-        # [1 + B, V]: the piece's last token's logits, then the decode row's, as the two passes made them
+        # [B + 1, V]: the decode row's logits, then the piece's last token's, as the two passes made them
         assert len(mixed) == len(prefills) == len(decodes) == i + 1 and not one_prefills
-        torch.testing.assert_close(mixed[i][0], prefills[i], rtol=TOL, atol=TOL)
-        torch.testing.assert_close(mixed[i][1:], decodes[i], rtol=TOL, atol=TOL)
+        torch.testing.assert_close(mixed[i][-1], prefills[i], rtol=TOL, atol=TOL)
+        torch.testing.assert_close(mixed[i][:-1], decodes[i], rtol=TOL, atol=TOL)
         one.commit(batch.take(), [RowDecision(1, False)] * len(batch.rows))
         if first is not None:
             two.commit(first.take(), [RowDecision(1, False)])

@@ -57,20 +57,42 @@ def prefill_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: int
 def mixed_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: int, row: int, start: int,
                  captures: tuple[tuple[int, int], ...], slots: Sequence[int], rows: Sequence[int],
                  frontiers: Sequence[int]) -> StepInputs:
-    """A prefill piece (n tokens of the sequence at GDN slot ``slot`` and table row ``row`` from ``start``) and one
-    decode token of each of B other sequences (at ``slots``, ``rows``, positions ``frontiers``) packed as T = n + B
-    rows, the piece first, over ``block_tables`` (one rank's). Attention sees B + 1 causal blocks with their
-    prefixes (a decode row is a block of one, as in the verify pass); the GDN layers run the piece through the
-    chunked rule and the decode rows through the recurrence (``decode_rows``)."""
+    """One decode token of each of B sequences (at ``slots``, ``rows``, positions ``frontiers``), then a prefill
+    piece (n tokens of the sequence at GDN slot ``slot`` and table row ``row`` from ``start``), packed as T = B + n
+    rows over ``block_tables`` (one rank's). Attention sees B + 1 causal blocks with their prefixes (a decode row
+    is a block of one, as in the verify pass); the GDN layers run the decode rows through the recurrence
+    (``decode_rows``) and the piece through the chunked rule."""
     dev, ps, B = block_tables.device, page_size, len(slots)
-    table = block_tables.index_select(0, to_device([row, *rows], dev))  # [1 + B, max_pages]
-    pos = to_device([*range(start, start + n), *frontiers], dev)  # [T] int32
-    block = to_device([0] * n + list(range(1, B + 1)), dev, torch.long)  # [T] each row's table row
+    table = block_tables.index_select(0, to_device([*rows, row], dev))  # [B + 1, max_pages]
+    pos = to_device([*frontiers, *range(start, start + n)], dev)  # [T] int32
+    block = to_device([*range(B), *[B] * n], dev, torch.long)  # [T] each row's table row
     pages = table[block, (pos // ps).long()].long()
-    return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=to_device(slots, dev),
-                      block_table=table, cu_seqlens=to_device([0, *range(n, n + B + 1)], dev),
-                      prefix_lens=to_device([start, *frontiers], dev), prefill_slot=slot, captures=captures,
-                      max_prefix=max(start, *frontiers), decode_rows=to_device(range(n, n + B), dev, torch.long))
+    return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
+                      slot_ids=to_device([*slots, slot], dev), block_table=table,
+                      cu_seqlens=to_device([*range(B + 1), B + n], dev), prefix_lens=to_device([*frontiers, start], dev),
+                      prefill_slot=slot, captures=captures, max_prefix=max(start, *frontiers),
+                      decode_rows=to_device(range(B), dev, torch.long))
+
+
+def padded_mixed_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: torch.Tensor, row: torch.Tensor,
+                        start: torch.Tensor, length: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
+                        frontiers: torch.Tensor) -> StepInputs:
+    """`mixed_inputs` from device data only (a mixed CUDA graph's body): B decode rows (``slots``, ``rows``,
+    ``frontiers`` [B] int32), then a piece padded to n rows of which the first ``length`` are real ([1] int32 each,
+    as `padded_inputs`): padding rows write no KV and sit outside every attention block."""
+    B, dev, ps = slots.shape[0], block_tables.device, page_size
+    i32 = dict(device=dev, dtype=torch.int32)
+    table = block_tables.index_select(0, torch.cat([rows, row]))  # [B + 1, max_pages]
+    offsets = torch.arange(n, **i32)  # [n]
+    pos = torch.cat([frontiers, start + offsets])  # [T]
+    block = torch.cat([torch.arange(B, device=dev), torch.full((n,), B, device=dev)])  # [T] long
+    pages = table[block, (pos // ps).clamp(max=table.shape[1] - 1).long()].long()
+    real = torch.cat([torch.ones(B, device=dev, dtype=torch.bool), offsets < length])
+    slot_mapping = torch.where(real, pages * ps + (pos % ps).long(), -1)
+    cu = torch.cat([torch.arange(B + 1, **i32), B + length])  # [B + 2]: the pads are in no block
+    return StepInputs(positions=pos, slot_mapping=slot_mapping, slot_ids=torch.cat([slots, slot]), block_table=table,
+                      cu_seqlens=cu, prefix_lens=torch.cat([frontiers, start]), length=length,
+                      decode_rows=torch.arange(B, device=dev))
 
 
 def padded_inputs(block_tables: torch.Tensor, page_size: int, device: torch.device, n: int, slot: torch.Tensor,

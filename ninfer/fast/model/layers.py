@@ -31,7 +31,7 @@ class StepInputs:
     writing another (the verify pass keeps every block position's state) or the same one. A padded prefill piece
     (``FastModel.prefill_piece``, a CUDA graph's body): T rows of a bucket, the first ``length`` real, and every
     quantity that depends on the request (slot, table row, positions, the prefix attention sees, the length) device
-    data. A mixed pass (``FastModel.mixed``): a prefill piece's rows, then B decode rows (``decode_rows``), packed
+    data. A mixed pass (``FastModel.mixed``): B decode rows (``decode_rows``), then a prefill piece's rows, packed
     as multi-query decode packs its blocks."""
     positions: torch.Tensor  # [T] int32 absolute positions
     slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) of every token
@@ -55,8 +55,9 @@ class StepInputs:
     # padded prefill: [1] int32 real rows of the piece (a device value); padding rows write no KV (slot -1), leave
     # the GDN state and conv window alone and are never read by a real row
     length: torch.Tensor | None = None
-    # a prefill piece with decode rows riding (``FastModel.mixed``): [B] long, the last B rows, one token of each
-    # sequence at ``slot_ids``; the rows before them are the piece of the sequence at ``prefill_slot``
+    # a mixed pass (``FastModel.mixed``, ``mixed_piece``): [B] long, the first B rows, one token of each sequence
+    # at ``slot_ids[:B]``; the rows after them are the piece of the sequence at ``slot_ids[B]`` (``prefill_slot``
+    # too where host-known; ``length`` where padded)
     decode_rows: torch.Tensor | None = None
 
     @property
@@ -99,26 +100,27 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
             k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, slots, **dims,
                          out_slot_ids=outs, rows=rows, out=out)
         return k.linear_residual(out, w.out_proj, res)
+    if step.decode_rows is not None:
+        # a mixed pass: the decode rows [:B] by the recurrence on their slots, the piece [B:] by the chunked rule
+        B = step.decode_rows.shape[0]
+        out = mixed.new_empty(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
+        k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids[:B], **dims,
+                     rows=step.decode_rows, out=out)
+        piece = _padded_gdn if step.length is not None else _piece_gdn
+        out[B:] = piece(k, w, mixed[B:], z[B:], a[B:], b[B:], conv, ssm, step, dims, step.slot_ids[B:])
+        return k.linear_residual(out, w.out_proj, res)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
         return k.linear_residual(out, w.out_proj, res)
-    if step.length is not None:
-        return k.linear_residual(_padded_gdn(k, w, mixed, z, a, b, conv, ssm, step, dims), w.out_proj, res)
-    if step.decode_rows is None:
-        return k.linear_residual(_piece_gdn(k, w, mixed, z, a, b, conv, ssm, step, dims), w.out_proj, res)
-    # a mixed pass: the piece's rows [:n] by the chunked rule, the decode rows [n:] by the recurrence on their slots
-    n = mixed.shape[0] - step.decode_rows.shape[0]
-    out = mixed.new_empty(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
-    out[:n] = _piece_gdn(k, w, mixed[:n], z[:n], a[:n], b[:n], conv, ssm, step, dims)
-    k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims,
-                 rows=step.decode_rows, out=out)
-    return k.linear_residual(out, w.out_proj, res)
+    piece = _padded_gdn if step.length is not None else _piece_gdn
+    return k.linear_residual(piece(k, w, mixed, z, a, b, conv, ssm, step, dims, step.slot_ids), w.out_proj, res)
 
 
 def _piece_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,
-               dims: dict) -> torch.Tensor:
-    """The prefill GDN of a piece on the slot ``step.prefill_slot`` (its window and S advanced in place), filling
-    the slot of each capture inside it. Returns the mixer's output [T, HV*dv]."""
+               dims: dict, slot_ids: torch.Tensor) -> torch.Tensor:
+    """The prefill GDN of a piece on the slot ``step.prefill_slot`` (its window and S advanced in place; the
+    device id ``slot_ids`` goes unused: the slot is host-known), filling the slot of each capture inside it.
+    Returns the mixer's output [T, HV*dv]."""
     slot, cuts = step.prefill_slot, [c for c, _ in step.captures]
     for c, cap in step.captures:  # the window at a checkpoint: the K-1 inputs before it, read before it advances
         conv[cap].copy_(conv_window_at(mixed, conv[slot], c))
@@ -135,16 +137,18 @@ def _piece_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ss
 
 
 def _padded_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,
-                dims: dict) -> torch.Tensor:
-    """The prefill GDN of a padded piece, its slot a device id: the window and S gathered from the slot and
-    scattered back (the ops mask the rows past ``step.length``). Returns the mixer's output [T, HV*dv]."""
-    window = conv.index_select(0, step.slot_ids)[0]  # [C, K-1]
+                dims: dict, slot_ids: torch.Tensor) -> torch.Tensor:
+    """The prefill GDN of a padded piece, its slot the device id ``slot_ids`` [1]: the window and S gathered from
+    the slot and scattered back (the ops mask the rows past ``step.length``). Returns the mixer's output
+    [T, HV*dv]."""
+    slot = slot_ids.long()  # index_copy_ takes long ids
+    window = conv.index_select(0, slot)[0]  # [C, K-1]
     qkv = k.gdn_conv_prefill(mixed, window, w.conv, length=step.length)  # the window advances in place
-    conv.index_copy_(0, step.slot_ids, window[None])
+    conv.index_copy_(0, slot, window[None])
     final = ssm.new_empty(ssm.shape[1:])  # [HV, dk, dv]
-    out, _ = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm.index_select(0, step.slot_ids)[0], **dims,
+    out, _ = k.gdn_chunk(qkv, z, a, b, w.A_log, w.dt_bias, w.norm, ssm.index_select(0, slot)[0], **dims,
                          length=step.length, final_state=final)
-    ssm.index_copy_(0, step.slot_ids, final[None])
+    ssm.index_copy_(0, slot, final[None])
     return out
 
 

@@ -31,7 +31,8 @@ from ninfer.pipeline import StagePlan
 from ninfer.pipeline.link import PeerLink
 from ninfer.sampling.speculative import draft_vocabulary
 
-from .addressing import mixed_inputs, moved, padded_inputs, piece_rows, prefill_inputs, verify_inputs
+from .addressing import (mixed_inputs, moved, padded_inputs, padded_mixed_inputs, piece_rows, prefill_inputs,
+                         verify_inputs)
 from .kernels import Kernels, Residual, get_kernels
 from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer, head_logits
 from .mtp import MtpHead
@@ -190,34 +191,51 @@ class FastModel:
               decode: tuple[torch.Tensor, Sequence[int], Sequence[int], Sequence[int]],
               captures: Sequence[tuple[int, int]] = (), rope_positions: torch.Tensor | None = None,
               embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """One pass over a prefill piece and one decode step of B other sequences: every weight is read once for
-        both. The piece is `prefill`'s (tokens [n] of the sequence at GDN slot ``slot`` and table row
-        ``block_table_row`` from ``start``, n within one piece; ``captures``, ``embeds`` and its rotary positions
-        [3, n] or [n] as there, the slot reset at start 0); ``decode`` = (tokens [B] on the device, GDN slots,
-        table rows, positions), each row as `decode`'s (its pages already in the table; the caller backed its
-        state up). ``rope_positions`` covers the n + B rows where any rotates off its position. Returns logits
-        [1 + B, V] fp32: the piece's last token's, then each decode row's."""
+        """One pass over one decode step of B sequences and a prefill piece of another: every weight is read once
+        for both. ``decode`` = (tokens [B] on the device, GDN slots, table rows, positions), each row as `decode`'s
+        (its pages already in the table; the caller backed its state up). The piece is `prefill`'s (tokens [n] of
+        the sequence at GDN slot ``slot`` and table row ``block_table_row`` from ``start``, n within one piece;
+        ``captures`` and ``embeds`` as there, the slot reset at start 0). ``rope_positions`` covers the B + n rows
+        ([3, T] or [T]) where any rotates off its position. Returns logits [B + 1, V] fp32: each decode row's,
+        then the piece's last token's."""
         n, (dec_tokens, slots, rows, frontiers) = tokens.shape[0], decode
-        if tokens.ndim != 1 or not 0 < n <= self.plan.max_prefill_tokens or not len(slots) == len(rows) == \
-                len(frontiers) == dec_tokens.shape[0] > 0:
+        B = len(slots)
+        if tokens.ndim != 1 or not 0 < n <= self.plan.max_prefill_tokens or not len(rows) == len(frontiers) == \
+                dec_tokens.shape[0] == B > 0:
             raise ValueError(f"a mixed pass takes a piece of 1..{self.plan.max_prefill_tokens} tokens and B >= 1 "
-                             f"decode rows, got {tuple(tokens.shape)} and {len(slots)} rows")
+                             f"decode rows, got {tuple(tokens.shape)} and {B} rows")
         if max(start + n, *(p + 1 for p in frontiers)) > self.plan.max_context:
             raise ValueError(f"a mixed pass past the planned context {self.plan.max_context}")
-        if start == 0:
-            for pools in self.ranks:
-                pools.reset_slot(slot)
         if any(not start < f < start + n for f, _ in captures):
             raise ValueError(f"capture frontiers {[f for f, _ in captures]} must lie strictly inside ({start}, "
                              f"{start + n})")
+        if start == 0:
+            for pools in self.ranks:
+                pools.reset_slot(slot)
         inner = tuple((f - start, cap) for f, cap in captures)  # offsets into the piece, as `prefill`'s
         steps = [mixed_inputs(p.block_tables, self.plan.page_size, n, slot, block_table_row, start, inner, slots,
                               rows, frontiers) for p in self.ranks]
         if rope_positions is not None:
             for step in steps:
                 step.rope_positions = rope_positions.to(step.positions.device)
-        hidden = self._layers(torch.cat([tokens, dec_tokens]), steps, embeds=embeds)
-        return self.logits(hidden[n - 1:])
+        embeds = None if embeds is None else (embeds[0] + B, embeds[1])  # the piece's rows follow the decode rows
+        hidden = self._layers(torch.cat([dec_tokens, tokens]), steps, embeds=embeds)
+        return self.logits(torch.cat([hidden[:B], hidden[-1:]]))
+
+    def mixed_piece(self, tokens: torch.Tensor, slot: torch.Tensor, table_row: torch.Tensor, start: torch.Tensor,
+                    length: torch.Tensor, decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """`mixed` with the piece padded to a bucket, every quantity device data: the body of a mixed CUDA graph
+        (``ninfer.fast.mixed_graphs``). tokens [B + N] int32: the B decode rows' tokens, then the piece's, of which
+        the first ``length`` are real; slot, table_row, start, length [1] int32 as `prefill_piece`'s; ``decode`` =
+        (GDN slots, table rows, positions) [B] int32. The caller resets the slot at start 0 and backs the decode
+        rows up. Returns logits [B + 1, V] fp32: each decode row's, then the piece's last real token's."""
+        slots, rows, frontiers = decode
+        B = slots.shape[0]
+        step = padded_mixed_inputs(self.pools.block_tables, self.plan.page_size, tokens.shape[0] - B, slot,
+                                   table_row, start, length, slots, rows, frontiers)
+        hidden = self.hidden_states(tokens, step)
+        last = torch.cat([torch.arange(B, device=tokens.device), (B + length - 1).long()])  # [B + 1]
+        return self.logits(hidden.index_select(0, last))
 
     def prefill_piece(self, tokens: torch.Tensor, slot_id: torch.Tensor, table_row: torch.Tensor,
                       start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:

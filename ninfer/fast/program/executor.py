@@ -64,16 +64,16 @@ def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) ->
 
 def _mixed_rope(piece: torch.Tensor | None, start: int, end: int, seqs: Sequence[ActiveSequence],
                 device: torch.device) -> torch.Tensor | None:
-    """A mixed pass's rotary positions over its n + B rows, None when every row rotates at its position: the
-    piece's MRoPE rows [3, n] (a prompt with images) beside each decode row's position + rope_delta, MRoPE's three
-    rows equal there."""
+    """A mixed pass's rotary positions over its B + n rows, None when every row rotates at its position: each
+    decode row's position + rope_delta (MRoPE's three rows equal there) beside the piece's MRoPE rows [3, n] (a
+    prompt with images)."""
     deltas = [ImageInputs.rope_delta(s) for s in seqs]
     if piece is None and not any(deltas):
         return None
     rows = to_device([s.frontier + d for s, d in zip(seqs, deltas)], device)  # [B]
     if piece is None:
-        return torch.cat([torch.arange(start, end, device=device, dtype=torch.int32), rows])
-    return torch.cat([piece.to(device, torch.int32), rows.expand(3, -1)], dim=1)  # [3, n + B]
+        return torch.cat([rows, torch.arange(start, end, device=device, dtype=torch.int32)])
+    return torch.cat([rows.expand(3, -1), piece.to(device, torch.int32)], dim=1)  # [3, B + n]
 
 
 class FastExecutor:
@@ -191,8 +191,8 @@ class FastExecutor:
         rope = _mixed_rope(image_args.pop("rope_positions", None), start, end, seqs, self.device)
         logits = self.model.mixed(ids, pseq.handle.slot, pseq.row, start,
                                   (self._tokens([s.pending for s in seqs]), slots, rows, frontiers), captures, rope,
-                                  **image_args)  # [1 + B, V]
-        return self.sampler.sample(logits[1:], _sample_rows(seqs, masks)), logits[0]
+                                  **image_args)  # [B + 1, V]
+        return self.sampler.sample(logits[:-1], _sample_rows(seqs, masks)), logits[-1]
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
