@@ -78,21 +78,21 @@ class PrefillCosts:
     def mixed_s(self, tokens: int, frontier: int, rows: int) -> float:
         """Predicted seconds of a decode round of `rows` rows carrying a chunk of `tokens` prompt tokens from
         `frontier` (`Program.decode(..., prefill=)`), one pass whose every weight is read once for both: the
-        measured passes (`mixed_tokens`, one decode row) interpolated piecewise linearly at `tokens` (past the
-        longest, along its last segment), plus the attention over the keys before the chunk and each row more's
-        share of the plain step's growth with B. Without measured passes, the eager piece's fit over
-        tokens + rows rows."""
+        measured pass (`mixed_tokens`, one decode row) of the shortest length holding the chunk (a graphed pass
+        runs its whole bucket), past the longest along its last segment, plus the attention over the keys before
+        the chunk and each row more's share of the plain step's growth with B. Without measured passes, the eager
+        piece's fit over tokens + rows rows."""
         if not self.mixed_tokens:
             t = tokens + rows
             return max(self.floor_s, self.fixed_s + t * self.token_s) + tokens * (frontier + tokens / 2) * self.pair_s
         lengths, times = self.mixed_tokens, self.mixed_pass_s
-        i = next((j for j, n in enumerate(lengths) if tokens <= n), len(lengths) - 1)
-        if tokens <= lengths[0] or len(lengths) == 1:
-            at = times[0] if tokens <= lengths[0] else times[0] * tokens / lengths[0]
+        i = next((j for j, n in enumerate(lengths) if tokens <= n), None)
+        if i is not None:
+            at = times[i]
+        elif len(lengths) == 1:
+            at = times[0] * tokens / lengths[0]
         else:
-            i = max(i, 1)
-            slope = (times[i] - times[i - 1]) / (lengths[i] - lengths[i - 1])
-            at = times[i - 1] + (tokens - lengths[i - 1]) * slope
+            at = times[-1] + (tokens - lengths[-1]) * (times[-1] - times[-2]) / (lengths[-1] - lengths[-2])
         step, one = self.step_s(rows), self.step_s(1)
         return at + tokens * frontier * self.pair_s + (step - one if step is not None and one is not None else 0.0)
 

@@ -128,12 +128,14 @@ def prefill_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> int:
     return tokens * _per_token_bytes(cfg, dtype) + chunk_states + 4 * cfg.vocab_size
 
 
-def prefill_graph_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> int:
+def prefill_graph_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype, rows: int = 0) -> int:
     """What the prefill graphs' private pool keeps: one piece of ``tokens`` (the largest bucket; the smaller ones
-    replay in the same pool), plus the split attention's partial outputs and softmax statistics in fp32 at the most
-    shares a grid has (8, ``ops/prefill_attention``)."""
+    replay in the same pool) beside ``rows`` decode rows (the mixed graphs', ``ninfer.fast.mixed_graphs``, in the
+    same pool), plus the split attention's partial outputs and softmax statistics in fp32 at the most shares a grid
+    has (8, ``ops/prefill_attention``)."""
     if tokens == 0:
         return 0
+    tokens += rows
     partials = 8 * tokens * cfg.num_attention_heads * (cfg.head_dim + 2) * 4
     return prefill_bytes(cfg, tokens, dtype) + partials
 
@@ -223,7 +225,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     state = (slots + 1 + max_seqs * steps) * per_slot
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + \
-        prefill_graph_bytes(cfg, prefill_graph_tokens, dtype)
+        prefill_graph_bytes(cfg, prefill_graph_tokens, dtype, max_seqs)
     if mtp:  # the MTP layer attends over a gathered copy of its KV (ninfer.fast.model.mtp): every row, whole context
         work += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name)
     work += spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter)
@@ -283,7 +285,7 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
             spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter) +
-            prefill_graph_bytes(cfg, prefill_graph_tokens, dtype) for _ in memory]
+            prefill_graph_bytes(cfg, prefill_graph_tokens, dtype, max_seqs) for _ in memory]
     steps = verify_steps(verify_width, mtp, drafter, max_seqs,
                          lambda k: all(max_seqs * k * m.slot_bytes * STEP_STATE_SHARE <= b
                                        for m, b in zip(memory, budgets)))

@@ -100,6 +100,11 @@ class PrefillGraphRunner:
     def largest(self) -> int:
         return self.buckets[-1]
 
+    @property
+    def pool(self):
+        """The graphs' private memory pool (None before the first capture): the mixed graphs capture into it."""
+        return self._pool
+
     def bucket(self, n: int) -> int | None:
         """The smallest bucket holding an n-token piece (None: longer than every bucket)."""
         return next((b for b in self.buckets if n <= b), None)

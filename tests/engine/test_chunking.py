@@ -146,18 +146,18 @@ def test_riding_chunks_keep_prefill_near_its_speed_alone():
 
 
 def test_measured_mixed_passes_predict_a_riding_chunk():
-    """With timed passes the prediction interpolates them (beyond the longest, along its last segment), adds the
-    attention over the keys before the chunk and the plain step's growth per extra row; the chunk sizing follows
-    the table rather than the eager fit."""
-    costs = dataclasses.replace(NINE_B, mixed_tokens=(64, 512, 1024), mixed_pass_s=(8e-3, 14e-3, 26e-3))
+    """With timed passes the prediction is the shortest timed length holding the chunk (a graphed pass runs its
+    whole bucket; beyond the longest, along its last segment), plus the attention over the keys before the chunk
+    and the plain step's growth per extra row; the chunk sizing follows the table rather than the eager fit."""
+    costs = dataclasses.replace(NINE_B, mixed_tokens=(64, 256, 512, 1024), mixed_pass_s=(8e-3, 9e-3, 11e-3, 26e-3))
     assert costs.mixed_s(10, 0, 1) == costs.mixed_s(64, 0, 1) == 8e-3  # a pass reads every weight however short
-    assert costs.mixed_s(288, 0, 1) == pytest.approx(11e-3) and costs.mixed_s(1536, 0, 1) == pytest.approx(38e-3)
-    assert costs.mixed_s(512, 1000, 1) == pytest.approx(14e-3 + 512 * 1000 * NINE_B.pair_s)
-    assert costs.mixed_s(512, 0, 8) == pytest.approx(14e-3 + NINE_B.step_s(8) - NINE_B.step_s(1))
-    # budget 0.8 * 2.5 * 6.3 ms = 12.6 ms with 0.9 ms for seven more rows: 320 tokens (11.43 ms) fit, 384 (12.29)
-    # do not
-    assert prefill_chunk(costs, 9000, 0, 8, None, 2.5, mixed=True) == (320, ChunkVerdict.ITL)
-    assert prefill_chunk(NINE_B, 9000, 0, 8, None, 2.5, mixed=True)[0] != 320  # the fit sizes otherwise
+    assert costs.mixed_s(300, 0, 1) == costs.mixed_s(512, 0, 1) == 11e-3
+    assert costs.mixed_s(1536, 0, 1) == pytest.approx(41e-3)
+    assert costs.mixed_s(512, 1000, 1) == pytest.approx(11e-3 + 512 * 1000 * NINE_B.pair_s)
+    assert costs.mixed_s(512, 0, 8) == pytest.approx(11e-3 + NINE_B.step_s(8) - NINE_B.step_s(1))
+    # budget 0.8 * 2.5 * 6.3 ms = 12.6 ms with 0.9 ms for seven more rows: 512 tokens (11.9 ms) fit, more do not
+    assert prefill_chunk(costs, 9000, 0, 8, None, 2.5, mixed=True) == (512, ChunkVerdict.ITL)
+    assert prefill_chunk(NINE_B, 9000, 0, 8, None, 2.5, mixed=True)[0] != 512  # the fit sizes otherwise
 
 
 def prompt(n: int) -> list[int]:

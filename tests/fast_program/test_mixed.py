@@ -156,3 +156,29 @@ def test_a_chunk_that_cannot_ride_the_round_is_refused(make, prompt_of):
             program.decode(rows, prefill=chunk)
         assert [committed(program, h) for h in (a, done, b)] == before
         program.check_invariants()
+
+
+@pytest.mark.parametrize("lengths", [(1, 37, 5), (64, 100, 13)])
+def test_the_mixed_graphs_padded_pass_equals_the_eager_one(make_fast, prompt_of, lengths):
+    """The mixed graphs' body (`MixedGraphRunner`, buckets 64 and 128: a piece padded to its bucket beside B rows,
+    all device data; run eagerly on a CPU, replayed on CUDA) against `FastModel.mixed` on a Program without prefill
+    graphs: the same logits, draws and live state, at one and two decode rows, from position 0 and mid-prompt,
+    pieces of 1 token, of a whole bucket and past half of the next."""
+    graphed, eager = make_fast(max_concurrency=3, prefill_graph_tokens=128), make_fast(max_concurrency=3)
+    assert graphed.mixed.buckets == (64, 128) and eager.mixed is None
+    logits = {p: recorded(p.model, name) for p, name in ((graphed, "mixed_piece"), (eager, "mixed"))}
+    prompt = prompt_of(sum(lengths), seed=5)
+    seqs = [(ready(p, prompt_of(8, seed=1), 1), ready(p, prompt_of(11, seed=3), 3), materialize(p, prompt, 2))
+            for p in (graphed, eager)]
+    for i, n in enumerate(lengths):
+        batches = [p.decode([a, c][:1 + i % 2], prefill=PrefillChunk(b, n)) for p, (a, c, b) in zip((graphed, eager),
+                                                                                                   seqs)]
+        assert [r.tokens for r in batches[0].rows] == [r.tokens for r in batches[1].rows]
+        torch.testing.assert_close(logits[graphed][-1], logits[eager][-1], rtol=TOL, atol=TOL)
+        for p, batch, (a, c, b) in zip((graphed, eager), batches, seqs):
+            p.commit(batch.take(), [RowDecision(1, False)] * len(batch.rows))
+            p.check_invariants()
+    assert len(logits[graphed]) == len(logits[eager]) == len(lengths)
+    for hs1, hs2 in zip(*seqs):
+        for x, y in zip(gdn_state(graphed, hs1.slot), gdn_state(eager, hs2.slot)):
+            torch.testing.assert_close(x, y, rtol=TOL, atol=TOL)

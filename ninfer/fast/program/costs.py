@@ -4,7 +4,8 @@ and a pinned host-to-device copy of one GDN slot's state (the bulk of a short re
 fixed cost of a copy). For the Scheduler's chunk sizing (the prefill_signature, `PrefillCosts`): three timed
 prefill pieces fit the fixed, per-token and attention cost of an eager piece, one run of each prefill graph bucket
 (`PrefillGraphRunner.run`: the slot reset, the inputs' copy and the replay) times a graphed piece, decode rounds
-with a chunk of 64..2048 tokens riding (`mixed_costs`) time the mixed units' pass, and one greedy
+with a chunk riding (`mixed_costs`: each mixed graph bucket, then eager passes up to 2048 tokens) time the mixed
+units' pass, and one greedy
 step per B on the decode runner's dummy rows times the plain step (its graph's replay; with CUDA graphs off,
 ``FastProgramConfig.cuda_graphs``, the eager step, so the Scheduler still sizes chunks against a measured step).
 Under a speculative backend, for the draft policy (`RoundCosts`): a round per B and verify width, its draft and
@@ -22,6 +23,7 @@ import torch
 
 from ninfer.contracts import CostFacts, PrefillCosts
 from ninfer.fast.graph_runner import DecodeGraphRunner
+from ninfer.fast.mixed_graphs import MixedGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.prefill_graphs import PrefillGraphRunner
 from ninfer.fast.verify_graphs import VerifyGraphRunner
@@ -33,7 +35,7 @@ MEASURE_TOKENS = 2048  # the timed prefill piece (at most the Program's own piec
 SHORT_TOKENS = 256  # the short timed piece: mostly the fixed cost and the projections
 FLOOR_TOKENS = 64  # the shortest piece a chunk is (one GDN chunk): the floor, every weight read once
 DEEP_FRONTIER = 4096  # the short piece again this deep: the attention term
-MIXED_TOKENS = (64, 256, 512, 1024, 2048)  # the chunks timed riding in a decode round (as far as the piece allows)
+MIXED_TOKENS = (64, 256, 512, 1024, 2048)  # eager chunks timed riding in a decode round, past the graphed ones
 
 
 def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFacts:
@@ -50,7 +52,7 @@ def measure_costs(model: FastModel, store: DeviceState, tokens: int) -> CostFact
 
 
 def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: int, signature: str,
-                    pieces: PrefillGraphRunner | None = None) -> PrefillCosts:
+                    pieces: PrefillGraphRunner | None = None, mixed: MixedGraphRunner | None = None) -> PrefillCosts:
     """Fit ``max(floor, fixed + t * token) + t * (f + t / 2) * pair`` to four prefill pieces on the dummy slot and
     row (t = 64 for the floor, 256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the
     dummy row's every entry is the dummy page, so a deep piece reads real-sized attention over it), and time one
@@ -73,23 +75,31 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: 
     steps = () if runner is None else \
         tuple(_best(device, runner.dummy_step(B)) for B in range(1, runner.max_batch + 1))
     buckets, times, fixed = graph_costs(pieces, token, lambda fn: _best(device, fn)) if pieces else ((), (), 0.0)
-    mixed_tokens, mixed_s = mixed_costs(model, tokens) if runner is not None else ((), ())
+    mixed_tokens, mixed_s = mixed_costs(model, tokens, mixed) if runner is not None else ((), ())
     return PrefillCosts(signature=signature, fixed_s=max(0.0, a - short_t * token), token_s=token, pair_s=pair,
                         floor_s=floor, decode_step_s=steps, max_piece=plan.max_prefill_tokens, measured=True,
                         graph_buckets=buckets, graph_piece_s=times, graph_fixed_s=fixed,
                         mixed_tokens=mixed_tokens, mixed_pass_s=mixed_s)
 
 
-def mixed_costs(model: FastModel, tokens: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """(chunk lengths, seconds) of `FastModel.mixed` passes at frontier 0 beside one decode row, both on the dummy
-    slot and row (every page the dummy page: the writes land nowhere that counts), made non-decreasing: what a
-    decode round costs with a chunk riding in it, launches and all (the eager pass's host time can exceed its
-    device time at short chunks, which a fit of the piece's terms would not see)."""
+def mixed_costs(model: FastModel, tokens: int, graphs: MixedGraphRunner | None = None
+                ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(chunk lengths, seconds) of decode rounds with a chunk of each length riding beside one decode row, at
+    frontier 0 on the dummy slot and row (every page the dummy page: the writes land nowhere that counts), made
+    non-decreasing: each mixed graph bucket's run (`MixedGraphRunner.run`) and the eager pass (`FastModel.mixed`,
+    launches and all: its host time exceeds its device time at short chunks) at the longer lengths."""
     device, plan = model.device, model.plan
-    lengths = tuple(t for t in MIXED_TOKENS if t <= min(tokens, plan.max_prefill_tokens))
-    row = (torch.zeros(1, dtype=torch.long, device=device), [plan.dummy_slot], [plan.dummy_row], [0])
-    raw = [_best(device, lambda t=t: model.mixed(torch.zeros(t, dtype=torch.long, device=device), plan.dummy_slot,
-                                                 plan.dummy_row, 0, row), repeats=2) for t in lengths]
+    graphed = () if graphs is None else graphs.buckets
+    lengths = tuple(sorted({*graphed, *(t for t in MIXED_TOKENS if t > max(graphed, default=0))} &
+                           set(range(1, min(tokens, plan.max_prefill_tokens) + 1))))
+    slot, row = plan.dummy_slot, plan.dummy_row
+
+    def timed(t: int) -> float:
+        if t in graphed:
+            return _best(device, lambda: graphs.run([0] * t, slot, row, 0, ([0], [slot], [row], [0])), repeats=2)
+        ids, one = torch.zeros(t, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
+        return _best(device, lambda: model.mixed(ids, slot, row, 0, (one, [slot], [row], [0])), repeats=2)
+    raw = [timed(t) for t in lengths]
     return lengths, tuple(max(raw[:i + 1]) for i in range(len(raw)))
 
 

@@ -39,6 +39,7 @@ import torch
 from ninfer.fast.draft_graphs import DraftGraphRunner
 from ninfer.fast.graph_runner import DecodeGraphRunner
 from ninfer.fast.hostcopy import to_device
+from ninfer.fast.mixed_graphs import MixedGraphRunner
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
@@ -81,10 +82,12 @@ class FastExecutor:
                  backup_slot: Callable[[int], int], dflash: FastDFlashBackend | None = None,
                  images: ImageInputs | None = None, draft_tokens: int = 0,
                  verifier: VerifyGraphRunner | None = None, drafter: DraftGraphRunner | None = None,
-                 pieces: PrefillGraphRunner | None = None, draft_vocab: int | None = None):
+                 pieces: PrefillGraphRunner | None = None, draft_vocab: int | None = None,
+                 mixed: MixedGraphRunner | None = None):
         self.model, self.runner, self.sampler = model, runner, sampler
         self.draft_vocab = draft_vocab  # the MTP head's drafts from the token ids below it alone (None: all)
         self.pieces = pieces  # the short prefill pieces' graphs (None: every piece eager)
+        self.mixed_graphs = mixed  # the decode rounds with a short chunk riding (None: every mixed pass eager)
         self.store, self.backup_slot = store, backup_slot
         self.device = model.device
         self.images = images or ImageInputs(None, model.device)
@@ -178,20 +181,27 @@ class FastExecutor:
 
     def mixed(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], pseq: ActiveSequence, start: int,
               end: int, captures: Sequence[tuple[int, int]] = ()) -> tuple[list[Drawn], torch.Tensor]:
-        """`decode` of `seqs` and `prefill` of pseq's prompt[start:end] in one eager pass (`FastModel.mixed`): each
-        row backed up, then the piece and one token of every row through the layers, every weight read once for
-        both. Returns the rows' draws (read back) and the piece's last logits [V] fp32. A chunk longer than one
-        piece runs as its own prefill, then the decode step."""
+        """`decode` of `seqs` and `prefill` of pseq's prompt[start:end] in one pass: each row backed up, then one
+        token of every row and the piece through the layers, every weight read once for both; through the mixed
+        graph of (bucket, B) where one holds it (a text piece without captures inside, text rows), else eagerly
+        (`FastModel.mixed`). Returns the rows' draws (read back) and the piece's last logits [V] fp32. A chunk
+        longer than one piece runs as its own prefill, then the decode step."""
         if end - start > self.model.plan.max_prefill_tokens or self.mtp is not None or self.dflash is not None:
             logits = self.prefill(pseq, start, end, captures)
             return self.decode(seqs, masks), logits
-        ids, image_args = self._inputs(pseq, start, end)
         slots, rows, frontiers = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
-        self.model.backup_slots(to_device(slots, self.device), to_device(rows, self.device), self.backup_slot(0))
-        rope = _mixed_rope(image_args.pop("rope_positions", None), start, end, seqs, self.device)
-        logits = self.model.mixed(ids, pseq.handle.slot, pseq.row, start,
-                                  (self._tokens([s.pending for s in seqs]), slots, rows, frontiers), captures, rope,
-                                  **image_args)  # [B + 1, V]
+        pending = [s.pending for s in seqs]
+        text = pseq.media is None and not any(ImageInputs.rope_delta(s) for s in seqs)
+        if text and not captures and self.mixed_graphs is not None and self.mixed_graphs.fits(end - start, len(seqs)):
+            logits = self.mixed_graphs.run(pseq.prompt[start:end], pseq.handle.slot, pseq.row, start,
+                                           (pending, slots, rows, frontiers))
+        else:
+            ids, image_args = self._inputs(pseq, start, end)
+            self.model.backup_slots(to_device(slots, self.device), to_device(rows, self.device), self.backup_slot(0))
+            rope = _mixed_rope(image_args.pop("rope_positions", None), start, end, seqs, self.device)
+            logits = self.model.mixed(ids, pseq.handle.slot, pseq.row, start,
+                                      (self._tokens(pending), slots, rows, frontiers), captures, rope, **image_args)
+        # [B + 1, V]: the rows' draws wait for the pass; the piece's logits are read by `draw_first` next
         return self.sampler.sample(logits[:-1], _sample_rows(seqs, masks)), logits[-1]
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:

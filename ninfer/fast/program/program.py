@@ -27,6 +27,7 @@ from ninfer.fast.model.model import allocate_stage_pools, check_mtp
 from ninfer.fast.model.quantized import artifact_quant
 from ninfer.fast.model.vision import FastVisionTower
 from ninfer.fast.model.weights import has_a8_weights, load_fast_weights, quant_workspace_bytes, rank_nbytes
+from ninfer.fast.mixed_graphs import MixedGraphRunner
 from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.fast.sampling.spec import SpecSampler
@@ -116,7 +117,7 @@ class FastProgram(Program):
         prefill = PrefillCosts()  # the generic fallback off CUDA
         if model.device.type == "cuda":  # the plain step per B, replayed or eager; none under a backend
             prefill = measure_prefill(model, self.runner if c.speculative is None else None, piece, _signature(model),
-                                      self.pieces)
+                                      self.pieces, self.mixed)
             if c.speculative is not None and c.speculative.adaptive:  # each round's width from measured costs
                 draft = drafter_graphs.dummy_draft if drafter_graphs is not None else dflash.graphs.dummy_draft
                 self.draft_policy = DraftPolicy(c.draft_tokens, measure_rounds(verifier, draft))
@@ -129,7 +130,8 @@ class FastProgram(Program):
                                     mixed_steps=not c.draft_tokens)  # a backend's round runs the chunk apart
         self.executor = FastExecutor(model, self.runner, self.sampler, self.store, c.backup_slot, dflash,
                                      ImageInputs(vision, model.device), c.draft_tokens, verifier, drafter_graphs,
-                                     self.pieces, None if c.speculative is None else c.speculative.draft_vocab_size)
+                                     self.pieces, None if c.speculative is None else c.speculative.draft_vocab_size,
+                                     self.mixed)
 
     def _measure_costs(self, piece: int, dflash: FastDFlashBackend | None, vision: FastVisionTower | None,
                        vision_patches: int) -> CostFacts:
@@ -182,6 +184,11 @@ class FastProgram(Program):
         self.pieces = PrefillGraphRunner(model, graphed) if prefill_buckets(graphed, piece, piece) else None
         if self.pieces is not None:
             self.pieces.capture()
+        # a chunk riding in a plain decode round (mixed units), in the prefill graphs' buckets and pool
+        self.mixed = MixedGraphRunner(self.pieces, c.max_concurrency, c.backup_slot(0)) \
+            if self.pieces is not None and c.speculative is None else None
+        if self.mixed is not None:
+            self.mixed.capture()
         return verifier, drafter_graphs
 
     @classmethod
