@@ -141,14 +141,14 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
 
 
 def test_the_prefill_graphs_pool_is_planned():
-    """The prefill graphs' private pool keeps the largest bucket's transients for good: the plan counts it in the
-    workspace, taken from the KV pages."""
+    """The prefill graphs' private pool keeps the largest bucket's transients for good, beside the mixed graphs'
+    decode rows (one per sequence): the plan counts it in the workspace, taken from the KV pages."""
     from ninfer.fast.memory import prefill_graph_bytes
 
     cfg = tiny_config()
     kw = dict(max_seqs=2, max_context=256, page_size=4, dtype=torch.bfloat16, max_prefill_tokens=1024)
     plain, graphed = plan_memory(cfg, BUDGET, **kw), plan_memory(cfg, BUDGET, prefill_graph_tokens=512, **kw)
-    extra = prefill_graph_bytes(cfg, 512, torch.bfloat16)
-    assert extra > 0 and prefill_graph_bytes(cfg, 0, torch.bfloat16) == 0
+    extra = prefill_graph_bytes(cfg, 512, torch.bfloat16, rows=2)
+    assert extra > prefill_graph_bytes(cfg, 512, torch.bfloat16) > 0 and prefill_graph_bytes(cfg, 0, torch.bfloat16) == 0
     assert graphed.workspace_bytes == plain.workspace_bytes + extra and graphed.prefill_graph_tokens == 512
     assert graphed.num_pages < plain.num_pages
