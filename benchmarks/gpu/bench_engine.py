@@ -13,6 +13,7 @@ the device's idle time between decode steps at B = 1..8 with async scheduling of
 worker boundaries; async scheduling is on (as `ninfer serve` runs the fast Program) unless NINFER_BENCH_ASYNC=0.
 
 Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadline-s 240] [--out DIR]
+     (env BENCH_ENGINE_PARTS=decode,itl: only those parts)
      python benchmarks/gpu/bench_engine.py --smoke   # the same code paths on a CPU: tiny shape, naive kernels
 """
 
@@ -311,7 +312,10 @@ def _run_parts(run: Run, name: str, program: FastProgram, engine: Engine, entry:
              "prefix hit": lambda: bench_prefix_hit(run, engine, program, vocab, entry),
              "itl": lambda: bench_itl(run, engine, program, vocab, entry),
              "long": lambda: bench_long(run, engine, program, vocab, entry)}
+    chosen = os.environ.get("BENCH_ENGINE_PARTS")  # e.g. "decode,itl": those parts alone, in this order
     for part, fn in parts.items():
+        if chosen and part not in chosen.split(","):
+            continue
         if run.left() < 15:
             run.results["skipped"].append(f"{name} {part} (deadline)")
             continue

@@ -30,7 +30,7 @@
 #                                       # budget (PART_BUDGET_S where a part names none); OUT gets one folder a part,
 #                                       # and with engine beside llamacpp or hf, report.py --peers prints them side by side
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
-#        PROFILE_RECIPES (profile: quantized recipes profiled too, e.g. fp8,q4), PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
+#        PROFILE_RECIPES (profile: quantized recipes profiled too, e.g. fp8,q4), BENCH_ENGINE_PARTS (engine: bench_engine's parts, e.g. decode,itl), PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
 #        and dflash: the backend's draft_vocab_size)
 set -u
 cd "$(dirname "$0")/../.."
