@@ -60,7 +60,9 @@ class ReferenceProgram(Program):
         self.limits = ProgramLimits(c.max_concurrency, c.max_context, cfg.vocab_size, c.eos_token_ids,
                                     speculative=None if c.speculative is None else c.speculative.name,
                                     draft_tokens=c.draft_tokens, no_vision=no_vision,
-                                    mixed_steps=True)  # the chunk, then the round: the oracle of the one pass
+                                    # the chunk, then the round: the oracle of the fast one pass, which a
+                                    # backend's rounds do not take (the same schedules as the fast Program)
+                                    mixed_steps=not c.draft_tokens)
         slots, empty = c.usable_slots + c.max_concurrency, None if backend is None else backend.empty
         # allocatable, then backups
         self.states = StagedSlots(cfg, self.stage_plan, slots, c.dtype, empty) if self.link else \
