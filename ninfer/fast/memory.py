@@ -131,13 +131,14 @@ def prefill_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype) -> int:
 def prefill_graph_bytes(cfg: Qwen35Config, tokens: int, dtype: torch.dtype, rows: int = 0) -> int:
     """What the prefill graphs' private pool keeps: one piece of ``tokens`` (the largest bucket; the smaller ones
     replay in the same pool) beside ``rows`` decode rows (the mixed graphs', ``ninfer.fast.mixed_graphs``, in the
-    same pool), plus the split attention's partial outputs and softmax statistics in fp32 at the most shares a grid
-    has (8, ``ops/prefill_attention``)."""
+    same pool, and their shared fp32 logits), plus the split attention's partial outputs and softmax statistics in
+    fp32 at the most shares a grid has (8, ``ops/prefill_attention``)."""
     if tokens == 0:
         return 0
+    logits = 4 * cfg.vocab_size * (rows + 1) if rows else 0  # the mixed graphs' shared fp32 logits [rows + 1, V]
     tokens += rows
     partials = 8 * tokens * cfg.num_attention_heads * (cfg.head_dim + 2) * 4
-    return prefill_bytes(cfg, tokens, dtype) + partials
+    return prefill_bytes(cfg, tokens, dtype) + partials + logits
 
 
 def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.dtype,

@@ -12,7 +12,8 @@ and the graphs are captured into the prefill graphs' pool: one pass of the large
 memory plan counts (``prefill_graph_bytes`` with the decode rows). Without CUDA the same static buffers drive an
 eager call, so CPU tests run the code the graphs replay.
 
-NOTE: the logits ``run`` returns are the graph's own buffer; the next ``run`` of that (bucket, B) overwrites them.
+NOTE: the logits ``run`` returns are a view of one buffer all the graphs write (a copy of [B + 1, V] at the end of
+each: no graph keeps an output of its own in the pool); the next ``run`` overwrites them.
 """
 
 from __future__ import annotations
@@ -78,20 +79,24 @@ class MixedGraphRunner:
         self.pieces, self.model, self.max_batch, self.backup_base = pieces, pieces.model, max_batch, backup_base
         self.buckets, self.use_graphs = pieces.buckets, pieces.use_graphs
         self.inputs = MixedInputs(max_batch, pieces.largest, self.model.device)
+        # [max_batch + 1, V] fp32: every graph's logits land here, so no graph keeps its own output in the pool
+        self.logits = torch.empty(max_batch + 1, self.model.cfg.vocab_size, dtype=torch.float32,
+                                  device=self.model.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     def fits(self, n: int, B: int) -> bool:
         """Whether an n-token piece beside B decode rows replays a graph (or, off CUDA, runs its padded body)."""
         return 1 <= B <= self.max_batch and 1 <= n <= self.pieces.largest
 
     def body(self, bucket: int, B: int) -> torch.Tensor:
-        """The graph body over the static inputs: the decode rows' backup, then the pass. Logits [B + 1, V]."""
+        """The graph body over the static inputs: the decode rows' backup, then the pass. Logits [B + 1, V] (a view
+        of the shared buffer)."""
         s = self.inputs
         slots, rows = s.slots[:B], s.rows[:B]
         self.model.backup_slots(slots, rows, self.backup_base)
-        return self.model.mixed_piece(s.tokens(B, bucket), s.slot, s.row, s.start, s.length,
-                                      (slots, rows, s.positions[:B]))
+        out = self.logits[:B + 1]
+        return out.copy_(self.model.mixed_piece(s.tokens(B, bucket), s.slot, s.row, s.start, s.length,
+                                                (slots, rows, s.positions[:B])))
 
     def capture(self, warmup: int = 2) -> None:
         """One graph per (bucket, B), largest first, in the prefill graphs' pool (captured before these)."""
@@ -104,9 +109,8 @@ class MixedGraphRunner:
                     # the dummy slot and row on every side: its writes land on the dummy page and slot alone
                     self.inputs.fill([0] * bucket, plan.dummy_slot, plan.dummy_row, 0, bucket,
                                      ([0] * B, [plan.dummy_slot] * B, [plan.dummy_row] * B, [0] * B))
-                    graph, self.outputs[bucket, B] = warm_and_capture(lambda: self.body(bucket, B), stream,
-                                                                      self.pieces.pool, warmup)
-                    self.graphs[bucket, B] = graph
+                    self.graphs[bucket, B], _ = warm_and_capture(lambda: self.body(bucket, B), stream,
+                                                                 self.pieces.pool, warmup)
         torch.cuda.synchronize(self.model.device)
 
     def run(self, piece: Sequence[int], slot: int, row: int, start: int,
@@ -114,7 +118,7 @@ class MixedGraphRunner:
         """Back the decode rows up and run them (tokens, GDN slots, table rows, positions) beside `piece`
         (1..largest prompt tokens of the sequence at `slot` and `row` from `start`; 0: the slot is reset first), all
         pages already in the rows: the graph of (bucket, B) replayed, or the same padded body run eagerly. Returns
-        logits [B + 1, V] fp32 (the graph's buffer): each decode row's, then the piece's last token's."""
+        logits [B + 1, V] fp32 (the shared buffer): each decode row's, then the piece's last token's."""
         B, bucket = len(decode[0]), self.pieces.bucket(len(piece))
         if bucket is None or not self.fits(len(piece), B):
             raise ValueError(f"a graphed mixed pass holds 1..{self.pieces.largest} prompt tokens beside 1.."
@@ -125,5 +129,5 @@ class MixedGraphRunner:
         self.inputs.fill(piece, slot, row, start, bucket, decode)
         if (bucket, B) in self.graphs:
             self.graphs[bucket, B].replay()
-            return self.outputs[bucket, B]
+            return self.logits[:B + 1]
         return self.body(bucket, B)
