@@ -164,7 +164,8 @@ def test_the_mixed_graphs_padded_pass_equals_the_eager_one(make_fast, prompt_of,
     all device data; run eagerly on a CPU, replayed on CUDA) against `FastModel.mixed` on a Program without prefill
     graphs: the same logits, draws and live state, at one and two decode rows, from position 0 and mid-prompt,
     pieces of 1 token, of a whole bucket and past half of the next."""
-    graphed, eager = make_fast(max_concurrency=3, prefill_graph_tokens=128), make_fast(max_concurrency=3)
+    graphed = make_fast(max_concurrency=3, prefill_graph_tokens=128)
+    eager = make_fast(max_concurrency=3, prefill_graph_tokens=0)
     assert graphed.mixed.buckets == (64, 128) and eager.mixed is None
     logits = {p: recorded(p.model, name) for p, name in ((graphed, "mixed_piece"), (eager, "mixed"))}
     prompt = prompt_of(sum(lengths), seed=5)

@@ -55,7 +55,8 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: 
                     pieces: PrefillGraphRunner | None = None, mixed: MixedGraphRunner | None = None) -> PrefillCosts:
     """Fit ``max(floor, fixed + t * token) + t * (f + t / 2) * pair`` to four prefill pieces on the dummy slot and
     row (t = 64 for the floor, 256 and 2048 at frontier 0, 256 at 4096, as far as the piece and context allow; the
-    dummy row's every entry is the dummy page, so a deep piece reads real-sized attention over it), and time one
+    dummy row's every entry is the dummy page, so a deep piece reads real-sized attention over it; where 256 is a
+    prefill graph bucket, the deep piece's extra time is its graph's, deep against at 0), and time one
     greedy step of `runner` per B = 1..max_batch on the dummy rows (`DecodeGraphRunner.dummy_step`; None: no plain
     step, a speculative backend's rounds); with `pieces`, each prefill graph bucket's run (`graph_costs`)."""
     device, plan = model.device, model.plan
@@ -67,6 +68,11 @@ def measure_prefill(model: FastModel, runner: DecodeGraphRunner | None, tokens: 
         return _best(device, lambda: model.prefill(ids, plan.dummy_slot, plan.dummy_row, f), repeats=2)
 
     t_short, t_long, t_deep = piece(short_t, 0), piece(long_t, 0), piece(short_t, deep)
+    if deep and pieces is not None and pieces.bucket(short_t) == short_t:
+        # from the graph's replays: an eager piece's host time varies by more than the attention it adds
+        g0, g_deep = (_best(device, lambda f=f: pieces.run([0] * short_t, plan.dummy_slot, plan.dummy_row, f))
+                      for f in (0, deep))
+        t_deep = t_short + g_deep - g0
     pair = max(0.0, (t_deep - t_short) / (short_t * deep)) if deep else 0.0
     # the two frontier-0 pieces, less their in-piece attention t^2/2 * pair, give the fixed and per-token costs
     a, b = t_short - short_t ** 2 / 2 * pair, t_long - long_t ** 2 / 2 * pair
