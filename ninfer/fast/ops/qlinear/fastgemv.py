@@ -39,6 +39,7 @@ from .layout import QKind, QuantWeight
 
 TILE = 128  # int4 tile: 16 int32 words
 _MAX_SPLITS = 8
+WIDE_BK = 512  # the FP8 one-row K tile over whole 128-column blocks (`_config`)
 _WORDS = TILE // 8
 
 
@@ -284,13 +285,18 @@ def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = 
     fewer rows), and at 32 rows tl.dot's four warps decode each weight twice. Measured
     (bench_qgemv.py, H100, the six 9B projections, eighth session, docs/performance.md): FP8 with tl.dot at M = 8
     runs 1.2-1.4x faster at 64 rows a program than at 32 in every shape (x is padded to 16 rows, so every M > 1 runs
-    the same tile); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x slower); int4's defaults are within 15% of the
-    best swept configuration in both forms, which no single alternative beats in every shape."""
+    the same tile); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x slower), and a 512-wide K tile over four
+    128-column blocks at 16 rows beats that by 2-5% in in_proj_qkvz, gate_up and down (twelfth session, H100: 33.7
+    / 64.0 / 34.7 us against 34.8 / 65.6 / 36.6), so it is the one-row default where K allows; int4's defaults are
+    within 15% of the best swept configuration in both forms, which no single alternative beats in every shape."""
     bm = 16 if dot else triton.next_power_of_2(M)
     if w.tiled:
         return bm, bw or (64 if dot else 128), TILE, TILE
     # a block as wide as K (one scale entry per row) takes any tile up to K's power of two
     bc = w.block_cols if w.block_cols < w.k else triton.next_power_of_2(w.k)
+    if bk is None and bw is None and M == 1 and not dot and bc < WIDE_BK and WIDE_BK % bc == 0 and \
+            w.k % WIDE_BK == 0:
+        bk, bw = WIDE_BK, 16  # twelfth session: 2-5% faster than 32 rows at 128 in each 9B shape swept
     if bk is None:
         bk = min(128, bc)
     if bk <= bc:
