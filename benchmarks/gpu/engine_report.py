@@ -89,7 +89,8 @@ def print_itl(name: str, d: dict | None) -> None:
     sizes = sorted(set(d["chunks"]))
     how = "riding in the decode rounds" if d.get("mixed") else "alternating with the decode rounds"
     print(f"  {name:8} ITL while a {d['prompt']}-token prompt prefills ({how}) beside {d['decoding']} decoding rows: p99 "
-          f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, plain step {d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
+          f"{d['p99_ms']:.2f} ms, max {d['max_ms']:.2f}, median {d.get('median_ms', float('nan')):.2f}, plain step "
+          f"{d['plain_step_ms']:.2f} ms: {d['ratio']:.2f}x "
           f"(target <= {d['target']}x) {verdict(d['itl_pass'])}; {len(d['chunks'])} chunks of {sizes[0]}.."
           f"{sizes[-1]} tokens; its prefill {d['prefill_tok_s']:.0f} tok/s against {d['alone_tok_s']:.0f} alone "
           f"({fmt(d['throughput_share'])}, target >= 0.95) {verdict(d['throughput_pass'])}; graphed fixed cost "

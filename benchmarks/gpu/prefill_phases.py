@@ -79,8 +79,9 @@ class PhaseTimer:
 def itl_report(decoders: list[list[float]], submitted: float, first_token: float, prompt: int, alone_tok_s: float,
                ratio: float) -> dict:
     """The gaps between consecutive tokens of every decoding row: before the long prompt was submitted (the plain
-    step, median) and while it prefilled (p99, max), the ITL verdict against `ratio` plain steps, and the prompt's
-    own prefill throughput (its TTFT less the decode rounds run meanwhile) against one-piece prefill alone."""
+    step, median) and while it prefilled (median, p99, max: with B rows each boundary makes B gaps), the ITL verdict
+    against `ratio` plain steps, and the prompt's own prefill throughput (its TTFT less the decode rounds run
+    meanwhile) against one-piece prefill alone."""
     plain = [b - a for ts in decoders for a, b in zip(ts, ts[1:]) if b <= submitted and a >= max(t[0] for t in decoders)]
     during = [b - a for ts in decoders for a, b in zip(ts, ts[1:]) if a >= submitted and b <= first_token]
     if not plain or not during:
@@ -90,7 +91,8 @@ def itl_report(decoders: list[list[float]], submitted: float, first_token: float
     rounds = len(during) / len(decoders)
     prefill_s = max(first_token - submitted - rounds * step, 1e-9)
     tok_s = prompt / prefill_s
-    return {"plain_step_ms": step * 1e3, "p99_ms": p99 * 1e3, "max_ms": max(during) * 1e3, "gaps": len(during),
+    return {"plain_step_ms": step * 1e3, "p99_ms": p99 * 1e3, "max_ms": max(during) * 1e3,
+            "median_ms": statistics.median(during) * 1e3, "gaps": len(during),
             "ratio": p99 / step, "target": ratio, "itl_pass": p99 <= ratio * step, "ttft_ms": (first_token -
             submitted) * 1e3, "prefill_tok_s": tok_s, "alone_tok_s": alone_tok_s,
             "throughput_share": tok_s / alone_tok_s if alone_tok_s else None,
