@@ -189,3 +189,35 @@ def test_media_the_tower_cannot_take_fail_their_request_alone(artifact, vp, forg
     assert ok.finish_reason is FinishReason.LENGTH
     assert bad.finish_reason is FinishReason.REJECTED and "vision tower" in bad.error, bad.error
     assert_drained(prog)
+
+
+def test_an_image_prompt_rides_beside_an_image_row_decoding(artifact, vp):
+    """Mixed units with images on both sides: the second prompt's chunks (cut inside its image: MRoPE rows and the
+    tower's features in the eager mixed pass) ride in the rounds of the first request, which decodes at position +
+    rope_delta; greedy tokens and logprobs equal the reference Program's, which runs each chunk, then the round."""
+    greedy = SamplingParams(temperature=0.0, logprobs=0)
+    outs = []
+    for program in (_fast(artifact, vp), _reference(artifact)):
+        engine = Engine(program, EngineConfig(check_invariants=True, max_concurrency=2, prefill_chunk=7,
+                                              prefix_caching=False), threaded=False)
+        first = engine.submit(_request(vp, (1,), [7, 8], 12, sizes=((90, 150),), sampling=greedy))
+        while not engine.core.scheduler.decode_ready:
+            engine.step()  # until the first request decodes
+        rides = []
+        if isinstance(program, FastProgram):
+            mixed = program.model.mixed
+            program.model.mixed = lambda *a, **kw: rides.append(kw.get("embeds") is not None) or mixed(*a, **kw)
+        second = engine.submit(_request(vp, (2,), [9], 4, sizes=((70, 40),), sampling=greedy))
+        engine.run_until_idle()
+        assert engine.available, engine.failure
+        if isinstance(program, FastProgram):
+            assert any(rides) and len(rides) >= 2  # chunks rode, holding image rows
+        streams = []
+        for h in (first, second):
+            deltas = [e for e in h.events(timeout=0) if isinstance(e, OutputDelta)]
+            streams.append((sum((d.token_ids for d in deltas), ()), sum((d.logprobs or () for d in deltas), ())))
+        outs.append(streams)
+    got, want = outs
+    assert [t for t, _ in got] == [t for t, _ in want] and len(got[1][0]) == 4
+    for (_, a), (_, b) in zip(got, want):
+        assert a == pytest.approx(b, abs=TOL)
