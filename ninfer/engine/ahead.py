@@ -6,15 +6,18 @@ Only a prediction is made here; correctness never rests on it. The Program holds
 state that no one can see: the next `decode` of exactly these rows adopts it, and any other mutating call (a
 transition's advance, a prefill, a control step, a different or masked round) first rolls it back. A wrong
 prediction costs one discarded device step, so the Engine launches only when the next boundary will, as far as
-it can tell now, run the same round: every row continues unmasked, and nothing is waiting to be settled, admitted,
-prefilled or forced.
+it can tell now, run the same round: every row continues unmasked, and nothing is waiting to be settled, admitted
+or forced. A staged prefill is predicted as the chunk riding in that round (mixed units), sized now as the unit
+will size it, when it leaves prompt tokens; a prompt's last chunk is not launched ahead.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ninfer.contracts import RequestState, RowDecision
+from ninfer.contracts import PrefillChunk, RequestState, RowDecision
+
+from .chunking import prefill_chunk
 
 if TYPE_CHECKING:
     from .core import EngineCore
@@ -24,11 +27,32 @@ if TYPE_CHECKING:
 def launch_next_round(core: "EngineCore", recs: Sequence["RequestRecord"], previews: Sequence[Any],
                       decisions: Sequence[RowDecision]) -> bool:
     """Right after `Program.commit` of an unmasked decode round: launch the same rows' next step when the next
-    boundary is predicted to run exactly that round. True when a step was launched."""
+    boundary is predicted to run exactly that round, with the chunk of the staged prefill that will ride in it
+    (mixed units) when that chunk leaves prompt tokens. True when a step was launched."""
     launch = getattr(core.program, "launch_ahead", None)
-    if launch is None or not _rows_continue(core, recs, previews, decisions) or not _quiet(core):
+    if launch is None or not _rows_continue(core, recs, previews, decisions):
         return False
-    return bool(launch([r.handle for r in recs]))
+    chunk = _riding_chunk(core, len(recs)) if core.scheduler.staged_prefill else None
+    if (core.scheduler.staged_prefill and chunk is None) or not _quiet(core):
+        return False
+    handles = [r.handle for r in recs]
+    return bool(launch(handles) if chunk is None else launch(handles, chunk))
+
+
+def _riding_chunk(core: "EngineCore", rows: int) -> PrefillChunk | None:
+    """The chunk the next mixed unit's rider (the next staged prefill in round robin) will run beside `rows` decode
+    rows, sized as the unit will size it; None when no mixed unit comes next or the chunk would finish its prompt
+    (it samples a first token under the grammar's mask and changes the next round's rows)."""
+    sched, program, config = core.scheduler, core.program, core.config
+    if not sched.mixed or sched.control_ready:
+        return None
+    rec = core.records[sched.staged_prefill[0]]
+    remaining = program.prompt_remaining(rec.handle)
+    if not remaining:  # it finished in the round just committed and leaves the staged set next
+        return None
+    size, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining, rows,
+                            config.prefill_chunk, config.prefill_itl_ratio, mixed=True)
+    return PrefillChunk(rec.handle, size) if size < remaining else None
 
 
 def _rows_continue(core: "EngineCore", recs: Sequence["RequestRecord"], previews: Sequence[Any],
@@ -46,9 +70,10 @@ def _rows_continue(core: "EngineCore", recs: Sequence["RequestRecord"], previews
 
 def _quiet(core: "EngineCore") -> bool:
     """Nothing the next boundary would do before its unit calls the Program: no open transition, no settlement
-    (a terminal request, a pending capture), no admission attempt, no staged prefill or forced control."""
+    (a terminal request, a pending capture), no admission attempt, no forced control (a staged prefill only as the
+    chunk riding in the round, which the caller predicted)."""
     sched = core.scheduler
-    if core.txn is not None or core.cancel_all or sched.staged_prefill or sched.control_ready:
+    if core.txn is not None or core.cancel_all or sched.control_ready:
         return False
     if sched.waiting and sched.admission_dirty:
         return False

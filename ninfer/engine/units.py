@@ -132,9 +132,9 @@ class UnitRunner:
             return
         finishes = chunk.max_tokens >= program.prompt_remaining(rider.handle)
         batch = program.decode([r.handle for r in recs], masks if masked else None, chunk)
-        self._commit(batch, recs + [rider] if finishes else recs, forced=False)
-        if finishes:
+        if finishes:  # before the commit: the next round launched ahead would only be discarded by the capture
             rider.capture_pending = self.core.config.prefix_caching
+        self._commit(batch, recs + [rider] if finishes else recs, forced=False, ahead=not masked)
 
     def _ask(self, rec: "RequestRecord", what: str, call: Callable[[], Any]) -> Any:
         """A session's answer before a model call (its mask, its control suffix), or _FAILED when the session

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, RowFailure, SequenceHandle
+from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, PrefillChunk, RowFailure, SequenceHandle
 
 from .execution import Provisional, grow, restore
 from .records import ActiveSequence
@@ -42,10 +42,13 @@ class Started:
 
 @dataclass(frozen=True)
 class Ahead:
-    """One round launched ahead: its rows and the started round."""
+    """One round launched ahead: its rows and the started round; with a prefill chunk riding in it (a mixed unit,
+    `mixed.launch_riding`), the chunk and the rider's provisional part."""
 
     handles: tuple[SequenceHandle, ...]
     started: Started
+    chunk: PrefillChunk | None = None
+    rider: Provisional | None = None
 
     @property
     def provisional(self) -> tuple[Provisional, ...]:
@@ -73,24 +76,34 @@ def start(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence[Any |
     return Started(provisional, finish)
 
 
-def launch(prog: "Program", handles: Sequence[SequenceHandle]) -> Ahead:
-    """Start the round of `handles` now, unmasked, from the committed state; `decode` adopts it."""
+def launch(prog: "Program", handles: Sequence[SequenceHandle], chunk: PrefillChunk | None = None,
+           riding: Callable[..., tuple[Started, Provisional]] | None = None) -> Ahead:
+    """Start the round of `handles` now, unmasked, from the committed state, carrying `chunk` through `riding`
+    (`mixed.launch_riding`) if given; `decode` adopts it."""
     seqs = [prog.sequence(h) for h in handles]
     if not seqs or len(set(handles)) != len(handles) or any(s.pending is None for s in seqs):
         raise EngineFailure(f"launch ahead of {list(handles)}: rows must be distinct sequences past their prompt")
-    return Ahead(tuple(handles), start(prog, seqs, [None] * len(seqs)))
+    if chunk is None:
+        return Ahead(tuple(handles), start(prog, seqs, [None] * len(seqs)))
+    started, rider = riding(prog, seqs, chunk)
+    return Ahead(tuple(handles), started, chunk, rider)
 
 
-def matches(ahead: Ahead, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None) -> bool:
-    """The launched round is the one asked for: the same rows in the same order, none of them masked."""
-    return tuple(handles) == ahead.handles and (masks is None or all(m is None for m in masks))
+def matches(ahead: Ahead, handles: Sequence[SequenceHandle], masks: Sequence[Any | None] | None,
+            chunk: PrefillChunk | None = None) -> bool:
+    """The launched round is the one asked for: the same rows in the same order, none of them masked, carrying the
+    same chunk (or none)."""
+    return tuple(handles) == ahead.handles and (masks is None or all(m is None for m in masks)) and \
+        chunk == ahead.chunk
 
 
 def discard(prog: "Program", ahead: Ahead) -> None:
-    """Every row back to its committed state; the results are never read (the device queue orders the restore after
-    the launched round)."""
+    """Every row (and a riding chunk's sequence) back to its committed state; the results are never read (the
+    device queue orders the restore after the launched round)."""
     for h, prov in zip(ahead.handles, ahead.provisional):
         restore(prog, prog.sequence(h), prov)
+    if ahead.chunk is not None:
+        restore(prog, prog.sequence(ahead.chunk.handle), ahead.rider)
 
 
 def drawn_row(handle: SequenceHandle, base_frontier: int, drawn: Any) -> PendingRow:

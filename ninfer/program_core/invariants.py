@@ -35,7 +35,11 @@ def _check_sequences(prog: "ProgramCore", refs: Counter, slots: list[int], rows:
     for slot, seq in prog.seqs.items():
         assert seq.handle.slot == slot, f"sequence in slot {slot} has handle {seq.handle}"
     live = {seq.handle for seq in prog.seqs.values() if seq.pending is not None}
-    assert set(ahead) <= live, f"a round launched ahead holds {set(ahead) - live}, not active past their prompt"
+    # and a chunk riding in it: a sequence in prefill whose chunk leaves prompt tokens
+    riding = {seq.handle for seq in prog.seqs.values() if seq.pending is None and seq.handle in ahead and
+              seq.frontier + ahead[seq.handle] < len(seq.prompt)}
+    assert len(riding) <= 1 and set(ahead) <= live | riding, \
+        f"a round launched ahead holds {set(ahead) - live}, neither past their prompt nor one riding chunk"
     for seq in itertools.chain(prog.seqs.values(), prog.prepared.values()):
         refs.update(seq.table)
         slots.append(seq.handle.slot)

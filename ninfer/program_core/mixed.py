@@ -6,6 +6,11 @@ pages provisional). An executor with a `mixed` call runs both in one model pass,
 chunk's tokens and the decode rows together; without one (or when a speculative backend runs the round), the chunk
 runs first and the round after it: the same state and the same draws, two passes. The batch holds the decode rows
 and, when the chunk finished its prompt, the first-token row last, which has no provisional part (payload None).
+
+A round launched ahead (`launch_riding`, async scheduling) may carry a chunk that leaves prompt tokens: until its
+`finish` the chunk is provisional like the rows (the rider's state backed up into its own row's backup slot, free
+while it prefills; its pages provisional; its tokens and captures recorded only by `finish`), so the next boundary
+sizes the same chunk from the same frontier and adopts the round, and a discard restores the rider as a row.
 """
 
 from __future__ import annotations
@@ -49,3 +54,38 @@ def mixed_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequence
         rows += (ahead_step.drawn_row(chunk.handle, n, prog.executor.draw_first(pseq, logits, chunk.mask)),)
         payload += (None,)
     return PendingBatch(BatchKind.MIXED, tuple(rows), prog.resource_revision, payload=tuple(payload))
+
+
+def launch_riding(prog: "Program", seqs: Sequence[ActiveSequence], chunk: PrefillChunk
+                  ) -> tuple[ahead_step.Started, Provisional]:
+    """Start the unmasked round of `seqs` carrying `chunk` (one that leaves prompt tokens), the chunk provisional
+    until `finish` (module docstring). Returns the started round, whose `finish` records the chunk and returns the
+    MIXED batch of the rows, and the rider's provisional part (fed: the chunk's tokens), for a discard."""
+    pseq = prog.sequence(chunk.handle)
+    if any(s.handle == chunk.handle for s in seqs) or chunk.mask is not None:
+        raise EngineFailure(f"a round launched ahead carrying {chunk.handle}'s prefill: a row of its own or masked")
+    start, end = pseq.frontier, prefill_end(pseq, chunk.max_tokens)
+    if end >= len(pseq.prompt):
+        raise EngineFailure(f"a round launched ahead carries only a chunk that leaves prompt tokens ({chunk.handle})")
+    inner = capture_cuts(pseq, start, end)
+    prog.store.copy_slot(pseq.handle.slot, prog.config.backup_slot(pseq.row))
+    rider = Provisional(tuple(pseq.prompt[start:end]), grow(prog, pseq, end))
+    masks = [None] * len(seqs)
+    one_pass = getattr(prog.executor, "mixed_launch", None)
+    if one_pass is None or prog.config.draft_tokens:
+        prog.executor.prefill(pseq, start, end, inner)
+        started = ahead_step.start(prog, seqs, masks)
+        provisional, collect = started.provisional, lambda: started.finish().rows  # noqa: E731
+    else:
+        provisional = tuple(Provisional((s.pending,), grow(prog, s, s.frontier + 1)) for s in seqs)
+        drawn, _ = one_pass(seqs, masks, pseq, start, end, inner)
+        collect = lambda: tuple(ahead_step.drawn_row(s.handle, s.frontier + 1, d)  # noqa: E731
+                                for s, d in zip(seqs, drawn()))
+
+    def finish() -> PendingBatch:
+        rows = collect()
+        pseq.tokens.extend(rider.fed)  # the chunk is consumed now, as `prefill` records it
+        capture_filled(prog, pseq, inner)
+        capture_due(prog, pseq)
+        return PendingBatch(BatchKind.MIXED, tuple(rows), prog.resource_revision, payload=provisional)
+    return ahead_step.Started(provisional, finish), rider

@@ -24,7 +24,7 @@ from .core import ProgramCore
 from .execution import (Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end, provisionals,
                         restore, validate_commit)
 from .executor import ModelExecutor
-from .mixed import mixed_round
+from .mixed import launch_riding, mixed_round
 from .speculation import rollback
 
 
@@ -33,11 +33,12 @@ class Program(ProgramCore):
     _ahead: ahead_step.Ahead | None = None  # the decode step launched ahead, not yet adopted by `decode`
     ahead_launched = ahead_adopted = 0  # steps launched ahead, and of them those a `decode` adopted
 
-    def launch_ahead(self, handles: Sequence[SequenceHandle]) -> bool:
+    def launch_ahead(self, handles: Sequence[SequenceHandle], prefill: PrefillChunk | None = None) -> bool:
         """Launch the next round of `handles` now, unmasked (the plain step, or a speculative round when a backend
-        runs); the next `decode` of exactly these rows adopts it."""
+        runs), carrying `prefill` (a chunk that leaves prompt tokens) if given; the next `decode` of exactly these
+        rows and chunk adopts it."""
         self.discard_ahead()
-        self._ahead = ahead_step.launch(self, handles)
+        self._ahead = ahead_step.launch(self, handles, prefill, launch_riding)
         self.ahead_launched += 1
         return True
 
@@ -55,7 +56,10 @@ class Program(ProgramCore):
         block for a speculative round): the pages it holds until adopted or discarded."""
         if self._ahead is None:
             return {}
-        return {h: len(p.fed) for h, p in zip(self._ahead.handles, self._ahead.provisional)}
+        extents = {h: len(p.fed) for h, p in zip(self._ahead.handles, self._ahead.provisional)}
+        if self._ahead.chunk is not None:  # the riding chunk's pages, held until adopted or discarded
+            extents[self._ahead.chunk.handle] = len(self._ahead.rider.fed)
+        return extents
 
     def advance(self, txn: RunningTransaction) -> ResourceResult | None:
         self.discard_ahead()  # a transition may change a mapping the launched step reads
@@ -85,7 +89,7 @@ class Program(ProgramCore):
                prefill: PrefillChunk | None = None) -> PendingBatch:
         if masks is not None and len(masks) != len(handles):
             raise EngineFailure(f"{len(masks)} masks for {len(handles)} decode rows")
-        if prefill is None and self._ahead is not None and ahead_step.matches(self._ahead, handles, masks):
+        if self._ahead is not None and ahead_step.matches(self._ahead, handles, masks, prefill):
             ahead, self._ahead = self._ahead, None
             self.ahead_adopted += 1
             return ahead.started.finish()

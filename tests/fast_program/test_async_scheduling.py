@@ -52,6 +52,13 @@ def discard_keeps_the_step(prog, ahead):
             seq.reserve_left += 1
 
 
+def discard_forgets_the_rider(prog, ahead):
+    """A discarded round restores its rows but leaves a riding chunk's sequence as the launch left it (its state
+    advanced, its pages still taken)."""
+    for h, prov in zip(ahead.handles, ahead.provisional):
+        ahead_step.restore(prog, prog.sequence(h), prov)
+
+
 _end_cancelled = UnitRunner.end_cancelled
 
 
@@ -70,15 +77,15 @@ def publish_ahead_token_of_cancelled(self, cancelled):
     return _end_cancelled(self, cancelled)
 
 
-def matches_ignoring_masks(launched, handles, masks):
+def matches_ignoring_masks(launched, handles, masks, chunk=None):
     """A masked round adopts the step that was launched unmasked."""
-    return tuple(handles) == launched.handles
+    return tuple(handles) == launched.handles and chunk == launched.chunk
 
 
 _launch = ahead_step.launch
 
 
-def launch_at_stale_frontier(prog, handles):
+def launch_at_stale_frontier(prog, handles, *chunk):
     """The step is launched one position short, from the rows as they were before the commit moved the frontier
     (the last consumed token pending again). The frontier is len(tokens): it moves only with them."""
     seqs = [prog.sequence(h) for h in handles]
@@ -86,7 +93,7 @@ def launch_at_stale_frontier(prog, handles):
     for s, (last, _) in zip(seqs, moved):
         s.pending = last
     try:
-        return _launch(prog, handles)
+        return _launch(prog, handles, *chunk)
     finally:
         for s, (last, pending) in zip(seqs, moved):
             s.tokens.append(last)
@@ -96,6 +103,8 @@ def launch_at_stale_frontier(prog, handles):
 MUTANTS = {
     "discard_keeps_the_step": ((ahead_step, "discard", discard_keeps_the_step), ("output depends on the schedule",)),
     "matches_ignoring_masks": ((ahead_step, "matches", matches_ignoring_masks), ("output depends on the schedule",)),
+    "discard_forgets_the_rider": ((ahead_step, "discard", discard_forgets_the_rider),
+                                  ("output depends on the schedule", "does not cover")),
     # not "engine failed" alone: a mutant that raises by itself would match it
     "launch_at_stale_frontier": ((ahead_step, "launch", launch_at_stale_frontier),
                                  ("output depends on the schedule", "does not cover")),

@@ -186,9 +186,17 @@ class FastExecutor:
         graph of (bucket, B) where one holds it (a text piece without captures inside, text rows), else eagerly
         (`FastModel.mixed`). Returns the rows' draws (read back) and the piece's last logits [V] fp32. A chunk
         longer than one piece runs as its own prefill, then the decode step."""
+        collect, logits = self.mixed_launch(seqs, masks, pseq, start, end, captures)
+        return collect(), logits  # the piece's logits are read by `draw_first` after the rows' draws
+
+    def mixed_launch(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], pseq: ActiveSequence,
+                     start: int, end: int, captures: Sequence[tuple[int, int]] = ()
+                     ) -> tuple[Callable[[], list[Drawn]], torch.Tensor]:
+        """`mixed` without the wait: the pass and the rows' draws queued; the returned call waits and reads the
+        draws (the launched-ahead round's one host sync, as `launch`'s)."""
         if end - start > self.model.plan.max_prefill_tokens or self.mtp is not None or self.dflash is not None:
             logits = self.prefill(pseq, start, end, captures)
-            return self.decode(seqs, masks), logits
+            return self.launch(seqs, masks), logits
         slots, rows, frontiers = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
         pending = [s.pending for s in seqs]
         text = pseq.media is None and not any(ImageInputs.rope_delta(s) for s in seqs)
@@ -201,8 +209,8 @@ class FastExecutor:
             rope = _mixed_rope(image_args.pop("rope_positions", None), start, end, seqs, self.device)
             logits = self.model.mixed(ids, pseq.handle.slot, pseq.row, start,
                                       (self._tokens(pending), slots, rows, frontiers), captures, rope, **image_args)
-        # [B + 1, V]: the rows' draws wait for the pass; the piece's logits are read by `draw_first` next
-        return self.sampler.sample(logits[:-1], _sample_rows(seqs, masks)), logits[-1]
+        self.sampler.queue(logits[:-1], _sample_rows(seqs, masks))  # [B + 1, V]: the rows', then the piece's
+        return self.sampler.collect, logits[-1]
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)

@@ -176,13 +176,17 @@ class DeviceSampler:
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Drawn | RowFailure]:
         """Draw from given logits [B, V] (the prefill draw): the B = 1 graph when captured, else eagerly."""
+        self.queue(logits, rows)
+        return self.collect()
+
+    def queue(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
+        """`sample` without the wait: the draws queued on the device; `collect` reads them."""
         variant = self.prepare(rows)
         if len(rows) == 1 and variant in self.graphs:
             self.logits_in.copy_(logits.reshape(1, -1))
             self.graphs[variant].replay()
         else:
             self.stages(logits, variant)
-        return self.collect()
 
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         """Count committed output tokens, (table row, owner, tokens) per row, for the penalties."""
