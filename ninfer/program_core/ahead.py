@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ninfer.contracts import BatchKind, EngineFailure, PendingBatch, PendingRow, PrefillChunk, RowFailure, SequenceHandle
+from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow, PrefillChunk, RowFailure,
+                              SequenceHandle)
 
 from .execution import Provisional, grow, restore
 from .records import ActiveSequence

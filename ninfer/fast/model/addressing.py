@@ -69,7 +69,8 @@ def mixed_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: int, 
     pages = table[block, (pos // ps).long()].long()
     return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(),
                       slot_ids=to_device([*slots, slot], dev), block_table=table,
-                      cu_seqlens=to_device([*range(B + 1), B + n], dev), prefix_lens=to_device([*frontiers, start], dev),
+                      cu_seqlens=to_device([*range(B + 1), B + n], dev),
+                      prefix_lens=to_device([*frontiers, start], dev),
                       prefill_slot=slot, captures=captures, max_prefix=max(start, *frontiers),
                       decode_rows=to_device(range(B), dev, torch.long))
 
