@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ninfer.contracts import PrefillChunk, RequestState, RowDecision
 
-from .chunking import prefill_chunk
-
 if TYPE_CHECKING:
     from .core import EngineCore
     from .records import RequestRecord
@@ -43,15 +41,13 @@ def _riding_chunk(core: "EngineCore", rows: int) -> PrefillChunk | None:
     """The chunk the next mixed unit's rider (the next staged prefill in round robin) will run beside `rows` decode
     rows, sized as the unit will size it; None when no mixed unit comes next or the chunk would finish its prompt
     (it samples a first token under the grammar's mask and changes the next round's rows)."""
-    sched, program, config = core.scheduler, core.program, core.config
+    sched = core.scheduler
     if not sched.mixed or sched.control_ready:
         return None
     rec = core.records[sched.staged_prefill[0]]
-    remaining = program.prompt_remaining(rec.handle)
-    if not remaining:  # it finished in the round just committed and leaves the staged set next
+    if not core.program.prompt_remaining(rec.handle):  # it finished in the round just committed: it leaves next
         return None
-    size, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining, rows,
-                            config.prefill_chunk, config.prefill_itl_ratio, mixed=True)
+    size, remaining = core.units.chunk_size(rec, rows, mixed=True)
     return PrefillChunk(rec.handle, size) if size < remaining else None
 
 

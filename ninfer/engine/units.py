@@ -96,13 +96,17 @@ class UnitRunner:
         """`rec`'s next prefill chunk, sized beside the decode-ready rows (riding in their round's pass when
         `mixed`), with the grammar's mask when it finishes the prompt (only that chunk samples); None when the
         session failed to give the mask (the request ended alone)."""
-        program, config = self.core.program, self.core.config
-        remaining = program.prompt_remaining(rec.handle)
-        size, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining,
-                                len(self.core.scheduler.decode_ready), config.prefill_chunk,
-                                config.prefill_itl_ratio, mixed)
+        size, remaining = self.chunk_size(rec, len(self.core.scheduler.decode_ready), mixed)
         mask = self._ask(rec, "mask", rec.request.session.next_token_mask) if size == remaining else None
         return None if mask is _FAILED else PrefillChunk(rec.handle, size, mask)
+
+    def chunk_size(self, rec: "RequestRecord", rows: int, mixed: bool) -> tuple[int, int]:
+        """(tokens of `rec`'s next prefill chunk beside `rows` decoding rows, its prompt tokens left)."""
+        program, config = self.core.program, self.core.config
+        remaining = program.prompt_remaining(rec.handle)
+        size, _ = prefill_chunk(program.limits.prefill, remaining, len(rec.prompt) - remaining, rows,
+                                config.prefill_chunk, config.prefill_itl_ratio, mixed)  # one lane's per boundary
+        return size, remaining
 
     def _run_prefill(self, rec: "RequestRecord", chunk: PrefillChunk) -> None:
         batch = self.core.program.prefill(rec.handle, chunk.max_tokens, chunk.mask)

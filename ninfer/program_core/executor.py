@@ -38,9 +38,9 @@ class ModelExecutor(Protocol):
     # optional: launch(seqs, masks) -> a call returning decode's draws. `decode` without the wait, for the step
     # launched ahead (`ahead.py`); an executor without it runs the step at launch time.
 
-    # optional: mixed(seqs, masks, pseq, start, end, captures) -> (decode's draws, what `prefill` of pseq's
-    # prompt[start:end] returns): both in one model pass (`mixed.py`); an executor without it runs the prefill,
-    # then the decode step.
+    # optional: mixed_launch(seqs, masks, pseq, start, end, captures) -> (a call returning decode's draws, what
+    # `prefill` of pseq's prompt[start:end] returns): both in one model pass, queued (`mixed.py`); an executor
+    # without it runs the prefill, then the decode step.
 
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         """Consume forced tokens at the frontier in place (no draw); the core has backed the state up."""

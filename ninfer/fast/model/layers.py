@@ -107,20 +107,19 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
         k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids[:B], **dims,
                      rows=step.decode_rows, out=out)
         piece = _padded_gdn if step.length is not None else _piece_gdn
-        out[B:] = piece(k, w, mixed[B:], z[B:], a[B:], b[B:], conv, ssm, step, dims, step.slot_ids[B:])
+        out[B:] = piece(k, w, mixed[B:], z[B:], a[B:], b[B:], conv, ssm, step, dims)
         return k.linear_residual(out, w.out_proj, res)
     if not step.is_prefill:
         out = k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids, **dims)
         return k.linear_residual(out, w.out_proj, res)
     piece = _padded_gdn if step.length is not None else _piece_gdn
-    return k.linear_residual(piece(k, w, mixed, z, a, b, conv, ssm, step, dims, step.slot_ids), w.out_proj, res)
+    return k.linear_residual(piece(k, w, mixed, z, a, b, conv, ssm, step, dims), w.out_proj, res)
 
 
 def _piece_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,
-               dims: dict, slot_ids: torch.Tensor) -> torch.Tensor:
-    """The prefill GDN of a piece on the slot ``step.prefill_slot`` (its window and S advanced in place; the
-    device id ``slot_ids`` goes unused: the slot is host-known), filling the slot of each capture inside it.
-    Returns the mixer's output [T, HV*dv]."""
+               dims: dict) -> torch.Tensor:
+    """The prefill GDN of a piece on the slot ``step.prefill_slot`` (its window and S advanced in place), filling
+    the slot of each capture inside it. Returns the mixer's output [T, HV*dv]."""
     slot, cuts = step.prefill_slot, [c for c, _ in step.captures]
     for c, cap in step.captures:  # the window at a checkpoint: the K-1 inputs before it, read before it advances
         conv[cap].copy_(conv_window_at(mixed, conv[slot], c))
@@ -137,11 +136,11 @@ def _piece_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ss
 
 
 def _padded_gdn(k: Kernels, w: GdnWeights, mixed, z, a, b, conv: torch.Tensor, ssm: torch.Tensor, step: StepInputs,
-                dims: dict, slot_ids: torch.Tensor) -> torch.Tensor:
-    """The prefill GDN of a padded piece, its slot the device id ``slot_ids`` [1]: the window and S gathered from
-    the slot and scattered back (the ops mask the rows past ``step.length``). Returns the mixer's output
-    [T, HV*dv]."""
-    slot = slot_ids.long()  # index_copy_ takes long ids
+                dims: dict) -> torch.Tensor:
+    """The prefill GDN of a padded piece, its slot a device id (the last of ``step.slot_ids``: a mixed pass's decode
+    rows' come first): the window and S gathered from the slot and scattered back (the ops mask the rows past
+    ``step.length``). Returns the mixer's output [T, HV*dv]."""
+    slot = step.slot_ids[-1:].long()  # [1]; index_copy_ takes long ids
     window = conv.index_select(0, slot)[0]  # [C, K-1]
     qkv = k.gdn_conv_prefill(mixed, window, w.conv, length=step.length)  # the window advances in place
     conv.index_copy_(0, slot, window[None])

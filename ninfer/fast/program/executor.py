@@ -179,21 +179,16 @@ class FastExecutor:
                 self.store.copy_slot(slot, captures[i][1])
         return logits
 
-    def mixed(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], pseq: ActiveSequence, start: int,
-              end: int, captures: Sequence[tuple[int, int]] = ()) -> tuple[list[Drawn], torch.Tensor]:
-        """`decode` of `seqs` and `prefill` of pseq's prompt[start:end] in one pass: each row backed up, then one
-        token of every row and the piece through the layers, every weight read once for both; through the mixed
-        graph of (bucket, B) where one holds it (a text piece without captures inside, text rows), else eagerly
-        (`FastModel.mixed`). Returns the rows' draws (read back) and the piece's last logits [V] fp32. A chunk
-        longer than one piece runs as its own prefill, then the decode step."""
-        collect, logits = self.mixed_launch(seqs, masks, pseq, start, end, captures)
-        return collect(), logits  # the piece's logits are read by `draw_first` after the rows' draws
-
     def mixed_launch(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], pseq: ActiveSequence,
                      start: int, end: int, captures: Sequence[tuple[int, int]] = ()
                      ) -> tuple[Callable[[], list[Drawn]], torch.Tensor]:
-        """`mixed` without the wait: the pass and the rows' draws queued; the returned call waits and reads the
-        draws (the launched-ahead round's one host sync, as `launch`'s)."""
+        """`decode` of `seqs` and `prefill` of pseq's prompt[start:end] in one pass, queued: each row backed up,
+        then one token of every row and the piece through the layers, every weight read once for both; through the
+        mixed graph of (bucket, B) where one holds it (a text piece without captures inside, text rows), else
+        eagerly (`FastModel.mixed`); the rows' draws queued after it. Returns the call that waits for the draws and
+        reads them (the round's one host sync, as `launch`'s) and the piece's last logits [V] fp32, for
+        `draw_first` once the draws are read. A chunk longer than one piece runs as its own prefill, then the decode
+        step."""
         if end - start > self.model.plan.max_prefill_tokens or self.mtp is not None or self.dflash is not None:
             logits = self.prefill(pseq, start, end, captures)
             return self.launch(seqs, masks), logits
