@@ -152,11 +152,12 @@ def spec_graph_bytes(cfg: Qwen35Config, max_seqs: int, width: int, dtype: torch.
     adds what its verify pass keeps (the target's taps of every row: the tapped layers' outputs, their
     concatenation, its projection and norm, and one drafter layer's K/V of them) and its draft graphs' pool
     (``ninfer.fast.dflash_graphs``: one block pass of every row and a draw's transients, the sort variant's as
-    `sampling_bytes` counts them)."""
+    `sampling_bytes` counts them). Every backend adds the grammar rows of its verified positions (int32 bitmask
+    words per row, ``ninfer.fast.sampling.prefix_masks``)."""
     if not width:
         return 0
     act, rows, V = torch.finfo(dtype).bits // 8, max_seqs * width, cfg.vocab_size
-    verify = rows * 4 * V + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(V, rows)
+    verify = rows * 4 * V + workspace_bytes(cfg, 1, rows, dtype) - sampling_bytes(V, rows) + rows * 4 * (-(-V // 32))
     draws = max_seqs * (width - 1) * (4 * V + 96 + 8)
     if drafter is not None:
         H, n = cfg.hidden_size, len(drafter.target_layer_ids)

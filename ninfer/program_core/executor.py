@@ -64,7 +64,12 @@ class ModelExecutor(Protocol):
     # (0 < keep < len(fed); GDN and backend state) put into its live slot from states the pass kept per block
     # position; False when it kept none, and the core replays the kept tokens from the backup instead.
 
-    # optional: accept(seqs, ctxs, drafts, targets, grammar) -> a call returning [Accepted | RowFailure] per row,
-    # grammar[i] one mask row per verified position: `ninfer.sampling.accept` queued on the executor's device (the
-    # fast Program's one host copy a round, waited for by the call, so a round launched ahead holds it). A `draft` result may also keep its drafts on the device and supply the fed blocks itself
+    # optional, together: fill_masks(drafts, grammar) -> the round's queued grammar (or None), then
+    # accept(seqs, ctxs, drafts, targets, queued) -> a call returning [Accepted | RowFailure] per row:
+    # `ninfer.sampling.accept` queued on the executor's device (the fast Program's one host copy a round, waited for
+    # by the call, so a round launched ahead holds it). grammar[i] is row i's mask rows (one per verified position)
+    # or, for drafts kept on the device, its `DraftMasks`, whose fill the executor runs in stream order once the
+    # drafts exist (the fast Program's host function, `fast/sampling/prefix_masks.py`); a fill that raises fails
+    # its row (RowFailure in the call's result). `fill_masks` comes before `verify`, so the fill overlaps the
+    # target pass. A `draft` result may also keep its drafts on the device and supply the fed blocks itself
     # (`drafts.feds(pending)`, lengths on the host); without `accept` the core accepts on the host.

@@ -67,16 +67,21 @@ def launch_round(prog: "Program", seqs: Sequence[ActiveSequence], masks: Sequenc
     feds = drafts.feds([s.pending for s in seqs]) if hasattr(drafts, "feds") else \
         [(s.pending,) + tuple(d) for s, (d, _) in zip(seqs, drafts)]
     provisional = tuple(Provisional(fed, grow(prog, s, s.frontier + len(fed))) for s, fed in zip(seqs, feds))
-    targets = ex.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
-    grammar = [_grammar(m, fed) for m, fed in zip(masks, feds)]
     if hasattr(ex, "accept"):  # acceptance on the executor's device, the same definition as `accept`
-        collect = ex.accept(seqs, ctxs, drafts, targets,
-                            [[None] * len(fed) if isinstance(g, RowFailure) else g for g, fed in zip(grammar, feds)])
+        device_drafts = hasattr(drafts, "feds")
+        # a fill over drafts still on the device runs there in stream order (its failure comes back as the row's
+        # result); any other grammar is read on the host now, without the drafts when it does not depend on them
+        grammar = [m if device_drafts and _fills(m) else _grammar(m, fed) for m, fed in zip(masks, feds)]
+        queued = ex.fill_masks(drafts, [None if isinstance(g, RowFailure) else g for g in grammar])
+        targets = ex.verify(seqs, feds)  # [len(fed), V] fp32 each: p at frontier + 1 ..
+        collect = ex.accept(seqs, ctxs, drafts, targets, queued)
 
         def accepted() -> list[PendingRow]:
             return [_row(s, g if isinstance(g, RowFailure) else a, len(fed) - 1)
                     for s, a, g, fed in zip(seqs, collect(), grammar, feds)]
     else:
+        targets = ex.verify(seqs, feds)
+        grammar = [_grammar(m, fed) for m, fed in zip(masks, feds)]
         rows = [_accepted_row(s, ctx, tuple(fed[1:]), q, target, g) for s, ctx, fed, (_, q), target, g in
                 zip(seqs, ctxs, feds, drafts, targets, grammar)]
 

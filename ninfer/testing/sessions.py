@@ -133,3 +133,18 @@ class AlternateMask:
     def __call__(self, count: int) -> Any:
         return self.allowed if count % 2 == 1 else None
 
+
+
+class ParityMask:
+    """A grammar stand-in for `TokenSession(mask=...)` whose rows differ at every position: output i must have the
+    parity of i (and is never the stop id 0), so a speculative round needs one row per draft prefix."""
+
+    def __init__(self, vocab: int):
+        import torch
+
+        self.vocab = vocab
+        ids = torch.arange(vocab)
+        self.rows = ((ids % 2 == 0) & (ids != 0), (ids % 2 == 1) & (ids != 0))  # bool [V] each
+
+    def __call__(self, count: int) -> Any:
+        return self.rows[count % 2]

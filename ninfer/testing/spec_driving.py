@@ -69,6 +69,20 @@ def record_drafts(program) -> list[tuple[int, ...]]:
     return seen
 
 
+def drafts_on_device(program) -> None:
+    """Wrap the fast program's drafter (a ForcedDrafts, say) so that its host drafts reach the core as a
+    `DraftBlock` on the program's device, as the MTP head's and the DFlash drafter's do (the round then reads them
+    only on the device: the fed blocks, the grammar fill in stream order, acceptance)."""
+    from ninfer.fast.sampling.draft_block import DraftBlock
+
+    ex, draft = program.executor, program.executor.draft
+
+    def on_device(seqs, ctxs, ks):
+        return DraftBlock.from_host(draft(seqs, ctxs, ks), [c.params.is_greedy for c in ctxs], ex.spec.k,
+                                    program.limits.vocab_size, ex.device)
+    ex.draft = on_device
+
+
 def record_blocks(program) -> list[tuple[tuple[int, ...], list]]:
     """Like `record_drafts`, with each row's q (one [V] tensor per draft, None for a greedy row) beside its drafts."""
     seen, draft = [], program.executor.draft

@@ -126,6 +126,7 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     eager, graphed = plan_memory(cfg, BUDGET, **kw), plan_memory(cfg, BUDGET, verify_width=16, **kw)
     graphs = spec_graph_bytes(cfg, 3, 16, torch.float32, drafter)
     verify = 48 * 4 * cfg.vocab_size + workspace_bytes(cfg, 1, 48, torch.float32) - sampling_bytes(cfg.vocab_size, 48)
+    verify += 48 * 4 * -(-cfg.vocab_size // 32)  # the grammar rows of every verified position
     taps = 48 * 4 * ((2 * len(drafter.target_layer_ids) + 2) * cfg.hidden_size + 2 * 2 * 8)
     draws = 3 * 15 * (4 * cfg.vocab_size + 104)
     block = 48 * (4 * (2 * drafter.intermediate_size + 6 * cfg.hidden_size) + 8 * cfg.vocab_size)

@@ -3,7 +3,7 @@ start-up errors name the field, greedy equals the autoregressive run (real draft
 with and without a draft window), the drafts equal the reference Program's on the same weights, the drafter context
 in the pages after prefill chunks, verified blocks, rollbacks and aborts equals the context built from scratch over
 the committed tokens, drafting writes no page, host replicas of pages carry the context, and a sampled prefix hit
-equals the cold run. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
+equals the cold run, and grammar rows over the drafter's device drafts constrain every prefix. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from ninfer.program_core.speculation import row_context
 from ninfer.program_core.speculative import MissingBackendWeights, SpeculativeConfigError
 from ninfer.sampling import SamplingParams
 from ninfer.testing.serving import assert_drained, serve
-from ninfer.testing.sessions import token_request
-from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_sampled_hit_equals_cold, mixed_rounds,
-                                         record_drafts, spec_prompts, start_decoding)
+from ninfer.testing.sessions import ParityMask, TokenSession, token_request
+from ninfer.testing.spec_driving import (assert_every_width_keeps_greedy, assert_sampled_hit_equals_cold,
+                                         drafts_on_device, mixed_rounds, record_drafts, spec_prompts, start_decoding)
 
 
 def test_a_missing_or_unfit_drafter_is_a_start_error(artifact, make_fast_dflash):
@@ -74,6 +74,30 @@ def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, p
     assert [r.token_ids for r in spec] == plain_greedy
     if forced:
         assert any(r.usage.accepted_draft_tokens > 1 for r in spec)
+    assert_drained(program)
+
+
+@pytest.mark.parametrize("kind, forced", [("dflash", False), ("dflash2", False), ("dflash", True)])
+def test_grammar_rows_over_device_drafts_constrain_every_prefix(make_fast_dflash, prompt_of, kind, forced):
+    """Structured output with the drafter: the rows of every draft prefix come from the session's fill, run on the
+    drafts still on the device (`PrefixMasks`' host function, in stream order with the round); every output obeys
+    its grammar and equals the plain constrained run. `forced`: the teacher's drafts as a `DraftBlock`, so that
+    blocks pass the grammar and acceptance reads rows past the first."""
+    from ninfer.engine.records import GenerationRequest
+
+    vocab = make_fast_dflash(kind, 0).limits.vocab_size
+    prompts = spec_prompts(prompt_of)
+
+    def requests():
+        return [GenerationRequest(tuple(p), TokenSession(14, mask=ParityMask(vocab)), 14) for p in prompts]
+    plain = serve(make_fast_dflash(kind, 0), requests(), max_concurrency=2, prefill_chunk=9)
+    program = make_fast_dflash(kind, 7, forced=forced)
+    if forced:
+        drafts_on_device(program)
+    spec = serve(program, requests(), max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert all(t % 2 == i % 2 for r in spec for i, t in enumerate(r.token_ids))
+    assert not forced or sum(r.usage.accepted_draft_tokens for r in spec) > 0
     assert_drained(program)
 
 

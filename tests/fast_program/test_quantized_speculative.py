@@ -17,7 +17,6 @@ import torch
 
 from ninfer.artifact import open_artifact
 from ninfer.convert.convert import convert_checkpoint
-from ninfer.contracts import DraftMasks
 from ninfer.engine.records import GenerationRequest
 from ninfer.fast.program import FastProgram
 from ninfer.models.qwen3_5.params import MTP, TEXT
@@ -27,7 +26,7 @@ from ninfer.reference.weights import load_model
 from ninfer.sampling import SamplingParams
 from ninfer.testing.checkpoints import make_hf_checkpoint
 from ninfer.testing.serving import assert_drained, serve
-from ninfer.testing.sessions import TokenSession, token_request
+from ninfer.testing.sessions import ParityMask, TokenSession, token_request
 from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_resumed_drafts_equal,
                                          assert_sampled_hit_equals_cold, record_blocks, spec_prompts)
 from ninfer.testing.speculation import ForcedDrafts
@@ -120,26 +119,13 @@ def test_sampled_prefix_hit_with_mtp_equals_the_cold_run(quantized, prompt_of, p
     assert_sampled_hit_equals_cold(lambda: make(3), prompt_of, 100, 64)
 
 
-class _ParitySession(TokenSession):
-    """Output i must have the parity of i: the plain run reads `next_token_mask`, a speculative round one mask
-    per draft prefix (as tests/fast_program/test_speculative.py)."""
-
-    def __init__(self, max_tokens: int):
-        ids = torch.arange(VOCAB)
-        super().__init__(max_tokens, mask=lambda n: (ids % 2 == n % 2) & (ids != 0))
-
-    def draft_masks(self) -> DraftMasks:
-        n = len(self.tokens)
-        return DraftMasks(fill=lambda drafts: torch.stack([self.mask(n + i) for i in range(len(drafts) + 1)]))
-
-
 @pytest.mark.parametrize("program, recipe", CASES)
 def test_grammar_rows_constrain_every_draft_prefix(quantized, prompt_of, program, recipe):
     make = _maker(program, quantized[recipe])
     prompts = spec_prompts(prompt_of)
 
     def requests():
-        return [GenerationRequest(tuple(p), _ParitySession(14), 14) for p in prompts]
+        return [GenerationRequest(tuple(p), TokenSession(14, mask=ParityMask(VOCAB)), 14) for p in prompts]
     plain = serve(make(0), requests(), max_concurrency=2, prefill_chunk=9)
     spec_program = make(3, forced=True)
     spec = serve(spec_program, requests(), max_concurrency=2, prefill_chunk=9)

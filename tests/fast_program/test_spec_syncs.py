@@ -67,3 +67,43 @@ def _rounds(program, prompt_of, forced: bool) -> None:
     assert last and (not forced or max(row.produced for row in batch.rows) > 1)  # the cut dropped kept drafts
     # the commits counted above cut blocks inside (the last round's two rows at least), forced ones after kept drafts
     assert len(rollbacks) >= 2 and (not forced or any(k > 1 for k in rollbacks)), rollbacks
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dflash", "dflash2"])
+def test_a_grammar_round_syncs_once_and_fills_from_its_own_drafts(make_fast_spec, make_fast_dflash, prompt_of,
+                                                                  kind):
+    """Rows under a grammar whose rows depend on the drafts (`DraftMasks.fill`): the fill reads the drafts on the
+    device side of the round (`PrefixMasks`' host function in stream order), so the round still syncs once (reading
+    the drafts back before acceptance made it two), each fill saw exactly its row's drafts of that round, and its
+    rows applied where they belong: a grammar that allows only the next draft at every draft position makes every
+    row, greedy or sampled, accept its whole block."""
+    import torch
+
+    from ninfer.contracts import DraftMasks
+
+    program = make_fast_spec(3) if kind == "mtp" else make_fast_dflash(kind, 7)
+    V, blocks, draft = program.limits.vocab_size, [], program.executor.draft
+    program.executor.draft = lambda *a: blocks.append(draft(*a)) or blocks[-1]
+    handles = [start_decoding(program, prompt_of(n, seed=n), 64, sampling=p, seed=7)
+               for n, p in ((9, GREEDY), (14, SAMPLED))]
+    seen: dict = {h: [] for h in handles}
+
+    def masks_of(h):
+        def fill(drafts):
+            seen[h].append(tuple(drafts))
+            rows = torch.zeros(len(drafts) + 1, V, dtype=torch.bool)
+            rows[torch.arange(len(drafts)), list(drafts)] = True
+            rows[-1] = True  # the bonus position: anything
+            return rows
+        return DraftMasks(fill=fill)
+    for _ in range(4):
+        with count_host_syncs() as syncs:
+            batch = program.decode(handles, [masks_of(h) for h in handles])
+        assert syncs.count == 1 and "host_sync" in syncs.sites[0], syncs.sites
+        drafted = [blocks[-1].host(b) for b in range(len(handles))]  # read back with the round: no sync
+        assert [seen[h][-1] for h in handles] == drafted
+        for row, d in zip(batch.rows, drafted):
+            assert row.failure is None and row.tokens[:-1] == d, (row, d)
+        program.commit(batch.take(), [RowDecision(row.produced, False) for row in batch.rows])
+        program.check_invariants()
+    assert all(len(v) == 4 for v in seen.values())

@@ -16,11 +16,12 @@ from ninfer.fast.program import FastProgram
 from ninfer.program_core.speculative import MissingBackendWeights
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.serving import assert_drained, serve
-from ninfer.testing.sessions import TokenSession, token_request
+from ninfer.testing.sessions import ParityMask, TokenSession, token_request
 from ninfer.testing.spec_driving import (assert_draft_vocab_bounds, assert_every_width_keeps_greedy,
                                          assert_greedy_unchanged,
                                          assert_rows_accept_different_lengths,
-                                         assert_sampled_hit_equals_cold, decode_until_drafted, record_drafts,
+                                         assert_sampled_hit_equals_cold, decode_until_drafted, drafts_on_device,
+                                         record_drafts,
                                          spec_prompts, start_decoding)
 
 ON_GPU = os.environ.get("NINFER_TEST_DEVICE") == "cuda" and torch.cuda.is_available()
@@ -148,31 +149,23 @@ def test_rows_of_one_round_accept_different_lengths(make_fast_spec, prompt_of):
     assert_rows_accept_different_lengths(make_fast_spec(4, forced=True), prompt_of, 4)
 
 
-class _ParitySession(TokenSession):
-    """A token 'grammar': output i must have the parity of i (the plain run reads `next_token_mask`, a speculative
-    round `draft_masks().fill(drafts)`, one row per draft prefix, as the Frontend's GrammarState gives them)."""
-
-    def __init__(self, max_tokens: int, vocab: int):
-        ids = torch.arange(vocab)
-        super().__init__(max_tokens, mask=lambda n: (ids % 2 == n % 2) & (ids != 0))
-
-    def draft_masks(self) -> DraftMasks:
-        n = len(self.tokens)
-        return DraftMasks(fill=lambda drafts: torch.stack([self.mask(n + i) for i in range(len(drafts) + 1)]))
-
-
-def test_grammar_rows_constrain_every_draft_prefix(make_fast_spec, prompt_of):
+@pytest.mark.parametrize("on_device", [False, True], ids=["host-drafts", "device-drafts"])
+def test_grammar_rows_constrain_every_draft_prefix(make_fast_spec, prompt_of, on_device):
     """Structured output under speculation: drafts that ignore the grammar (ForcedDrafts' teacher sees no mask) end
-    their block where the grammar forbids them; every output obeys it and equals the plain constrained run."""
+    their block where the grammar forbids them; every output obeys it and equals the plain constrained run. With
+    the drafts on the device (`on_device`: the teacher's drafts as a `DraftBlock`, as the MTP head and the DFlash
+    drafter leave theirs) the rows come from the prefix masks' fill in stream order (`PrefixMasks`)."""
     from ninfer.engine.records import GenerationRequest
 
     vocab = make_fast_spec(0).limits.vocab_size
     prompts = spec_prompts(prompt_of)
 
     def requests():
-        return [GenerationRequest(tuple(p), _ParitySession(14, vocab), 14) for p in prompts]
+        return [GenerationRequest(tuple(p), TokenSession(14, mask=ParityMask(vocab)), 14) for p in prompts]
     plain = serve(make_fast_spec(0), requests(), max_concurrency=2, prefill_chunk=9)
     program = make_fast_spec(3, forced=True)
+    if on_device:
+        drafts_on_device(program)
     spec = serve(program, requests(), max_concurrency=2, prefill_chunk=9)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert all(t % 2 == i % 2 for r in spec for i, t in enumerate(r.token_ids))
@@ -193,8 +186,8 @@ class _FillBreaks(TokenSession):
 
 @pytest.mark.parametrize("which", ["fast", "reference"])
 def test_draft_rows_that_fail_end_their_request_alone(make_fast_spec, make_reference_spec, prompt_of, which):
-    """The round calls the session's `fill` after the target pass: a failure there fails that row (its state
-    restored), and the other row of the round goes on."""
+    """The round calls the session's `fill` (the fast Program's from its host function, beside the target pass): a
+    failure there fails that row (its state restored), and the other row of the round goes on."""
     from ninfer.contracts import FinishReason, RowFailure
     from ninfer.engine.engine import Engine
     from ninfer.engine.config import EngineConfig

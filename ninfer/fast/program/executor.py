@@ -97,6 +97,8 @@ class FastExecutor:
         # (the draft graphs' own when they exist: one sampler's workspaces)
         self.spec = drafter.spec if drafter is not None else \
             SpecSampler(sampler, draft_tokens) if draft_tokens else None
+        if self.spec is not None:  # the grammar rows of a round's drafts, filled in stream order (its graphs now)
+            self.spec.prepare_masks(sampler.use_graphs)
         # the verify and replay graphs of the round (None: eager multi-query passes)
         self.verifier = verifier
         # the MTP draft's graphs (None: the head's eager chained steps over a gathered copy of its KV)
@@ -265,14 +267,21 @@ class FastExecutor:
         """Whether these blocks run through the verify graphs' static buffers (`verify_graphs.py`)."""
         return self.verifier is not None and self.verifier.fits(lens, backup)
 
+    def fill_masks(self, drafts, grammar: Sequence[Any]):
+        """The round's grammar rows queued before its verify pass (`SpecSampler.queue_masks`): a `DraftMasks` row
+        over drafts on the device is filled by the prefix masks' host function in stream order, beside the pass."""
+        if isinstance(drafts, DraftBlock):
+            return self.spec.queue_masks(drafts.lens, drafts.tokens, grammar)
+        return self.spec.queue_masks([len(d) for d, _ in drafts], None, grammar)
+
     def accept(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], drafts, targets: Sequence[Any],
-               masks: Sequence[list[Any | None]]) -> Callable[[], list[Accepted | RowFailure]]:
-        """Every row's acceptance queued on the device (`SpecSampler.accept_later`) with one host copy for the
-        batch; the returned call waits for it and reads the results."""
+               grammar) -> Callable[[], list[Accepted | RowFailure]]:
+        """Every row's acceptance queued on the device (`SpecSampler.accept_later`, with what `fill_masks` queued)
+        with one host copy for the batch; the returned call waits for it and reads the results."""
         block = drafts if isinstance(drafts, DraftBlock) else \
             DraftBlock.from_host(drafts, [c.params.is_greedy for c in ctxs], self.spec.k, self.model.cfg.vocab_size,
                                  self.device)
-        return self.spec.accept_later(seqs, ctxs, block, targets, masks)
+        return self.spec.accept_later(seqs, ctxs, block, targets, grammar)
 
     def select(self, seq: ActiveSequence, keep: int) -> bool:
         """The state after fed[:keep] of the block this row's last `verify` consumed (0 < keep < its length) into

@@ -37,6 +37,7 @@ from ninfer.sampling.philox import STREAM_DRAFT
 
 from .draft_block import DraftBlock
 from .draw_variants import draw_steps, draw_variant
+from .prefix_masks import PrefixMasks, QueuedMasks, RowSource
 from .rows import SampleRow, fill_row, host_error, mask_words, row_flags
 from .sampler import DeviceSampler
 from .spec_steps import Steps, adjust, draft_counts, status, truncated
@@ -56,11 +57,20 @@ class RowParams:
     penalized: bool = True
 
 
+@dataclass
+class RoundGrammar:
+    """A round's grammar: each row's source and the rows queued for acceptance."""
+
+    sources: list[RowSource]
+    queued: QueuedMasks
+
+
 class SpecSampler:
     def __init__(self, sampler: DeviceSampler, k: int, block_v: int = 2048):
         self.sampler, self.k, self.tables = sampler, k, sampler.tables
         self.vocab, self.device, self.max_batch = sampler.vocab, sampler.device, sampler.max_batch
         self.triton, self.block_v = sampler.kernels == "triton", block_v
+        self._masks: PrefixMasks | None = None
         if self.triton:
             self._ws = SpecAcceptWorkspace.allocate(self.max_batch, k, self.vocab, self.device, block_v)
             # a block draw races every slot of every row at once
@@ -177,25 +187,49 @@ class SpecSampler:
         return gumbel_race_naive(z, seeds, positions, STREAM_DRAFT)
 
     def accept(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
-               targets: Sequence[torch.Tensor], masks: Sequence[list[Any | None]]) -> list[Accepted | RowFailure]:
+               targets: Sequence[torch.Tensor], masks: Sequence[Any]) -> list[Accepted | RowFailure]:
         """targets[b]: the raw target logits [lens[b] + 1, V]; masks[b]: one grammar row (or None) per verified
-        position. Returns each row's accepted drafts plus bonus (or residual) token, or its failure."""
-        return self.accept_later(seqs, ctxs, block, targets, masks)()
+        position, or a `DraftMasks` whose fill reads the drafts. Returns each row's accepted drafts plus bonus (or
+        residual) token, or its failure."""
+        return self.accept_later(seqs, ctxs, block, targets, self.queue_masks(block.lens, block.tokens, masks))()
+
+    def prepare_masks(self, use_graphs: bool) -> None:
+        """The round's grammar rows (`PrefixMasks`), their graphs captured now (before serving)."""
+        self._masks = PrefixMasks(self.max_batch, self.k, self.vocab, self.device, use_graphs)
+        self._masks.capture()
+
+    def queue_masks(self, lens: Sequence[int], tokens: torch.Tensor | None, grammar: Sequence[Any]
+                    ) -> RoundGrammar | None:
+        """Queue the round's grammar rows for blocks of `lens` drafts (`tokens` [B, k]: the drafts on the device,
+        which a fill reads through `PrefixMasks`' host function in stream order, beside the verify pass when queued
+        before it); None when no row is constrained."""
+        sources = [RowSource.of(g, n) for g, n in zip(grammar, lens)]
+        if not any(s.masked for s in sources):
+            return None
+        fills = any(s.fill is not None for s in sources)
+        if fills and tokens is None:
+            raise ValueError("a grammar fill needs the round's drafts on the device")
+        if self._masks is None:  # a sampler used alone (tests): eager
+            self.prepare_masks(use_graphs=False)
+        return RoundGrammar(sources, self._masks.queue(tokens if fills else None, sources))
 
     def accept_later(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
-                     targets: Sequence[torch.Tensor], masks: Sequence[list[Any | None]]
+                     targets: Sequence[torch.Tensor], grammar: RoundGrammar | None
                      ) -> Callable[[], list[Accepted | RowFailure]]:
-        """`accept` queued on the device with its host copy: the returned call waits for that copy (the round's one
-        host sync) and reads the results, so a round launched ahead (async scheduling) holds it across the host's
-        work."""
+        """`accept` queued on the device with its host copy (`grammar`: the rows `queue_masks` queued): the returned
+        call waits for that copy (the round's one host sync) and reads the results, so a round launched ahead
+        (async scheduling) holds it across the host's work."""
         B, K1, V = len(seqs), self.k + 1, self.vocab
-        rows, errors, words = self._verify_rows(seqs, ctxs, block, masks)
+        rows, errors = self._verify_rows(seqs, ctxs, block, None if grammar is None else grammar.sources)
         raw = self._stack(targets, block.lens)  # [B * K1, V]
         extra = None
         if rows.steps.penalties:  # row (b, i) counts the drafts d_1..d_i of block b
             upto = torch.arange(K1, device=self.device).repeat(B)
             extra = draft_counts(block.tokens.repeat_interleave(K1, dim=0), upto, V)
-        mask_dev = None if words is None else to_device(words.tolist(), self.device)
+        mask_dev = None
+        if grammar is not None:
+            grammar.queued.ready()
+            mask_dev = grammar.queued.words
         x = adjust(raw, rows.ip, rows.fp, mask_dev, self.tables, rows.steps, extra)
         z = truncated(x, rows.ip, rows.fp, rows.steps)
         out = self._accept(z.view(B, K1, V), block, rows.ip.view(B, K1, NI)[:, 0])
@@ -205,36 +239,40 @@ class SpecSampler:
 
         def collect() -> list[Accepted | RowFailure]:
             hostcopy.host_sync(self.device)
+            failures = [None] * B
+            if grammar is not None:
+                self._masks.check()
+                failures = grammar.queued.failures
             array = host.numpy()
             k = self.k
             block.fill_host(array[:, A.TOKENS + k + 1:A.TOKENS + 2 * k + 1].tolist())
-            return [self._result(array, b, errors[b], wants[b]) for b in range(B)]
+            return [self._result(array, b, errors[b], wants[b]) if failures[b] is None else failures[b]
+                    for b in range(B)]
         return collect
 
-    def _verify_rows(self, seqs, ctxs, block: DraftBlock, masks) -> tuple[RowParams, list, torch.Tensor | None]:
-        """Row b * K1 + i: p at position frontier + 1 + i with that prefix's mask; each row's host error (ids or a
-        mask the host refuses before reading logits: the row runs as plain greedy and reports it); the masks."""
+    def _verify_rows(self, seqs, ctxs, block: DraftBlock, sources: Sequence[RowSource] | None
+                     ) -> tuple[RowParams, list]:
+        """Row b * K1 + i: p at position frontier + 1 + i with that prefix's mask (a fill's rows: every verified
+        position); each row's host error (ids or a host mask it refuses before reading logits: the row runs as
+        plain greedy and reports it)."""
         K1, V = self.k + 1, self.vocab
         bases = [self._base(s, c) for s, c in zip(seqs, ctxs)]
-        errors, words, masked = [], None, []
+        errors, masked = [], []
         for b, (s, base) in enumerate(zip(seqs, bases)):
+            src = RowSource(block.lens[b]) if sources is None else sources[b]
+            row_masks = [src.rows[i] if i < len(src.rows) else None for i in range(K1)]
             error = None
-            row_masks = [masks[b][i] if i < len(masks[b]) else None for i in range(K1)]
-            for i, mask in enumerate(row_masks):
-                w = None if mask is None else mask_words(mask, V)
-                if error is None and i <= block.lens[b] and (self.tables.invalid[s.row] or
-                                                             (mask is not None and w is None)):
+            for i, mask in enumerate(row_masks[:block.lens[b] + 1]):
+                if error is None and (self.tables.invalid[s.row] or
+                                      (mask is not None and mask_words(mask, V) is None)):
                     error = host_error(dataclasses.replace(base, position=base.position + i,
                                                            num_outputs=base.num_outputs + i, mask=mask),
                                        V, self.sampler.eos)
-                if w is not None:
-                    if words is None:
-                        words = torch.zeros(len(seqs) * K1, L.bitmask_words(V), dtype=torch.int32)
-                    words[b * K1 + i] = w
-            masked.append([m is not None for m in row_masks])
+            masked.append([i <= src.n for i in range(K1)] if src.fill is not None else
+                          [m is not None for m in row_masks])
             errors.append(error)
-        rows = self._rows(bases, [e is not None for e in errors], K1, masked if words is not None else None)
-        return rows, errors, words
+        any_mask = any(any(m) for m in masked)
+        return self._rows(bases, [e is not None for e in errors], K1, masked if any_mask else None), errors
 
     def _stack(self, targets: Sequence[torch.Tensor], lens: Sequence[int]) -> torch.Tensor:
         """Verified row (b, i) of the rows' logits [B * K1, V] (rows past a block's end repeat its last row:
