@@ -2,8 +2,9 @@
 start-up errors name the field, greedy equals the autoregressive run (real drafts and forced acceptance lengths,
 with and without a draft window), the drafts equal the reference Program's on the same weights, the drafter context
 in the pages after prefill chunks, verified blocks, rollbacks and aborts equals the context built from scratch over
-the committed tokens, drafting writes no page, host replicas of pages carry the context, and a sampled prefix hit
-equals the cold run, and grammar rows over the drafter's device drafts constrain every prefix. CPU: naive kernels; NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
+the committed tokens, drafting writes no page, host replicas of pages carry the context, a sampled prefix hit
+equals the cold run, and grammar rows over the drafter's device drafts constrain every prefix. CPU: naive kernels;
+NINFER_TEST_DEVICE=cuda: Triton on the GPU."""
 
 from __future__ import annotations
 
