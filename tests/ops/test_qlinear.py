@@ -164,10 +164,10 @@ def test_fp8_gemv_wide_tiles_one_row(kind, blocks):
                  qgemv(x, w, swiglu=True, bk=bk).float(), _tol())
 
 
-def test_fp8_one_row_default_takes_the_wide_tile_where_k_allows():
-    """At one row, 128-column blocks and K a multiple of 512, the default is the 512-wide tile at 16 rows (measured
-    2-5% faster in the 9B shapes); other K, more rows or an asked-for tile keep the 128-column tile. The default
-    wide path against the oracle, NaN-poisoned."""
+def test_fp8_one_row_dot_free_takes_the_wide_tile_where_k_allows():
+    """At one row without tl.dot (FP8's one-row default is tl.dot, ``FP8_ONE_ROW_DOT``), 128-column blocks and K a
+    multiple of 512 take the 512-wide tile at 16 rows (measured 2-5% faster in the 9B shapes); other K, more rows or
+    an asked-for tile keep the 128-column tile. The wide path against the oracle, NaN-poisoned."""
     from ninfer.fast.ops.qlinear.fastgemv import _config
 
     blocked = {"block": [128, 128]}
@@ -178,11 +178,13 @@ def test_fp8_one_row_default_takes_the_wide_tile_where_k_allows():
     assert _config(w, 2, False, None) == (2, 32, 128, 128) and _config(w, 1, False, 32) == (1, 32, 128, 128)
     x = torch.randn(1, 1024, device=DEVICE).to(DTYPE)
     out = torch.full((1, 24), float("nan"), device=DEVICE, dtype=DTYPE)
-    assert_close("fp8 one-row default", qlinear_naive(x, w), qgemv(x, w, out=out), _tol())
+    assert_close("fp8 one-row wide tile", qlinear_naive(x, w), qgemv(x, w, out=out, use_dot=False), _tol())
     gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)  # 8 rows of each half a program
     out = torch.full((1, 12), float("nan"), device=DEVICE, dtype=DTYPE)
-    assert_close("fp8 one-row default swiglu", torch.nn.functional.silu(gate) * up,
-                 qgemv(x, w, swiglu=True, out=out).float(), _tol())
+    assert_close("fp8 one-row wide tile swiglu", torch.nn.functional.silu(gate) * up,
+                 qgemv(x, w, swiglu=True, out=out, use_dot=False).float(), _tol())
+    out = torch.full((1, 24), float("nan"), device=DEVICE, dtype=DTYPE)
+    assert_close("fp8 one-row default (tl.dot)", qlinear_naive(x, w), qgemv(x, w, out=out), _tol())
 
 
 def test_to_tiles_leaves_other_layouts():

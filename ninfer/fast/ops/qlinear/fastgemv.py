@@ -40,6 +40,11 @@ from .layout import QKind, QuantWeight
 TILE = 128  # int4 tile: 16 int32 words
 _MAX_SPLITS = 8
 WIDE_BK = 512  # the FP8 one-row K tile over whole 128-column blocks (`_config`)
+# FP8 at one row through tl.dot (x padded to 16 rows, 64 weight rows a program) rather than the dot-free form: the
+# 9B decode step at B=1 through the Engine 5.51 ms against 8.38 (35B-A3B 4.99 against 5.19; thirteenth session, H100,
+# bench_quant.py "fp8:dot" / "fp8:vector"): the micro sweep, which favoured the dot-free form, times independent
+# back-to-back calls, where a model's chain of dependent GEMVs pays each call's split-K tail and latency
+FP8_ONE_ROW_DOT = True
 _WORDS = TILE // 8
 
 
@@ -285,10 +290,11 @@ def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = 
     fewer rows), and at 32 rows tl.dot's four warps decode each weight twice. Measured
     (bench_qgemv.py, H100, the six 9B projections, eighth session, docs/performance.md): FP8 with tl.dot at M = 8
     runs 1.2-1.4x faster at 64 rows a program than at 32 in every shape (x is padded to 16 rows, so every M > 1 runs
-    the same tile); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x slower), and a 512-wide K tile over four
-    128-column blocks at 16 rows beats that by 2-5% in in_proj_qkvz, gate_up and down (twelfth session, H100: 33.7
-    / 64.0 / 34.7 us against 34.8 / 65.6 / 36.6), so it is the one-row default where K allows; int4's defaults are
-    within 15% of the best swept configuration in both forms, which no single alternative beats in every shape."""
+    the same tile; one row too by default, ``FP8_ONE_ROW_DOT``); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x
+    slower), and a 512-wide K tile over four 128-column blocks at 16 rows beats that by 2-5% in in_proj_qkvz,
+    gate_up and down (twelfth session, H100: 33.7 / 64.0 / 34.7 us against 34.8 / 65.6 / 36.6), so it is the
+    dot-free one-row tile where K allows; int4's defaults are within 15% of the best swept configuration in both
+    forms, which no single alternative beats in every shape."""
     bm = 16 if dot else triton.next_power_of_2(M)
     if w.tiled:
         return bm, bw or (64 if dot else 128), TILE, TILE
@@ -310,11 +316,12 @@ def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = 
 def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, splits: int | None, bw: int | None,
                num_warps: int, num_stages: int, use_dot: bool | None, bk: int | None = None) -> torch.Tensor:
     """``qgemv`` for a ``fast_kind`` weight (x contiguous along K, y allocated): ``use_dot`` None takes tl.dot for
-    M > 1 and the dot-free form for one row."""
+    M > 1 and the dot-free form for one row (FP8's through tl.dot too with ``FP8_ONE_ROW_DOT``, unless a K tile
+    ``bk`` is asked for: the dot-free one-row tile)."""
     M, K = x.shape
     R = w.n
     n_out = R // 2 if swiglu else R
-    dot = M > 1 if use_dot is None else use_dot
+    dot = (M > 1 or (FP8_ONE_ROW_DOT and not w.tiled and bk is None)) if use_dot is None else use_dot
     bm, bw, bk, sb = _config(w, M, dot, bw, bk)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     k_per, splits, part, arrivals = split_plan(x, y, blocks, M, R, K, bk, splits)
