@@ -22,9 +22,19 @@ def _two_threads():
     torch.set_num_threads(before)
 
 
+def _share() -> dict:
+    """On CUDA each Runtime of these fixtures plans 12% of the card beyond what the process holds already
+    (`gpu_memory_utilization` counts the whole card, as vLLM's does), so that the speculative and plain Runtimes
+    of a twin test live in one process; on a CPU nothing."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"gpu_memory_utilization": min(1.0, (total - free) / total + 0.12)}
+
+
 @pytest.fixture(scope="session")
 def gen_runtime():
-    rt = build_runtime(RuntimeOptions(max_model_len=512, max_num_seqs=2, seed=7), progress=False)
+    rt = build_runtime(RuntimeOptions(max_model_len=512, max_num_seqs=2, seed=7, **_share()), progress=False)
     yield rt
     rt.close()
 
@@ -47,7 +57,7 @@ def spec_runtime():
     from ninfer.testing.speculation import ForcedDrafts
 
     rt = build_runtime(RuntimeOptions(max_model_len=512, max_num_seqs=2, seed=7,
-                                      speculative_config={"method": "mtp", "num_speculative_tokens": 3}),
+                                      speculative_config={"method": "mtp", "num_speculative_tokens": 3}, **_share()),
                        progress=False)
     program = rt.engine.core.program
     ForcedDrafts(_teacher(rt, program)).install(program)
@@ -64,8 +74,8 @@ def dflash_runtime(tmp_path_factory):
 
     path = with_drafter(default_model_path(), tmp_path_factory.mktemp("dflash") / "m.ninfer", "dflash2", block_size=8)
     rt = build_runtime(RuntimeOptions(model=str(path), max_model_len=512, max_num_seqs=2, seed=7,
-                                      speculative_config={"method": "dflash2", "num_speculative_tokens": 7}),
-                       progress=False)
+                                      speculative_config={"method": "dflash2", "num_speculative_tokens": 7},
+                                      **_share()), progress=False)
     yield rt
     rt.close()
 
@@ -77,8 +87,8 @@ def dflash_client(dflash_runtime) -> TestClient:
 
 @pytest.fixture(scope="session")
 def score_runtime():
-    rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=256, score_window=64, score_stride=32),
-                       progress=False)
+    rt = build_runtime(RuntimeOptions(purpose="scoring", max_model_len=256, score_window=64, score_stride=32,
+                                      **_share()), progress=False)
     yield rt
     rt.close()
 
