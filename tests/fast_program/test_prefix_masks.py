@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from ninfer.contracts import RowFailure
+from ninfer.contracts import EngineFailure, RowFailure
 from ninfer.fast.host_function import HostFunction
 from ninfer.fast.ops.sample import layout as L
 from ninfer.fast.sampling.prefix_masks import PrefixMasks, RowSource
@@ -73,7 +73,7 @@ def test_a_fault_of_the_function_itself_is_raised_at_the_check():
     rows = (torch.zeros(L.bitmask_words(V), dtype=torch.int32),) * (K + 2)
     masks.queue(None, [RowSource(K, rows=rows)]).ready()
     _sync()
-    with pytest.raises(RuntimeError, match="prefix-mask host function"):
+    with pytest.raises(EngineFailure, match="prefix-mask host function"):
         masks.check()
     masks.check()  # taken: the next round starts clean
 

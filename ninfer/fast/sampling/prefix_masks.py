@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ninfer.contracts import RowFailure
+from ninfer.contracts import EngineFailure, RowFailure
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.host_function import HostFunction
 from ninfer.fast.ops.sample import layout as L
@@ -145,10 +145,11 @@ class PrefixMasks:
                            self._failures)
 
     def check(self) -> None:
-        """After the round's sync: raise what the host function itself raised (a fault, not a session's)."""
+        """After the round's sync: raise what the host function itself raised (a fault of the Program, not a
+        session's: an EngineFailure, before the round's PendingBatch exists)."""
         error = self.function.take_error()
         if error is not None:
-            raise RuntimeError("the prefix-mask host function failed") from error
+            raise EngineFailure(f"the prefix-mask host function failed: {error!r}") from error
 
 
 def _filled(rows: Any, n: int, vocab: int) -> list[torch.Tensor]:
