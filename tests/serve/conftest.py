@@ -53,11 +53,13 @@ def _teacher(rt, program):
 @pytest.fixture(scope="session")
 def spec_runtime():
     """The generation Runtime with the MTP backend (k = 3) behind ForcedDrafts: drafts are the target's own greedy
-    continuation cut at random lengths, so blocks of several tokens (and grammar-rejected drafts) really occur."""
+    continuation cut at random lengths, so blocks of several tokens (and grammar-rejected drafts) really occur. The
+    width is fixed: on a GPU the draft policy's measured costs would turn a tiny model's rounds into plain steps."""
     from ninfer.testing.speculation import ForcedDrafts
 
     rt = build_runtime(RuntimeOptions(max_model_len=512, max_num_seqs=2, seed=7,
-                                      speculative_config={"method": "mtp", "num_speculative_tokens": 3}, **_share()),
+                                      speculative_config={"method": "mtp", "num_speculative_tokens": 3,
+                                                          "adaptive": False}, **_share()),
                        progress=False)
     program = rt.engine.core.program
     ForcedDrafts(_teacher(rt, program)).install(program)
@@ -67,14 +69,16 @@ def spec_runtime():
 
 @pytest.fixture(scope="session")
 def dflash_runtime(tmp_path_factory):
-    """The generation Runtime with the DFlash2 backend (k = 7) on the embedded model plus a random drafter; with
-    `forced`, ForcedDrafts in front of it (the drafter's context still advances with every token)."""
+    """The generation Runtime with the DFlash2 backend (k = 7, fixed width as `spec_runtime`'s) on the embedded
+    model plus a random drafter; with `forced`, ForcedDrafts in front of it (the drafter's context still advances
+    with every token)."""
     from ninfer.convert.default_model import default_model_path
     from ninfer.testing.drafters import with_drafter
 
     path = with_drafter(default_model_path(), tmp_path_factory.mktemp("dflash") / "m.ninfer", "dflash2", block_size=8)
     rt = build_runtime(RuntimeOptions(model=str(path), max_model_len=512, max_num_seqs=2, seed=7,
-                                      speculative_config={"method": "dflash2", "num_speculative_tokens": 7},
+                                      speculative_config={"method": "dflash2", "num_speculative_tokens": 7,
+                                                          "adaptive": False},
                                       **_share()), progress=False)
     yield rt
     rt.close()

@@ -174,7 +174,7 @@ def _spec_and_plain(spec_client, client, req):
 def test_speculative_json_schema_validates_and_equals_the_plain_run(spec_client, client, spec_runtime):
     """MTP k = 3: the grammar rows of every draft prefix constrain p, so the output is the plain run's, whole or
     streamed; the backend is named in /v1/models."""
-    assert spec_client.get("/v1/models").json()["data"][0]["speculative"] == "mtp (k=3)"
+    assert spec_client.get("/v1/models").json()["data"][0]["speculative"] == "mtp (k=3, fixed width)"
     assert client.get("/v1/models").json()["data"][0]["speculative"] is None
     schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
               "additionalProperties": False}
@@ -191,7 +191,7 @@ def test_speculative_json_schema_validates_and_equals_the_plain_run(spec_client,
 def test_dflash_json_schema_validates_and_equals_the_plain_run(dflash_client, client, dflash_runtime):
     """DFlash2 k = 7 over the server: greedy with the drafter's own drafts and with forced multi-token blocks
     equals the plain run and validates; sampled responses that finish validate too."""
-    assert dflash_client.get("/v1/models").json()["data"][0]["speculative"] == "dflash2 (k=7)"
+    assert dflash_client.get("/v1/models").json()["data"][0]["speculative"] == "dflash2 (k=7, fixed width)"
     schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
               "additionalProperties": False}
     req = {"messages": HI, "max_tokens": 40, "logit_bias": _bias_toward(dflash_runtime, '{"a": true}'),
