@@ -2,7 +2,8 @@
 
 Run: python benchmarks/frontend_bench.py [--repeat 3] [--clock cpu|wall]
 Prints p50 / p99 / max in microseconds of
-  - grammar mask fill per request per step (single row, and 4 draft columns), along a real constrained output;
+  - grammar mask fill per request per step (single row, and 4 or 15 draft columns: an MTP block, a DFlash block
+    of 16), along a real constrained output;
   - the output pipeline per token (preview + commit: detokenize, stops, channels) and raw detokenization;
   - prompt preparation per request (render + tokenize + digests), and rendering alone.
 The default clock is this thread's CPU time, so preemption on a busy machine does not show up as a tail;
@@ -75,19 +76,21 @@ def mask_fill(fe: Frontend, repeat: int) -> None:
     for name, (fields, text) in cases.items():
         thinking = name != "json_schema"
         kwargs = None if thinking else {"enable_thinking": False}
-        single, drafts = [], []
+        single, drafts = [], {4: [], 15: []}  # MTP k = 4, DFlash block 16
         for _ in range(repeat):
             prepared = fe.prepare_chat(ChatRequest([{"role": "user", "content": "q"}], chat_template_kwargs=kwargs,
                                                    **fields))
             s = fe.open_session(prepared.prompt, OutputOptions(), prepared.structured)
             ids = tok.encode(text)
-            out = s.grammar.allocate(5)
+            out = s.grammar.allocate(16)
             for i, t in enumerate(ids):
                 single.extend(timed(s.next_token_mask, 1))
-                drafts.extend(timed(lambda: s.grammar.fill_bitmask(ids[i + 1:i + 5], out), 1))
+                for k, samples in drafts.items():  # the true continuation: every prefix row is reachable
+                    samples.extend(timed(lambda: s.grammar.fill_bitmask(ids[i + 1:i + 1 + k], out), 1))
                 s.commit(s.preview([t]))
         print(f"mask fill, 1 row      [{name:16s}] {stats(single)}")
-        print(f"mask fill, 4 drafts   [{name:16s}] {stats(drafts)}")
+        for k, samples in drafts.items():
+            print(f"mask fill, {k:2d} drafts  [{name:16s}] {stats(samples)}")
 
 
 def output_pipeline(fe: Frontend, repeat: int) -> None:
