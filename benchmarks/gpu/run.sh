@@ -19,6 +19,8 @@
 #   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
 #   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (<= 240 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
+#   bash benchmarks/gpu/run.sh serve    # bench_serve.py: `ninfer bench serve` against a server process over the fast
+#                                       # Program, 9B and 0.8B, concurrency 1, 4, 8 (TTFT/TPOT/ITL percentiles)
 #   bash benchmarks/gpu/run.sh quant    # bench_quant.py: 9B, 35B-A3B in bf16, fp8, q4, nvfp4 through the Engine (~5 min)
 #   bash benchmarks/gpu/run.sh qgemv    # bench_qgemv.py: the quantized decode GEMV per 9B projection vs bf16 (< 4 min)
 #   bash benchmarks/gpu/run.sh pp       # bench_pp.py: pipeline stages vs one stage, 9B and 35B-A3B (decode B = 1..8,
@@ -149,6 +151,14 @@ run_dflash() {
         ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} || echo "bench_spec dflash rc=$?"
 }
 
+run_serve() {
+    # the server needs the carried wheels (fastapi, uvicorn), the tokenizer the carried .carry/default.ninfer
+    echo "== ninfer bench serve against a server process over the fast Program"
+    local budget=$(( $(left) < 300 ? $(left) : 300 ))
+    timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_serve.py --models "${BENCH_MODELS:-9B,0.8B}" \
+        --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} || echo "bench_serve rc=$?"
+}
+
 run_quant() {
     echo "== quantized weights (FP8, int4, NVFP4) beside bf16, through the Engine"
     local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 300 ? $(left) : 300 ))
@@ -211,12 +221,13 @@ run_part() {
         spec) run_spec ;;
         dflash) run_dflash ;;
         agent) run_agent ;;
+        serve) run_serve ;;
         quant) run_quant ;;
         qgemv) run_qgemv ;;
         vision) run_vision ;;
         pp) run_pp ;;
         llamacpp) run_llamacpp ;;
-        *) echo "unknown part $1 (tests, engine, hf, micro, profile, moe, spec, dflash, agent, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
+        *) echo "unknown part $1 (tests, engine, hf, micro, profile, moe, spec, dflash, agent, serve, quant, qgemv, vision, pp, llamacpp)"; exit 2 ;;
     esac
 }
 

@@ -267,3 +267,17 @@ def test_profile_graphs_smoke(tmp_path):
         table = c["eager"]
         assert not table["device_kernels"] and _positive(table["launches"]) and table["top"]
         assert _positive(table["span_us"]) and _positive(table["kernel_us"])
+
+
+def test_bench_serve_smoke(tmp_path):
+    """`ninfer bench serve` (the CLI in its own process) against the benchmark's server process over the fast
+    Program: every level's requests complete with finite latencies, and the server came up and went down."""
+    results = _smoke("bench_serve.py", tmp_path)
+    tiny = results["models"]["tiny-vocab"]
+    assert _positive(tiny["ready_s"])
+    for level in ("1", "2"):
+        summary = tiny[level]
+        assert summary["completed"] == 2 * int(level) and summary["failed"] == 0
+        assert summary["total_output_tokens"] == 4 * summary["completed"]  # ignore_eos pins the output length
+        assert all(_positive(summary[f"median_{m}_ms"]) for m in ("ttft", "tpot", "itl", "e2el"))
+
