@@ -20,6 +20,7 @@ from ninfer.fast.program import FastProgram, FastProgramConfig
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.spec_driving import drafts_on_device
 from ninfer.testing.speculation import ForcedDrafts
 
 
@@ -63,6 +64,15 @@ def _speculative() -> FastProgram:
     return ForcedDrafts(_teacher()).install(_program(True, SpeculativeConfig(SpeculativeMethod.MTP, 3, adaptive=False)))
 
 
+def _speculative_on_device() -> FastProgram:
+    """ForcedDrafts' blocks as a device `DraftBlock`, as the MTP head leaves its drafts: masked rounds take their rows
+    from the prefix masks' fill over the drafts on the device, and the teacher's drafts are accepted deep into a
+    block, so each row of a block's grammar (`FollowMask`: each token's by the one before) is read."""
+    program = _speculative()
+    drafts_on_device(program)
+    return program
+
+
 def _dflash(kind: str, k: int, window: int | None, forced: bool) -> FastProgram:
     from ninfer.models.qwen3_5.drafter import DrafterConfig
     from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
@@ -95,7 +105,8 @@ PrefillGraphs.TestCase.settings = settings(settings.default,
                                            stateful_step_count=30)
 TestPrefillGraphsFastEngine = PrefillGraphs.TestCase
 
-Speculative = make_engine_machine(_speculative, max_concurrency=2, oracle=lambda: _program(True))
+Speculative = make_engine_machine(_speculative_on_device, max_concurrency=2, oracle=lambda: _program(True),
+                                  grammar_rows=True)
 # 30 examples on CPU (each speculative round also runs ForcedDrafts' teacher model), 8 on the GPU
 Speculative.TestCase.settings = settings(settings.default,
                                          max_examples=max(8 if _conftest()[0].ON_GPU else 30,
