@@ -39,7 +39,7 @@ from ninfer.sampling import SamplingParams
 
 from .faults import FAULTABLE, MODES, FaultyProgram
 from .request_model import RequestModel
-from .sessions import AlternateMask, FollowMask, TokenSession
+from .sessions import AlternateMask, TokenSession
 from .tracking import FakeClock, ProgramFactory, Stamped, Tracked, solo_tokens
 
 __all__ = ["EngineMachine", "FakeClock", "make_engine_machine"]
@@ -60,7 +60,7 @@ class EngineMachine(RuleBasedStateMachine):
     fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4)
     session_keys: tuple[str | None, ...] = (None, "a", "b")
     async_scheduling = False  # launch decode rounds ahead (docs/engine.md "Async scheduling")
-    grammar_rows = False  # some requests constrain their output tokens (`AlternateMask`, `FollowMask`)
+    grammar_rows = False  # some requests constrain every other output token (`AlternateMask`)
 
     @initialize(chunk=st.integers(1, 9), concurrent=st.booleans(),
                 caching=st.sampled_from([True, True, True, False]), queue_bound=st.integers(0, 4),
@@ -106,9 +106,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _submit(self, prompt, max_tokens, session_key, deadline, seed, think, timeout, hints=(), grammar=False):
         box: list[Tracked] = []
-        # every other token limited (`AlternateMask`), or each token by the one before (`FollowMask`), by the prompt
-        kind = FollowMask if len(prompt) % 2 else AlternateMask
-        mask = kind(self.program.limits.vocab_size) if grammar else None
+        mask = AlternateMask(self.program.limits.vocab_size) if grammar else None
         out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p),
                            mask=mask)
         turn = (len(prompt) - 2,)  # where a next turn that drops this one's reasoning diverges
@@ -303,8 +301,7 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
     session-key arguments narrow what it draws (a targeted hunt); with `oracle`, greedy requests must also equal
     their solo run on the oracle's Program (speculation on vs off); with `async_scheduling` the Engine launches
     decode rounds ahead, and every request must still equal its solo run on a synchronous Engine; with
-    `grammar_rows` some requests are masked at every other output token or by the token before (rounds that fall back
-    to synchronous; under speculation rows per draft prefix)."""
+    `grammar_rows` some requests are masked at every other output token (rounds that fall back to synchronous)."""
     return type("EngineMachine", (EngineMachine,), {
         "factory": staticmethod(factory), "max_concurrency": max_concurrency, "faults": faults,
         "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants,

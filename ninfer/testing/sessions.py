@@ -29,8 +29,7 @@ class TokenSession:
                  commit_guard: Callable[[TokenPreview], None] | None = None, mask: Any = None):
         self.max_tokens, self.stop_ids, self.min_tokens = max_tokens, frozenset(stop_ids), min_tokens
         # the mask of every sampled token (bool [V]; None: unconstrained), or a callable of the committed token count
-        # giving it, or an object whose `after(outputs)` gives it from the outputs so far (`FollowMask`); under
-        # speculation such a mask also says its `vocab` (`AlternateMask` and `FollowMask` do)
+        # giving it; under speculation such a callable also says its `vocab` (`AlternateMask` does)
         self.mask = mask
         self.think_budget, self.think_end = think_budget, think_end
         self.tokens: list[int] = []
@@ -68,13 +67,7 @@ class TokenSession:
         self.finish = reason
 
     def next_token_mask(self) -> Any:
-        return self._mask_after(self.tokens)
-
-    def _mask_after(self, outputs: Sequence[int]) -> Any:
-        m = self.mask
-        if hasattr(m, "after"):
-            return m.after(outputs)
-        return m(len(outputs)) if callable(m) else m
+        return self.mask(len(self.tokens)) if callable(self.mask) else self.mask
 
     def draft_masks(self) -> DraftMasks | None:
         """The mask of each draft prefix's next token (a `mask` that depends on the count alone, as `AlternateMask`
@@ -93,8 +86,9 @@ class TokenSession:
         import numpy as np
         import torch
 
-        masks = [self._mask_after(self.tokens + list(drafts[:i])) for i in range(len(drafts) + 1)]
-        vocab = self.mask.vocab if hasattr(self.mask, "vocab") else self.mask.shape[0]
+        n = len(self.tokens)
+        masks = [self.mask(n + i) if callable(self.mask) else self.mask for i in range(len(drafts) + 1)]
+        vocab = self.mask.vocab if callable(self.mask) else self.mask.shape[0]
         bits = np.zeros((len(masks), -(-vocab // 32) * 32), dtype=bool)
         for i, m in enumerate(masks):
             bits[i, :vocab] = True if m is None else m.numpy()
@@ -154,20 +148,3 @@ class ParityMask:
 
     def __call__(self, count: int) -> Any:
         return self.rows[count % 2]
-
-
-class FollowMask:
-    """A grammar stand-in whose rows depend on the tokens before them: after an output token t, the next one has the
-    other parity (the stop id 0 always allowed), so a speculative round's row i depends on draft i - 1 and a row
-    filled from the wrong drafts constrains the wrong tokens."""
-
-    def __init__(self, vocab: int):
-        import torch
-
-        self.vocab = vocab
-        ids = torch.arange(vocab)
-        self.rows = ((ids % 2 == 1) | (ids == 0), (ids % 2 == 0))  # bool [V]: after an even token, after an odd one
-
-    def after(self, outputs: Sequence[int]) -> Any:
-        return self.rows[outputs[-1] % 2] if outputs else None
-

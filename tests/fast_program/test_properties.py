@@ -67,7 +67,7 @@ def _speculative() -> FastProgram:
 def _speculative_on_device() -> FastProgram:
     """ForcedDrafts' blocks as a device `DraftBlock`, as the MTP head leaves its drafts: masked rounds take their rows
     from the prefix masks' fill over the drafts on the device, and the teacher's drafts are accepted deep into a
-    block, so each row of a block's grammar (`FollowMask`: each token's by the one before) is read."""
+    block, so rows past a block's first are read."""
     program = _speculative()
     drafts_on_device(program)
     return program
