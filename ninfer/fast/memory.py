@@ -182,7 +182,7 @@ def sampling_bytes(vocab: int, max_batch: int) -> int:
     return (max_batch + 1) * (8 * vocab + 12 * words) + max_batch * 68 * vocab + 4 * vocab
 
 
-STEP_STATE_SHARE = 8  # a DFlash backend's step slots may take at most 1/8 of the budget
+STEP_STATE_SHARE = 8  # a DFlash backend's step slots may take at most 1/8 of what the weights leave
 
 
 def verify_steps(verify_width: int, mtp: bool, drafter: DrafterConfig | None, max_seqs: int,
@@ -190,8 +190,10 @@ def verify_steps(verify_width: int, mtp: bool, drafter: DrafterConfig | None, ma
     """Step slots per row of the verify pass (``MemoryPlan.step_slots``): the state after each block position but
     the last, so a partly accepted block costs a slot copy, not a second target pass. MTP's k (at most 7 states a
     row) always; a DFlash drafter's k (15 at block 16) where ``fits(k)``: every row's k states within
-    1/STEP_STATE_SHARE of the budget (9B: 8 rows x 15 x 49 MiB = 5.9 GB of an H100's ~70), else none and a cut
-    block replays its kept tokens (a 27B row would keep 2.3 GB: DESIGN.md section 7's rule for such models)."""
+    1/STEP_STATE_SHARE of the budget the weights (target and drafter) leave, which KV and state share (9B: 8 rows
+    x 15 x 49 MiB = 5.9 GB of the ~52 GB an H100 leaves), else none and a cut block replays its kept tokens (a 27B
+    row would keep 2.3 GB: DESIGN.md section 7's rule for such models; 35B-A3B in bf16 leaves an H100 about 5 GB,
+    which 8.4 GB of step states would not fit at all)."""
     if not verify_width:
         return 0
     k = verify_width - 1
@@ -222,9 +224,6 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
         else weight_bytes_resident
     hidden = cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
     per_slot = gdn_state_bytes_per_sequence(cfg, name) + hidden
-    steps = verify_steps(verify_width, mtp, drafter, max_seqs,
-                         lambda k: max_seqs * k * per_slot * STEP_STATE_SHARE <= budget_bytes)
-    state = (slots + 1 + max_seqs * steps) * per_slot
     tables = (max_seqs + 1) * pages_per_seq * 4
     work = workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + \
         prefill_graph_bytes(cfg, prefill_graph_tokens, dtype, max_seqs)
@@ -240,6 +239,9 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
         need = drafter_needs(cfg, drafter, page_size, dtype, max_prefill_tokens, max_seqs)
         w, page_bytes, work, scratch = w + need.weight_bytes, page_bytes + need.page_bytes, work + need.workspace, \
             need.scratch_pages
+    steps = verify_steps(verify_width, mtp, drafter, max_seqs,
+                         lambda k: max_seqs * k * per_slot * STEP_STATE_SHARE <= budget_bytes - w)
+    state = (slots + 1 + max_seqs * steps) * per_slot
     left = budget_bytes - w - state - tables - work - page_bytes  # the dummy page is always there
     fit = max(left, 0) // page_bytes
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
@@ -288,8 +290,11 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     work = [workspace_bytes(cfg, max_prefill_tokens, max_seqs, dtype) + extra_workspace + tables +
             spec_graph_bytes(cfg, max_seqs, verify_width, dtype, drafter) +
             prefill_graph_bytes(cfg, prefill_graph_tokens, dtype, max_seqs) for _ in memory]
+    need = None if drafter is None else drafter_needs(cfg, drafter, page_size, dtype, max_prefill_tokens, max_seqs)
+    if need is not None:  # rank 0's (its page bytes after the MTP scratch below, which is counted without them)
+        memory[0] = dataclasses.replace(memory[0], weight_bytes=memory[0].weight_bytes + need.weight_bytes)
     steps = verify_steps(verify_width, mtp, drafter, max_seqs,
-                         lambda k: all(max_seqs * k * m.slot_bytes * STEP_STATE_SHARE <= b
+                         lambda k: all(max_seqs * k * m.slot_bytes * STEP_STATE_SHARE <= b - m.weight_bytes
                                        for m, b in zip(memory, budgets)))
     state_slots = slots + 1 + max_seqs * steps
     hidden = state_slots * cfg.hidden_size * torch.finfo(dtype).bits // 8 if mtp else 0
@@ -297,10 +302,8 @@ def plan_stage_memory(cfg: Qwen35Config, stages: StagePlan, budgets: list[int], 
     if mtp:  # on rank 0: the MTP layer's gathered KV (as plan_memory), its hidden per slot, the draft's scratch
         work[0] += max_seqs * (max_context + 8) * kv_bytes_per_token(cfg, name) + hidden + \
             (max_seqs + 1) * scratch * memory[0].page_bytes
-    if drafter is not None:
-        need = drafter_needs(cfg, drafter, page_size, dtype, max_prefill_tokens, max_seqs)
-        memory[0] = dataclasses.replace(memory[0], weight_bytes=memory[0].weight_bytes + need.weight_bytes,
-                                        page_bytes=memory[0].page_bytes + need.page_bytes)
+    if need is not None:
+        memory[0] = dataclasses.replace(memory[0], page_bytes=memory[0].page_bytes + need.page_bytes)
         work[0] += need.workspace
         scratch = need.scratch_pages
     # one more slot and page each: the dummies

@@ -136,7 +136,8 @@ def test_a_drafters_verify_graphs_count_their_blocks_and_taps():
     per_slot = gdn_state_bytes_per_sequence(cfg, "float32")
     assert graphed.step_slots == 15 and graphed.state_bytes == eager.state_bytes + 3 * 15 * per_slot
     assert eager.step_slots == 0
-    share = 3 * 15 * per_slot * STEP_STATE_SHARE  # the budget at which the step states take exactly their share
+    # the budget at which the step states take exactly their share of what the weights (drafter's too) leave
+    share = 3 * 15 * per_slot * STEP_STATE_SHARE + eager.weight_bytes
     assert plan_memory(cfg, share, verify_width=16, **kw).step_slots == 15
     assert plan_memory(cfg, share - 1, verify_width=16, **kw).step_slots == 0
 

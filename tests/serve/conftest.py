@@ -84,6 +84,12 @@ def dflash_runtime(tmp_path_factory):
     rt.close()
 
 
+@pytest.fixture(scope="session")
+def dflash_teacher(dflash_runtime):
+    """ForcedDrafts' teacher for the DFlash2 runtime (its target model; the drafter is not read)."""
+    return _teacher(dflash_runtime, dflash_runtime.engine.core.program)
+
+
 @pytest.fixture
 def dflash_client(dflash_runtime) -> TestClient:
     return _client(dflash_runtime)

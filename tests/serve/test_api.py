@@ -188,7 +188,7 @@ def test_speculative_json_schema_validates_and_equals_the_plain_run(spec_client,
         spec["message"]["content"]
 
 
-def test_dflash_json_schema_validates_and_equals_the_plain_run(dflash_client, client, dflash_runtime):
+def test_dflash_json_schema_validates_and_equals_the_plain_run(dflash_client, client, dflash_runtime, dflash_teacher):
     """DFlash2 k = 7 over the server: greedy with the drafter's own drafts and with forced multi-token blocks
     equals the plain run and validates; sampled responses that finish validate too."""
     assert dflash_client.get("/v1/models").json()["data"][0]["speculative"] == "dflash2 (k=7, fixed width)"
@@ -204,7 +204,7 @@ def test_dflash_json_schema_validates_and_equals_the_plain_run(dflash_client, cl
     from ninfer.testing.speculation import ForcedDrafts
     program = dflash_runtime.engine.core.program
     drafter = program.executor.draft
-    ForcedDrafts(program.model).install(program)
+    ForcedDrafts(dflash_teacher).install(program)
     try:
         spec, plain_again = _spec_and_plain(dflash_client, client, req)
         for n in (3, 4):
