@@ -26,6 +26,10 @@ attends there (finite values, no live page touched). The GDN recurrence runs wid
 of a row whose block is shorter points at the last pad row with slots -1, which reads zeros and writes nothing, and
 stores its hidden in the dummy slot.
 
+With the round's grammar rows (``masks``, `PrefixMasks`) each (B, width) verify graph has a masked twin whose body
+forks the rows' bracket (D2H drafts, the host function's fill, H2D words) onto a side stream before the pass and
+joins it before the graph ends: the seed's one captured step for structured output over device drafts.
+
 Without CUDA (or with ``use_graphs=False``) the same static buffers drive an eager pass, so CPU tests prove this
 path. The output (``logits`` [T, V] fp32) is a buffer allocated once beside the graphs and counted in the memory
 plan (``plan.verify_rows``); the next pass overwrites it.
@@ -54,6 +58,7 @@ from ninfer.fast.model.addressing import step_slots
 
 if TYPE_CHECKING:  # the backend lives in the Program's package, which imports this module
     from ninfer.fast.program.dflash_backend import FastDFlashBackend
+    from ninfer.fast.sampling.prefix_masks import PrefixMasks
 
 
 class VerifyInputs:
@@ -139,17 +144,18 @@ class VerifyInputs:
 class VerifyGraphRunner:
     def __init__(self, model: FastModel, max_batch: int, width: int, backup_base: int,
                  use_graphs: bool | None = None, dflash: "FastDFlashBackend | None" = None,
-                 widths: Sequence[int] = ()):
+                 widths: Sequence[int] = (), masks: "PrefixMasks | None" = None):
         """`width`: the full block (k + 1); `widths`: the narrower verify widths to capture too (the draft policy's;
         the full one is always there). `dflash`: the DFlash backend whose drafter context every pass extends
-        (None: MTP, whose head the model carries)."""
+        (None: MTP, whose head the model carries). `masks`: the round's grammar rows, whose bracket the masked
+        graphs run beside the pass."""
         plan = model.plan
         if not 1 <= max_batch <= plan.max_seqs or max_batch * width > plan.verify_rows:
             raise ValueError(f"{max_batch} blocks of {width} tokens exceed the plan's {plan.max_seqs} rows or its "
                              f"{plan.verify_rows} verify rows")
         self.model, self.max_batch, self.width, self.backup_base = model, max_batch, width, backup_base
         self.widths = tuple(sorted({width, *(w for w in widths if 1 <= w < width)}))
-        self.dflash = dflash
+        self.dflash, self.masks = dflash, masks
         # the pad block's positions and keys must stay inside the dummy row's table (past it: a device assert)
         self.max_pad = plan.max_pages_per_seq * plan.page_size
         # pipeline stages on separate GPUs run the pass eagerly: one graph cannot hold their devices' copies
@@ -159,7 +165,7 @@ class VerifyGraphRunner:
         T = max_batch * width
         # [T, V], shared by every width: a narrower pass writes its first B * w rows
         self.logits = torch.zeros(T, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
-        self.graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}  # (B, width, backup, masked)
         self._pool = None
 
     def _step_inputs(self, B: int, width: int) -> StepInputs:
@@ -188,14 +194,16 @@ class VerifyGraphRunner:
                           block_table=step.block_table.index_select(0, block.long()), context_lens=pos + 1,
                           first_keys=(block < B).to(torch.int32), rope_positions=step.rope_positions - 1)
 
-    def body(self, B: int, backup: bool, width: int | None = None) -> None:
+    def body(self, B: int, backup: bool, width: int | None = None, masked: bool = False) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
         its advance over the consumed tokens (`MtpHead.advance_paged`, each step's hidden stored where ``h_dst``
         says), with a DFlash backend their drafter context (`FastDFlashBackend.extend`). `width`: blocks of at most
-        that many tokens (None: the full block)."""
+        that many tokens (None: the full block). `masked`: the grammar rows' bracket beside it all."""
         width = width or self.width
         m, inputs, T = self.model, self.inputs[width], B * width
         v = inputs.views
+        if masked:
+            self.masks.fork(B)
         if backup:
             m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
         step = self._step_inputs(B, width)
@@ -208,30 +216,36 @@ class VerifyGraphRunner:
         if m.mtp is not None:
             m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, width, step), v["h_src"][:T], v["slot_ids"][:B + 1],
                                 v["h_dst"][:, :B].flatten(), v["step_rows"][:, :B].flatten())
+        if masked:
+            self.masks.join()
 
     def capture(self, warmup: int = 2) -> None:
-        """Every (B, width, backup) graph, largest first, one shared pool; the feed's is (1, full width, no
-        backup)."""
+        """Every (B, width, backup, masked) graph, largest first, one shared pool: each verify with its masked twin
+        where there are grammar rows; the feed's is (1, full width, no backup, unmasked). The warm runs' bracket
+        fills no row."""
         if not self.use_graphs:
             return
-        keys = [(B, w, True) for w in reversed(self.widths) for B in range(self.max_batch, 0, -1)]
+        twins = (False, True) if self.masks is not None else (False,)
+        keys = [(B, w, True, m) for w in reversed(self.widths) for B in range(self.max_batch, 0, -1) for m in twins]
         stream = torch.cuda.Stream(device=self.model.device)
         plan = self.model.plan
         with no_collection_during_capture():
-            for B, width, backup in keys + [(1, self.width, False)]:
+            for B, width, backup, masked in keys + [(1, self.width, False, False)]:
                 self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     for _ in range(warmup):
-                        self.body(B, backup, width)
+                        self.body(B, backup, width, masked)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    self.body(B, backup, width)
+                    self.body(B, backup, width, masked)
                 if self._pool is None:
                     self._pool = graph.pool()
-                self.graphs[B, width, backup] = graph
+                self.graphs[B, width, backup, masked] = graph
         torch.cuda.synchronize(self.model.device)
+        if self.masks is not None:
+            self.masks.function.take_error()
 
     def width_for(self, lens: Sequence[int], backup: bool = True) -> int | None:
         """The width whose static buffers take blocks of `lens` (None: the eager pass): at most max_batch blocks,
@@ -249,10 +263,12 @@ class VerifyGraphRunner:
         return self.width_for(lens, backup) is not None
 
     def run(self, tokens: torch.Tensor, slots: Sequence[int], rows: Sequence[int], starts: Sequence[int],
-            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool, keep_steps: bool = False) -> torch.Tensor:
+            lens: Sequence[int], rope_deltas: Sequence[int], backup: bool, keep_steps: bool = False,
+            masked: bool = False) -> torch.Tensor:
         """tokens [N = sum lens] on the device, packed as ``FastModel.verify`` takes them. Replays the graph of
-        (B, the narrowest width that fits, backup), or runs the same pass eagerly; ``keep_steps``: every block
-        position's state kept in the rows' step slots (``FastModel.verify``'s). Returns logits [N, V] fp32, a view
+        (B, the narrowest width that fits, backup, masked), or runs the same pass eagerly; ``keep_steps``: every
+        block position's state kept in the rows' step slots (``FastModel.verify``'s); ``masked``: the grammar rows
+        staged by ``masks.queue(..., in_pass=True)`` are filled beside the pass. Returns logits [N, V] fp32, a view
         of the static output that the next pass overwrites."""
         plan = self.model.plan
         width = self.width_for(lens, backup)
@@ -265,11 +281,13 @@ class VerifyGraphRunner:
         if N != sum(lens):
             raise ValueError(f"{N} tokens for blocks of lens {list(lens)}")
         inputs.tokens[:N].copy_(tokens)
-        graph = self.graphs.get((B, width, backup))
+        if masked and (self.masks is None or not backup):
+            raise ValueError("grammar rows run beside a verify pass of a runner that has them")
+        graph = self.graphs.get((B, width, backup, masked))
         if graph is not None:
             graph.replay()
         else:
-            self.body(B, backup, width)
+            self.body(B, backup, width, masked)
         return self.logits[:N]
 
     def dummy_pass(self, B: int, width: int) -> Callable[[], object]:
@@ -277,7 +295,7 @@ class VerifyGraphRunner:
         touched): its graph's replay, or the eager body."""
         plan = self.model.plan
         self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
-        graph = self.graphs.get((B, width, True))
+        graph = self.graphs.get((B, width, True, False))
         return graph.replay if graph is not None else lambda: self.body(B, True, width)
 
     def reset(self) -> None:

@@ -70,6 +70,7 @@ class ModelExecutor(Protocol):
     # by the call, so a round launched ahead holds it). grammar[i] is row i's mask rows (one per verified position)
     # or, for drafts kept on the device, its `DraftMasks`, whose fill the executor runs in stream order once the
     # drafts exist (the fast Program's host function, `fast/sampling/prefix_masks.py`); a fill that raises fails
-    # its row (RowFailure in the call's result). `fill_masks` comes before `verify`, so the fill overlaps the
-    # target pass. A `draft` result may also keep its drafts on the device and supply the fed blocks itself
-    # (`drafts.feds(pending)`, lengths on the host); without `accept` the core accepts on the host.
+    # its row (RowFailure in the call's result). `fill_masks` comes before `verify`, so the fill can run inside the
+    # target pass (the fast Program's masked verify graphs). A `draft` result may also keep its drafts on the
+    # device and supply the fed blocks itself (`drafts.feds(pending)`, lengths on the host); without `accept` the
+    # core accepts on the host.

@@ -1,8 +1,9 @@
 """`PrefixMasks`: a speculative round's grammar rows filled from drafts that stay on the device, by a host function
 queued in stream order (`ninfer/fast/host_function.py`). On CPU the function runs when queued; with
-NINFER_TEST_DEVICE=cuda it is a host node of the captured bracket graphs (D2H drafts, fill, H2D words), replayed on
-a side stream, and the same checks hold: each fill sees its own row's drafts of this round, the words land where
-acceptance reads them, a failing fill fails its row alone, and the function's own fault is raised at the check."""
+NINFER_TEST_DEVICE=cuda the bracket (D2H drafts, fill, H2D words) runs on a side stream, queued alone or forked and
+joined inside a captured pass (the verify graphs' masked twins), and the same checks hold: each fill sees its own
+row's drafts of this round, the words land where acceptance reads them, a failing fill fails its row alone, and the
+function's own fault is raised at the check."""
 
 from __future__ import annotations
 
@@ -30,12 +31,36 @@ def _bits(gen: torch.Generator, n: int) -> torch.Tensor:
     return torch.rand(n, V, generator=gen) < 0.5  # bool [n, V]
 
 
-def test_each_fill_sees_its_rows_drafts_and_its_words_land_in_place():
-    """Three rounds through the same buffers (graphs replayed with new drafts each time): a row of host rows (bool,
-    one position unconstrained), a fill row, a row whose fill fails, and an unconstrained row."""
+def _captured_pass(masks: PrefixMasks, B: int):
+    """A stand-in verify pass over B rows with the bracket beside it (fork before, a kernel, join after): a CUDA
+    graph replayed every round on CUDA, the eager body elsewhere. Returns its run."""
+    x = torch.zeros(64, device=DEVICE)
+
+    def body():
+        masks.fork(B)
+        x.mul_(2.0)
+        masks.join()
+    if not ON_GPU:
+        return body
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    masks.function.take_error()  # the warm run filled no row
+    return graph.replay
+
+
+@pytest.mark.parametrize("in_pass", [False, True], ids=["queued", "in-pass"])
+def test_each_fill_sees_its_rows_drafts_and_its_words_land_in_place(in_pass):
+    """Three rounds through the same buffers (with `in_pass`, a captured pass replayed with new drafts each time):
+    a row of host rows (bool, one position unconstrained), a fill row, a row whose fill fails, and an unconstrained
+    row."""
     masks = PrefixMasks(4, K, V, DEVICE)
-    masks.capture()
-    assert bool(masks.graphs) == ON_GPU
+    run_pass = _captured_pass(masks, 4) if in_pass else None
     gen = torch.Generator().manual_seed(3)
     for round_ in range(3):
         drafts = torch.randint(0, V, (4, K), generator=gen)
@@ -52,7 +77,10 @@ def test_each_fill_sees_its_rows_drafts_and_its_words_land_in_place():
         host_rows[1] = None
         sources = [RowSource(lens[0], rows=tuple(host_rows)), RowSource(lens[1], fill=fill),
                    RowSource(lens[2], fill=breaks), RowSource(lens[3])]
-        queued = masks.queue(drafts.to(DEVICE), sources)
+        queued = masks.queue(drafts.to(DEVICE), sources, in_pass)
+        assert seen == [] or not in_pass  # staged: the pass runs the fill
+        if in_pass:
+            run_pass()
         queued.ready()
         words = queued.words.clone()
         _sync()
@@ -69,7 +97,6 @@ def test_each_fill_sees_its_rows_drafts_and_its_words_land_in_place():
 def test_a_fault_of_the_function_itself_is_raised_at_the_check():
     """More host rows than the block has positions: the function's own fault (not a session's), kept for the host."""
     masks = PrefixMasks(2, K, V, DEVICE)
-    masks.capture()
     rows = (torch.zeros(L.bitmask_words(V), dtype=torch.int32),) * (K + 2)
     masks.queue(None, [RowSource(K, rows=rows)]).ready()
     _sync()

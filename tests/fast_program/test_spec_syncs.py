@@ -83,6 +83,9 @@ def test_a_grammar_round_syncs_once_and_fills_from_its_own_drafts(make_fast_spec
 
     program = make_fast_spec(3) if kind == "mtp" else make_fast_dflash(kind, 7)
     V, blocks, draft = program.limits.vocab_size, [], program.executor.draft
+    verifier = program.executor.verifier
+    queue, in_pass = verifier.masks.queue, []  # where each round's bracket runs: inside its verify pass
+    verifier.masks.queue = lambda *a: in_pass.append(a[2]) or queue(*a)
     program.executor.draft = lambda *a: blocks.append(draft(*a)) or blocks[-1]
     handles = [start_decoding(program, prompt_of(n, seed=n), 64, sampling=p, seed=7)
                for n, p in ((9, GREEDY), (14, SAMPLED))]
@@ -107,3 +110,5 @@ def test_a_grammar_round_syncs_once_and_fills_from_its_own_drafts(make_fast_spec
         program.commit(batch.take(), [RowDecision(row.produced, False) for row in batch.rows])
         program.check_invariants()
     assert all(len(v) == 4 for v in seen.values())
+    # one captured step on CUDA: the verify graphs' masked twins hold the bracket (eager bodies elsewhere)
+    assert in_pass == [True] * 4 and any(key[3] for key in verifier.graphs) == verifier.use_graphs

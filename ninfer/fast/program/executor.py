@@ -95,12 +95,13 @@ class FastExecutor:
         self.dflash = dflash  # the DFlash / DFlash2 backend (None: plain decoding or MTP)
         # a round's draws and acceptance on the device (None: plain decoding)
         # (the draft graphs' own when they exist: one sampler's workspaces)
+        # (its grammar rows the verify graphs' `PrefixMasks`, whose masked twins fill them beside the pass)
         self.spec = drafter.spec if drafter is not None else \
-            SpecSampler(sampler, draft_tokens) if draft_tokens else None
-        if self.spec is not None:  # the grammar rows of a round's drafts, filled in stream order (its graphs now)
-            self.spec.prepare_masks(sampler.use_graphs)
+            SpecSampler(sampler, draft_tokens, masks=None if verifier is None else verifier.masks) \
+            if draft_tokens else None
         # the verify and replay graphs of the round (None: eager multi-query passes)
         self.verifier = verifier
+        self._masked_pass = False  # the next verify pass runs the grammar rows' bracket (`fill_masks`)
         # the MTP draft's graphs (None: the head's eager chained steps over a gathered copy of its KV)
         self.drafter = drafter
 
@@ -260,7 +261,8 @@ class FastExecutor:
         if not self._verify_graphed([len(f) for f in feds]):
             for s in seqs:
                 self.store.copy_slot(s.handle.slot, self.backup_slot(s.row))
-        logits = self._step(seqs, feds, backup=True)  # [N, V]
+        masked, self._masked_pass = self._masked_pass, False
+        logits = self._step(seqs, feds, backup=True, masked=masked)  # [N, V]
         return list(torch.split(logits, [len(f) for f in feds]))
 
     def _verify_graphed(self, lens: Sequence[int], backup: bool = True) -> bool:
@@ -269,10 +271,14 @@ class FastExecutor:
 
     def fill_masks(self, drafts, grammar: Sequence[Any]):
         """The round's grammar rows queued before its verify pass (`SpecSampler.queue_masks`): a `DraftMasks` row
-        over drafts on the device is filled by the prefix masks' host function in stream order, beside the pass."""
-        if isinstance(drafts, DraftBlock):
-            return self.spec.queue_masks(drafts.lens, drafts.tokens, grammar)
-        return self.spec.queue_masks([len(d) for d, _ in drafts], None, grammar)
+        over drafts on the device is filled by the prefix masks' host function in stream order, inside the verify
+        graph (its masked twin) where the blocks fit one, else queued on a side stream now."""
+        lens, tokens = (drafts.lens, drafts.tokens) if isinstance(drafts, DraftBlock) else \
+            ([len(d) for d, _ in drafts], None)
+        in_pass = self._verify_graphed([n + 1 for n in lens])
+        queued = self.spec.queue_masks(lens, tokens, grammar, in_pass)
+        self._masked_pass = queued is not None and in_pass
+        return queued
 
     def accept(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], drafts, targets: Sequence[Any],
                grammar) -> Callable[[], list[Accepted | RowFailure]]:
@@ -295,12 +301,13 @@ class FastExecutor:
         self.store.copy_slot(plan.step_slot(seq.row, keep - 1), seq.handle.slot)
         return True
 
-    def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]], backup: bool = False
-              ) -> torch.Tensor:
+    def _step(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]], backup: bool = False,
+              masked: bool = False) -> torch.Tensor:
         """Consume feds[i] at seqs[i]'s frontier with the decode recurrence, the backend's state following; logits
-        [N, V] fp32. Through the verify graph of (B, backup) where the blocks fit it (that graph backs the rows up
-        first), else the eager multi-query pass. A verify (`backup`) keeps every block position's state in the
-        rows' step slots where the plan has them; forced tokens step in place."""
+        [N, V] fp32. Through the verify graph of (B, backup, masked) where the blocks fit it (that graph backs the
+        rows up first; `masked`: and fills the grammar rows `fill_masks` staged), else the eager multi-query pass. A
+        verify (`backup`) keeps every block position's state in the rows' step slots where the plan has them;
+        forced tokens step in place."""
         slots, rows, starts = [s.handle.slot for s in seqs], [s.row for s in seqs], [s.frontier for s in seqs]
         lens = [len(f) for f in feds]
         keep = backup and self.model.plan.step_slots > 0
@@ -311,7 +318,8 @@ class FastExecutor:
         else:
             tokens = self._tokens([t for f in feds for t in f])
         if self._verify_graphed(lens, backup):  # the graph advances the MTP head or the drafter context too
-            return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup, keep_steps=keep)
+            return self.verifier.run(tokens, slots, rows, starts, lens, deltas, backup, keep_steps=keep,
+                                     masked=masked)
         logits, hidden = self.model.verify(tokens, slots, rows, starts, lens, taps=taps, rope_deltas=deltas,
                                            keep_steps=keep)
         media = [s.media for s in seqs]

@@ -30,6 +30,7 @@ from ninfer.fast.model.weights import has_a8_weights, load_fast_weights, quant_w
 from ninfer.fast.mixed_graphs import MixedGraphRunner
 from ninfer.fast.prefill_graphs import PrefillGraphRunner, prefill_buckets
 from ninfer.fast.sampling import DeviceSampler
+from ninfer.fast.sampling.prefix_masks import PrefixMasks
 from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.fast.verify_graphs import VerifyGraphRunner
 from ninfer.models.qwen3_5.config import Qwen35Config
@@ -160,16 +161,19 @@ class FastProgram(Program):
         block's replay (verify_graphs.py; with DFlash the drafter context's extension too), the MTP draft
         (draft_graphs.py) and the DFlash draft (dflash_graphs.py) have their own graphs per exact B."""
         model = self.model
-        verifier = drafter_graphs = None
+        verifier = drafter_graphs = masks = None
         if c.speculative is None:
             self.runner.capture()
-        else:
+        else:  # the round's grammar rows: their bracket's node addresses are these buffers, the Program's
+            masks = PrefixMasks(c.max_concurrency, c.draft_tokens, model.cfg.vocab_size, model.device)
             verifier = VerifyGraphRunner(model, c.max_concurrency, c.draft_tokens + 1, c.backup_slot(0),
                                          use_graphs=c.cuda_graphs, dflash=dflash,
-                                         widths=candidate_widths(c.draft_tokens) if c.speculative.adaptive else ())
+                                         widths=candidate_widths(c.draft_tokens) if c.speculative.adaptive else (),
+                                         masks=masks)
             verifier.capture()
         if mtp:
-            drafter_graphs = DraftGraphRunner(model, c.max_concurrency, SpecSampler(self.sampler, c.draft_tokens),
+            drafter_graphs = DraftGraphRunner(model, c.max_concurrency,
+                                              SpecSampler(self.sampler, c.draft_tokens, masks=masks),
                                               use_graphs=c.cuda_graphs,
                                               draft_vocab=c.speculative.draft_vocab_size)
             drafter_graphs.capture()

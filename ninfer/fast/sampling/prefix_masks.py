@@ -4,16 +4,18 @@ A row whose Frontend session constrains its block (`DraftMasks.fill`) needs one 
 row i after drafts[:i], before acceptance applies them to p. The drafts exist only on the device until the round's
 one readback, so the fill runs as the seed's structured-output section orders it for device drafters (DFlash,
 DFlash2; the MTP head's device drafts take the same path): D2H draft transfer, a CUDA host function that fills every
-reachable prefix row, H2D mask transfer, then acceptance, with no host sync in between:
+reachable prefix row, H2D mask transfer, then acceptance, with no host sync in between. The bracket is captured in
+the round's verify graph (`VerifyGraphRunner`'s masked variants: one captured step), forked onto a side stream at the
+pass's start and joined before its end, so the host's fill overlaps the target pass instead of stalling it (the
+seed's order puts the fill before verification; only acceptance reads the rows, and it runs after the join):
 
-    main stream:  drafts --copy into `drafts`--> event ---------> verify pass ... wait(done) -> acceptance
-    side stream:              wait(event) -> [D2H drafts -> host function -> H2D words] -> done
+    main stream:  drafts --copy into `drafts`--> [verify graph: fork ---- target pass ---- join] -> acceptance
+    side stream:                                              [D2H drafts -> host function -> H2D words]
 
-The bracket is one CUDA graph per number of rows (captured at start, ``capture``; run eagerly without graphs), on a
-side stream so that the host's fill overlaps the target's verify pass instead of stalling it (the seed's order has
-the fill before verification: acceptance, where the rows apply, still waits for them). Every node address is this
-object's (the fixed `drafts` source, the pinned `host_drafts` and `host_words`, the device `words`, the host
-function's trampoline) and outlives every replay.
+A round whose blocks fit no verify graph queues the same bracket eagerly on the side stream (`queue`, not
+`in_pass`), and acceptance waits for its event. Every node address is this object's (the fixed `drafts` source, the
+pinned `host_drafts` and `host_words`, the device `words`, the host function's trampoline), owned by the Program
+and alive as long as its graphs.
 
 The host function calls no CUDA API (numpy views of pinned buffers, CPU tensors of the session's fill). A row's
 fill that raises or returns malformed rows fails that row alone (`failures`, read after the round's sync: the row
@@ -29,7 +31,6 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ninfer.contracts import EngineFailure, RowFailure
-from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.host_function import HostFunction
 from ninfer.fast.ops.sample import layout as L
 
@@ -70,10 +71,9 @@ class QueuedMasks:
 
 
 class PrefixMasks:
-    def __init__(self, max_batch: int, k: int, vocab: int, device: torch.device, use_graphs: bool = True):
+    def __init__(self, max_batch: int, k: int, vocab: int, device: torch.device):
         self.max_batch, self.k1, self.vocab = max_batch, k + 1, vocab
         self.cuda = device.type == "cuda" and torch.cuda.is_available()
-        self.use_graphs = self.cuda and use_graphs
         W = L.bitmask_words(vocab)
         self.drafts = torch.zeros(max_batch, max(1, k), dtype=torch.long, device=device)  # the D2H copy's source
         self.host_drafts = torch.zeros(max_batch, max(1, k), dtype=torch.long, pin_memory=self.cuda)
@@ -85,7 +85,6 @@ class PrefixMasks:
         self._failures: list[RowFailure | None] = []
         self.side = torch.cuda.Stream(device) if self.cuda else None
         self._done = torch.cuda.Event() if self.cuda else None
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def _fill(self) -> None:
         """The host function: every row's words into `host_words` (rows b * k1 ..), from `host_drafts`."""
@@ -110,21 +109,24 @@ class PrefixMasks:
         self.function.queue(stream)
         self.words[:B * self.k1].copy_(self.host_words[:B * self.k1], non_blocking=self.cuda)
 
-    def capture(self, warmup: int = 1) -> None:
-        """One graph per B = 1..max_batch (a copy, a host node and a copy each); the warm runs fill no row."""
-        if not self.use_graphs:
+    def fork(self, B: int) -> None:
+        """The bracket over B rows on the side stream after the current stream's work so far (the start of a verify
+        graph's body, captured with it; eager elsewhere); `join` makes the current stream wait for it."""
+        if not self.cuda:
+            self._body(B)
             return
-        pool, stream = None, torch.cuda.Stream(device=self.words.device)
-        with no_collection_during_capture(collect=False):
-            for B in range(self.max_batch, 0, -1):
-                self.graphs[B], _ = warm_and_capture(lambda: self._body(B), stream, pool, warmup)
-                pool = self.graphs[B].pool() if pool is None else pool
-        torch.cuda.synchronize(self.words.device)
-        self.function.take_error()
+        self.side.wait_stream(torch.cuda.current_stream(self.words.device))
+        with torch.cuda.stream(self.side):
+            self._body(B)
 
-    def queue(self, tokens: torch.Tensor | None, rows: Sequence[RowSource]) -> QueuedMasks:
-        """Queue the bracket for these rows after the work on the current stream (the drafts `tokens` [B, k] drawn
-        there; None: no row reads drafts)."""
+    def join(self) -> None:
+        if self.cuda:
+            torch.cuda.current_stream(self.words.device).wait_stream(self.side)
+
+    def queue(self, tokens: torch.Tensor | None, rows: Sequence[RowSource], in_pass: bool = False) -> QueuedMasks:
+        """Stage the round's rows and drafts (`tokens` [B, k] drawn on the current stream; None: no row reads
+        drafts). `in_pass`: the verify pass queued next runs the bracket in its body (`fork` .. `join`), so the words
+        are ready after it; otherwise the bracket is queued now on the side stream and acceptance waits for it."""
         B = len(rows)
         if not 1 <= B <= self.max_batch:
             raise ValueError(f"prefix masks take 1..{self.max_batch} rows, got {B}")
@@ -132,15 +134,12 @@ class PrefixMasks:
         if tokens is not None and tokens.shape[1]:
             self.drafts[:B, :tokens.shape[1]].copy_(tokens)
         words = self.words[:B * self.k1]
-        if not self.cuda:
-            self._body(B)
+        if in_pass or not self.cuda:
+            if not in_pass:
+                self._body(B)
             return QueuedMasks(words, lambda: None, self._failures)
-        main = torch.cuda.current_stream(self.words.device)
-        self.side.wait_stream(main)
-        with torch.cuda.stream(self.side):
-            graph = self.graphs.get(B)
-            graph.replay() if graph is not None else self._body(B)
-            self._done.record(self.side)
+        self.fork(B)
+        self._done.record(self.side)
         return QueuedMasks(words, lambda: torch.cuda.current_stream(self.words.device).wait_event(self._done),
                            self._failures)
 

@@ -66,11 +66,13 @@ class RoundGrammar:
 
 
 class SpecSampler:
-    def __init__(self, sampler: DeviceSampler, k: int, block_v: int = 2048):
+    def __init__(self, sampler: DeviceSampler, k: int, block_v: int = 2048, masks: PrefixMasks | None = None):
+        """`masks`: the round's grammar rows, the Program's (its verify graphs run their bracket); None: made here
+        when a round first needs them, queued eagerly."""
         self.sampler, self.k, self.tables = sampler, k, sampler.tables
         self.vocab, self.device, self.max_batch = sampler.vocab, sampler.device, sampler.max_batch
         self.triton, self.block_v = sampler.kernels == "triton", block_v
-        self._masks: PrefixMasks | None = None
+        self._masks = masks
         if self.triton:
             self._ws = SpecAcceptWorkspace.allocate(self.max_batch, k, self.vocab, self.device, block_v)
             # a block draw races every slot of every row at once
@@ -193,25 +195,21 @@ class SpecSampler:
         residual) token, or its failure."""
         return self.accept_later(seqs, ctxs, block, targets, self.queue_masks(block.lens, block.tokens, masks))()
 
-    def prepare_masks(self, use_graphs: bool) -> None:
-        """The round's grammar rows (`PrefixMasks`), their graphs captured now (before serving)."""
-        self._masks = PrefixMasks(self.max_batch, self.k, self.vocab, self.device, use_graphs)
-        self._masks.capture()
-
-    def queue_masks(self, lens: Sequence[int], tokens: torch.Tensor | None, grammar: Sequence[Any]
-                    ) -> RoundGrammar | None:
+    def queue_masks(self, lens: Sequence[int], tokens: torch.Tensor | None, grammar: Sequence[Any],
+                    in_pass: bool = False) -> RoundGrammar | None:
         """Queue the round's grammar rows for blocks of `lens` drafts (`tokens` [B, k]: the drafts on the device,
-        which a fill reads through `PrefixMasks`' host function in stream order, beside the verify pass when queued
-        before it); None when no row is constrained."""
+        which a fill reads through `PrefixMasks`' host function in stream order); `in_pass`: the verify pass queued
+        next runs their bracket (its masked graph), else it is queued now beside what follows. None when no row is
+        constrained."""
         sources = [RowSource.of(g, n) for g, n in zip(grammar, lens)]
         if not any(s.masked for s in sources):
             return None
         fills = any(s.fill is not None for s in sources)
         if fills and tokens is None:
             raise ValueError("a grammar fill needs the round's drafts on the device")
-        if self._masks is None:  # a sampler used alone (tests): eager
-            self.prepare_masks(use_graphs=False)
-        return RoundGrammar(sources, self._masks.queue(tokens if fills else None, sources))
+        if self._masks is None:  # a sampler used alone (tests)
+            self._masks = PrefixMasks(self.max_batch, self.k, self.vocab, self.device)
+        return RoundGrammar(sources, self._masks.queue(tokens if fills else None, sources, in_pass))
 
     def accept_later(self, seqs: Sequence[Any], ctxs: Sequence[RowContext], block: DraftBlock,
                      targets: Sequence[torch.Tensor], grammar: RoundGrammar | None
