@@ -17,6 +17,8 @@ import triton.language as tl
 
 from ninfer.fast.ops.qlinear.layout import QuantWeight, a8_block
 
+from . import cublas
+
 E4M3_MAX = 448.0
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (BM, BN, warps, stages); the first is the interpreter's fixed choice. Few, because each (N, K) autotunes at the
@@ -96,13 +98,18 @@ else:
                              for bm, bn, w, st in _TILES[1:]], key=["N", "K"])(_gemm_kernel)
 
 
-def fp8_gemm(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+def fp8_gemm(x: torch.Tensor, w: QuantWeight, use_cublas: bool = True) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32) -> [M, N] in x's dtype, on the FP8 tensor cores; w an FP8 QuantWeight with an
-    ``a8_block``."""
+    ``a8_block``. Through cuBLAS's blockwise FP8 where it qualifies (`cublas.py`; `use_cublas=False`: this
+    kernel always)."""
     M, K = x.shape
     bk = a8_block(w)
     assert bk is not None and w.k == K, f"fp8_gemm: x {tuple(x.shape)}, w {w.kind} {w.shape} block {w.block_cols}"
     xq, xs = quantize_rows_fp8(x, bk)
+    if use_cublas and cublas.eligible(x, w):  # cuBLAS's blockwise FP8 where it takes the shape (faster at prefill sizes)
+        out = cublas.blockwise_fp8(xq, xs, w)
+        if out is not None:
+            return out
     N = w.n
     out = torch.empty(M, N, device=x.device, dtype=x.dtype)
     bc = w.block_cols if w.block_cols < K else triton.cdiv(K, bk) * bk
