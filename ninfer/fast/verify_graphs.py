@@ -1,7 +1,8 @@
 """CUDA graphs of the speculative round's target pass: one per exact number of rows B (blocks of at most k + 1
 tokens, every row's [pending, d1..dk'] at its frontier), with each row's backup copy first, and one for B = 1
-without it: tokens consumed in place (`FastExecutor.feed`: a control suffix of at most k + 1 tokens, or DFlash's
-replay of a partly accepted block, `speculation.rollback`).
+without it: tokens consumed in place (`FastExecutor.feed`: a control suffix of at most k + 1 tokens). A DFlash plan
+without step slots (below) has one without backups per (B, width) too: a commit replays the kept tokens of every
+cut block in one such pass (`FastExecutor.feed_rows`, `speculation.replay`).
 
 Where the plan keeps step slots (the MTP backend always; DFlash where their share of the budget allows,
 ``memory.verify_steps``) a verify pass keeps every block position's state: GDN step j of a row reads the state step
@@ -221,16 +222,21 @@ class VerifyGraphRunner:
 
     def capture(self, warmup: int = 2) -> None:
         """Every (B, width, backup, masked) graph, largest first, one shared pool: each verify with its masked twin
-        where there are grammar rows; the feed's is (1, full width, no backup, unmasked). The warm runs' bracket
-        fills no row."""
+        where there are grammar rows; the feed's is (1, full width, no backup, unmasked), and where the plan keeps
+        no step states every (B, width) has one without backups for the replays. The warm runs' bracket fills no
+        row."""
         if not self.use_graphs:
             return
         twins = (False, True) if self.masks is not None else (False,)
-        keys = [(B, w, True, m) for w in reversed(self.widths) for B in range(self.max_batch, 0, -1) for m in twins]
-        stream = torch.cuda.Stream(device=self.model.device)
         plan = self.model.plan
+        pairs = [(B, w) for w in reversed(self.widths) for B in range(self.max_batch, 0, -1)]
+        keys = [(B, w, True, m) for B, w in pairs for m in twins]
+        # without step slots a commit replays every cut block's kept tokens in one pass (`feed_rows`): a graph per
+        # (B, width) without backups; with them only the feed's
+        feeds = [(B, w, False, False) for B, w in pairs] if not plan.step_slots else [(1, self.width, False, False)]
+        stream = torch.cuda.Stream(device=self.model.device)
         with no_collection_during_capture():
-            for B, width, backup, masked in keys + [(1, self.width, False, False)]:
+            for B, width, backup, masked in keys + feeds:
                 self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
@@ -249,12 +255,12 @@ class VerifyGraphRunner:
 
     def width_for(self, lens: Sequence[int], backup: bool = True) -> int | None:
         """The width whose static buffers take blocks of `lens` (None: the eager pass): at most max_batch blocks,
-        the narrowest captured width at least the longest block (a feed, without backups, has the full width's
-        graph alone), with no more pad rows than the dummy row's table addresses (many short blocks beside a small
-        max_context)."""
+        the narrowest captured width at least the longest block (without backups, where the plan keeps step
+        states, the full width's alone: that pass is a feed), with no more pad rows than the dummy row's table
+        addresses (many short blocks beside a small max_context)."""
         if not 1 <= len(lens) <= self.max_batch:
             return None
-        for width in self.widths if backup else (self.width,):
+        for width in self.widths if backup or not self.model.plan.step_slots else (self.width,):
             if max(lens) <= width:
                 return width if len(lens) * width - sum(lens) <= self.max_pad else None
         return None
@@ -290,13 +296,13 @@ class VerifyGraphRunner:
             self.body(B, backup, width, masked)
         return self.logits[:N]
 
-    def dummy_pass(self, B: int, width: int) -> Callable[[], object]:
-        """A verify pass of B full blocks of `width` on the dummy slot and row, for timing (no live state is
-        touched): its graph's replay, or the eager body."""
+    def dummy_pass(self, B: int, width: int, backup: bool = True) -> Callable[[], object]:
+        """A verify pass (`backup`; else a replay's) of B full blocks of `width` on the dummy slot and row, for
+        timing (no live state is touched): its graph's replay, or the eager body."""
         plan = self.model.plan
         self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
-        graph = self.graphs.get((B, width, True, False))
-        return graph.replay if graph is not None else lambda: self.body(B, True, width)
+        graph = self.graphs.get((B, width, backup, False))
+        return graph.replay if graph is not None else lambda: self.body(B, backup, width)
 
     def reset(self) -> None:
         """Drop the graphs and their pool (before the model's tensors are freed)."""

@@ -38,10 +38,13 @@ def candidate_widths(k: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """Seconds of one speculative round of B rows at each verify width, measured by the Program at start."""
+    """Seconds of one speculative round of B rows at each verify width, measured by the Program at start, and of
+    the replay a cut block costs at commit where the Program keeps no state per block position (`replays`; empty:
+    a cut costs nothing measurable, a slot copy)."""
 
     widths: tuple[int, ...]  # ascending; widths[0] == 1 (no drafts), widths[-1] == k + 1
     per_batch: tuple[tuple[float, ...], ...]  # [B - 1][i]: B rows at widths[i]
+    replays: tuple[tuple[float, ...], ...] = ()  # [B - 1][i]: one pass over B rows' kept tokens, at widths[i]
 
     def __post_init__(self) -> None:
         if not self.widths or self.widths[0] != 1 or list(self.widths) != sorted(set(self.widths)):
@@ -50,10 +53,18 @@ class RoundCosts:
                not all(math.isfinite(s) and s > 0 for s in row)]
         if not self.per_batch or bad:
             raise ValueError(f"round costs need a positive second per width for each B, got {self.per_batch}")
+        if self.replays and (len(self.replays) != len(self.per_batch) or any(
+                len(row) != len(self.widths) or not all(math.isfinite(s) and s >= 0 for s in row)
+                for row in self.replays)):
+            raise ValueError(f"replay costs need a second per width for each B, got {self.replays}")
 
     def seconds(self, B: int, i: int) -> float:
         """A round of B rows (1..the Program's lanes, every B measured) at widths[i]."""
         return self.per_batch[B - 1][i]
+
+    def replay(self, B: int, i: int) -> float:
+        """The replay after a round of B rows at widths[i] cut one block or more (0: the Program keeps states)."""
+        return self.replays[B - 1][i] if self.replays else 0.0
 
 
 class DraftPolicy:
@@ -80,8 +91,8 @@ class DraftPolicy:
 
     def width(self, rooms: Sequence[int]) -> int:
         """The verify width for rows that may take rooms[i] drafts each (their `draft_room`): the full block
-        without costs, else the width of most expected tokens per second; the rows then draft
-        min(rooms[i], width - 1) each."""
+        without costs, else the width of most expected tokens per second, a round's seconds counting its replay
+        weighted by the chance that some row's block is cut; the rows then draft min(rooms[i], width - 1) each."""
         if self.costs is None:
             return self.k + 1
         rates, B = self.rates(), len(rooms)
@@ -89,7 +100,9 @@ class DraftPolicy:
         for i, w in enumerate(self.costs.widths):
             if w > 1 and w - 1 > max(rooms, default=0):
                 break  # no row could fill it: a wider block only pads
-            gain = sum(self.expected(min(r, w - 1), rates) for r in rooms) / self.costs.seconds(B, i)
+            whole = math.prod(math.prod(rates[:min(r, w - 1)]) for r in rooms)  # every row keeps its block
+            seconds = self.costs.seconds(B, i) + (1.0 - whole) * self.costs.replay(B, i)
+            gain = sum(self.expected(min(r, w - 1), rates) for r in rooms) / seconds
             if gain > best_rate:
                 best, best_rate = w, gain
         return best

@@ -45,6 +45,9 @@ class ModelExecutor(Protocol):
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         """Consume forced tokens at the frontier in place (no draw); the core has backed the state up."""
 
+    # optional: feed_rows(seqs, feds) -> None. `feed` of several rows in one model pass (a commit's replays of cut
+    # speculative blocks, `speculation.replay`); without it the core feeds row by row.
+
     def record(self, committed: Sequence[tuple[int, Hashable, Sequence[int]]]) -> None:
         """(row, handle, tokens) just committed as outputs: the penalties' history follows them."""
 

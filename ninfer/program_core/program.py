@@ -25,7 +25,7 @@ from .execution import (Provisional, capture_cuts, capture_due, capture_filled, 
                         restore, validate_commit)
 from .executor import ModelExecutor
 from .mixed import launch_riding, mixed_round
-from .speculation import rollback
+from .speculation import replay, rollback
 
 
 class Program(ProgramCore):
@@ -118,18 +118,24 @@ class Program(ProgramCore):
         """Validate every row first, then apply: the batch is committed whole or not at all."""
         self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
         seqs = validate_commit(self, batch, decisions)
-        counted = []
-        for seq, row, d, prov in zip(seqs, batch.rows, decisions, provisionals(batch)):
+        counted, replays = [], []
+        for seq, d, prov in zip(seqs, decisions, provisionals(batch)):
             if d.accepted == 0:
                 if prov is not None:
                     restore(self, seq, prov)
+            # only a speculative block is cut (fed: the pending token, then the drafts or forced tokens but the
+            # last); a forced suffix commits whole, a first-token row holds nothing provisional
+            elif prov is not None and d.accepted < len(prov.fed):
+                kept = rollback(self, seq, prov, d.accepted)
+                if kept:
+                    replays.append((seq, kept))
+        replay(self, [s for s, _ in replays], [k for _, k in replays])  # at the frontiers before this commit
+        for seq, row, d, prov in zip(seqs, batch.rows, decisions, provisionals(batch)):
+            if d.accepted == 0:
                 continue
             counted.append((seq.row, seq.handle, row.tokens[:d.accepted]))
-            if prov is not None:  # a first-token row (prefill's, or a mixed round's last) holds nothing provisional
-                fed = prov.fed  # the pending token, then the drafts or forced tokens but the last
-                if d.accepted < len(fed):  # only a speculative block is cut: a forced suffix commits whole
-                    rollback(self, seq, prov, d.accepted)
-                seq.tokens.extend(fed[:d.accepted])
+            if prov is not None:
+                seq.tokens.extend(prov.fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]
         self.executor.record(counted)  # the accepted tokens are outputs now: the penalties' history follows
 

@@ -133,13 +133,13 @@ def _row(seq: ActiveSequence, got: Accepted | RowFailure, drafted: int) -> Pendi
     return PendingRow(seq.handle, got.tokens, seq.frontier + 1, lps, tops, drafted=drafted)
 
 
-def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int) -> None:
+def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int) -> tuple[int, ...]:
     """Keep only fed[:keep] of a speculative round's block (0 < keep < len(fed); a forced-control suffix is
     committed whole or not at all, so only a verified block is ever cut): the pages past frontier + keep returned,
     and the live state made the one after the kept tokens (GDN recurrent and conv state, the backend's state; KV by
     frontier). It comes from the states the verify pass kept per block position where the executor has them
-    (`select`, the fast Program's); otherwise the committed state comes back from the backup slot and the kept
-    tokens are replayed on it (DESIGN.md section 7, docs/speculative.md)."""
+    (`select`, the fast Program's): returns (). Otherwise the committed state comes back from the backup slot and
+    the kept tokens are returned, for `replay` to consume on it (DESIGN.md section 7, docs/speculative.md)."""
     extra = len(seq.table) - prog.config.pages_for(seq.frontier + keep)
     for p in reversed(prov.grown[len(prov.grown) - extra:] if extra > 0 else ()):
         assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
@@ -147,7 +147,21 @@ def rollback(prog: "Program", seq: ActiveSequence, prov: Provisional, keep: int)
         seq.reserve_left += 1
     select = getattr(prog.executor, "select", None)
     if select is not None and select(seq, keep):
-        return
+        return ()
     prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
-    prog.executor.feed(seq, prov.fed[:keep])
+    return tuple(prov.fed[:keep])
+
+
+def replay(prog: "Program", seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> None:
+    """The kept tokens of every row `rollback` cut without a kept state, consumed at their frontiers: in one model
+    pass where the executor has one for several rows (`feed_rows`: a batch's replays cost one pass, not one a row),
+    else row by row."""
+    if not seqs:
+        return
+    feed_rows = getattr(prog.executor, "feed_rows", None)
+    if feed_rows is not None:
+        feed_rows(seqs, feds)
+        return
+    for seq, fed in zip(seqs, feds):
+        prog.executor.feed(seq, fed)
 

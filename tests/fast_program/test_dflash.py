@@ -78,6 +78,20 @@ def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, p
     assert_drained(program)
 
 
+def test_a_commit_replays_its_cut_blocks_in_one_pass(make_fast_dflash, prompt_of, plain_greedy):
+    """A plan without step states (35B-A3B's beside a drafter on an H100, the 27B's): a commit whose rows both cut
+    their blocks replays their kept tokens in one pass over both rows (`feed_rows`; it was one pass a row, which at
+    35B-A3B made a round of 8 rows cost 14 plain steps), and greedy output stays the autoregressive output."""
+    program = make_fast_dflash("dflash", 15)  # the random drafter's blocks: cut at their first miss, nearly all
+    program.executor.select = lambda seq, keep: False  # what `select` answers for a plan without step slots
+    rows, feed_rows = [], program.executor.feed_rows
+    program.executor.feed_rows = lambda seqs, feds: rows.append(len(seqs)) or feed_rows(seqs, feds)
+    spec = serve(program, [token_request(p, 12) for p in spec_prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
+    assert [r.token_ids for r in spec] == plain_greedy
+    assert 2 in rows, rows
+    assert_drained(program)
+
+
 @pytest.mark.parametrize("kind, forced", [("dflash", False), ("dflash2", False), ("dflash", True)])
 def test_grammar_rows_over_device_drafts_constrain_every_prefix(make_fast_dflash, prompt_of, kind, forced):
     """Structured output with the drafter: the rows of every draft prefix come from the session's fill, run on the

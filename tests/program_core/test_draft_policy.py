@@ -49,6 +49,30 @@ def test_a_middle_acceptance_picks_a_middle_width():
     assert policy.width([3]) == 2
 
 
+def test_a_cut_blocks_replay_is_priced_by_the_chance_of_a_cut():
+    """A plan without step states replays a cut block's kept tokens at commit (35B-A3B beside a drafter on an
+    H100). Two rows whose one draft holds half the time, never both: 3 tokens a round at width 2 in 9.8 ms beat
+    two plain steps' 2 in 7.2 ms, but not with a 9.3 ms replay after the 3 rounds in 4 that cut a block; a block
+    that is never cut never pays for its replay."""
+    cutting = RoundCosts(MTP_COSTS.widths, MTP_COSTS.per_batch, ((0.0, 9.0e-3, 12.0e-3), (0.0, 9.3e-3, 12.6e-3)))
+
+    def half(costs: RoundCosts) -> DraftPolicy:
+        policy = DraftPolicy(3, costs)
+        for i in range(200):
+            policy.observe(2, [1, 1], [1 + i % 2, 2 - i % 2])
+        return policy
+    assert half(MTP_COSTS).width([1, 1]) == 2 and half(cutting).width([1, 1]) == 1
+    accepting = DraftPolicy(3, cutting)
+    _settle(accepting, 4, [3, 3], [4, 4])
+    assert accepting.width([3, 3]) == 4
+    assert cutting.replay(2, 1) == 9.3e-3 and MTP_COSTS.replay(2, 1) == 0.0
+
+
+def test_replay_costs_are_checked():
+    with pytest.raises(ValueError, match="replay"):
+        RoundCosts((1, 2), ((1e-3, 2e-3),), ((0.0,),))
+
+
 def test_observations_are_censored_at_the_first_rejection_and_at_the_offer():
     policy = DraftPolicy(3, MTP_COSTS)
     policy.observe(4, [3, 1, 0], [2, 2, 1])

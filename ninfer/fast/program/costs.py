@@ -113,16 +113,22 @@ def measure_rounds(verifier: VerifyGraphRunner, draft: Callable[[int, int], Call
     """Seconds of a speculative round of B = 1..max_batch rows at each of the verifier's widths on the dummy slot
     and row: the verify pass of B full blocks (its graph's replay) plus, past width 1, `draft(B, width - 1)`'s run
     (the backend's greedy draft of that many tokens). The round's host work (fills, acceptance, the readback) is
-    left out: it is about the same at every width, so leaving it out only makes narrow rounds look cheaper."""
+    left out: it is about the same at every width, so leaving it out only makes narrow rounds look cheaper. Where
+    the plan keeps no step states, also the replay pass of B rows at each width past 1 (a cut block's kept tokens,
+    at most width - 1 a row, consumed again at commit: `RoundCosts.replays`)."""
     device = verifier.model.device
-    per_batch = []
+    replay = not verifier.model.plan.step_slots
+    per_batch, replays = [], []
     for B in range(1, verifier.max_batch + 1):
         row = []
         for w in verifier.widths:
             seconds = _best(device, verifier.dummy_pass(B, w))
             row.append(seconds + (_best(device, draft(B, w - 1)) if w > 1 else 0.0))
         per_batch.append(tuple(row))
-    return RoundCosts(verifier.widths, tuple(per_batch))
+        if replay:
+            replays.append(tuple(_best(device, verifier.dummy_pass(B, w, backup=False)) if w > 1 else 0.0
+                                 for w in verifier.widths))
+    return RoundCosts(verifier.widths, tuple(per_batch), tuple(replays))
 
 
 def graph_costs(pieces: PrefillGraphRunner, token_s: float, timed: Callable[[Callable[[], object]], float]

@@ -237,6 +237,11 @@ class FastExecutor:
             return
         self._step([seq], [tuple(tokens)])
 
+    def feed_rows(self, seqs: Sequence[ActiveSequence], feds: Sequence[tuple[int, ...]]) -> None:
+        """`feed` of several rows in one pass (a commit's replays of cut blocks, a backend on): through the verify
+        graph without backups of (B, width) where the plan captured one, else eagerly."""
+        self._step(seqs, [tuple(f) for f in feds])
+
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int]) -> DraftBlock:
         """The MTP head's or the DFlash drafter's drafts drawn on the device (a `DraftBlock`: the host sees them
         only through the round's readback)."""
