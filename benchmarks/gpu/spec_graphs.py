@@ -64,7 +64,7 @@ def round_cases(program, batches, context: int) -> list[GraphCase]:
     start = min(context, plan.max_context - verifier.width)
     cases = []
     for B, backup in [(B, True) for B in batches if B <= verifier.max_batch] + [(1, False)]:
-        graph = verifier.graphs.get((B, verifier.width, backup))
+        graph = verifier.graphs.get((B, verifier.width, backup, False))  # (B, width, backup, masked)
         cases.append(GraphCase(B, "verify" if backup else "replay", k, start,
                                lambda B=B: verifier.inputs[verifier.width].fill_dummy(B, plan.dummy_slot,
                                                                                       plan.dummy_row, start),

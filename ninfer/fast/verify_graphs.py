@@ -299,8 +299,12 @@ class VerifyGraphRunner:
     def dummy_pass(self, B: int, width: int, backup: bool = True) -> Callable[[], object]:
         """A verify pass (`backup`; else a replay's) of B full blocks of `width` on the dummy slot and row, for
         timing (no live state is touched): its graph's replay, or the eager body."""
-        plan = self.model.plan
+        plan, T = self.model.plan, B * width
         self.inputs[width].fill_dummy(B, plan.dummy_slot, plan.dummy_row)
+        # tokens spread over the vocabulary: a MoE pass routes them to about as many experts as text does (one
+        # token id everywhere sends every row to the same few experts, which no served round does)
+        spread = torch.randint(0, self.model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(T))
+        self.inputs[width].tokens[:T].copy_(spread)
         graph = self.graphs.get((B, width, backup, False))
         return graph.replay if graph is not None else lambda: self.body(B, backup, width)
 
