@@ -329,13 +329,15 @@ def main() -> int:
     ap.add_argument("--method", choices=("mtp", "dflash", "dflash2"), default="mtp")
     ap.add_argument("--profile-host", action="store_true",
                     help="after the timed rows of the largest B, one run at L = 3 under cProfile")
+    ap.add_argument("--blocks", default=None, help="DFlash block sizes, comma-separated (default: 16,8)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="the backend's draft_vocab_size: drafts from the token ids below it alone")
     args = ap.parse_args()
     s = SMOKE if args.smoke else Settings()
     s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host, draft_vocab=args.draft_vocab)
     if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short
-        s = dataclasses.replace(s, steps=min(s.steps, 4), blocks=(8,) if args.smoke else s.blocks)
+        blocks = (8,) if args.smoke else tuple(int(b) for b in args.blocks.split(",")) if args.blocks else s.blocks
+        s = dataclasses.replace(s, steps=min(s.steps, 4), blocks=blocks)
     if args.program:
         s = dataclasses.replace(s, program=args.program)
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
