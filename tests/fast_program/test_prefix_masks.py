@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ninfer.contracts import EngineFailure, RowFailure
+from ninfer.fast.capture import warm_and_capture
 from ninfer.fast.host_function import HostFunction
 from ninfer.fast.ops.sample import layout as L
 from ninfer.fast.sampling.prefix_masks import PrefixMasks, RowSource
@@ -42,14 +43,7 @@ def _captured_pass(masks: PrefixMasks, B: int):
         masks.join()
     if not ON_GPU:
         return body
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph, _ = warm_and_capture(body, torch.cuda.Stream(), None, 1)
     masks.function.take_error()  # the warm run filled no row
     return graph.replay
 
@@ -121,14 +115,7 @@ def test_a_captured_host_node_runs_in_stream_order_on_every_replay():
         host_x.copy_(x, non_blocking=True)
         fn.queue(torch.cuda.current_stream())
         y.copy_(host_y, non_blocking=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph, _ = warm_and_capture(body, torch.cuda.Stream(), None, 1)
     for i in range(4):
         seed.copy_(torch.arange(8, dtype=torch.float32, device=DEVICE) + i)
         graph.replay()
