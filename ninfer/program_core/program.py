@@ -7,9 +7,10 @@ token. Decode (a speculative round when a backend runs: `speculation.py`) and co
 committed GDN state is first saved into the backup slot bound to the sequence's block-table row, and the pages the step
 takes are provisional. Commit keeps the stepped state; a rejected row (cancelled, or the whole batch dropped by
 abort_pending) gets its slot back from the backup and returns the pages; a speculative row cut short takes the state
-after its kept tokens (`speculation.rollback`). With async scheduling a decode round (plain or speculative) may be
-launched ahead of its `decode` call (`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass this
-and supply only their store and executor.
+after its kept tokens (`speculation.rollback`; a commit's replays, where no kept state exists, in one pass:
+`speculation.replay`). With async scheduling a decode round (plain or speculative) may be launched ahead of its
+`decode` call (`ahead.py`): every other mutating call first discards it. The reference and fast Programs subclass
+this and supply only their store and executor.
 """
 
 from __future__ import annotations

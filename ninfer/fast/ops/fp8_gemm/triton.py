@@ -106,7 +106,7 @@ def fp8_gemm(x: torch.Tensor, w: QuantWeight, use_cublas: bool = True) -> torch.
     bk = a8_block(w)
     assert bk is not None and w.k == K, f"fp8_gemm: x {tuple(x.shape)}, w {w.kind} {w.shape} block {w.block_cols}"
     xq, xs = quantize_rows_fp8(x, bk)
-    if use_cublas and cublas.eligible(x, w):  # cuBLAS's blockwise FP8 where it takes the shape (faster at prefill sizes)
+    if use_cublas and cublas.eligible(x, w):  # cuBLAS's blockwise FP8 where it takes the shape (faster)
         out = cublas.blockwise_fp8(xq, xs, w)
         if out is not None:
             return out
