@@ -146,10 +146,10 @@ def make_reference_spec(mtp_reference_model):
 
 @pytest.fixture(scope="session")
 def make_fast_dflash(tiny):
-    """make_fast_dflash(kind, k, forced=False, window=None, adaptive=False, **config): the fast Program over `tiny`
-    with a random `kind` drafter (block 16, seed 1: the reference's `reference_drafter`) drafting k tokens (k=0: no
-    backend); `forced` puts ForcedDrafts in front of the drafter (the drafter context is still advanced);
-    `adaptive` as make_fast_spec's."""
+    """make_fast_dflash(kind, k, forced=False, window=None, adaptive=False, budget_bytes=BUDGET, **config): the fast
+    Program over `tiny` with a random `kind` drafter (block 16, seed 1: the reference's `reference_drafter`) drafting
+    k tokens (k=0: no backend); `forced` puts ForcedDrafts in front of the drafter (the drafter context is still
+    advanced); `adaptive` as make_fast_spec's."""
     from ninfer.models.qwen3_5.drafter import DrafterConfig
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
@@ -159,12 +159,12 @@ def make_fast_dflash(tiny):
     teacher = ReferenceModel(cfg, weights, dtype=torch.float32)
 
     def make(kind: str, k: int, forced: bool = False, window: int | None = None, adaptive: bool = False,
-             draft_vocab: int | None = None, **kw) -> FastProgram:
+             draft_vocab: int | None = None, budget_bytes: int = BUDGET, **kw) -> FastProgram:
         drafter = DrafterConfig.from_hf(drafter_hf_config(cfg, kind))
         source = {**weights, **drafter_tensors(drafter, 1)}
         spec = SpeculativeConfig(SpeculativeMethod(kind), k, window, adaptive, draft_vocab) if k else None
         config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
-        program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
+        program = FastProgram.build(cfg, source.__getitem__, config, budget_bytes=budget_bytes, device=DEVICE,
                                     kernels="triton" if ON_GPU else "naive", drafter=drafter)
         return ForcedDrafts(teacher).install(program) if forced else program
     return make

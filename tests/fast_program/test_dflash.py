@@ -79,13 +79,24 @@ def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, p
 
 
 def test_a_commit_replays_its_cut_blocks_in_one_pass(make_fast_dflash, prompt_of, plain_greedy):
-    """A plan without step states (35B-A3B's beside a drafter on an H100, the 27B's): a commit whose rows both cut
-    their blocks replays their kept tokens in one pass over both rows (`feed_rows`; it was one pass a row, which at
-    35B-A3B made a round of 8 rows cost 14 plain steps), and greedy output stays the autoregressive output."""
-    program = make_fast_dflash("dflash", 15)  # the random drafter's blocks: cut at their first miss, nearly all
-    program.executor.select = lambda seq, keep: False  # what `select` answers for a plan without step slots
+    """A plan whose step states would pass their share of what the weights leave (35B-A3B's beside a drafter on an
+    H100, the 27B's) keeps none, and captures a verify graph without backups per (B, width) on CUDA: a commit whose
+    rows both cut their blocks replays their kept tokens in one pass over both rows (`feed_rows`; it was one pass a
+    row, which at 35B-A3B made a round of 8 rows cost 14 plain steps), and greedy output stays the autoregressive
+    output."""
+    from ninfer.fast.memory import STEP_STATE_SHARE, gdn_state_bytes_per_sequence
+
+    small = dict(max_prefill_tokens=64)  # a workspace under the step states' share
+    weights = make_fast_dflash("dflash", 15, **small).model.plan.weight_bytes
+    cfg = make_fast_dflash("dflash", 0).model.cfg
+    share = 2 * 15 * gdn_state_bytes_per_sequence(cfg, "float32") * STEP_STATE_SHARE  # 2 rows x 15 states
+    program = make_fast_dflash("dflash", 15, budget_bytes=weights + share - 1, **small)
+    assert program.model.plan.step_slots == 0
+    verifier = program.executor.verifier
+    assert any(B == 2 and not backup for B, _, backup, _ in verifier.graphs) == verifier.use_graphs
     rows, feed_rows = [], program.executor.feed_rows
     program.executor.feed_rows = lambda seqs, feds: rows.append(len(seqs)) or feed_rows(seqs, feds)
+    # the random drafter's blocks: cut at their first miss, nearly all
     spec = serve(program, [token_request(p, 12) for p in spec_prompts(prompt_of)], max_concurrency=2, prefill_chunk=9)
     assert [r.token_ids for r in spec] == plain_greedy
     assert 2 in rows, rows
