@@ -171,6 +171,25 @@ def make_fast_dflash(tiny):
 
 
 @pytest.fixture(scope="session")
+def make_replaying_dflash(make_fast_dflash):
+    """make_replaying_dflash(kind, k, **config): make_fast_dflash's Program under a budget that leaves its step
+    states no room (their share of what the weights leave, `memory.verify_steps`: the 35B-A3B's beside a drafter on
+    an H100), so a cut block replays its kept tokens; prefill pieces of 64 tokens keep the workspace under that
+    share."""
+    from ninfer.fast.memory import STEP_STATE_SHARE, gdn_state_bytes_per_sequence
+
+    def make(kind: str, k: int, **kw) -> FastProgram:
+        kw.setdefault("max_prefill_tokens", 64)
+        plan = make_fast_dflash(kind, k, **kw).model.plan
+        states = plan.max_seqs * k * gdn_state_bytes_per_sequence(make_fast_dflash(kind, 0).model.cfg,
+                                                                  str(plan.dtype).removeprefix("torch."))
+        program = make_fast_dflash(kind, k, budget_bytes=plan.weight_bytes + states * STEP_STATE_SHARE - 1, **kw)
+        assert program.model.plan.step_slots == 0
+        return program
+    return make
+
+
+@pytest.fixture(scope="session")
 def make_reference_dflash(tiny):
     """The reference Program over the same weights and drafter (k=0: no backend)."""
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod

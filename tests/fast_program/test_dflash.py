@@ -78,20 +78,13 @@ def test_greedy_with_dflash_equals_greedy_without(make_fast_dflash, prompt_of, p
     assert_drained(program)
 
 
-def test_a_commit_replays_its_cut_blocks_in_one_pass(make_fast_dflash, prompt_of, plain_greedy):
+def test_a_commit_replays_its_cut_blocks_in_one_pass(make_replaying_dflash, prompt_of, plain_greedy):
     """A plan whose step states would pass their share of what the weights leave (35B-A3B's beside a drafter on an
     H100, the 27B's) keeps none, and captures a verify graph without backups per (B, width) on CUDA: a commit whose
     rows both cut their blocks replays their kept tokens in one pass over both rows (`feed_rows`; it was one pass a
     row, which at 35B-A3B made a round of 8 rows cost 14 plain steps), and greedy output stays the autoregressive
     output."""
-    from ninfer.fast.memory import STEP_STATE_SHARE, gdn_state_bytes_per_sequence
-
-    small = dict(max_prefill_tokens=64)  # a workspace under the step states' share
-    weights = make_fast_dflash("dflash", 15, **small).model.plan.weight_bytes
-    cfg = make_fast_dflash("dflash", 0).model.cfg
-    share = 2 * 15 * gdn_state_bytes_per_sequence(cfg, "float32") * STEP_STATE_SHARE  # 2 rows x 15 states
-    program = make_fast_dflash("dflash", 15, budget_bytes=weights + share - 1, **small)
-    assert program.model.plan.step_slots == 0
+    program = make_replaying_dflash("dflash", 15)
     verifier = program.executor.verifier
     assert any(B == 2 and not backup for B, _, backup, _ in verifier.graphs) == verifier.use_graphs
     rows, feed_rows = [], program.executor.feed_rows

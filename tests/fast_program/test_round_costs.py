@@ -16,12 +16,15 @@ def _program(method: str, make_fast_spec, make_fast_dflash):
     return make_fast_dflash("dflash", 7, adaptive=True), 7
 
 
-@pytest.mark.parametrize("method", ["mtp", "dflash"])
-def test_round_costs_time_every_width_and_the_draft_past_width_one(make_fast_spec, make_fast_dflash, monkeypatch,
-                                                                    method):
+@pytest.mark.parametrize("method", ["mtp", "dflash", "dflash-replaying"])
+def test_round_costs_time_every_width_and_the_draft_past_width_one(make_fast_spec, make_fast_dflash,
+                                                                    make_replaying_dflash, monkeypatch, method):
+    """`dflash-replaying`: a plan without step states also times the replay pass (no backups) of B rows at every
+    width past 1, which the policy prices by the chance of a cut."""
     from ninfer.fast.program import costs
 
-    program, k = _program(method, make_fast_spec, make_fast_dflash)
+    program, k = (make_replaying_dflash("dflash", 15, adaptive=True), 15) if method == "dflash-replaying" else \
+        _program(method, make_fast_spec, make_fast_dflash)
     ex, lanes = program.executor, program.limits.max_concurrency
     verifier = ex.verifier
     passes, drafts = [], []
@@ -40,10 +43,12 @@ def test_round_costs_time_every_width_and_the_draft_past_width_one(make_fast_spe
     monkeypatch.setattr(costs, "_best", lambda device, fn, repeats=3: (fn(), 1e-3)[1])
     measured = costs.measure_rounds(verifier, draft)
 
-    widths = (1, 2, 4) if k == 3 else (1, 2, 4, 8)
+    widths = {3: (1, 2, 4), 7: (1, 2, 4, 8), 15: (1, 2, 4, 8, 16)}[k]
     assert measured.widths == verifier.widths == widths
     assert measured.per_batch == ((1e-3,) + (2e-3,) * (len(widths) - 1),) * lanes  # verify, then verify + draft
-    assert sorted(passes) == sorted((B, w, True) for B in range(1, lanes + 1) for w in widths)
+    replays = [(B, w, False) for B in range(1, lanes + 1) for w in widths[1:]] if method == "dflash-replaying" else []
+    assert sorted(passes) == sorted([(B, w, True) for B in range(1, lanes + 1) for w in widths] + replays)
+    assert measured.replays == (((0.0,) + (1e-3,) * (len(widths) - 1),) * lanes if replays else ())
     if method == "mtp":  # w - 1 chained head steps of B rows for each width past 1
         assert sorted(drafts) == sorted(B for B in range(1, lanes + 1) for w in widths[1:] for _ in range(w - 1))
     else:  # one block pass of R rows for each width past 1, whatever the width
