@@ -4,7 +4,8 @@ per token at B = 1, 2, 4, 8 (512-token contexts) against the bandwidth floor of 
 to first token at 2048 / 8192 tokens; the issue's targets with pass/fail at the end.
 
 Weights are random planes made on the device (quant_weights.py; shapes.py for the dense ones), so the numbers are
-speed only. A recipe "fp8:dot" or "fp8:vector" picks FP8's one-row GEMV form (`fastgemv.FP8_ONE_ROW_DOT`).
+speed only. A recipe "fp8:dot" or "fp8:vector" picks FP8's one-row GEMV form (`fastgemv.FP8_ONE_ROW_DOT`);
+"fp8:moe" runs FP8 expert stacks through the fused `moe_decode` (`kernels.FP8_MOE_DECODE`).
 Run: python benchmarks/gpu/bench_quant.py [--models 9B,35B-A3B] [--recipes bf16,fp8,q4,nvfp4]
 [--deadline-s 290] [--out DIR];  --smoke runs the same code on a CPU (tiny shape, naive kernels).
 """
@@ -30,6 +31,7 @@ from shapes import config, random_source  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
+from ninfer.fast.model import kernels  # noqa: E402
 from ninfer.fast.ops.qlinear import QuantWeight, fastgemv  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 
@@ -76,15 +78,17 @@ def build(run: Run, name: str, recipe: str) -> tuple[FastProgram, Engine, dict]:
 
 def bench_one(run: Run, name: str, recipe: str) -> None:
     """One recipe; "fp8:dot" / "fp8:vector" run FP8 with its one-row GEMV through tl.dot or dot-free
-    (`fastgemv.FP8_ONE_ROW_DOT`, set for this build and its graphs)."""
+    (`fastgemv.FP8_ONE_ROW_DOT`), "fp8:moe" its expert stacks through `moe_decode` (`kernels.FP8_MOE_DECODE`),
+    each set for this build and its graphs."""
     base, _, form = recipe.partition(":")
-    saved = fastgemv.FP8_ONE_ROW_DOT
-    if form:
+    saved = fastgemv.FP8_ONE_ROW_DOT, kernels.FP8_MOE_DECODE
+    if form in ("dot", "vector"):
         fastgemv.FP8_ONE_ROW_DOT = form == "dot"
+    kernels.FP8_MOE_DECODE = form == "moe" or saved[1]
     try:
         _bench(run, name, recipe, base)
     finally:
-        fastgemv.FP8_ONE_ROW_DOT = saved
+        fastgemv.FP8_ONE_ROW_DOT, kernels.FP8_MOE_DECODE = saved
 
 
 def _bench(run: Run, name: str, recipe: str, base: str) -> None:

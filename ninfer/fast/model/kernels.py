@@ -205,15 +205,26 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
 # a CUDA graph (bench_moe.py, docs/performance.md), B = 1 33.1 us against today's 47.2, B = 2 73.7 against 63.6
 # (every swept configuration slower still); B = 4 and 8 not measured yet
 _MOE_DECODE_ROWS = 1
+# FP8 expert stacks through ``moe_decode`` (their bytes as stored, scales applied per tile) instead of ``qmoe``'s
+# per-pair GEMVs and separate router, shared expert and combine: off until measured on a GPU (fourteenth session:
+# built for sm_90 and tested in the interpreter; 35B-A3B FP8 decode at B = 1 ran 4.99 ms through qmoe against bf16's
+# 3.86 through moe_decode). bench_quant.py's recipe "fp8:moe" turns it on for its build
+FP8_MOE_DECODE = False
 
 
 def _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down, max_rows: int) -> bool:
     """The fused MoE block (``moe_decode``) takes at most ``max_rows`` rows (the default table 1, "triton-fused" up
-    to the op's 8, so that its step measures the rest) over dense expert stacks (and a dense shared expert, or none);
-    quantized experts keep the ``qmoe`` path. The rule is on shapes only, so each exact-B graph keeps its path."""
+    to the op's 8, so that its step measures the rest) over dense expert stacks (and a dense shared expert, or none)
+    of one dtype, or with ``FP8_MOE_DECODE`` FP8 stacks of one block (``moe_decode.fp8_stacks``); other quantized
+    experts keep the ``qmoe`` path. The rule is on shapes only, so each exact-B graph keeps its path."""
+    from ninfer.fast.ops.moe_decode.triton import fp8_stacks
+
     parts = [w_gate_up, w_down] + ([] if shared_gate_up is None else [shared_gate_up, shared_down])
-    return (y.shape[0] <= max_rows and all(isinstance(p, torch.Tensor) for p in parts)
-            and len({p.dtype for p in parts}) == 1)
+    if y.shape[0] > max_rows:
+        return False
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return len({p.dtype for p in parts}) == 1
+    return FP8_MOE_DECODE and fp8_stacks(*parts)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:

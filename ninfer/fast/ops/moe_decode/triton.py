@@ -15,6 +15,12 @@ activation) over one flat loop of (pair, K tile) steps, the same dedup rule skip
 combine is that fixed-order sum, so no atomics, no third launch, deterministic. An optional residual [M, H] is added
 in the epilogue (the block rounded to its dtype first), in place.
 
+FP8 expert stacks (``QuantWeight`` of kind FP8: e4m3 [E, N, K] with fp32 scales per block of BR rows x BC
+columns, the shared expert likewise) stream their bytes as stored: each loaded weight tile is converted to fp32 and
+multiplied by its blocks' scales (a gathered [BN, BK] tile of the small scale plane, from L1/L2), which is the
+format's dequantization (``moe_decode_naive`` over the dequantized stacks is the definition), at half the bytes of
+bf16.
+
 No ``tl.dot`` (its smallest tile is 16 rows): rows are a broadcast dimension, products accumulate per (row, column,
 k) in fp32 registers and are summed once after the loop, as ``qlinear``'s dot-free GEMV. Tiles keep that
 accumulator at 32 fp32 registers a thread (``_ACC_PER_THREAD``) and the pipelined loads of one program well under
@@ -30,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ninfer.fast.ops.gemv.triton import _num_sms
+from ninfer.fast.ops.qlinear.layout import QKind, QuantWeight
 
 MAX_ROWS = 8
 # fp32 accumulator registers a thread spends: the loaded tiles and their fp32 copies take about as many again
@@ -122,10 +129,24 @@ def _rows_choosing(logit_ptr, e, m, mask_m, E, stride_l, TOPK: tl.constexpr, BE:
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M, E, I, IS, H, stride_x, stride_l,
-                    stride_we, stride_wn, stride_sn, stride_act, TOPK: tl.constexpr, RENORM: tl.constexpr,
-                    BM: tl.constexpr, BE: tl.constexpr, BKK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    EVEN_K: tl.constexpr):
+def _scales(scale_rows, first_row, k, mask_n, K, BC, ONE_BLOCK: tl.constexpr):
+    """The FP8 scales of a weight tile's entries, to multiply the loaded [BN, BK] tile by: with ONE_BLOCK (the
+    tile's rows inside one block of rows) the block row `first_row` at column blocks k // BC, [1, BK]; else each
+    row's, scale_rows [BN, 1] at k // BC, [BN, BK] (twice the registers: gate_up at one row of 35B-A3B then holds 187
+    a thread, 2 programs an SM). fp32; 0 past the rows or K, where the weights load as 0 too."""
+    if ONE_BLOCK:
+        s = tl.load(first_row + k // BC, mask=k < K, other=0.0).to(tl.float32)[None, :]
+    else:
+        s = tl.load(scale_rows + (k // BC)[None, :], mask=mask_n[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, ws_ptr, sws_ptr, M, E, I, IS, H,
+                    BR, BC, stride_x, stride_l, stride_we, stride_wn, stride_sn, stride_act, stride_wse, stride_wsn,
+                    stride_swsn, TOPK: tl.constexpr, RENORM: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr,
+                    BKK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
+                    ONE_BLOCK: tl.constexpr):
     j = tl.program_id(0)  # (row t, slot s) pair t * TOPK + s, or M * TOPK: the shared expert
     P = M * TOPK
     t = j // TOPK
@@ -149,9 +170,12 @@ def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M
     out_rows = tl.where(shared, P + m, m * TOPK + rank)  # [BM] scratch rows
     if shared:
         w_rows = sw_ptr
+        s_base = sws_ptr
     else:
         w_rows = w_ptr + e.to(tl.int64) * stride_we
+        s_base = ws_ptr + e.to(tl.int64) * stride_wse
     stride_n = tl.where(shared, stride_sn, stride_wn)
+    stride_s = tl.where(shared, stride_swsn, stride_wsn)
     half = tl.where(shared, IS, I)  # gate rows [0, half), up rows [half, 2 half)
     # a tile past this expert's width (I != Is) streams nothing
     active = active & (tl.program_id(1) * BN < half)
@@ -159,6 +183,11 @@ def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M
     mask_n = n < tl.where(active, half, 0)
     gate_rows = w_rows + n[:, None].to(tl.int64) * stride_n  # [BN, 1]
     up_rows = gate_rows + half.to(tl.int64) * stride_n
+    gate_scales = s_base + (n // BR)[:, None].to(tl.int64) * stride_s  # [BN, 1] (FP8: the rows' scale blocks)
+    up_scales = s_base + ((n + half) // BR)[:, None].to(tl.int64) * stride_s
+    n0 = tl.program_id(1) * BN
+    gate_block = s_base + (n0 // BR).to(tl.int64) * stride_s  # ONE_BLOCK: the tile's block row
+    up_block = s_base + ((n0 + half) // BR).to(tl.int64) * stride_s
     x_rows = x_ptr + m[:, None].to(tl.int64) * stride_x  # [BM, 1]
     k_end = tl.where(active, H, 0)
     kt = tl.arange(0, BK)
@@ -175,6 +204,9 @@ def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M
             x = tl.load(x_rows + k[None, :], mask=chosen[:, None] & mk, other=0.0).to(tl.float32)
             g = tl.load(gate_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)
             u = tl.load(up_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)
+        if FP8:
+            g = g * _scales(gate_scales, gate_block, k, mask_n, H, BC, ONE_BLOCK)
+            u = u * _scales(up_scales, up_block, k, mask_n, H, BC, ONE_BLOCK)
         if BM == 1:
             # one row of x as a vector in the weight tile's layout: no 3-D broadcast to convert into
             xv = tl.sum(x, axis=0)[None, :]
@@ -190,10 +222,11 @@ def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, M
 
 
 @triton.jit
-def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_ptr, M, E, I, IS, H, stride_l,
-                 stride_we, stride_wn, stride_sn, stride_act, stride_r, stride_y, TOPK: tl.constexpr,
-                 HAS_SHARED: tl.constexpr, RESIDUAL: tl.constexpr, BM: tl.constexpr, BKK: tl.constexpr,
-                 BN: tl.constexpr, BK: tl.constexpr):
+def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_ptr, ws_ptr, sws_ptr, M, E, I, IS, H,
+                 BR, BC, stride_l, stride_we, stride_wn, stride_sn, stride_act, stride_r, stride_y, stride_wse,
+                 stride_wsn, stride_swsn, TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, RESIDUAL: tl.constexpr,
+                 BM: tl.constexpr, BKK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8: tl.constexpr,
+                 ONE_BLOCK: tl.constexpr):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     mask_n = n < H
     m = tl.arange(0, BM)
@@ -205,11 +238,15 @@ def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_pt
         gate = tl.sigmoid(tl.load(logit_ptr + m.to(tl.int64) * stride_l + E, mask=mask_m, other=0.0).to(tl.float32))
         a_rows = act_ptr + (P + m)[:, None].to(tl.int64) * stride_act
         w_rows = sw_ptr + n[:, None].to(tl.int64) * stride_sn
+        s_rows = sws_ptr + (n // BR)[:, None].to(tl.int64) * stride_swsn
+        s_block = sws_ptr + (tl.program_id(0) * BN // BR).to(tl.int64) * stride_swsn
         for k0 in range(0, IS, BK):
             k = k0 + kt
             mk = (k < IS)[None, :]
             a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & mk, other=0.0) * gate[:, None]  # [BM, BK]
             w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)  # [BN, BK]
+            if FP8:
+                w = w * _scales(s_rows, s_block, k, mask_n, IS, BC, ONE_BLOCK)
             acc += w[None, :, :] * a[:, None, :]
     kk = tl.arange(0, BKK)
     pm = mask_m[:, None] & (kk < TOPK)[None, :]
@@ -230,6 +267,11 @@ def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_pt
         a = tl.load(a_rows + k[None, :], mask=chosen[:, None] & mk, other=0.0) * wgt[:, None]
         w_rows = w_ptr + e.to(tl.int64) * stride_we + n[:, None].to(tl.int64) * stride_wn
         w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk, other=0.0).to(tl.float32)
+        if FP8:
+            s_base = ws_ptr + e.to(tl.int64) * stride_wse
+            s_rows = s_base + (n // BR)[:, None].to(tl.int64) * stride_wsn
+            s_block = s_base + (tl.program_id(0) * BN // BR).to(tl.int64) * stride_wsn
+            w = w * _scales(s_rows, s_block, k, mask_n, tl.where(active, I, 0), BC, ONE_BLOCK)
         acc += w[None, :, :] * a[:, None, :]
     out = tl.sum(acc, axis=2)  # [BM, BN]
     mask = mask_m[:, None] & mask_n[None, :]
@@ -240,55 +282,93 @@ def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_pt
     tl.store(y_ptr + m[:, None].to(tl.int64) * stride_y + n[None, :], out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@dataclass(frozen=True)
+class _Stack:
+    """A weight as the kernels read it: `data` [.., N, K] (dense, or FP8 e4m3 codes) and, for FP8, `scales`
+    [.., ceil(N / br), ceil(K / bc)] (else the data again, never read)."""
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    br: int = 1
+    bc: int = 1
+
+    @classmethod
+    def of(cls, w: "torch.Tensor | QuantWeight") -> "_Stack":
+        if isinstance(w, QuantWeight):
+            return cls(w.data, w.scales, w.block_rows, min(w.block_cols, w.k))
+        return cls(w, w)
+
+    def stride_s(self, dim: int) -> int:
+        return self.scales.stride(dim) if self.scales is not self.data else 0
+
+
+def fp8_stacks(*parts) -> bool:
+    """Whether these weights (None skipped) are FP8 QuantWeights that `moe_decode` runs as stored: e4m3 codes with
+    fp32 scales per block, no per-row global scale, all with the same block."""
+    ws = [p for p in parts if p is not None]
+    return bool(ws) and all(isinstance(w, QuantWeight) and w.kind == QKind.FP8 and w.row_scale is None
+                            and w.data.is_contiguous() and w.scales.stride(-1) == 1 for w in ws) and \
+        len({(w.block_rows, min(w.block_cols, w.k), w.scales.dtype) for w in ws}) == 1
+
+
 def _check(x, logits, w_gate_up, w_down, shared_gate_up, shared_down, residual, top_k) -> None:
     M, H = x.shape
+    fp8 = isinstance(w_gate_up, QuantWeight)
+    assert not fp8 or fp8_stacks(w_gate_up, w_down, shared_gate_up, shared_down), "moe_decode: FP8 stacks"
     E, I2, _ = w_gate_up.shape
     assert 1 <= M <= MAX_ROWS and x.stride(1) == 1, f"moe_decode: x {tuple(x.shape)} (at most {MAX_ROWS} rows)"
-    assert w_gate_up.shape == (E, I2, H) and w_down.shape == (E, H, I2 // 2), "moe_decode: expert stacks"
-    assert w_gate_up.is_contiguous() and w_down.is_contiguous() and 1 <= top_k <= E
+    assert tuple(w_gate_up.shape) == (E, I2, H) and tuple(w_down.shape) == (E, H, I2 // 2), "moe_decode: stacks"
+    assert fp8 or (w_gate_up.is_contiguous() and w_down.is_contiguous()), "moe_decode: contiguous stacks"
+    assert 1 <= top_k <= E
     has_shared = shared_gate_up is not None
     assert logits.shape[0] == M and logits.shape[1] >= E + has_shared and logits.stride(1) == 1, "moe_decode: logits"
     if has_shared:
         assert shared_down is not None and shared_gate_up.shape[1] == H and shared_down.shape[0] == H
-        assert shared_gate_up.stride(1) == 1 and shared_down.stride(1) == 1
-        assert shared_gate_up.dtype == shared_down.dtype == w_gate_up.dtype == w_down.dtype, "moe_decode: dtypes"
+        assert isinstance(shared_gate_up, QuantWeight) == fp8, "moe_decode: the shared expert in the stacks' format"
+        if not fp8:
+            assert shared_gate_up.stride(1) == 1 and shared_down.stride(1) == 1
+            assert shared_gate_up.dtype == shared_down.dtype == w_gate_up.dtype == w_down.dtype, "moe_decode: dtypes"
     assert residual is None or (residual.shape == (M, H) and residual.stride(1) == 1), "moe_decode: residual"
 
 
-def moe_decode(x: torch.Tensor, logits: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
-               renormalize: bool = True, shared_gate_up: torch.Tensor | None = None,
-               shared_down: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+def moe_decode(x: torch.Tensor, logits: torch.Tensor, w_gate_up, w_down, top_k: int,
+               renormalize: bool = True, shared_gate_up=None, shared_down=None, residual: torch.Tensor | None = None,
                config: MoeDecodeConfig | None = None) -> torch.Tensor:
     """``moe_decode_naive``'s contract in two launches: x [M <= 8, H]; logits [M, E (+1)] (any row stride);
-    dense expert stacks w_gate_up [E, 2I, H], w_down [E, H, I]; the shared expert [2Is, H] / [H, Is] (same dtype)
-    or None. Returns [M, H] in x's dtype, or with ``residual`` adds the block to it in place and returns it.
-    ``config`` overrides the shape heuristic (benchmarks)."""
+    expert stacks w_gate_up [E, 2I, H], w_down [E, H, I], dense or FP8 ``QuantWeight`` stacks (`fp8_stacks`); the
+    shared expert [2Is, H] / [H, Is] in the same format, or None. Returns [M, H] in x's dtype, or with ``residual``
+    adds the block to it in place and returns it. ``config`` overrides the shape heuristic (benchmarks)."""
     _check(x, logits, w_gate_up, w_down, shared_gate_up, shared_down, residual, top_k)
     M, H = x.shape
     E, I = w_gate_up.shape[0], w_gate_up.shape[1] // 2
     has_shared = shared_gate_up is not None
     IS = shared_gate_up.shape[0] // 2 if has_shared else 0
+    gu, dn = _Stack.of(w_gate_up), _Stack.of(w_down)
+    sgu, sdn = (_Stack.of(shared_gate_up), _Stack.of(shared_down)) if has_shared else (gu, dn)
+    fp8 = isinstance(w_gate_up, QuantWeight)
     cfg = config or pick_config(M, H, I, _num_sms(x.device))
-    smem = smem_bytes(cfg, M, w_gate_up.element_size(), x.element_size())
+    smem = smem_bytes(cfg, M, gu.data.element_size(), x.element_size())
     assert smem <= SMEM_LIMIT, f"moe_decode: {cfg} needs {smem} bytes of shared memory"
     P = M * top_k
     act = torch.empty(P + M * has_shared, max(I, IS), device=x.device, dtype=torch.float32)
     ids = torch.empty(M, top_k, device=x.device, dtype=torch.int32)
     rw = torch.empty(M, top_k, device=x.device, dtype=torch.float32)
-    sgu = shared_gate_up if has_shared else w_gate_up
-    sdn = shared_down if has_shared else w_down
     bm, bkk = triton.next_power_of_2(M), triton.next_power_of_2(top_k)
-    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, FP8=fp8)
+    # FP8: a tile's rows inside one block of rows (gate and up halves, and the shared expert's, on block bounds)
+    gate_one = fp8 and gu.br % cfg.gate_bn == 0 and I % gu.br == 0 and IS % gu.br == 0
+    down_one = fp8 and dn.br % cfg.down_bn == 0
     _gate_up_kernel[(P + has_shared, triton.cdiv(max(I, IS), cfg.gate_bn))](
-        x, logits, w_gate_up, sgu, act, ids, rw, M, E, I, IS, H, x.stride(0), logits.stride(0),
-        w_gate_up.stride(0), w_gate_up.stride(1), sgu.stride(0), act.stride(0), TOPK=top_k, RENORM=renormalize,
-        BM=bm, BE=triton.next_power_of_2(E), BKK=bkk, BN=cfg.gate_bn, BK=cfg.gate_bk, EVEN_K=H % cfg.gate_bk == 0,
-        **common)
+        x, logits, gu.data, sgu.data, act, ids, rw, gu.scales, sgu.scales, M, E, I, IS, H, gu.br, gu.bc,
+        x.stride(0), logits.stride(0), gu.data.stride(0), gu.data.stride(1), sgu.data.stride(0), act.stride(0),
+        gu.stride_s(0), gu.stride_s(1), sgu.stride_s(-2), TOPK=top_k, RENORM=renormalize, BM=bm,
+        BE=triton.next_power_of_2(E), BKK=bkk, BN=cfg.gate_bn, BK=cfg.gate_bk, EVEN_K=H % cfg.gate_bk == 0,
+        ONE_BLOCK=gate_one, **common)
     y = residual if residual is not None else x.new_empty(M, H)
     r = residual if residual is not None else y
     _down_kernel[(triton.cdiv(H, cfg.down_bn),)](
-        act, logits, ids, rw, w_down, sdn, r, y, M, E, I, IS, H, logits.stride(0), w_down.stride(0),
-        w_down.stride(1), sdn.stride(0), act.stride(0), r.stride(0), y.stride(0), TOPK=top_k,
-        HAS_SHARED=has_shared, RESIDUAL=residual is not None, BM=bm, BKK=bkk, BN=cfg.down_bn, BK=cfg.down_bk,
-        **common)
+        act, logits, ids, rw, dn.data, sdn.data, r, y, dn.scales, sdn.scales, M, E, I, IS, H, dn.br, dn.bc,
+        logits.stride(0), dn.data.stride(0), dn.data.stride(1), sdn.data.stride(0), act.stride(0), r.stride(0),
+        y.stride(0), dn.stride_s(0), dn.stride_s(1), sdn.stride_s(-2), TOPK=top_k, HAS_SHARED=has_shared,
+        RESIDUAL=residual is not None, BM=bm, BKK=bkk, BN=cfg.down_bn, BK=cfg.down_bk, ONE_BLOCK=down_one, **common)
     return y
