@@ -17,9 +17,9 @@ in the epilogue (the block rounded to its dtype first), in place.
 
 FP8 expert stacks (``QuantWeight`` of kind FP8: e4m3 [E, N, K] with fp32 scales per block of BR rows x BC
 columns, the shared expert likewise) stream their bytes as stored: each loaded weight tile is converted to fp32 and
-multiplied by its blocks' scales (a gathered [BN, BK] tile of the small scale plane, from L1/L2), which is the
-format's dequantization (``moe_decode_naive`` over the dequantized stacks is the definition), at half the bytes of
-bf16.
+multiplied by its blocks' scales (one row of the small scale plane where the tile's rows share a block of rows, else
+a gathered [BN, BK] tile, from L1/L2), which is the format's dequantization (``moe_decode_naive`` over the
+dequantized stacks is the definition), at half the bytes of bf16.
 
 No ``tl.dot`` (its smallest tile is 16 rows): rows are a broadcast dimension, products accumulate per (row, column,
 k) in fp32 registers and are summed once after the loop, as ``qlinear``'s dot-free GEMV. Tiles keep that
