@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runlog import Run, bench_arguments, print_problems  # noqa: E402
+
+from ninfer.testing.live_server import free_port, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,28 +74,6 @@ def serve_shape(shape: str, port: int, s: Settings) -> None:
     serve(rt, host="127.0.0.1", port=port, api_key=None, log_level="warning")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_ready(url: str, server: subprocess.Popen, timeout_s: float) -> float:
-    import httpx
-
-    t = time.monotonic()
-    while time.monotonic() - t < timeout_s:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with status {server.returncode}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2.0).status_code == 200:
-                return time.monotonic() - t
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"the server was not ready within {timeout_s:.0f} s")
-
-
 def bench_serve(url: str, s: Settings, concurrency: int, prompts: int, out: Path) -> dict:
     """One `ninfer bench serve` run, as a user types it; its --save-result summary."""
     cmd = [sys.executable, "-m", "ninfer.cli", "bench", "serve", "--base-url", url, "--max-concurrency",
@@ -112,14 +91,14 @@ def _env() -> dict:
 
 
 def bench_model(run: Run, name: str, smoke: bool) -> None:
-    s, port = run.s, _free_port()
+    s, port = run.s, free_port()
     url, entry = f"http://127.0.0.1:{port}", run.results["models"].setdefault(name, {})
     with tempfile.TemporaryDirectory() as tmp:
         log = open(Path(tmp) / "server.log", "w")
         server = subprocess.Popen([sys.executable, __file__, "--serve", name, "--port", str(port)]
                                   + (["--smoke"] if smoke else []), stdout=log, stderr=subprocess.STDOUT, env=_env())
         try:
-            entry["ready_s"] = _wait_ready(url, server, s.ready_timeout_s)
+            entry["ready_s"] = wait_ready(url, server, s.ready_timeout_s)
             top = max(s.levels)
             bench_serve(url, s, top, top, Path(tmp) / "warm.json")  # every prefill length and graph warmed
             for c in s.levels:

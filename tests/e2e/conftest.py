@@ -11,18 +11,17 @@ live server's tests carry it in their ids (`test_models_and_chat[fast]`) and its
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import uvicorn
 
 from ninfer.serve.lifecycle import Lifecycle, Server
+from ninfer.testing.live_server import free_port, wait_ready
 from ninfer.serve.protocol import bounded_protocol
 
 READY_TIMEOUT_S = 240
@@ -58,12 +57,6 @@ def program_args() -> list[str]:
     return ["--program", "reference"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LiveServer:
     def __init__(self, args: list[str], log: Path):
         self.port = free_port()
@@ -75,17 +68,7 @@ class LiveServer:
         self.proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"server not ready in {READY_TIMEOUT_S} s:\n{self.log.read_text()}")
+        wait_ready(self.url, self.proc, READY_TIMEOUT_S, self.log)
 
     def wait_log(self, text: str, timeout_s: float = 10) -> str:
         """The log line holding ``text`` (the readiness summary is printed just after /health/ready turns 200)."""
