@@ -217,14 +217,16 @@ def _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down, max_r
     to the op's 8, so that its step measures the rest) over dense expert stacks (and a dense shared expert, or none)
     of one dtype, or with ``FP8_MOE_DECODE`` FP8 stacks of one block (``moe_decode.fp8_stacks``); other quantized
     experts keep the ``qmoe`` path. The rule is on shapes only, so each exact-B graph keeps its path."""
-    from ninfer.fast.ops.moe_decode.triton import fp8_stacks
-
     parts = [w_gate_up, w_down] + ([] if shared_gate_up is None else [shared_gate_up, shared_down])
     if y.shape[0] > max_rows:
         return False
     if all(isinstance(p, torch.Tensor) for p in parts):
         return len({p.dtype for p in parts}) == 1
-    return FP8_MOE_DECODE and fp8_stacks(*parts)
+    if not FP8_MOE_DECODE:
+        return False
+    from ninfer.fast.ops.moe_decode.triton import fp8_stacks  # the op table's ops load with the table
+
+    return fp8_stacks(*parts)
 
 
 def _gemv_wins(x, w, fused: bool) -> bool:

@@ -134,14 +134,13 @@ class PrefixMasks:
         if tokens is not None and tokens.shape[1]:
             self.drafts[:B, :tokens.shape[1]].copy_(tokens)
         words = self.words[:B * self.k1]
-        if in_pass or not self.cuda:
-            if not in_pass:
-                self._body(B)
-            return QueuedMasks(words, lambda: None, self._failures)
-        self.fork(B)
-        self._done.record(self.side)
-        return QueuedMasks(words, lambda: torch.cuda.current_stream(self.words.device).wait_event(self._done),
-                           self._failures)
+        if not in_pass:
+            self.fork(B)  # without CUDA: the bracket runs now
+            if self.cuda:
+                self._done.record(self.side)
+                return QueuedMasks(words, lambda: torch.cuda.current_stream(self.words.device).wait_event(self._done),
+                                   self._failures)
+        return QueuedMasks(words, lambda: None, self._failures)
 
     def check(self) -> None:
         """After the round's sync: raise what the host function itself raised (a fault of the Program, not a

@@ -25,8 +25,7 @@ def eligible(x: torch.Tensor, w: QuantWeight) -> bool:
     earlier refusal of its shape."""
     N, K = w.n, w.k
     return (x.is_cuda and x.dtype == torch.bfloat16 and w.block_rows == BLOCK and w.block_cols == BLOCK
-            and N % BLOCK == 0 and K % BLOCK == 0 and hasattr(torch, "_scaled_mm")
-            and (x.shape[0] % 16, N, K) not in _REFUSED)
+            and N % BLOCK == 0 and K % BLOCK == 0 and (x.shape[0] % 16, N, K) not in _REFUSED)
 
 
 def blockwise_fp8(xq: torch.Tensor, xs: torch.Tensor, w: QuantWeight) -> torch.Tensor | None:
