@@ -6,7 +6,8 @@ were queued and before the graph's own input copy and replay, one after the grap
 event to the next step's start event is the time the device spent outside the decode graphs: the previous step's
 draws going to the host, the next step's input copies (a few us), and whatever the host was late by. When the
 host is late the start event runs as soon as it is queued, so the gap is the lateness; when the step was already
-queued behind the previous graph (async scheduling) it is the copies alone. Without CUDA the same wrapper records
+queued behind the previous graph (async scheduling, a step chained behind the one the host is reading) it is the
+copies alone. Without CUDA the same wrapper records
 host timestamps (the smoke run), which measures the host's time between launches instead.
 """
 
@@ -27,11 +28,11 @@ class StepGaps:
         self.recording = False
         run_lists = self.runner.run_lists
 
-        def timed(columns, variant=None):
+        def timed(columns, variant=None, tokens=None):
             if not self.recording:
-                return run_lists(columns, variant)
+                return run_lists(columns, variant, tokens)
             start = self._mark()
-            out = run_lists(columns, variant)
+            out = run_lists(columns, variant, tokens)
             self.marks.append((start, self._mark()))
             return out
 

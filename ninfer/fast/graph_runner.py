@@ -41,11 +41,11 @@ from ninfer.fast.sampling.rows import GREEDY
 
 
 class StaticInputs:
-    """Decode inputs at the largest batch size; a batch of B uses the first B columns. The six int32 rows live in
+    """Decode inputs at the largest batch size; a batch of B uses the first B columns. The seven int32 rows live in
     one device tensor, mirrored (on CUDA) by one pinned host tensor, so a step's inputs cross in one copy (one per
     pipeline rank: each has its own ``by_rank`` tensor on its device; the row attributes are rank 0's)."""
 
-    ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions", "rope_positions")
+    ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions", "rope_positions", "backup_rows")
 
     def __init__(self, max_batch: int, device: torch.device, devices: list[torch.device] | None = None):
         # [6, max_batch] per rank
@@ -59,9 +59,11 @@ class StaticInputs:
         self._copied = [torch.cuda.Event() for _ in self.by_rank] if pin else None
         # tokens [max_batch]; slot_ids: GDN slots; table_rows: rows of pools.block_tables; context_lens: keys to
         # attend to, the current token included; positions: the token's absolute position (its KV address);
-        # rope_positions: its rotary position (position + the prompt's MRoPE rope_delta, 0 for a text prompt)
-        (self.tokens, self.slot_ids, self.table_rows, self.context_lens, self.positions,
-         self.rope_positions) = self.packed.unbind(0)
+        # rope_positions: its rotary position (position + the prompt's MRoPE rope_delta, 0 for a text prompt);
+        # backup_rows: the step's backup slot less the backup base (the row's own, or its chained backup: a step
+        # launched behind another keeps the state between the two there, `MemoryPlan.chain_backup`)
+        (self.tokens, self.slot_ids, self.table_rows, self.context_lens, self.positions, self.rope_positions,
+         self.backup_rows) = self.packed.unbind(0)
 
     @classmethod
     def allocate(cls, max_batch: int, device: torch.device, devices: list[torch.device] | None = None
@@ -69,15 +71,16 @@ class StaticInputs:
         return cls(max_batch, torch.device(device), devices)
 
     def rank(self, r: int) -> tuple[torch.Tensor, ...]:
-        """Rank r's six rows (tokens, slot_ids, table_rows, context_lens, positions, rope_positions)."""
-        return self.by_rank[r].unbind(0)
+        """Rank r's six addressing rows (tokens, slot_ids, table_rows, context_lens, positions, rope_positions;
+        staged steps back up into their table rows' own slots)."""
+        return self.by_rank[r].unbind(0)[:6]
 
     def fill(self, tokens, slot_ids, table_rows, context_lens, positions, rope_positions=None) -> int:
-        """Copy one batch in (host or device tensors, any int dtype; rope_positions default to positions);
-        returns B."""
+        """Copy one batch in (host or device tensors, any int dtype; rope_positions default to positions, backup
+        rows to the table rows); returns B."""
         B = tokens.shape[0]
         rope = positions if rope_positions is None else rope_positions
-        for row, src in enumerate((tokens, slot_ids, table_rows, context_lens, positions, rope)):
+        for row, src in enumerate((tokens, slot_ids, table_rows, context_lens, positions, rope, table_rows)):
             if src.shape != (B,):
                 raise ValueError(f"decode inputs must all be [B={B}], got {tuple(src.shape)}")
             for packed in self.by_rank:
@@ -85,11 +88,13 @@ class StaticInputs:
         return B
 
     def fill_lists(self, columns: tuple[list[int], ...]) -> int:
-        """The same from five or six host lists of ints (rope positions default to positions), through the pinned
-        mirror in one copy; returns B."""
+        """The same from five, six or seven host lists of ints (rope positions default to positions, backup rows
+        to the table rows), through the pinned mirror in one copy; returns B."""
         B = len(columns[0])
-        if len(columns) == len(self.ROWS) - 1:
+        if len(columns) == len(self.ROWS) - 2:
             columns = (*columns, columns[-1])
+        if len(columns) == len(self.ROWS) - 1:
+            columns = (*columns, columns[2])
         if len(columns) != len(self.ROWS) or any(len(c) != B for c in columns):
             raise ValueError(f"decode inputs must all have B={B} entries, got {[len(c) for c in columns]}")
         if self._copied is not None:
@@ -110,6 +115,7 @@ class StaticInputs:
             packed[1, :B].fill_(dummy_slot)  # slot_ids
             packed[2, :B].fill_(dummy_row)  # table_rows
             packed[3, :B].fill_(1)  # context_lens
+            packed[6, :B].fill_(dummy_row)  # backup_rows: the dummy row's backup is the dummy slot
 
 
 def graphs_available() -> bool:
@@ -147,7 +153,7 @@ class DecodeGraphRunner:
             return self.pieces.eager(B, lambda pair: self._tail(B, variant, pair))
         s = self.inputs
         if self.backup_base is not None:
-            self.model.backup_slots(s.slot_ids[:B], s.table_rows[:B], self.backup_base)
+            self.model.backup_slots(s.slot_ids[:B], s.backup_rows[:B], self.backup_base)
         logits = self.model.decode(s.tokens[:B], s.slot_ids[:B], s.table_rows[:B], s.context_lens[:B],
                                    s.positions[:B], s.rope_positions[:B])
         return self._head(logits, variant)
@@ -233,11 +239,17 @@ class DecodeGraphRunner:
         return self._replay(self.inputs.fill(tokens, slot_ids, table_rows, context_lens, positions, rope_positions),
                             variant)
 
-    def run_lists(self, columns: tuple[list[int], ...], variant: str | None = None) -> tuple[torch.Tensor, ...] | None:
-        """``run`` from five host lists (tokens, slot ids, table rows, context lengths, positions), or six with the
-        rotary positions: one copy in."""
+    def run_lists(self, columns: tuple[list[int], ...], variant: str | None = None,
+                  tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
+        """``run`` from five host lists (tokens, slot ids, table rows, context lengths, positions), six with the
+        rotary positions, seven with the backup rows: one copy in. ``tokens`` [B] int32 on the device replaces the
+        token row after that copy (a chained step's: the draws of the step before it, never read by the host;
+        clamped into the vocabulary, since a failed row's draw is dropped by the commit but its step still runs)."""
         self._check(len(columns[0]), variant)
-        return self._replay(self.inputs.fill_lists(columns), variant)
+        B = self.inputs.fill_lists(columns)
+        if tokens is not None:
+            torch.clamp(tokens, 0, self.model.cfg.vocab_size - 1, out=self.inputs.tokens[:B])
+        return self._replay(B, variant)
 
     def _check(self, B: int, variant: str | None) -> None:
         if not 1 <= B <= self.max_batch:

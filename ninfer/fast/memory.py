@@ -52,6 +52,9 @@ class MemoryPlan:
     verify_rows: int = 0  # token rows of the speculative verify graphs' static outputs (max_seqs * (k + 1))
     # per block-table row: state slots a verify pass keeps block positions 0..k-1's GDN state (and stored hidden) in
     step_slots: int = 0
+    # per block-table row, without a speculative backend: 1 when a decode step may be launched behind another
+    # (a chained step, docs/engine.md "Async scheduling"), whose backup of the state between the two goes there
+    chain_slots: int = 0
     # the longest prefill piece with a CUDA graph (ninfer.fast.prefill_graphs; 0: none): its graphs' private pool
     # keeps one such piece's transients for good, counted in workspace_bytes
     prefill_graph_tokens: int = 0
@@ -83,8 +86,9 @@ class MemoryPlan:
 
     @property
     def state_slots(self) -> int:
-        """Slots in the state pools: the allocatable and backup ones, the dummy, then every row's step slots."""
-        return self.slots + 1 + self.max_seqs * self.step_slots
+        """Slots in the state pools: the allocatable and backup ones, the dummy, every row's step slots, then its
+        chained backup."""
+        return self.slots + 1 + self.max_seqs * (self.step_slots + self.chain_slots)
 
     @property
     def slot_bytes(self) -> int:
@@ -97,6 +101,13 @@ class MemoryPlan:
         if not (0 <= row < self.max_seqs and 0 <= j < self.step_slots):
             raise ValueError(f"no step slot ({row}, {j}): {self.max_seqs} rows keep {self.step_slots} each")
         return self.slots + 1 + row * self.step_slots + j
+
+    def chain_backup(self, row: int) -> int:
+        """The slot a decode step chained behind another backs row `row`'s state up into (the step before it
+        keeps the row's own backup slot). ValueError where the plan keeps none."""
+        if not (0 <= row < self.max_seqs and self.chain_slots):
+            raise ValueError(f"no chained backup for row {row}: {self.max_seqs} rows keep {self.chain_slots} each")
+        return self.slots + 1 + self.max_seqs * self.step_slots + row
 
 
 def workspace_bytes(cfg: Qwen35Config, tokens: int, max_batch: int, dtype: torch.dtype) -> int:
@@ -204,7 +215,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                 slots: int | None = None, dtype: torch.dtype = torch.bfloat16, max_prefill_tokens: int = 8192,
                 max_kv_pages: int | None = None, mtp: bool = False, weight_bytes_resident: int | None = None,
                 extra_workspace: int = 0, drafter: DrafterConfig | None = None,
-                verify_width: int = 0, prefill_graph_tokens: int = 0) -> MemoryPlan:
+                verify_width: int = 0, prefill_graph_tokens: int = 0, chained: bool = False) -> MemoryPlan:
     """Fit weights, state slots, block tables and workspace into ``budget_bytes``; the KV pool gets the rest
     (at most ``max_kv_pages``). Raises ``MemoryError`` when not even one ``max_context`` sequence fits. ``mtp``
     adds the MTP head: its weights, its KV layer in every page and one hidden vector per slot. A quantized model
@@ -214,7 +225,8 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
     ``drafter`` adds a DFlash drafter: its weights, its context K/V in every page, its scratch pages and
     transients. ``verify_width`` (k + 1 of a backend) adds the round's graphs (``spec_graph_bytes``, the
     drafter's verify taps with a drafter) for ``max_seqs`` blocks of that many tokens, and with ``mtp`` the draft's
-    scratch pages in the k/v pools; k step slots per row where `verify_steps` keeps them."""
+    scratch pages in the k/v pools; k step slots per row where `verify_steps` keeps them. ``chained`` (plain
+    decoding only) keeps one chained backup slot per row."""
     if max_seqs <= 0 or max_context <= 0 or page_size <= 0 or max_prefill_tokens <= 0:
         raise ValueError("max_seqs, max_context, page_size and max_prefill_tokens must be positive")
     name = _DTYPE_NAMES[dtype]
@@ -241,7 +253,8 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
             need.scratch_pages
     steps = verify_steps(verify_width, mtp, drafter, max_seqs,
                          lambda k: max_seqs * k * per_slot * STEP_STATE_SHARE <= budget_bytes - w)
-    state = (slots + 1 + max_seqs * steps) * per_slot
+    chain = int(chained and not verify_width)
+    state = (slots + 1 + max_seqs * (steps + chain)) * per_slot
     left = budget_bytes - w - state - tables - work - page_bytes  # the dummy page is always there
     fit = max(left, 0) // page_bytes
     num_pages = fit if max_kv_pages is None else min(fit, max_kv_pages)
@@ -253,7 +266,7 @@ def plan_memory(cfg: Qwen35Config, budget_bytes: int, *, max_seqs: int, max_cont
                       max_pages_per_seq=pages_per_seq, slots=slots, max_prefill_tokens=max_prefill_tokens,
                       weight_bytes=w, kv_bytes=(num_pages + 1) * page_bytes, state_bytes=state, table_bytes=tables,
                       workspace_bytes=work, mtp=mtp, scratch_pages=scratch, verify_rows=max_seqs * verify_width,
-                      step_slots=steps, prefill_graph_tokens=prefill_graph_tokens,
+                      step_slots=steps, chain_slots=chain, prefill_graph_tokens=prefill_graph_tokens,
                       drafter=_drafter_geometry(drafter))
 
 

@@ -54,6 +54,13 @@ class ProgramCore:
     def resource_revision(self) -> int:
         return self._revision
 
+    def backup_slot(self, row: int, bank: int = 0) -> int:
+        """Where a step backed block-table row `row`'s state up: bank 0 its backup slot; bank 1 (a chained step,
+        `Program`) exists only where the executor keeps one."""
+        if bank:
+            raise EngineFailure(f"no chained backup bank in this Program (row {row})")
+        return self.config.backup_slot(row)
+
     def bump_revision(self) -> None:
         self._revision += 1
 

@@ -17,10 +17,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Provisional:
-    """One decode/control row's step: the tokens it fed after the frontier and the pages it took for them."""
+    """One decode/control row's step: the tokens it fed after the frontier, the pages it took for them, and where
+    it backed the row's state up (bank 0: the row's backup slot; 1: its chained backup, a step launched behind
+    another's, `chain.py`)."""
 
     fed: tuple[int, ...]
     grown: tuple[int, ...]
+    bank: int = 0
 
 
 def prefill_end(seq: ActiveSequence, max_tokens: int) -> int:
@@ -54,10 +57,10 @@ def grow(prog: "ProgramCore", seq: ActiveSequence, end: int) -> tuple[int, ...]:
 
 
 def restore(prog: "ProgramCore", seq: ActiveSequence, prov: Provisional) -> None:
-    """Undo one provisional step: the committed GDN state from the row's backup slot, the grown pages back to the
+    """Undo one provisional step: the state before it from the row's backup slot of its bank, the grown pages back to the
     pool and the reservation (positions at and past the frontier may keep provisional K/V, which nothing reads:
     every read is bounded by the context length)."""
-    prog.store.copy_slot(prog.config.backup_slot(seq.row), seq.handle.slot)
+    prog.store.copy_slot(prog.backup_slot(seq.row, prov.bank), seq.handle.slot)
     for p in reversed(prov.grown):
         assert seq.table.pop() == p, f"{seq.handle}: block table changed under a pending batch"
         prog.alloc.unref(p)

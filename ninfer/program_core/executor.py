@@ -38,6 +38,11 @@ class ModelExecutor(Protocol):
     # optional: launch(seqs, masks) -> a call returning decode's draws. `decode` without the wait, for the step
     # launched ahead (`ahead.py`); an executor without it runs the step at launch time.
 
+    # optional, together: a `chains` property true when launch(seqs, masks, bank=1, behind=True) queues the step
+    # behind the one just launched for the same rows (its tokens that step's draws on the device, unmasked, one
+    # position past each frontier, each row backed up into `chained_backup(row)`: `chain.py`); bank 0 backs up
+    # into backup_slot(row) as decode does.
+
     # optional: mixed_launch(seqs, masks, pseq, start, end, captures) -> (a call returning decode's draws, what
     # `prefill` of pseq's prompt[start:end] returns): both in one model pass, queued (`mixed.py`); an executor
     # without it runs the prefill, then the decode step.

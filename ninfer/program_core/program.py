@@ -21,6 +21,7 @@ from ninfer.contracts import (BatchKind, EngineFailure, PendingBatch, PendingRow
                               RowDecision, RunningTransaction, SequenceHandle)
 
 from . import ahead as ahead_step
+from .chain import Chained
 from .core import ProgramCore
 from .execution import (Provisional, capture_cuts, capture_due, capture_filled, grow, prefill_end, provisionals,
                         restore, validate_commit)
@@ -32,19 +33,30 @@ from .speculation import replay, rollback
 class Program(ProgramCore):
     executor: ModelExecutor  # set by the subclass before serving
     _ahead: ahead_step.Ahead | None = None  # the decode step launched ahead, not yet adopted by `decode`
-    ahead_launched = ahead_adopted = 0  # steps launched ahead, and of them those a `decode` adopted
+    _chained: Chained | None = None  # the step launched behind the adopted one, whose batch is not yet committed
+    # steps launched ahead, those chained behind an adopted one, and of them all those a `decode` adopted
+    ahead_launched = ahead_chained = ahead_adopted = 0
+
+    def backup_slot(self, row: int, bank: int = 0) -> int:
+        return self.executor.chained_backup(row) if bank else super().backup_slot(row)
 
     def launch_ahead(self, handles: Sequence[SequenceHandle], prefill: PrefillChunk | None = None) -> bool:
         """Launch the next round of `handles` now, unmasked (the plain step, or a speculative round when a backend
         runs), carrying `prefill` (a chunk that leaves prompt tokens) if given; the next `decode` of exactly these
-        rows and chunk adopts it."""
+        rows and chunk adopts it. The step chained behind the round just committed is that round already."""
+        if self._ahead is not None and ahead_step.matches(self._ahead, handles, None, prefill):
+            return True
         self.discard_ahead()
         self._ahead = ahead_step.launch(self, handles, prefill, launch_riding)
         self.ahead_launched += 1
         return True
 
     def discard_ahead(self) -> None:
-        """Roll back the step launched ahead, if any: every row's committed state and reservation come back."""
+        """Roll back the step launched ahead and the one chained behind a pending batch, if any: every row's
+        committed state (the chained step first, to the state its batch left) and reservation come back."""
+        chained, self._chained = self._chained, None
+        if chained is not None:
+            chained.discard(self)
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead_step.discard(self, ahead)
@@ -93,6 +105,8 @@ class Program(ProgramCore):
         if self._ahead is not None and ahead_step.matches(self._ahead, handles, masks, prefill):
             ahead, self._ahead = self._ahead, None
             self.ahead_adopted += 1
+            self._chained = Chained.launch(self, ahead)  # queued before this step's draws are waited for
+            self.ahead_chained += self._chained is not None
             return ahead.started.finish()
         self.discard_ahead()
         seqs = [self.sequence(h) for h in handles]
@@ -116,9 +130,19 @@ class Program(ProgramCore):
         return PendingBatch(BatchKind.CONTROL, (row,), self.resource_revision, payload=(Provisional(fed, grown),))
 
     def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
-        """Validate every row first, then apply: the batch is committed whole or not at all."""
-        self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
-        seqs = validate_commit(self, batch, decisions)
+        """Validate every row first, then apply: the batch is committed whole or not at all. The step chained
+        behind it survives only a commit that keeps every row going: it then becomes the round launched ahead."""
+        chained, self._chained = self._chained, None
+        if chained is not None and not chained.follows(batch, decisions):
+            chained.discard(self)  # before this commit restores any row from its own backup
+            chained = None
+        try:
+            self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
+            seqs = validate_commit(self, batch, decisions)
+        except EngineFailure:
+            if chained is not None:
+                chained.discard(self)
+            raise
         counted, replays = [], []
         for seq, d, prov in zip(seqs, decisions, provisionals(batch)):
             if d.accepted == 0:
@@ -139,6 +163,8 @@ class Program(ProgramCore):
                 seq.tokens.extend(prov.fed[:d.accepted])
             seq.pending = row.tokens[d.accepted - 1]
         self.executor.record(counted)  # the accepted tokens are outputs now: the penalties' history follows
+        if chained is not None:
+            self._ahead = chained.promote(self)
 
     def abort_pending(self, batch: PendingBatch) -> None:
         """Every row back to its committed state: first-token rows hold nothing provisional, stepped rows are

@@ -165,8 +165,11 @@ def test_launched_rounds_are_adopted_and_equal_the_synchronous_run():
     overlapped, program = _run(True, prompts)
     assert overlapped == sync and all(len(t) == 9 for t in sync)
     assert sync_program.ahead_launched == 0
-    # both rows decode together for 8 rounds; every round but the last (a row ends) is launched ahead
-    assert program.ahead_adopted >= 6 and program.ahead_launched == program.ahead_adopted
+    # both rows decode together for 8 rounds; every round but the last (a row ends) is launched ahead: the first
+    # after its commit, each later one chained behind the round before it as that one was adopted; the step
+    # chained behind the last round is discarded by its commit (the rows end)
+    assert program.ahead_adopted >= 6 and program.ahead_launched == 1
+    assert program.ahead_chained == program.ahead_adopted
     assert program.resource_usage().active_sequences == 0 and program.ahead_handles() == ()
 
 
@@ -183,7 +186,8 @@ def test_a_discarded_step_restores_the_committed_state():
     # a new request: its admission's transition rolls the launched step back before anything else runs
     second = engine.submit(GenerationRequest((2, 4, 6), TokenSession(5, stop_ids=()), 5))
     engine.step()
-    assert program.ahead_launched > program.ahead_adopted  # rolled back; check_invariants held at each boundary
+    # rolled back; check_invariants held at each boundary
+    assert program.ahead_launched + program.ahead_chained > program.ahead_adopted
     engine.run_until_idle()
     alone, _ = _run(False, [(3, 5, 7, 9)], max_tokens=12)
     assert first.result(timeout=0).token_ids == alone[0]

@@ -107,4 +107,6 @@ class FastProgramConfig(ProgramConfig):
             budgets = budget_bytes if isinstance(budget_bytes, list) else [budget_bytes] * stages.stages
             return plan_stage_memory(cfg, stages, budgets, weight_bytes_per_rank=weight_bytes, drafter=drafter,
                                      **sizes)
-        return plan_memory(cfg, budget_bytes, weight_bytes_resident=weight_bytes, drafter=drafter, **sizes)
+        # plain decoding on one stage may chain a decode step behind another (`MemoryPlan.chain_slots`)
+        return plan_memory(cfg, budget_bytes, weight_bytes_resident=weight_bytes, drafter=drafter,
+                           chained=self.speculative is None, **sizes)

@@ -57,10 +57,11 @@ from .images import ImageInputs, ModelHistory
 from .stores import DeviceState
 
 
-def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[SampleRow]:
-    """One device draw per sequence at its next position (the pending token, if any, is consumed first)."""
-    return [SampleRow(s.params, s.seed, s.frontier + (s.pending is not None), s.row, s.handle, s.num_outputs,
-                      s if s.media is None else ModelHistory(s), m) for s, m in zip(seqs, masks)]
+def _sample_rows(seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], ahead: int = 0) -> list[SampleRow]:
+    """One device draw per sequence at its next position (the pending token, if any, is consumed first), or
+    `ahead` positions past it (a chained step's, one output more)."""
+    return [SampleRow(s.params, s.seed, s.frontier + (s.pending is not None) + ahead, s.row, s.handle,
+                      s.num_outputs + ahead, s if s.media is None else ModelHistory(s), m) for s, m in zip(seqs, masks)]
 
 
 def _mixed_rope(piece: torch.Tensor | None, start: int, end: int, seqs: Sequence[ActiveSequence],
@@ -208,7 +209,7 @@ class FastExecutor:
             logits = self.model.mixed(ids, pseq.handle.slot, pseq.row, start,
                                       (self._tokens(pending), slots, rows, frontiers), captures, rope, **image_args)
         self.sampler.queue(logits[:-1], _sample_rows(seqs, masks))  # [B + 1, V]: the rows', then the piece's
-        return self.sampler.collect, logits[-1]
+        return self.sampler.readback(), logits[-1]
 
     def draw_first(self, seq: ActiveSequence, logits: torch.Tensor, mask: Any | None) -> Drawn:
         (drawn,) = self.sampler.sample(logits[None], _sample_rows([seq], [mask]))  # position len(prompt)
@@ -217,15 +218,34 @@ class FastExecutor:
     def decode(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> list[Drawn]:
         return self.launch(seqs, masks)()
 
-    def launch(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None]) -> Callable[[], list[Drawn]]:
-        """Queue the decode graph without waiting for it; the returned call waits and reads the draws (the one
-        host sync of a step). Async scheduling holds it across the Engine's host work."""
-        pos = [s.frontier for s in seqs]
-        variant = self.sampler.prepare(_sample_rows(seqs, masks))  # positions frontier + 1
+    def launch(self, seqs: Sequence[ActiveSequence], masks: Sequence[Any | None], bank: int = 0,
+               behind: bool = False) -> Callable[[], list[Drawn]]:
+        """Queue the decode graph without waiting for it; the returned call waits for this step's draws alone and
+        reads them (the one host sync of a step). Async scheduling holds it across the Engine's host work.
+        `bank` 1 backs each row up into its chained backup (`chained_backup`) instead of its backup slot;
+        `behind`: the step after the one just queued for the same rows in the same order, unmasked, its tokens
+        that step's draws on the device (a chained step: one position past each frontier, the host never reads
+        those tokens before it is queued)."""
+        off = int(behind)
+        pos = [s.frontier + off for s in seqs]
+        variant = self.sampler.prepare(_sample_rows(seqs, masks, off))  # positions frontier + off + 1
         rope = [p + ImageInputs.rope_delta(s) for p, s in zip(pos, seqs)]
-        self.runner.run_lists(([s.pending for s in seqs], [s.handle.slot for s in seqs], [s.row for s in seqs],
-                               [p + 1 for p in pos], pos, rope), variant=variant)
-        return self.sampler.collect
+        backups = [s.row if bank == 0 else self.chained_backup(s.row) - self.backup_slot(0) for s in seqs]
+        tokens = self.sampler.picked[:len(seqs), 0] if behind else None
+        self.runner.run_lists(([0 if behind else s.pending for s in seqs], [s.handle.slot for s in seqs],
+                               [s.row for s in seqs], [p + 1 for p in pos], pos, rope, backups), variant=variant,
+                              tokens=tokens)
+        return self.sampler.readback()
+
+    @property
+    def chains(self) -> bool:
+        """Whether a decode step can be launched behind another (`launch(..., behind=True)`): plain decoding on one
+        stage, whose plan keeps a chained backup per row."""
+        return self.model.plan.chain_slots > 0 and self.runner.pieces is None and self.spec is None
+
+    def chained_backup(self, row: int) -> int:
+        """The slot a chained step (bank 1) backs row `row`'s state up into."""
+        return self.model.plan.chain_backup(row)
 
     def feed(self, seq: ActiveSequence, tokens: Sequence[int]) -> None:
         if self.mtp is None and self.dflash is None:

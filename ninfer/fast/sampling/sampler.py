@@ -13,7 +13,7 @@ at start on ``logits_in``; decode graphs call ``stages`` after the model (``Deco
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 
@@ -57,6 +57,7 @@ class DeviceSampler:
         self._cuda = self.device.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = self._cuda and use_graphs  # False: the prefill draw runs its ops eagerly
         self._host = _HostBuffers(max_batch, vocab, self._cuda)
+        self._banks, self._bank = (_ReadbackBank(max_batch, self._cuda), _ReadbackBank(max_batch, self._cuda)), 0
         self._staged = torch.cuda.Event() if self._cuda else None
         self._pending: tuple[int, list, list] | None = None
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -147,32 +148,36 @@ class DeviceSampler:
     def collect(self) -> list[Drawn | RowFailure]:
         """Per prepared row, after the graph or ``stages`` ran: (token, (logprob, top) or None), or the RowFailure
         the host sampler would report for that row."""
+        return self.readback()()
+
+    def readback(self) -> Callable[[], list[Drawn | RowFailure]]:
+        """Queue the prepared rows' results to the host now, right behind the graph or ``stages`` that drew them,
+        and return the call that waits for that copy alone and reads them (``collect``'s result). So a step queued
+        after this one (a chained step, which overwrites ``picked``) is not waited for. Two host banks alternate:
+        at most two steps are read back at a time."""
         if self._pending is None:
             raise RuntimeError("collect without prepare")
         (B, errors, wants), self._pending = self._pending, None
-        host = self._host
+        host, self._bank = self._banks[self._bank], 1 - self._bank
         host.picked[:B].copy_(self.picked[:B], non_blocking=True)
         if any(n is not None for n in wants):
             host.lp[:B].copy_(self.lp[:B], non_blocking=True)
-        if self._cuda:
-            torch.cuda.current_stream(self.device).synchronize()
-        out = []
-        for i, (token, status) in enumerate(host.picked[:B].tolist()):
-            if errors[i] is not None:
-                out.append(errors[i].failure)
-            elif status != L.OK:
-                out.append(_STATUS_FAILURE[status])
-            else:
-                out.append((token, None if wants[i] is None else self._logprobs(i, wants[i])))
-        return out
+        if host.copied is not None:
+            host.copied.record()
 
-    def _logprobs(self, i: int, n: int) -> tuple[float, tuple]:
-        row = self._host.lp[i]
-        values = row.view(torch.float32)
-        n = min(n, self.vocab)
-        ids = row[LP.TOP_IDS:LP.TOP_IDS + n].tolist()
-        top = values[LP.TOP_VALUES:LP.TOP_VALUES + n].tolist()
-        return float(values[LP.CHOSEN]), tuple(zip(ids, top))
+        def read() -> list[Drawn | RowFailure]:
+            if host.copied is not None:
+                host.copied.synchronize()
+            out = []
+            for i, (token, status) in enumerate(host.picked[:B].tolist()):
+                if errors[i] is not None:
+                    out.append(errors[i].failure)
+                elif status != L.OK:
+                    out.append(_STATUS_FAILURE[status])
+                else:
+                    out.append((token, None if wants[i] is None else _logprobs(host.lp[i], wants[i], self.vocab)))
+            return out
+        return read
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[Drawn | RowFailure]:
         """Draw from given logits [B, V] (the prefill draw): the B = 1 graph when captured, else eagerly."""
@@ -193,8 +198,17 @@ class DeviceSampler:
         self.tables.add(committed)
 
 
+def _logprobs(row: torch.Tensor, n: int, vocab: int) -> tuple[float, tuple]:
+    """A logprobs row read back (int32 [LP.COLUMNS]): the chosen token's logprob and the top n (id, logprob)."""
+    values = row.view(torch.float32)
+    n = min(n, vocab)
+    ids = row[LP.TOP_IDS:LP.TOP_IDS + n].tolist()
+    top = values[LP.TOP_VALUES:LP.TOP_VALUES + n].tolist()
+    return float(values[LP.CHOSEN]), tuple(zip(ids, top))
+
+
 class _HostBuffers:
-    """Pinned (on CUDA) host mirrors of the input rows and the outputs; numpy views make per-row writes cheap."""
+    """Pinned (on CUDA) host mirrors of the input rows; numpy views make per-row writes cheap."""
 
     def __init__(self, max_batch: int, vocab: int, pin: bool):
         def zeros(*shape, dtype):
@@ -203,5 +217,12 @@ class _HostBuffers:
         self.ints = self.params[:, :NI].numpy()
         self.floats = self.params[:, NI:].view(torch.float64).numpy()
         self.masks = zeros(max_batch, L.bitmask_words(vocab), dtype=torch.int32)
-        self.picked = zeros(max_batch, 2, dtype=torch.int32)
-        self.lp = zeros(max_batch, LP.COLUMNS, dtype=torch.int32)
+
+
+class _ReadbackBank:
+    """Pinned (on CUDA) host mirrors of one step's outputs, and the event of their copy."""
+
+    def __init__(self, max_batch: int, pin: bool):
+        self.picked = torch.zeros(max_batch, 2, dtype=torch.int32, pin_memory=pin)
+        self.lp = torch.zeros(max_batch, LP.COLUMNS, dtype=torch.int32, pin_memory=pin)
+        self.copied = torch.cuda.Event() if pin else None
