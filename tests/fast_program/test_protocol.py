@@ -72,11 +72,13 @@ def test_stale_plan_and_stale_handle(make_fast, prompt_of):
 
 
 def test_plan_sizes_the_pools(make_fast):
-    """Rows = lanes, slots = allocatable + one backup per row (+ the plan's dummy), pages = the cap."""
+    """Rows = lanes, slots = allocatable + one backup per row (+ the plan's dummy, then, plain decoding, one chained
+    backup per row), pages = the cap."""
     program = make_fast(max_concurrency=3, checkpoint_slots=2, kv_pages=70)
     plan, pools = program.model.plan, program.model.pools
-    assert (plan.max_seqs, plan.slots, plan.num_pages) == (3, 2 * 3 + 2 + 3, 70)
-    assert pools.block_tables.shape[0] == 4 and pools.ssm.shape[1] == plan.slots + 1
+    assert (plan.max_seqs, plan.slots, plan.num_pages, plan.chain_slots) == (3, 2 * 3 + 2 + 3, 70, 1)
+    assert pools.block_tables.shape[0] == 4 and pools.ssm.shape[1] == plan.slots + 1 + 3
+    assert [plan.chain_backup(r) for r in range(3)] == [plan.slots + 1 + r for r in range(3)]
     u = program.resource_usage()
     assert (u.total_slots, u.total_pages) == (8, 70)
 
