@@ -9,8 +9,6 @@ schedules."""
 from __future__ import annotations
 
 import functools
-import importlib.util
-import pathlib
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -26,16 +24,12 @@ from ninfer.sampling import SamplingParams
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.protocol_driving import finish
 from ninfer.testing.sessions import TokenSession
+from ninfer.testing.siblings import sibling
 from ninfer.testing.spec_driving import start_decoding
 
 
-@functools.cache
 def _props():
-    spec = importlib.util.spec_from_file_location("_fast_program_properties",
-                                                  pathlib.Path(__file__).with_name("test_properties.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return sibling(__file__, "test_properties.py")
 
 
 HUNT = settings(max_examples=150, stateful_step_count=30, deadline=None, database=None, derandomize=True,

@@ -5,15 +5,12 @@ chained (GDN slot, block table, reservation, frontier, pending token, usage)."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
 from ninfer.contracts import RowDecision
 from ninfer.sampling import SamplingParams
+from ninfer.testing.siblings import sibling
 from ninfer.testing.spec_driving import start_decoding
 
 # 4 tokens: the first step takes a new page (pages of 4), its chained step none; 7 tokens: the reverse
@@ -21,13 +18,8 @@ PROMPTS = [(3, 5, 7, 9), (2, 4, 6, 8, 10, 12, 14)]
 ACCEPT, REJECT = RowDecision(1, False), RowDecision(0, True, cancelled=True)
 
 
-@functools.cache
 def _props():
-    spec = importlib.util.spec_from_file_location("_fast_program_properties",
-                                                  pathlib.Path(__file__).with_name("test_properties.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return sibling(__file__, "test_properties.py")
 
 
 def _rows(max_new: int = 12, prompts=PROMPTS, **choice):

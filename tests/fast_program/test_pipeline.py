@@ -7,8 +7,6 @@ stage's share is caught. The twin of
 tests/reference_program/test_pipeline.py."""
 
 import functools
-import importlib.util
-import pathlib
 
 import pytest
 import torch
@@ -26,21 +24,17 @@ from ninfer.sampling import SamplingParams
 from ninfer.testing.drafters import drafter_hf_config, drafter_tensors
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.serving import in_turns
-from ninfer.testing.stages import assert_same_pools
 from ninfer.testing.sessions import token_request
+from ninfer.testing.siblings import sibling
 from ninfer.testing.speculation import ForcedDrafts
+from ninfer.testing.stages import assert_same_pools
 
 LAYERS = (LINEAR, FULL, LINEAR, FULL)  # both stages of a 2,2 cut own GDN and attention layers
 
 
 @functools.cache
 def _conftest():
-    # importlib mode: the sibling conftest is loaded by path, not imported by name
-    spec = importlib.util.spec_from_file_location("_fast_program_conftest",
-                                                  pathlib.Path(__file__).with_name("conftest.py"))
-    conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)
-    return conf
+    return sibling(__file__, "conftest.py")
 
 
 @functools.cache

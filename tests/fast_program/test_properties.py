@@ -10,8 +10,6 @@ Tight pools (2 lanes of at most 16 pages, 40 pages, 2 checkpoint slots) make pre
 the naive kernels run (the Triton interpreter would take hours here); on the GPU the Triton kernels."""
 
 import functools
-import importlib.util
-import pathlib
 
 import torch
 from hypothesis import settings
@@ -20,17 +18,14 @@ from ninfer.fast.program import FastProgram, FastProgramConfig
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.siblings import sibling
 from ninfer.testing.spec_driving import drafts_on_device
 from ninfer.testing.speculation import ForcedDrafts
 
 
 @functools.cache
 def _conftest():
-    # importlib mode: the sibling conftest is loaded by path, not imported by name
-    spec = importlib.util.spec_from_file_location("_fast_program_conftest",
-                                                  pathlib.Path(__file__).with_name("conftest.py"))
-    conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)
+    conf = sibling(__file__, "conftest.py")
     cfg = conf.tiny_config()
     return conf, cfg, conf.tiny_weights(cfg)
 

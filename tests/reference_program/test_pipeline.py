@@ -5,8 +5,6 @@ what one stage's does; a checkpoint that skips one stage's state is caught; the 
 per-device capacity refuse what cannot run, naming the flag and the bytes per device."""
 
 import functools
-import importlib.util
-import pathlib
 
 import pytest
 import torch
@@ -23,20 +21,16 @@ from ninfer.sampling import SamplingParams
 from ninfer.testing.drafters import reference_drafter
 from ninfer.testing.harness import make_engine_machine
 from ninfer.testing.serving import in_turns
-from ninfer.testing.stages import assert_same_stores
 from ninfer.testing.sessions import token_request
+from ninfer.testing.siblings import sibling
 from ninfer.testing.speculation import ForcedDrafts
+from ninfer.testing.stages import assert_same_stores
 
 LAYERS = (LINEAR, FULL, LINEAR, FULL)  # both stages of a 2,2 cut own GDN and attention layers
 
 
 def _conftest():
-    # importlib mode: the sibling conftest is loaded by path, not imported by name
-    spec = importlib.util.spec_from_file_location("_reference_program_conftest",
-                                                  pathlib.Path(__file__).with_name("conftest.py"))
-    conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)
-    return conf
+    return sibling(__file__, "conftest.py")
 
 
 @functools.cache

@@ -7,8 +7,6 @@ With MTP (k = 3) and DFlash2 (k = 7, a draft window of 12) ForcedDrafts forces r
 with every greedy request equal to its solo run on the same model without the backend (docs/speculative.md)."""
 
 import functools
-import importlib.util
-import pathlib
 
 import torch
 from hypothesis import settings
@@ -17,16 +15,13 @@ from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.siblings import sibling
 from ninfer.testing.speculation import ForcedDrafts
 
 
 @functools.cache
 def _model(mtp: int = 0) -> ReferenceModel:
-    # importlib mode: the sibling conftest is loaded by path, not imported by name
-    spec = importlib.util.spec_from_file_location("_reference_program_conftest",
-                                                  pathlib.Path(__file__).with_name("conftest.py"))
-    conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)
+    conf = sibling(__file__, "conftest.py")
     cfg = conf.tiny_config(mtp=mtp)
     features = ("text", "mtp") if mtp else ("text",)
     return ReferenceModel(cfg, conf.tiny_weights(cfg, features=features), dtype=torch.float64)
