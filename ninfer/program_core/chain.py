@@ -13,7 +13,8 @@ committed), which the next `decode` of the same rows adopts or any other call di
 ended, or the batch is aborted, it is discarded before that commit touches anything: every row's state after the
 adopted step comes back from the chained backups and its pages return to the reservation, then the commit restores
 the rejected rows from their own backups. Rows with penalties are never chained (their token counts follow each
-commit), nor rows whose reservation holds no page for one more position.
+commit), nor a row whose adopted step draws its last token by its budget (`max_new`), nor one whose reservation
+holds no page for one more position.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class Chained:
             return None
         seqs = [prog.sequence(h) for h in ahead.handles]
         pages_for = prog.config.pages_for
-        if any(s.params.has_penalties or s.frontier + 2 > len(s.prompt) + s.max_new or
+        # the adopted step's draw is the row's last when it reaches max_new: the row ends at that commit, so a
+        # step behind it would only be discarded (and would pass the row's budget)
+        if any(s.params.has_penalties or s.num_outputs + 1 >= s.max_new or
                pages_for(s.frontier + 2) - len(s.table) > s.reserve_left for s in seqs):
             return None
         bank = 1 - ahead.provisional[0].bank

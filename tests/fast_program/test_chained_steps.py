@@ -129,12 +129,12 @@ def test_abort_pending_restores_the_rows_through_both_steps(rounds):
 
 @pytest.mark.parametrize("why", ["penalties", "no room"])
 def test_rows_that_cannot_chain_run_their_rounds_unchained(why):
-    """Penalties count each committed token before the next draw; a row whose budget ends at this step has no
-    position for another (the 4-token prompt's: its page would still hold one)."""
+    """Penalties count each committed token before the next draw; a row whose budget ends with this step's draw
+    ends at its commit (the 4-token prompt's: its page would still hold the next position)."""
     if why == "penalties":
         args = dict(max_new=12, sampling=SamplingParams(presence_penalty=0.5))
     else:
-        args = dict(max_new=1, prompts=PROMPTS[:1])
+        args = dict(max_new=2, prompts=PROMPTS[:1])
     program, hs = _rows(**args)
     sync, shs = _rows(**args)
     assert program.launch_ahead(hs)
