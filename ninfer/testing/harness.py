@@ -61,6 +61,7 @@ class EngineMachine(RuleBasedStateMachine):
     session_keys: tuple[str | None, ...] = (None, "a", "b")
     async_scheduling = False  # launch decode rounds ahead (docs/engine.md "Async scheduling")
     grammar_rows = False  # some requests constrain every other output token (`AlternateMask`)
+    stop_ids: tuple[int, ...] = (0,)  # every request's stop tokens
 
     @initialize(chunk=st.integers(1, 9), concurrent=st.booleans(),
                 caching=st.sampled_from([True, True, True, False]), queue_bound=st.integers(0, 4),
@@ -108,7 +109,7 @@ class EngineMachine(RuleBasedStateMachine):
         box: list[Tracked] = []
         mask = AlternateMask(self.program.limits.vocab_size) if grammar else None
         out = TokenSession(max_tokens, think_budget=think, commit_guard=lambda p: self._commit_guard(box[0], p),
-                           mask=mask)
+                           mask=mask, stop_ids=self.stop_ids)
         turn = (len(prompt) - 2,)  # where a next turn that drops this one's reasoning diverges
         sampling = None if seed is None else SamplingParams(temperature=0.7)
         req = GenerationRequest(prompt, out, max_tokens, sampling=sampling, seed=seed if seed is not None else 0,
@@ -298,14 +299,15 @@ def make_engine_machine(factory: ProgramFactory, *, max_concurrency: int = 3, fa
                         fault_methods: tuple[str, ...] = FAULTABLE, fault_modes: tuple[str, ...] = MODES,
                         fault_variants: tuple[int, ...] = (0, 1, 2, 3, 4),
                         session_keys: tuple[str | None, ...] = (None, "a", "b"), oracle: ProgramFactory | None = None,
-                        async_scheduling: bool = False, grammar_rows: bool = False):
+                        async_scheduling: bool = False, grammar_rows: bool = False, stop_ids: tuple[int, ...] = (0,)):
     """The Engine state machine over Programs made by `factory` (one fresh Program per example); the fault and
     session-key arguments narrow what it draws (a targeted hunt); with `oracle`, greedy requests must also equal
     their solo run on the oracle's Program (speculation on vs off); with `async_scheduling` the Engine launches
     decode rounds ahead, and every request must still equal its solo run on a synchronous Engine; with
-    `grammar_rows` some requests are masked at every other output token (rounds that fall back to synchronous)."""
+    `grammar_rows` some requests are masked at every other output token (rounds that fall back to synchronous);
+    `stop_ids`: every request's stop tokens (more than eos: requests end mid-stream, beside rows that go on)."""
     return type("EngineMachine", (EngineMachine,), {
         "factory": staticmethod(factory), "max_concurrency": max_concurrency, "faults": faults,
         "fault_methods": fault_methods, "fault_modes": fault_modes, "fault_variants": fault_variants,
         "session_keys": session_keys, "oracle": None if oracle is None else staticmethod(oracle),
-        "async_scheduling": async_scheduling, "grammar_rows": grammar_rows})
+        "async_scheduling": async_scheduling, "grammar_rows": grammar_rows, "stop_ids": stop_ids})

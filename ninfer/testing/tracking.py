@@ -62,7 +62,8 @@ class Stamped(queue.SimpleQueue):
 def solo_tokens(factory: ProgramFactory, request: GenerationRequest, think_budget: int | None) -> tuple[int, ...]:
     """The oracle for schedule invariance: the same request alone, no prefix caching, one lane."""
     engine = Engine(factory(), EngineConfig(max_concurrency=1, prefix_caching=False), threaded=False)
-    session = TokenSession(request.max_tokens, think_budget=think_budget, mask=getattr(request.session, "mask", None))
+    session = TokenSession(request.max_tokens, think_budget=think_budget, mask=getattr(request.session, "mask", None),
+                           stop_ids=getattr(request.session, "stop_ids", (0,)))
     solo = GenerationRequest(request.prompt, session, request.max_tokens, request.sampling, request.seed)
     handle = engine.submit(solo)
     engine.run_until_idle()
