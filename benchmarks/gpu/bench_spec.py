@@ -46,6 +46,7 @@ from spec_report import DFLASH_ANCHORS, dflash_targets, print_table, projections
 
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
+from ninfer.fast.model import kernels as kernel_table  # noqa: E402
 from ninfer.models.qwen3_5.params import MTP, TEXT  # noqa: E402
 from ninfer.program_core.draft_policy import DraftPolicy, RoundCosts  # noqa: E402
 from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod  # noqa: E402
@@ -332,7 +333,10 @@ def main() -> int:
     ap.add_argument("--blocks", default=None, help="DFlash block sizes, comma-separated (default: 16,8)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="the backend's draft_vocab_size: drafts from the token ids below it alone")
+    ap.add_argument("--gdn-verify", action="store_true",
+                    help="the verify pass's GDN recurrence over whole blocks (kernels.GDN_BLOCK_VERIFY)")
     args = ap.parse_args()
+    kernel_table.GDN_BLOCK_VERIFY = args.gdn_verify  # before any Program builds its op table
     s = SMOKE if args.smoke else Settings()
     s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host, draft_vocab=args.draft_vocab)
     if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short
@@ -342,7 +346,7 @@ def main() -> int:
         s = dataclasses.replace(s, program=args.program)
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
     run.results.update(program=s.program, k=s.k if s.method == "mtp" else ks(s), method=s.method,
-                       draft_vocab=s.draft_vocab)
+                       draft_vocab=s.draft_vocab, gdn_verify=args.gdn_verify)
     if not run.need_cuda(args.smoke, print_table):
         return 1
     run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)

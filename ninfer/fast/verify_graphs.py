@@ -180,7 +180,7 @@ class VerifyGraphRunner:
         return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=v["slot_ids"][:B],
                           block_table=table, cu_seqlens=v["cu"][:B + 2], prefix_lens=v["starts"][:B + 1],
                           max_prefix=self.model.plan.max_context, gdn_steps=steps,
-                          rope_positions=v["rope_positions"][:T])
+                          gdn_outs=v["step_outs"][:, :B], rope_positions=v["rope_positions"][:T])
 
     def _mtp_inputs(self, B: int, width: int, step: StepInputs) -> StepInputs:
         """The MTP layer's addressing of the same tokens: pair p = position - 1 at the target's KV slot, one decode

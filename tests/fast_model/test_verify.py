@@ -1,13 +1,16 @@
 """FastModel.verify (multi-query decode, the speculative target pass) against the reference model: B blocks of
 different lengths at different frontiers, packed along T, at scrambled slots, rows and pages; the logits of every
 block position equal the reference's step recurrence over the same tokens, and a decode step afterwards shows the
-advanced GDN state and K/V. Tolerances as in test_model.py (CPU fp32: the Triton interpreter)."""
+advanced GDN state and K/V. Tolerances as in test_model.py (CPU fp32: the Triton interpreter). The Triton table
+runs the GDN recurrence per block position (``gdn_decode``) or over whole blocks (``gdn_verify``, the opt-in
+``kernels.GDN_BLOCK_VERIFY``)."""
 
 import pytest
 import torch
 
 from _fast_env import DEVICE, ON_GPU
 from _fast_setup import F, L, build_pair, place_sequences, tiny_config
+from ninfer.fast.model import kernels as kernel_table
 from ninfer.testing.numerics import assert_close
 
 FP32_TOL = 1e-2 if ON_GPU else 1e-4
@@ -15,13 +18,15 @@ BF16 = "triton" if ON_GPU else "naive"  # the interpreter's bf16 tl.dot is wrong
 # (moe, dtype, kernels, tol); MoE routes to all 8 experts (a top-k near-tie is a discontinuity, not an error)
 CASES = [pytest.param(False, torch.float32, "triton", FP32_TOL, id="dense-fp32-triton"),
          pytest.param(False, torch.bfloat16, BF16, 2e-2, id="dense-bf16"),
-         pytest.param(True, torch.bfloat16, BF16, 2e-2, id="moe-bf16")]
+         pytest.param(True, torch.bfloat16, BF16, 2e-2, id="moe-bf16"),
+         pytest.param(False, torch.float32, "triton-blocks", FP32_TOL, id="dense-fp32-triton-blocks")]
 I32 = dict(dtype=torch.int32, device=DEVICE)
 
 
 @pytest.mark.parametrize("moe,dtype,kernels,tol", CASES)
-def test_verify_blocks_match_the_reference_step_recurrence(moe, dtype, kernels, tol):
-    pair = build_pair(tiny_config(moe=moe, top_k=8), dtype, kernels)
+def test_verify_blocks_match_the_reference_step_recurrence(moe, dtype, kernels, tol, monkeypatch):
+    monkeypatch.setattr(kernel_table, "GDN_BLOCK_VERIFY", kernels == "triton-blocks")
+    pair = build_pair(tiny_config(moe=moe, top_k=8), dtype, kernels.removesuffix("-blocks"))
     gen = torch.Generator().manual_seed(5)
     prompts, lens = (7, 13, 4), (3, 1, 5)  # the middle block is a plain one-token step
     slots, rows = place_sequences(pair.fast, len(prompts))
@@ -46,12 +51,14 @@ def test_verify_blocks_match_the_reference_step_recurrence(moe, dtype, kernels, 
     assert_close("decode after verify", ref, out, tol)
 
 
-def test_verify_keeps_every_block_positions_state():
+@pytest.mark.parametrize("blocks", [False, True], ids=["per-position", "whole-blocks"])
+def test_verify_keeps_every_block_positions_state(blocks, monkeypatch):
     """With ``keep_steps`` (a speculative round's verify) the state after block position j < len - 1 (every GDN
     layer's conv window and S) lands in the row's step slot j and the state after the last in the row's slot, each
     equal to the reference's after the block's first j + 1 tokens; no other slot changes (the slots keep nothing of
     a one-token block). The MTP head plans the step slots; an attention layer sits between the GDN layers, so
     their later states read the block's attention too. On CPU the Triton kernels run in the interpreter."""
+    monkeypatch.setattr(kernel_table, "GDN_BLOCK_VERIFY", blocks)
     pair = build_pair(tiny_config(layers=(L, F, L, L), mtp=1), torch.float32, "triton", verify_width=5)
     fast, gen = pair.fast, torch.Generator().manual_seed(6)
     prompts, lens = (7, 13, 4), (3, 1, 5)

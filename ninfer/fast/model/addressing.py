@@ -33,9 +33,11 @@ def verify_inputs(plan: MemoryPlan, block_tables: torch.Tensor, slots: Sequence[
     steps = [(to_device([cu[i] + j for i, n in enumerate(lens) if n > j], dev, torch.long),
               to_device([r[j] for r, n in zip(reads, lens) if n > j], dev),
               to_device([w[j] for w, n in zip(writes, lens) if n > j], dev)) for j in range(max(lens))]
+    outs = to_device([w[j] if n > j else -1 for j in range(max(lens)) for w, n in zip(writes, lens)], dev)
     return StepInputs(positions=pos.to(torch.int32), slot_mapping=pages * ps + pos % ps,
                       slot_ids=to_device(slots, dev), block_table=table, cu_seqlens=to_device(cu, dev),
-                      max_prefix=max(starts), prefix_lens=to_device(starts, dev), gdn_steps=steps)
+                      max_prefix=max(starts), prefix_lens=to_device(starts, dev), gdn_steps=steps,
+                      gdn_outs=outs.view(max(lens), len(lens)))
 
 
 def prefill_inputs(block_tables: torch.Tensor, page_size: int, n: int, slot: int, row: int, start: int,

@@ -86,6 +86,9 @@ class Kernels:
     # (y [T, H], logits [T, E (+1)], w_gate_up, w_down, shared_gate_up | None, shared_down | None, top_k,
     #  renormalize, res) -> None: res gains the MoE block's output (routed experts + gated shared expert)
     moe_block: Callable
+    # same arguments as gdn_verify_naive: the verify pass's GDN recurrence over whole blocks (None: ``gdn_decode``
+    # once per block position)
+    gdn_verify: Callable | None = None
 
 
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
@@ -198,7 +201,8 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
                    gdn_decode.gdn_decode, conv_prefill, gdn_chunk.gdn_chunk,
                    paged_decode_attention.paged_decode_attention, prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
                    slot_copy.slot_copy, dflash_conv, dflash_select, stream_norm, norm_linear, norm_linear_swiglu,
-                   linear_residual, decode_slots.decode_slots, moe_block)
+                   linear_residual, decode_slots.decode_slots, moe_block,
+                   gdn_verify=_gdn_verify() if GDN_BLOCK_VERIFY else None)
 
 
 # the rows up to which the default table's MoE block is ``moe_decode``: measured on the H100 at 35B-A3B per block in
@@ -210,6 +214,16 @@ _MOE_DECODE_ROWS = 1
 # built for sm_90 and tested in the interpreter; 35B-A3B FP8 decode at B = 1 ran 4.99 ms through qmoe against bf16's
 # 3.86 through moe_decode). bench_quant.py's recipe "fp8:moe" turns it on for its build
 FP8_MOE_DECODE = False
+# the verify pass's GDN recurrence in one launch a layer over whole blocks (``gdn_verify``) instead of ``gdn_decode``
+# once per block position: off until measured on a GPU (fifteenth session: built for sm_90 at 139 registers, 3
+# programs an SM, and tested in the interpreter). bench_spec.py's --gdn-verify turns it on for its builds
+GDN_BLOCK_VERIFY = False
+
+
+def _gdn_verify() -> Callable:
+    from ninfer.fast.ops.gdn_verify import gdn_verify  # the op table's ops load with the table
+
+    return gdn_verify
 
 
 def _moe_decode_applies(y, w_gate_up, w_down, shared_gate_up, shared_down, max_rows: int) -> bool:
@@ -268,6 +282,7 @@ def naive_kernels() -> Kernels:
     from ninfer.fast.ops.dflash_select.naive import dflash_select_naive
     from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
     from ninfer.fast.ops.gdn_decode.naive import gdn_decode_naive
+    from ninfer.fast.ops.gdn_verify.naive import gdn_verify_naive
     from ninfer.fast.ops.moe.naive import moe_experts_naive, moe_route_naive
     from ninfer.fast.ops.paged_decode_attention.naive import paged_decode_attention_naive
     from ninfer.fast.ops.prefill_attention.naive import prefill_attention_naive
@@ -315,7 +330,8 @@ def naive_kernels() -> Kernels:
                    linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive, stream_norm,
                    lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
                    lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual,
-                   decode_slots_naive, unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu))
+                   decode_slots_naive, unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu),
+                   gdn_verify=gdn_verify_naive)
 
 
 def get_kernels(name: str) -> Kernels:

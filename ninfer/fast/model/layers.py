@@ -47,6 +47,10 @@ class StepInputs:
     # multi-query decode: step j of every block still that long, as (token rows [b_j] long, the slots they read
     # [b_j] int32, the slots the stepped state goes to [b_j] int32)
     gdn_steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    # multi-query decode: [W, >= B] int32, the slot step j of block b leaves its state in (-1: none, or past the
+    # block), for the kernel table's ``gdn_verify`` (the blocks' token rows from ``cu_seqlens``, step 0 reading
+    # ``slot_ids``)
+    gdn_outs: torch.Tensor | None = None
     # rotary positions where they are not ``positions`` (the KV addressing): [3, T] MRoPE rows of a prompt with
     # images, or [T] int32 after one (position + rope_delta, MRoPE's three rows equal: plain RoPE)
     rope_positions: torch.Tensor | None = None
@@ -96,6 +100,11 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
         # by one (the projections above and below still run once over all T rows). Zeroed: the verify graphs' pad
         # rows outside every step stay zero instead of carrying NaN garbage into the FFN and the MoE router
         out = mixed.new_zeros(mixed.shape[0], cfg.linear_value_dim)  # [T, HV*dv]
+        if k.gdn_verify is not None and step.gdn_outs is not None:  # whole blocks, one launch
+            B = step.slot_ids.shape[0]
+            k.gdn_verify(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids,
+                         step.cu_seqlens[:B + 1], step.gdn_outs, **dims, out=out)
+            return k.linear_residual(out, w.out_proj, res)
         for rows, slots, outs in step.gdn_steps:  # each step reads and writes its token rows in place
             k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, slots, **dims,
                          out_slot_ids=outs, rows=rows, out=out)
