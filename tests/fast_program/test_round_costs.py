@@ -1,7 +1,7 @@
 """`measure_rounds`: the speculative round's costs the fast Program measures at start on CUDA for its draft policy
-(`program_core/draft_policy.py`), run here over the eager bodies with a stand-in timer (every timed run 1 ms): per
-B = 1..max_concurrency and per verify width, the verify pass of B full blocks of that width on the dummy slot and
-row, plus the backend's draft of width - 1 tokens past width 1."""
+(`program_core/draft_policy.py`), run here with a stand-in timer (every timed run 1 ms) over the eager bodies on the
+CPU and the captured graphs on the GPU: per B = 1..max_concurrency and per verify width, the verify pass of B full
+blocks of that width on the dummy slot and row, plus the backend's draft of width - 1 tokens past width 1."""
 
 from __future__ import annotations
 
@@ -28,18 +28,16 @@ def test_round_costs_time_every_width_and_the_draft_past_width_one(make_fast_spe
     ex, lanes = program.executor, program.limits.max_concurrency
     verifier = ex.verifier
     passes, drafts = [], []
-    body = verifier.body
-    monkeypatch.setattr(verifier, "body", lambda B, backup, width=None: passes.append((B, width, backup)) or
-                        body(B, backup, width))
-    if method == "mtp":
-        step = ex.drafter.step
-        monkeypatch.setattr(ex.drafter, "step", lambda B, variant: drafts.append(B) or step(B, variant))
-        draft = ex.drafter.dummy_draft
-    else:
-        block = ex.dflash.graphs.body
-        monkeypatch.setattr(ex.dflash.graphs, "body",
-                            lambda R, variant, block_draw=False: drafts.append(R) or block(R, variant, block_draw))
-        draft = ex.dflash.graphs.dummy_draft
+    # the passes and drafts measure_rounds times, recorded where it asks for them (on CUDA their graphs replay, on
+    # the CPU the eager bodies run)
+    dummy_pass = verifier.dummy_pass
+    monkeypatch.setattr(verifier, "dummy_pass", lambda B, width, backup=True: passes.append((B, width, backup)) or
+                        dummy_pass(B, width, backup))
+    dummy_draft = ex.drafter.dummy_draft if method == "mtp" else ex.dflash.graphs.dummy_draft
+
+    def draft(B: int, n: int):
+        drafts.append((B, n))
+        return dummy_draft(B, n)
     monkeypatch.setattr(costs, "_best", lambda device, fn, repeats=3: (fn(), 1e-3)[1])
     measured = costs.measure_rounds(verifier, draft)
 
@@ -49,8 +47,6 @@ def test_round_costs_time_every_width_and_the_draft_past_width_one(make_fast_spe
     replays = [(B, w, False) for B in range(1, lanes + 1) for w in widths[1:]] if method == "dflash-replaying" else []
     assert sorted(passes) == sorted([(B, w, True) for B in range(1, lanes + 1) for w in widths] + replays)
     assert measured.replays == (((0.0,) + (1e-3,) * (len(widths) - 1),) * lanes if replays else ())
-    if method == "mtp":  # w - 1 chained head steps of B rows for each width past 1
-        assert sorted(drafts) == sorted(B for B in range(1, lanes + 1) for w in widths[1:] for _ in range(w - 1))
-    else:  # one block pass of R rows for each width past 1, whatever the width
-        assert sorted(drafts) == sorted(B for B in range(1, lanes + 1) for _ in widths[1:])
+    # the backend's greedy draft of w - 1 tokens over B rows for each width past 1
+    assert sorted(drafts) == sorted((B, w - 1) for B in range(1, lanes + 1) for w in widths[1:])
     assert DraftPolicy(k, measured).width([k] * lanes) == k + 1  # a fresh policy takes the whole block
