@@ -333,10 +333,11 @@ def main() -> int:
     ap.add_argument("--blocks", default=None, help="DFlash block sizes, comma-separated (default: 16,8)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="the backend's draft_vocab_size: drafts from the token ids below it alone")
-    ap.add_argument("--gdn-verify", action="store_true",
-                    help="the verify pass's GDN recurrence over whole blocks (kernels.GDN_BLOCK_VERIFY)")
+    ap.add_argument("--gdn-verify", choices=("blocks", "positions"), default="blocks",
+                    help="the verify pass's GDN recurrence over whole blocks (gdn_verify, the default) or per block "
+                         "position (gdn_decode once per position): kernels.GDN_BLOCK_VERIFY")
     args = ap.parse_args()
-    kernel_table.GDN_BLOCK_VERIFY = args.gdn_verify  # before any Program builds its op table
+    kernel_table.GDN_BLOCK_VERIFY = args.gdn_verify == "blocks"  # before any Program builds its op table
     s = SMOKE if args.smoke else Settings()
     s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host, draft_vocab=args.draft_vocab)
     if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short

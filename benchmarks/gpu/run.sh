@@ -34,7 +34,7 @@
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
 #        PROFILE_RECIPES (profile: quantized recipes profiled too, e.g. fp8,q4), BENCH_ENGINE_PARTS (engine: bench_engine's parts, e.g. decode,itl), PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
 #        and dflash: the backend's draft_vocab_size), DFLASH_BLOCKS (dflash: the block sizes, default 16,8), GDN_VERIFY
-#        (spec and dflash: 1 runs the verify pass's GDN recurrence over whole blocks, kernels.GDN_BLOCK_VERIFY)
+#        (spec and dflash: "positions" runs the verify pass's GDN recurrence per block position, "blocks" the default)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -139,7 +139,7 @@ run_spec() {
     echo "== speculative decoding with forced acceptance, through the Engine"
     local budget=$(( $(left) < 240 ? $(left) : 240 ))
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --models "$MODELS" --deadline-s $(( budget - 20 )) \
-        ${OUT:+--out "$OUT"} ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${GDN_VERIFY:+--gdn-verify} \
+        ${OUT:+--out "$OUT"} ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${GDN_VERIFY:+--gdn-verify "$GDN_VERIFY"} \
         || echo "bench_spec rc=$?"
 }
 
@@ -151,7 +151,7 @@ run_dflash() {
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --method "${DFLASH_METHOD:-dflash}" \
         --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} --profile-host \
         ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${DFLASH_BLOCKS:+--blocks "$DFLASH_BLOCKS"} \
-        ${GDN_VERIFY:+--gdn-verify} || echo "bench_spec dflash rc=$?"
+        ${GDN_VERIFY:+--gdn-verify "$GDN_VERIFY"} || echo "bench_spec dflash rc=$?"
 }
 
 run_serve() {

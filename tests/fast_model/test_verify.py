@@ -2,7 +2,7 @@
 different lengths at different frontiers, packed along T, at scrambled slots, rows and pages; the logits of every
 block position equal the reference's step recurrence over the same tokens, and a decode step afterwards shows the
 advanced GDN state and K/V. Tolerances as in test_model.py (CPU fp32: the Triton interpreter). The Triton table
-runs the GDN recurrence per block position (``gdn_decode``) or over whole blocks (``gdn_verify``, the opt-in
+runs the GDN recurrence per block position (``gdn_decode``) or over whole blocks (``gdn_verify``, the default,
 ``kernels.GDN_BLOCK_VERIFY``)."""
 
 import pytest

@@ -215,9 +215,10 @@ _MOE_DECODE_ROWS = 1
 # 3.86 through moe_decode). bench_quant.py's recipe "fp8:moe" turns it on for its build
 FP8_MOE_DECODE = False
 # the verify pass's GDN recurrence in one launch a layer over whole blocks (``gdn_verify``) instead of ``gdn_decode``
-# once per block position: off until measured on a GPU (fifteenth session: built for sm_90 at 139 registers, 3
-# programs an SM, and tested in the interpreter). bench_spec.py's --gdn-verify turns it on for its builds
-GDN_BLOCK_VERIFY = False
+# once per block position: the 9B MTP verify graph (k = 3, H100, fifteenth session, one warm machine) 7.11 / 7.07 /
+# 7.63 / 8.13 ms at B = 1 / 2 / 4 / 8 against 7.30 / 7.31 / 7.61 / 8.36, the replay graph 6.95 against 7.11.
+# bench_spec.py's --gdn-verify positions (run.sh GDN_VERIFY=positions) builds with it off, for the A/B
+GDN_BLOCK_VERIFY = True
 
 
 def _gdn_verify() -> Callable:
