@@ -34,7 +34,8 @@ class Program(ProgramCore):
     executor: ModelExecutor  # set by the subclass before serving
     _ahead: ahead_step.Ahead | None = None  # the decode step launched ahead, not yet adopted by `decode`
     _chained: Chained | None = None  # the step launched behind the adopted one, whose batch is not yet committed
-    # steps launched ahead, those chained behind an adopted one, and of them all those a `decode` adopted
+    # steps launched ahead (those chained behind an adopted one included), the chained ones, and those a `decode`
+    # adopted
     ahead_launched = ahead_chained = ahead_adopted = 0
 
     def backup_slot(self, row: int, bank: int = 0) -> int:
@@ -107,6 +108,7 @@ class Program(ProgramCore):
             self.ahead_adopted += 1
             self._chained = Chained.launch(self, ahead)  # queued before this step's draws are waited for
             self.ahead_chained += self._chained is not None
+            self.ahead_launched += self._chained is not None
             return ahead.started.finish()
         self.discard_ahead()
         seqs = [self.sequence(h) for h in handles]

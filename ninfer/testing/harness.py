@@ -266,9 +266,7 @@ class EngineMachine(RuleBasedStateMachine):
         event(f"promoted from a host replica: {stats.promotions > 0}")
         if self.async_scheduling:
             inner = self.program.inner
-            launched = getattr(inner, "ahead_launched", 0) + getattr(inner, "ahead_chained", 0)
-            adopted = getattr(inner, "ahead_adopted", 0)
-            event(f"steps chained behind an adopted one: {getattr(inner, 'ahead_chained', 0) > 0}")
+            launched, adopted = getattr(inner, "ahead_launched", 0), getattr(inner, "ahead_adopted", 0)
             event(f"steps launched ahead: adopted {adopted > 0}, discarded {launched > adopted}")
         if self.engine.available:
             usage = self.program.inner.resource_usage()

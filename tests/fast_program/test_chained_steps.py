@@ -60,7 +60,7 @@ def _adopt(program, hs, rounds: int):
         assert program.ahead_handles() == tuple(hs)  # the chained step is the round launched ahead now
         assert program.launch_ahead(hs)  # which the Engine's launch keeps
     batch = program.decode(hs)
-    assert program.ahead_chained == rounds and program.ahead_launched == 1 and program.ahead_adopted == rounds
+    assert program.ahead_chained == rounds and program.ahead_launched == 1 + rounds and program.ahead_adopted == rounds
     return batch
 
 

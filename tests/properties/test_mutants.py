@@ -290,9 +290,10 @@ MUTANTS = {
                                             ("more than once",)),
     "decode_round_with_staged_prefill": ([(Scheduler, "next_unit", decode_with_staged_prefill)], TOY,
                                          ("not decode-ready", "engine failed without an injected fault")),
+    # a cancelled request is terminal too: kept in the rounds, it is seen running in a unit after its cancellation
     "terminal_request_stays_in_decode_round": ([(Scheduler, "leave_active", leave_active_keeps_decode_row),
                                                 (EngineCore, "finish", finish_drops_the_kept_row)], ONE_SESSION,
-                                               ("not decode-ready",)),
+                                               ("not decode-ready", "after it was cancelled or expired")),
     "prefill_starves_decode": ([(Scheduler, "next_unit", prefill_first)], TOY, ("decode starved",)),
     "skip_abort_on_cancel_in_materializing": ([(EngineCore, "_advance_transition", always_advance)], SLOW_SOURCE,
                                               ("advanced, not aborted",)),
