@@ -69,7 +69,10 @@ def build(run: Run, name: str, recipe: str) -> tuple[FastProgram, Engine, dict]:
     quant = None if recipe == "bf16" else random_quant(cfg, s.device, recipe, small=s.device != "cuda")
     program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
                                 kernels=s.kernels, quant=quant)
-    engine = Engine(program, EngineConfig(max_concurrency=be.LANES, prefill_chunk=s.prefill_chunk), threaded=False)
+    # as served (`ninfer serve` runs the fast Program with async scheduling), like bench_engine.py
+    overlap = os.environ.get("NINFER_BENCH_ASYNC", "1") != "0"
+    engine = Engine(program, EngineConfig(max_concurrency=be.LANES, prefill_chunk=s.prefill_chunk,
+                                          async_scheduling=overlap), threaded=False)
     plan = program.model.plan
     info = {"build_s": time.monotonic() - t, "weight_bytes": program.model.weights.nbytes,
             "formats": program.model.weights.formats(), "kv_bytes": plan.kv_bytes, "kv_pages": plan.num_pages}
