@@ -99,7 +99,7 @@ def build(run: Run, tokenizer: Path):
     budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
     program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
                                 kernels=s.kernels)
-    engine = Engine(program, EngineConfig(max_concurrency=s.lanes))
+    engine = Engine(program, EngineConfig(max_concurrency=s.lanes, async_scheduling=True))  # as `ninfer serve` runs it
     frontend = _frontend(tokenizer, s.max_context)
     options = RuntimeOptions(max_model_len=s.max_context, max_num_seqs=s.lanes)
     rt = Runtime(options, f"random-{s.shape}", tokenizer, True, "fast", frontend, s.max_context, "random weights",
