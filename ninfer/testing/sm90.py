@@ -9,11 +9,14 @@ run it in a subprocess).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -57,3 +60,15 @@ def build_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], num
     compiled = triton.compile(src, target=_TARGET, options=dict(num_warps=num_warps, num_stages=num_stages))
     regs, local, static_shared = _resources(compiled.asm["cubin"])
     return Sm90Build(regs, local, static_shared + compiled.metadata.shared, num_warps)
+
+
+def run_build_script(script: Path, args: list[str]) -> list[dict]:
+    """Run a test's build script (it calls ``build_sm90`` and prints one JSON object a line) in a subprocess
+    without ``TRITON_INTERPRET`` (the ops tests set it), from the repository root; the objects it printed.
+    AssertionError with the script's stderr when it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

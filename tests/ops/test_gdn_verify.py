@@ -3,10 +3,6 @@ blocks of different lengths packed back to back, each step leaving its state in 
 all in place, a padding block (slot -1) that touches no state, rows outside every block left as they were, and
 the sm_90 build."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ import torch
 from _device import DEVICE, IO_DTYPES, ON_GPU
 from ninfer.fast.ops.gdn_verify import gdn_verify, gdn_verify_naive
 from ninfer.testing.numerics import assert_close
+from ninfer.testing.sm90 import run_build_script
 
 K = 4
 # (HK, HV, dk, dv): the GPU checks Qwen3.5-9B's GDN heads; the CPU odd sizes (dv split over programs, GVA groups)
@@ -87,12 +84,7 @@ def test_a_padding_block_touches_no_state():
 def test_sm90_build():
     # Hopper's compile on the CPU (Triton's ptxas, a subprocess without the interpreter): the kernel builds at the
     # 9B GDN heads for an MTP block (4) and a DFlash block (16) without spills
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("_sm90_gdn_verify.py")), "bf16:4", "bf16:16",
-                           "fp32:4"], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = run_build_script(Path(__file__).with_name("_sm90_gdn_verify.py"), ["bf16:4", "bf16:16", "fp32:4"])
     assert len(rows) == 3
     for r in rows:
         assert r["spill"] == 0 and r["per_sm"] >= 2, r

@@ -3,10 +3,6 @@ grid (hidden 40, experts 24 wide, shared expert 20 wide); experts chosen by seve
 none; exact logit ties (lower id first, also at the k-th place); with and without the shared expert; the residual
 added in place; strided logits; NaN-poisoned scratch and outputs. Plus the launch geometry at the 35B-A3B shape."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +13,7 @@ from ninfer.fast.ops.moe_decode import (MAX_ROWS, MoeDecodeConfig, moe_decode, m
                                         moe_decode_route_naive, pick_config, smem_bytes)
 from ninfer.fast.ops.moe_decode.triton import SMEM_LIMIT
 from ninfer.testing.numerics import assert_close
+from ninfer.testing.sm90 import run_build_script
 
 # (E, k, H, I, Is): 35B-A3B on the GPU
 SHAPE = (256, 8, 2048, 512, 512) if ON_GPU else (7, 3, 40, 24, 20)
@@ -183,12 +180,7 @@ def test_sm90_builds():
     # sm_90 at the 35B-A3B shape without spills and within the shared memory limit, FP8 stacks too (gate_up at one
     # row: 147 registers, 3 programs an SM, against bf16's 111 and 4). (At M = 1 gate_up's 576
     # programs no longer fit one wave, 4 an SM: the H100 measured that faster than the one-wave 288 of gate_bn 16)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("_sm90_moe_decode.py")), "1:bf16", "8:fp32",
-                           "1:fp8e4nv"], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = run_build_script(Path(__file__).with_name("_sm90_moe_decode.py"), ["1:bf16", "8:fp32", "1:fp8e4nv"])
     assert len(rows) == 6
     for r in rows:
         assert r["spill"] == 0 and r["shared"] <= SMEM_LIMIT, r

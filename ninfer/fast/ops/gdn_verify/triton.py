@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.fast.ops.gdn_decode.triton import _gated_norm_group
+# one zeroed counter buffer per device for both ops (each launch leaves it at zero; the two never run concurrently)
+from ninfer.fast.ops.gdn_decode.triton import _arrival_counters, _gated_norm_group
 
 CONV_TAPS = 4  # the conv kernel width this kernel is built for (Qwen3.5's linear_conv_kernel_dim)
 
@@ -126,24 +127,6 @@ def _verify_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_p
             _store_window(out_row, qch, wq, q0, q1, q2)
             _store_window(out_row, kch, wq, k0, k1, k2)
             tl.atomic_xchg(cnt_ptr + step * HK + hk, 0)
-
-
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor | None] = []
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-(block, step, key head) arrival counters, zeroed once: every launch leaves them at zero again. NOTE:
-    shared by all launches on a device, so two verify kernels must not run concurrently on different streams."""
-    buf = _ARRIVALS.get(device)
-    if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gdn_verify: run a launch of this shape once before CUDA-graph capture (it allocates "
-                               "its arrival counters)")
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _RETIRED.append(_ARRIVALS.get(device))  # a replaced buffer may still be baked into captured graphs
-        _ARRIVALS[device] = buf
-    return buf
 
 
 def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
