@@ -48,7 +48,7 @@ class StaticInputs:
     ROWS = ("tokens", "slot_ids", "table_rows", "context_lens", "positions", "rope_positions", "backup_rows")
 
     def __init__(self, max_batch: int, device: torch.device, devices: list[torch.device] | None = None):
-        # [6, max_batch] per rank
+        # [7, max_batch] per rank
         self.by_rank = [torch.zeros(len(self.ROWS), max_batch, dtype=torch.int32, device=d)
                         for d in devices or [device]]
         self.packed = self.by_rank[0]
