@@ -134,17 +134,12 @@ class Program(ProgramCore):
     def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
         """Validate every row first, then apply: the batch is committed whole or not at all. The step chained
         behind it survives only a commit that keeps every row going: it then becomes the round launched ahead."""
+        seqs = validate_commit(self, batch, decisions)  # touches nothing: a refused commit leaves all in flight
         chained, self._chained = self._chained, None
+        self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
         if chained is not None and not chained.follows(batch, decisions):
             chained.discard(self)  # before this commit restores any row from its own backup
             chained = None
-        try:
-            self.discard_ahead()  # never one here (it is launched after a commit); a misuse must not keep it
-            seqs = validate_commit(self, batch, decisions)
-        except EngineFailure:
-            if chained is not None:
-                chained.discard(self)
-            raise
         counted, replays = [], []
         for seq, d, prov in zip(seqs, decisions, provisionals(batch)):
             if d.accepted == 0:

@@ -104,10 +104,10 @@ def gdn_mixer(k: Kernels, cfg: Qwen35Config, w: GdnWeights, res: Residual, norm:
             B = step.slot_ids.shape[0]
             k.gdn_verify(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, step.slot_ids,
                          step.cu_seqlens[:B + 1], step.gdn_outs, **dims, out=out)
-            return k.linear_residual(out, w.out_proj, res)
-        for rows, slots, outs in step.gdn_steps:  # each step reads and writes its token rows in place
-            k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, slots, **dims,
-                         out_slot_ids=outs, rows=rows, out=out)
+        else:
+            for rows, slots, outs in step.gdn_steps:  # each step reads and writes its token rows in place
+                k.gdn_decode(mixed, z, a, b, conv, w.conv, w.A_log, w.dt_bias, w.norm, ssm, slots, **dims,
+                             out_slot_ids=outs, rows=rows, out=out)
         return k.linear_residual(out, w.out_proj, res)
     if step.decode_rows is not None:
         # a mixed pass: the decode rows [:B] by the recurrence on their slots, the piece [B:] by the chunked rule
