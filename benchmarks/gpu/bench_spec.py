@@ -330,6 +330,8 @@ def main() -> int:
     ap.add_argument("--method", choices=("mtp", "dflash", "dflash2"), default="mtp")
     ap.add_argument("--profile-host", action="store_true",
                     help="after the timed rows of the largest B, one run at L = 3 under cProfile")
+    ap.add_argument("--batches", default=None,
+                    help="batch sizes, comma-separated (default 1,2,4,8; the adaptive rows run at the last)")
     ap.add_argument("--blocks", default=None, help="DFlash block sizes, comma-separated (default: 16,8)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="the backend's draft_vocab_size: drafts from the token ids below it alone")
@@ -345,6 +347,8 @@ def main() -> int:
         s = dataclasses.replace(s, steps=min(s.steps, 4), blocks=blocks)
     if args.program:
         s = dataclasses.replace(s, program=args.program)
+    if args.batches:
+        s = dataclasses.replace(s, batches=tuple(int(b) for b in args.batches.split(",")))
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
     run.results.update(program=s.program, k=s.k if s.method == "mtp" else ks(s), method=s.method,
                        draft_vocab=s.draft_vocab, gdn_verify=args.gdn_verify)

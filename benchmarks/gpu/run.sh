@@ -16,8 +16,8 @@
 #   bash benchmarks/gpu/run.sh moe      # the MoE block's GPU tests, then bench_moe.py: today's path vs moe_decode per B
 #                                       # at 35B-A3B with the floor and a config sweep (< 4 min)
 #   bash benchmarks/gpu/run.sh llamacpp # bench_llamacpp.py: llama.cpp's CUDA build (carried source), 0.8B and 9B
-#   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (<= 240 s)
-#   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (<= 240 s)
+#   bash benchmarks/gpu/run.sh spec     # bench_spec.py: MTP k=3 with forced acceptance through the Engine (~240 s)
+#   bash benchmarks/gpu/run.sh dflash   # bench_spec.py --method dflash: blocks 8 and 16, 9B and 35B-A3B (~400 s)
 #   bash benchmarks/gpu/run.sh agent    # bench_agent.py: issue 10's agent benchmark, 9B, in-process server (<= 240 s)
 #   bash benchmarks/gpu/run.sh serve    # bench_serve.py: `ninfer bench serve` against a server process over the fast
 #                                       # Program, 9B and 0.8B, concurrency 1, 4, 8 (TTFT/TPOT/ITL percentiles)
@@ -34,7 +34,9 @@
 #   env: PYTHON (default python3), OUT, BENCH_MODELS, MICRO_MODELS, SPEC_MODELS, TEST_PATHS, SERIAL_TEST_PATHS, PYTEST_WORKERS, TEST_TIMEOUT_S,
 #        PROFILE_RECIPES (profile: quantized recipes profiled too, e.g. fp8,q4), BENCH_ENGINE_PARTS (engine: bench_engine's parts, e.g. decode,itl), PART_BUDGET_S (default 560), VISION_BENCH_ONLY (1: the vision part without its tests), SPEC_DRAFT_VOCAB (spec
 #        and dflash: the backend's draft_vocab_size), DFLASH_BLOCKS (dflash: the block sizes, default 16,8), GDN_VERIFY
-#        (spec and dflash: "positions" runs the verify pass's GDN recurrence per block position, "blocks" the default)
+#        (spec and dflash: "positions" runs the verify pass's GDN recurrence per block position, "blocks" the default),
+#        SPEC_BATCHES (spec and dflash: the batch sizes, default 1,2,4,8), SPEC_PROFILE_HOST (dflash: 1 adds the
+#        cProfile run of the host's share at the largest B)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -137,19 +139,20 @@ run_moe() {
 
 run_spec() {
     echo "== speculative decoding with forced acceptance, through the Engine"
-    local budget=$(( $(left) < 240 ? $(left) : 240 ))
+    local budget=$(left)
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --models "$MODELS" --deadline-s $(( budget - 20 )) \
-        ${OUT:+--out "$OUT"} ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${GDN_VERIFY:+--gdn-verify "$GDN_VERIFY"} \
+        ${OUT:+--out "$OUT"} ${SPEC_BATCHES:+--batches "$SPEC_BATCHES"} ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${GDN_VERIFY:+--gdn-verify "$GDN_VERIFY"} \
         || echo "bench_spec rc=$?"
 }
 
 run_dflash() {
     # issue 12: DFlash blocks 8 and 16 at 9B and 35B-A3B (a drafter of the published geometry), forced acceptance;
-    # then the host profile of B = 8 at L = 3 (the round's 8-10 ms host share there is unexplained)
+    # with SPEC_PROFILE_HOST=1 also the host profile of the largest B at L = 3
     echo "== DFlash speculative decoding with forced acceptance, through the Engine"
-    local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(( $(left) < 240 ? $(left) : 240 ))
+    local models="${BENCH_MODELS:-9B,35B-A3B}" budget=$(left)
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --method "${DFLASH_METHOD:-dflash}" \
-        --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} --profile-host \
+        --models "$models" --deadline-s $(( budget - 20 )) ${OUT:+--out "$OUT"} ${SPEC_BATCHES:+--batches "$SPEC_BATCHES"} \
+        ${SPEC_PROFILE_HOST:+--profile-host} \
         ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${DFLASH_BLOCKS:+--blocks "$DFLASH_BLOCKS"} \
         ${GDN_VERIFY:+--gdn-verify "$GDN_VERIFY"} || echo "bench_spec dflash rc=$?"
 }
