@@ -18,7 +18,8 @@ def build(io: str, W: int):
     types.update({n: "i32" for n in ("stride_x", "stride_conv", "stride_z", "stride_a", "stride_b", "stride_slot",
                                      "stride_y", "stride_outs")}, scale="fp32", eps="fp32")
     b = build_sm90(gv._verify_kernel, types, dict(W=W, HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, BK=128, BV=32, NV=4,
-                                                  BVF=128), num_warps=4, num_stages=1)
+                                                  BVF=128), num_warps=4, num_stages=1,
+                   divisible=("stride_x", "stride_conv", "stride_z", "stride_a", "stride_b", "stride_y"))
     print(json.dumps(dict(io=io, W=W, registers=b.registers, spill=b.spill_bytes, shared=b.shared_bytes,
                           per_sm=b.programs_per_sm)), flush=True)
 

@@ -178,7 +178,7 @@ def test_launch_geometry_at_35b_a3b():
 def test_sm90_builds():
     # Hopper's compile on the CPU (Triton's ptxas, a subprocess without the interpreter): both kernels build for
     # sm_90 at the 35B-A3B shape without spills and within the shared memory limit, FP8 stacks too (gate_up at one
-    # row: 147 registers, 3 programs an SM, against bf16's 111 and 4). (At M = 1 gate_up's 576
+    # row: 103 registers, 4 programs an SM, against bf16's 72 and 7). (At M = 1 gate_up's 576
     # programs no longer fit one wave, 4 an SM: the H100 measured that faster than the one-wave 288 of gate_bn 16)
     rows = run_build_script(Path(__file__).with_name("_sm90_moe_decode.py"), ["1:bf16", "8:fp32", "1:fp8e4nv"])
     assert len(rows) == 6
