@@ -22,6 +22,7 @@ from ninfer.engine.units import UnitRunner
 from ninfer.program_core import ahead as ahead_step
 from ninfer.sampling import SamplingParams
 from ninfer.testing.harness import make_engine_machine
+from ninfer.testing.hunts import fixed_constants
 from ninfer.testing.protocol_driving import finish
 from ninfer.testing.sessions import TokenSession
 from ninfer.testing.siblings import sibling
@@ -130,7 +131,7 @@ def _on_gpu() -> bool:
 def test_harness_catches_async_mutant(name, monkeypatch):
     (owner, attr, bug), symptoms = MUTANTS[name]
     monkeypatch.setattr(owner, attr, bug)
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - any failure of the harness, checked by its message
+    with pytest.raises(Exception) as caught, fixed_constants():  # noqa: PT011 - any failure, checked by its message
         run_state_machine_as_test(_props().Async, settings=HUNT)
     assert any(s in str(caught.value) for s in symptoms), f"{name}: caught for another reason: " \
                                                          f"{type(caught.value).__name__}: {str(caught.value)[:400]}"
@@ -140,7 +141,7 @@ def test_harness_catches_async_mutant(name, monkeypatch):
 def test_harness_catches_a_speculative_round_discarded_without_its_restore(monkeypatch):
     # whole MTP rounds launched ahead: a discard that keeps the round's stepped state must show
     monkeypatch.setattr(ahead_step, "discard", discard_keeps_the_step)
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - any failure of the harness, checked by its message
+    with pytest.raises(Exception) as caught, fixed_constants():  # noqa: PT011 - any failure, checked by its message
         run_state_machine_as_test(_props().AsyncSpeculative, settings=HUNT)
     assert "output depends on the schedule" in str(caught.value), str(caught.value)[:400]
 
@@ -149,7 +150,8 @@ def test_harness_catches_a_speculative_round_discarded_without_its_restore(monke
 def test_the_unmutated_hunt_passes(machine):
     examples = 8 if _on_gpu() else 40
     made = {"masked": lambda: _props().Async, "unmasked": _unmasked, "stopping": _stopping}[machine]()
-    run_state_machine_as_test(made, settings=settings(HUNT, max_examples=examples))
+    with fixed_constants():
+        run_state_machine_as_test(made, settings=settings(HUNT, max_examples=examples))
 
 
 def _run(async_scheduling: bool, prompts, max_tokens=9, make=lambda: _props()._program()):
