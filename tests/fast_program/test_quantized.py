@@ -221,9 +221,8 @@ def test_quantized_moe_experts(tmp_path, prompt_of, recipe):
 
 
 def test_fp8_experts_through_moe_decode(tmp_path, prompt_of, monkeypatch):
-    """With ``kernels.FP8_MOE_DECODE`` (off by default until measured on a GPU) a one-row decode step runs FP8 expert
-    stacks, the shared expert's too, through the fused ``moe_decode`` as stored: greedy tokens equal the
-    reference's."""
+    """With ``kernels.FP8_MOE_DECODE`` (the default) a one-row decode step runs FP8 expert stacks, the shared
+    expert's too, through the fused ``moe_decode`` as stored: greedy tokens equal the reference's."""
     from ninfer.fast.model import kernels
     from ninfer.fast.ops import moe_decode
     from ninfer.testing.weights import peaked_text_tensors
@@ -231,7 +230,7 @@ def test_fp8_experts_through_moe_decode(tmp_path, prompt_of, monkeypatch):
     path = write_quantized(tmp_path / "moe-fp8.ninfer", cfg, peaked_text_tensors(cfg), "fp8")
     fused, stacks = moe_decode.moe_decode, []
     monkeypatch.setattr(moe_decode, "moe_decode", lambda *a, **kw: stacks.append(a[2:4]) or fused(*a, **kw))
-    monkeypatch.setattr(kernels, "FP8_MOE_DECODE", True)
+    assert kernels.FP8_MOE_DECODE
     ref = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**{**PROGRAM, "dtype": torch.float32}))
     prompt = (torch.tensor(prompt_of(13, seed=8)) % cfg.vocab_size).tolist()[:7]
     want = serve(ref, [token_request(prompt, 4)], max_concurrency=1)

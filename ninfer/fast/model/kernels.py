@@ -210,10 +210,10 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
 # (every swept configuration slower still); B = 4 and 8 not measured yet
 _MOE_DECODE_ROWS = 1
 # FP8 expert stacks through ``moe_decode`` (their bytes as stored, scales applied per tile) instead of ``qmoe``'s
-# per-pair GEMVs and separate router, shared expert and combine: off until measured on a GPU (fourteenth session:
-# built for sm_90 and tested in the interpreter; 35B-A3B FP8 decode at B = 1 ran 4.99 ms through qmoe against bf16's
-# 3.86 through moe_decode). bench_quant.py's recipe "fp8:moe" turns it on for its build
-FP8_MOE_DECODE = False
+# per-pair GEMVs and separate router, shared expert and combine: 35B-A3B FP8 decode through the Engine at B = 1 3.74
+# ms against qmoe's 4.75 (bf16 3.67; B = 2..8 equal within 1%; sixteenth session, H100, one call). bench_quant.py's
+# recipe "fp8:qmoe" turns it off for its build
+FP8_MOE_DECODE = True
 # the verify pass's GDN recurrence in one launch a layer over whole blocks (``gdn_verify``) instead of ``gdn_decode``
 # once per block position: the 9B MTP verify graph (k = 3, H100, fifteenth session, one warm machine) 7.11 / 7.07 /
 # 7.63 / 8.13 ms at B = 1 / 2 / 4 / 8 against 7.30 / 7.31 / 7.61 / 8.36, the replay graph 6.95 against 7.11.
