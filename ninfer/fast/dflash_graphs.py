@@ -8,7 +8,9 @@ docs/performance.md), where the verify pass of the same round took 51 ms eagerly
 
 Without penalties in the round (most requests) a DFlash block's k draws are independent (no draft's penalties see
 the ones before it) and run as one pass over R * k rows (`SpecSampler.draw_block_static`), a graph of its own;
-with penalties, or DFlash2's selector walk, they run slot by slot.
+with penalties they run slot by slot. DFlash2's selector walk runs slot by slot too (each slot's candidates are
+scored after the token drawn before it), except in a lean greedy round, where every draw is the argmax of the raw
+scores and the walk is one launch (`dflash_walk`).
 
 Stability note: graphs are keyed by (R, variant, block draw) alone. The per-round quantities (each row's anchor,
 frontier, rope delta, first key, room) are one int32 tensor of input data, the draws' parameter rows another
@@ -80,6 +82,9 @@ class DFlashDraftGraphs:
         if bk.drafter.cfg.kind is DrafterKind.DFLASH:
             for j in range(self.spec.k):
                 self.spec.draw_static(self.draws, R, steps, logits[:, j].contiguous())
+            return
+        if variant == GREEDY + LEAN:  # argmax draws of the raw scores: the whole walk in one launch
+            bk.walk(logits, hidden, self.anchors[:R], self.draws, R)
             return
         select = bk.selector(logits, hidden)
         previous = self.anchors[:R].long()  # [R]: each row's walk starts at its pending token

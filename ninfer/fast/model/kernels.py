@@ -73,6 +73,9 @@ class Kernels:
     dflash_conv: Callable
     # (unary [R, K], cand [R, K], proj [R, r], prev [R], pred [V, r], succ [V, r]) -> fp32 [R, K]: a selector step
     dflash_select: Callable
+    # (unary, cand [R, k, K], proj [R, k, r], anchor [R], pred, succ [V, r], room [R] int32, drafts, num) ->
+    # (drafts [R, k], num [R]): the greedy selector walk over a whole block (a lean greedy round's draws)
+    dflash_walk: Callable
     # (res, norm_w, eps) -> rmsnorm(h + delta) [T, H]; the sum becomes res.h
     norm: Callable
     # (res, norm_w, eps, w [N, H]) -> norm(res) @ w^T [T, N]
@@ -132,6 +135,7 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
                                  prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
     from ninfer.fast.ops.dflash_select import dflash_select
+    from ninfer.fast.ops.dflash_walk import dflash_walk
     from ninfer.fast.ops.fp8_gemm.triton import fp8_gemm
     from ninfer.fast.ops.qlinear import QuantWeight, Segments
     from ninfer.fast.ops.qlinear import triton as qlinear
@@ -200,7 +204,8 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
     return Kernels("triton-fused" if fused_decode else "triton", norm, swiglu.swiglu, rope_kv_write.rope_kv_write,
                    gdn_decode.gdn_decode, conv_prefill, gdn_chunk.gdn_chunk,
                    paged_decode_attention.paged_decode_attention, prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
-                   slot_copy.slot_copy, dflash_conv, dflash_select, stream_norm, norm_linear, norm_linear_swiglu,
+                   slot_copy.slot_copy, dflash_conv, dflash_select, dflash_walk, stream_norm, norm_linear,
+                   norm_linear_swiglu,
                    linear_residual, decode_slots.decode_slots, moe_block,
                    gdn_verify=_gdn_verify() if GDN_BLOCK_VERIFY else None)
 
@@ -281,6 +286,7 @@ def naive_kernels() -> Kernels:
     from ninfer.fast.ops.dflash_conv.naive import dflash_conv_naive
     from ninfer.fast.ops.decode_slots.naive import decode_slots_naive
     from ninfer.fast.ops.dflash_select.naive import dflash_select_naive
+    from ninfer.fast.ops.dflash_walk.naive import dflash_walk_naive
     from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
     from ninfer.fast.ops.gdn_decode.naive import gdn_decode_naive
     from ninfer.fast.ops.gdn_verify.naive import gdn_verify_naive
@@ -328,7 +334,8 @@ def naive_kernels() -> Kernels:
 
     return Kernels("naive", rmsnorm_naive, swiglu_naive, rope_kv_write_naive, gdn_decode_naive, conv_prefill,
                    gdn_chunk_naive, paged_decode_attention_naive, prefill_attn, moe_route_naive, experts,
-                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive, stream_norm,
+                   linear, linear_swiglu, slot_copy_naive, dflash_conv_naive, dflash_select_naive,
+                   dflash_walk_naive, stream_norm,
                    lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
                    lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual,
                    decode_slots_naive, unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu),

@@ -18,8 +18,8 @@ them without a wait; the verify graphs call `extend` with their static buffers' 
 Drafting: one block pass for all rows of the round and its draws, a CUDA graph per row count and draw variant
 (`dflash_graphs.DFlashDraftGraphs`; the same buffers eagerly without CUDA or with --enforce-eager). DFlash draws
 slot j's draft from its own logits, DFlash2 walks the candidate selector (`dflash_select`, all rows per slot) from
-the pending token, each slot's drawn tokens staying on the device as the next slot's predecessors. Both draw on the
-device (`SpecSampler.draw_static`, the host ``draw_draft`` row by row: greedy rows the argmax, sampled rows the
+the pending token, each slot's drawn tokens staying on the device as the next slot's predecessors (in a lean greedy
+round the whole walk is one launch, `dflash_walk`). Both draw on the device (`SpecSampler.draw_static`, the host ``draw_draft`` row by row: greedy rows the argmax, sampled rows the
 race with q kept) into a `DraftBlock`, so the round's only host read is its readback after acceptance. Every row
 draws all k slots; a row's drafts past its own room are not counted (``StaticDraws.room``), as the MTP head's
 chain does.
@@ -38,6 +38,7 @@ from ninfer.fast.pools import Pools
 from ninfer.fast.model.dflash import FastDrafter
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.spec import SpecSampler
+from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.models.qwen3_5.drafter import DrafterKind
 from ninfer.program_core import ActiveSequence
 from ninfer.sampling import RowContext
@@ -125,13 +126,30 @@ class FastDFlashBackend:
             self.graphs.draft([seqs[i] for i in live], ks, spec.draft_rows(seqs, ctxs, spec.k), block, live)
         return block
 
+    def candidates(self, logits: torch.Tensor, hidden: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """DFlash2's selector inputs over the block (logits [R, B-1, V], hidden [R, B-1, H]): each slot's top-K
+        scores and ids (unary, cand [R, B-1, K]) and the hidden's projection (proj [R, B-1, r]). With a draft
+        vocabulary the top-K reads its ids alone: every other id is -inf there, so it is the same choice."""
+        V = logits.shape[-1] if self.draft_vocab is None else self.draft_vocab
+        unary, cand = torch.topk(logits[..., :V], min(self.drafter.cfg.selector_top_k, V), dim=-1)
+        return unary, cand, torch.nn.functional.linear(hidden, self.drafter.w.selector[0])
+
+    def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor, draws: StaticDraws,
+             R: int) -> None:
+        """DFlash2's greedy walk over the block in one launch (`dflash_walk`): rows 0..R-1's drafts and drawable
+        counts into `draws`, what k lean greedy `draw_static` calls over `selector`'s slots leave there."""
+        unary, cand, proj = self.candidates(logits, hidden)
+        _, pred, succ = self.drafter.w.selector
+        self.drafter.k.dflash_walk(unary, cand, proj, anchors, pred, succ, draws.room[:R], draws.drafts[:R],
+                                   draws.num[:R])
+        draws.j += unary.shape[1]
+
     def selector(self, logits: torch.Tensor, hidden: torch.Tensor):
         """DFlash2's selector over the block: select(j, previous [R] long) gives slot j's scores [R, V] on the
         device after each row's previous token (-inf outside the slot's top-K candidates)."""
-        proj_w, pred, succ = self.drafter.w.selector
-        K = min(self.drafter.cfg.selector_top_k, logits.shape[-1])
-        unary, cand = torch.topk(logits, K, dim=-1)  # [R, B-1, K]
-        proj = torch.nn.functional.linear(hidden, proj_w)  # [R, B-1, r]
+        unary, cand, proj = self.candidates(logits, hidden)
+        _, pred, succ = self.drafter.w.selector
 
         def select(j: int, previous: torch.Tensor) -> torch.Tensor:
             scores = self.drafter.k.dflash_select(unary[:, j].contiguous(), cand[:, j].contiguous(),
