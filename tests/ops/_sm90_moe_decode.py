@@ -16,8 +16,9 @@ def builds(M: int, wdt: str):
     """wdt: the stacks' element type (bf16, fp32, or fp8e4nv: FP8 stacks with fp32 block scales)."""
     cfg = md.pick_config(M, H, I, SMS)
     # every integer but M is a multiple of 16 at this shape, as the launch specialises it
+    ints = md._gate_up_kernel.arg_names + md._down_kernel.arg_names
     bm, common = triton.next_power_of_2(M), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                                 divisible=tuple(n for n in md._gate_up_kernel.arg_names + md._down_kernel.arg_names if n != "M"))
+                                                 divisible=tuple(n for n in ints if n != "M"))
     fp8 = wdt == "fp8e4nv"
     sdt = "fp32" if fp8 else wdt  # the scale planes (a dense stack passes its data again, never read)
     i32 = ["M", "E", "I", "IS", "H", "BR", "BC"]

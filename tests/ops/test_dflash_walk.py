@@ -3,12 +3,15 @@ rank not powers of two, rows with less room, repeated candidates across slots), 
 scores tie, are all -inf, +inf or NaN; and the naive walk against the slot-by-slot draws it replaces
 (`SpecSampler.draw_static` over `dflash_select`'s scattered scores)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from _device import DEVICE, IO_DTYPES, ON_GPU
 from ninfer.fast.ops.dflash_select import dflash_select_naive
 from ninfer.fast.ops.dflash_walk import dflash_walk, dflash_walk_naive
+from ninfer.testing.sm90 import run_build_script
 
 # (rows, drafts k, K, rank, vocab): the published top-16 at rank 256 over the 248,320-token vocabulary on the GPU
 SHAPES = [(8, 15, 16, 256, 248320), (3, 7, 16, 256, 248320)] if ON_GPU else [(3, 5, 5, 12, 50), (1, 7, 16, 8, 40),
@@ -73,3 +76,12 @@ def test_naive_walk_equals_the_slot_by_slot_draws():
     drafts, num = dflash_walk_naive(unary, cand, proj, anchor, pred, succ, room)
     assert torch.equal(drafts, d.drafts[:R]) and torch.equal(num, d.num[:R]), (drafts, d.drafts, num, d.num)
     assert num.tolist() == [5, 4, 1]  # row 2 stops at its all -inf slot 1
+
+
+def test_sm90_build():
+    # Hopper's compile on the CPU (Triton's ptxas, a subprocess without the interpreter): the published selector's
+    # walk builds for sm_90 without spills (bf16 codebooks: 112 registers)
+    rows = run_build_script(Path(__file__).with_name("_sm90_dflash_walk.py"), ["bf16", "fp32"])
+    assert len(rows) == 2
+    for r in rows:
+        assert r["spill"] == 0, r

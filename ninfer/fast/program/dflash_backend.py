@@ -19,10 +19,10 @@ Drafting: one block pass for all rows of the round and its draws, a CUDA graph p
 (`dflash_graphs.DFlashDraftGraphs`; the same buffers eagerly without CUDA or with --enforce-eager). DFlash draws
 slot j's draft from its own logits, DFlash2 walks the candidate selector (`dflash_select`, all rows per slot) from
 the pending token, each slot's drawn tokens staying on the device as the next slot's predecessors (in a lean greedy
-round the whole walk is one launch, `dflash_walk`). Both draw on the device (`SpecSampler.draw_static`, the host ``draw_draft`` row by row: greedy rows the argmax, sampled rows the
-race with q kept) into a `DraftBlock`, so the round's only host read is its readback after acceptance. Every row
-draws all k slots; a row's drafts past its own room are not counted (``StaticDraws.room``), as the MTP head's
-chain does.
+round the whole walk is one launch, `dflash_walk`). Both draw on the device (`SpecSampler.draw_static`, the host
+``draw_draft`` row by row: greedy rows the argmax, sampled rows the race with q kept) into a `DraftBlock`, so the
+round's only host read is its readback after acceptance. Every row draws all k slots; a row's drafts past its own
+room are not counted (``StaticDraws.room``), as the MTP head's chain does.
 """
 
 from __future__ import annotations
