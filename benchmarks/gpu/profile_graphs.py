@@ -5,9 +5,10 @@ round's verify graph 1.34x a 9B decode step for 4 rows.
 Per model, on the Program bench_engine.py builds (plain decoding, prefill graphs up to 512 tokens): the prefill
 graph buckets 64 and 512 (`PrefillGraphRunner.run` on the dummy slot and row at position 0: the slot reset, the
 inputs' copy and the replay, what PrefillCosts times) and the greedy decode graph at B = 1 on the dummy row at
-`context` positions, the verify pass's yardstick. Per MTP model (9B), on the Program bench_spec.py builds (k = 3):
-the round's graphs at B = 1 from spec_graphs.py's cases (verify, a cut block's replay, the draft's start + k
-steps, greedy and sort) at the same context.
+`context` positions, the verify pass's yardstick. Per speculative model (9B), on the Program bench_spec.py builds
+(MTP k = 3; `--spec-method dflash` or `dflash2`: a drafter of the published geometry, block 16): the round's graphs
+at B = 1 from spec_graphs.py's cases (verify, a cut block's replay, the draft: MTP's start + k steps, DFlash's
+block pass and draws; greedy, lean greedy and sort) at the same context.
 
 Each case: a run's wall time between device syncs (median of `reps`), the replay's device time back to back (CUDA
 events), the kernel table of `calls` runs (kernel_table.py: CUPTI sees the kernels inside a replay) with its sum
@@ -16,7 +17,8 @@ what the graph pays besides its kernels (launch gaps, the graph launch). Where t
 half the eager body's launches, CUPTI missed the graph's kernels on this torch, and the eager table stands in
 (`profiled` says which). On a CPU (--smoke) nothing is captured: the eager bodies and the profiler's operators run.
 
-Run: python benchmarks/gpu/profile_graphs.py [--models 0.8B,9B] [--spec-models 9B] [--recipes fp8,q4]
+Run: python benchmarks/gpu/profile_graphs.py [--models 0.8B,9B] [--spec-models 9B] [--spec-method dflash2]
+     [--recipes fp8,q4]
      [--deadline-s 540] [--out DIR]   (--recipes: the same plain graphs on bench_quant.py's quantized weights)
      python benchmarks/gpu/profile_graphs.py --smoke   # tiny shape on the CPU, naive kernels
 """
@@ -115,7 +117,7 @@ def round_case_rows(s: Settings, program) -> list[dict]:
         c.prepare()
         rows.append(profile_case(s, f"{c.name} B={c.B}", c.replay or c.eager, c.replay, c.eager))
     if not rows:
-        raise RuntimeError("the Program has no MTP round graphs (no verifier)")
+        raise RuntimeError("the Program has no speculative round graphs (no verifier)")
     return rows
 
 
@@ -138,10 +140,12 @@ def profile_plain(run: Run, name: str, recipe: str = "bf16") -> None:
 
 
 def profile_round(run: Run, name: str) -> None:
-    program, engine = bench_spec.build(run.s.spec, name, run.s.spec.k)
+    s = run.s.spec
+    k = s.k if s.method == "mtp" else s.blocks[0] - 1
+    program, engine = bench_spec.build(s, name, k)
     entry = run.results["models"].setdefault(name, {})
     try:
-        entry.setdefault("cases", []).extend(dict(r, program=f"mtp k={run.s.spec.k}")
+        entry.setdefault("cases", []).extend(dict(r, program=f"{s.method} k={k}")
                                              for r in round_case_rows(run.s, program))
     finally:
         close(program, engine)
@@ -190,11 +194,17 @@ def print_report(results: dict) -> None:
 def main() -> int:
     ap = bench_arguments(540.0, "tiny shape on the CPU (naive kernels, eager bodies, the profiler's CPU operators)")
     ap.set_defaults(models="0.8B,9B")
-    ap.add_argument("--spec-models", default="9B", help="models whose MTP round graphs are profiled ('' for none)")
+    ap.add_argument("--spec-models", default="9B", help="models whose speculative round graphs are profiled ('' for none)")
+    ap.add_argument("--spec-method", choices=("mtp", "dflash", "dflash2"), default="mtp",
+                    help="the backend of the round graphs (a DFlash drafter of the published geometry, block 16)")
     ap.add_argument("--recipes", default="", help="quantized recipes (bench_quant.py's: fp8, q4, nvfp4) whose plain "
                     "graphs are profiled after the bf16 ones, per model")
     args = ap.parse_args()
-    run = Run(args.deadline_s, args.out, SMOKE if args.smoke else Settings(), "profile_graphs.json")
+    s = SMOKE if args.smoke else Settings()
+    if args.spec_method != "mtp":  # bench_spec's DFlash settings: block 16 (8 on the CPU), a drafter built with it
+        blocks = (8,) if args.smoke else (16,)
+        s = dataclasses.replace(s, spec=dataclasses.replace(s.spec, method=args.spec_method, blocks=blocks))
+    run = Run(args.deadline_s, args.out, s, "profile_graphs.json")
     if not run.need_cuda(args.smoke, print_report):
         return 1
     plain = ["tiny"] if args.smoke else [m for m in args.models.split(",") if m]
@@ -202,7 +212,7 @@ def main() -> int:
     recipes = [r for r in args.recipes.split(",") if r]
     parts = [("prefill and decode", m, profile_plain, ()) for m in plain]
     parts += [(f"{r} prefill and decode", m, profile_plain, (r,)) for m in plain for r in recipes]
-    for part, name, fn, extra in parts + [("MTP round", m, profile_round, ()) for m in spec]:
+    for part, name, fn, extra in parts + [(f"{args.spec_method} round", m, profile_round, ()) for m in spec]:
         if run.left() < MIN_SECONDS.get(name, 60):
             run.results["skipped"].append(f"{name} {part} (deadline: {run.left():.0f}s left)")
             continue

@@ -1,10 +1,11 @@
 """The fast speculative round's graphs timed on their own: per B, one verify pass (backup copies, target pass, MTP
 advance or DFlash context extension; `ninfer/fast/verify_graphs.py`) replayed from its captured graph against the
 same body run eagerly, the B = 1 replay graph (the pass without backups: DFlash's replay of a cut block and forced
-tokens; an MTP cut block replays nothing, its state comes from the verify pass's step slots) likewise, and the MTP
-draft's graphs (`ninfer/fast/draft_graphs.py`: start and k chained steps with their draws, greedy and sort
-variants), at a context of `context` positions on the plan's dummy slot and
-row (no live state is touched). What the Engine-level phases (`spec_forcing.Phases`) cannot separate: the graphs'
+tokens; an MTP cut block replays nothing, its state comes from the verify pass's step slots) likewise, and the
+draft's graphs: the MTP head's (`ninfer/fast/draft_graphs.py`: start and k chained steps with their draws, greedy
+and sort variants) at a context of `context` positions on the plan's dummy slot and row, or the DFlash / DFlash2
+drafter's (`ninfer/fast/dflash_graphs.py`: the block pass and its draws, each variant in the form a round without
+penalties takes) on the rows' scratch pages at position 0 (no live state is touched). What the Engine-level phases (`spec_forcing.Phases`) cannot separate: the graphs'
 device time from the host work around them.
 """
 
@@ -54,8 +55,8 @@ class GraphCase:
 
 
 def round_cases(program, batches, context: int) -> list[GraphCase]:
-    """Per B (those the verifier serves) the verify pass, then the B = 1 replay, then per B the MTP draft's greedy
-    and sort variants (a DFlash drafter's block pass has no graphs); none without the round's graphs (a Program
+    """Per B (those the verifier serves) the verify pass, then the B = 1 replay, then per B the draft's greedy, lean
+    greedy and sort variants (the MTP head's or the DFlash drafter's); none without the round's graphs (a Program
     without a backend, or the reference one)."""
     verifier = getattr(program.executor, "verifier", None)
     if verifier is None:
@@ -70,11 +71,13 @@ def round_cases(program, batches, context: int) -> list[GraphCase]:
                                                                                       plan.dummy_row, start),
                                None if graph is None else graph.replay,
                                lambda B=B, backup=backup: verifier.body(B, backup)))
-    if program.executor.drafter is None:
-        return cases
     served = [c.B for c in cases if c.name == "verify"]
-    return cases + [_draft_case(program, B, variant, start) for B in served
-                    for variant in (GREEDY, GREEDY + LEAN, SORT)]
+    variants = (GREEDY, GREEDY + LEAN, SORT)
+    if program.executor.drafter is not None:
+        return cases + [_draft_case(program, B, variant, start) for B in served for variant in variants]
+    if getattr(program.executor, "dflash", None) is not None:
+        return cases + [_dflash_draft_case(program, B, variant) for B in served for variant in variants]
+    return cases
 
 
 def _draft_case(program, B: int, variant: str, context: int) -> GraphCase:
@@ -97,6 +100,20 @@ def _draft_case(program, B: int, variant: str, context: int) -> GraphCase:
             drafter.step(B, variant)
     captured = all(key in drafter.graphs for key in keys)
     return GraphCase(B, f"draft ({variant})", k, context, prepare, replay if captured else None, eager)
+
+
+def _dflash_draft_case(program, B: int, variant: str) -> GraphCase:
+    """The DFlash / DFlash2 draft graph of B rows (block pass and draws) in the form a round without penalties takes
+    (`DFlashDraftGraphs.draft`: DFlash's lean variants draw all slots in one pass), against its body eagerly."""
+    graphs, k = program.executor.dflash.graphs, program.executor.spec.k
+    one_pass = True in graphs.block_draws(variant)
+
+    def prepare():
+        graphs.fill_dummy(B)
+        graphs.draws.fill_dummy(B, base_variant(variant), graphs.spec.tables.dummy_row)
+    graph = graphs.graphs.get((B, variant, one_pass))
+    return GraphCase(B, f"draft ({variant})", k, 0, prepare, None if graph is None else graph.replay,
+                     lambda: graphs.body(B, variant, one_pass))
 
 
 def round_graph_times(program, batches, context: int, device: str, reps: int = 20) -> list[dict]:

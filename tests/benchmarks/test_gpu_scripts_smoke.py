@@ -153,9 +153,12 @@ def test_bench_spec_dflash_smoke(tmp_path, program, method):
     assert profile["from"] == "the step after every request's first token"  # the prompts' prefill left out
     assert len(profile["top"]) == 25 and all(f["own_ms"] >= 0 and f["calls"] > 0 for f in profile["top"])
     assert "host profile, k=7 B=2 L=3" in done.stdout
-    if program == "fast":  # the verify graphs at the block's width, timed alone (eager bodies on the CPU)
+    if program == "fast":  # the round's graphs at the block's width, timed alone (eager bodies on the CPU): the
+        # verify and replay passes, then the drafter's block pass and draws per variant
         graphs = tiny["round_graphs"]
-        assert [(r["B"], r["pass"], r["k"]) for r in graphs] == [(1, "verify", 7), (2, "verify", 7), (1, "replay", 7)]
+        drafts = [(B, f"draft ({v})", 7) for B in (1, 2) for v in ("greedy", "greedy+lean", "sort")]
+        assert [(r["B"], r["pass"], r["k"]) for r in graphs] == \
+            [(1, "verify", 7), (2, "verify", 7), (1, "replay", 7)] + drafts
         assert all(r["graph_ms"] is None and _positive(r["eager_ms"]) for r in graphs)
 
 
