@@ -58,6 +58,7 @@ class DraftGraphRunner:
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)  # the next step's input tokens
         self._pages = torch.arange(plan.max_pages_per_seq, device=dev)  # [max_pages]
         self._first = torch.ones(max_batch, dtype=torch.int32, device=dev)  # every row's first key
+        self._rows = torch.arange(max_batch, dtype=torch.int32, device=dev)  # row b reads private table row b
         self.graphs: dict[tuple[str, int, str | None], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
@@ -83,12 +84,13 @@ class DraftGraphRunner:
         """The ``step`` graph's body: chained pair positions - 1 of every row, its draft drawn with the variant's
         steps (`SpecSampler.draw_static`) into ``draws`` and ``tokens`` (the next step's input)."""
         pools, mtp, plan = self.model.pools, self.model.mtp, self.model.plan
-        pos, table, ps = self.positions[:B], self.table[:B], plan.page_size
+        pos, ps = self.positions[:B], plan.page_size
         # a row past its own room chains on (its drafts unread) and may run past its table's last page: its pairs
         # there stay at the table's last position, inside its scratch
         at = pos.clamp(max=plan.max_pages_per_seq * ps - 1)
-        page = table.gather(1, (at // ps).long()[:, None])[:, 0].long()
-        step = StepInputs(positions=at, slot_mapping=page * ps + (at % ps).long(), slot_ids=self.slot_ids[:B],
+        # the KV slot of each row's pair in one launch (a copy of the private table comes with it), not seven
+        table, slots = self.model.kernels.decode_slots(self.table, self._rows[:B], at, ps)
+        step = StepInputs(positions=at, slot_mapping=slots, slot_ids=self.slot_ids[:B],
                           block_table=table, context_lens=at + 1, first_keys=self._first[:B],
                           rope_positions=pos - 1 + self.rope_deltas[:B])
         h = mtp.forward(self.hidden[:B], F.embedding(self.tokens[:B], self.model.weights.embed), step,

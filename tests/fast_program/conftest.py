@@ -112,21 +112,22 @@ def mtp_reference_model(tiny_mtp):
 
 @pytest.fixture(scope="session")
 def make_fast_spec(tiny_mtp, mtp_reference_model):
-    """make_fast_spec(k, forced=False, adaptive=False, **config): the fast Program over `tiny_mtp` with the MTP
-    backend drafting k tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance lengths) in front of
-    the drafter; `adaptive` captures the draft policy's narrower verify widths (and, on CUDA, measures its costs:
-    the tests pin the full block otherwise, so that a round's width never follows a timing)."""
+    """make_fast_spec(k, forced=False, adaptive=False, kernels=None, **config): the fast Program over `tiny_mtp`
+    with the MTP backend drafting k tokens (k=0: no backend); `forced` puts ForcedDrafts (random acceptance
+    lengths) in front of the drafter; `adaptive` captures the draft policy's narrower verify widths (and, on CUDA,
+    measures its costs: the tests pin the full block otherwise, so that a round's width never follows a timing);
+    `kernels` the op table (None: Triton on the GPU, naive on the CPU)."""
     from ninfer.program_core.speculative import SpeculativeConfig, SpeculativeMethod
     from ninfer.testing.speculation import ForcedDrafts
 
     def make(k: int, forced: bool = False, adaptive: bool = False, draft_vocab: int | None = None,
-             **kw) -> FastProgram:
+             kernels: str | None = None, **kw) -> FastProgram:
         cfg, weights = tiny_mtp
         spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=adaptive, draft_vocab_size=draft_vocab) if k \
             else None
         config = FastProgramConfig(**{**PROGRAM_DEFAULTS, **kw, "speculative": spec})
         program = FastProgram.build(cfg, weights.__getitem__, config, budget_bytes=BUDGET, device=DEVICE,
-                                    kernels="triton" if ON_GPU else "naive")
+                                    kernels=kernels or ("triton" if ON_GPU else "naive"))
         return ForcedDrafts(mtp_reference_model).install(program) if forced else program
     return make
 

@@ -259,3 +259,26 @@ def test_many_short_blocks_beside_a_small_context(make_fast_spec, prompt_of):
     spec = serve(make_fast_spec(7, max_context=16, max_concurrency=3), requests(), max_concurrency=3)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert [len(r.token_ids) for r in plain] == [4] * 3
+
+
+def test_a_lean_greedy_mtp_draft_step_launches(make_fast_spec):
+    """A lean greedy draft step's launches (`LaunchCounter`; on a CPU the Triton table interpreted), what its graph
+    replays k times a round: the MTP layer (2 input norms, fc, attention with its KV slot from `decode_slots`, MLP,
+    final norm), the draft vocabulary's lm_head and the draw with `drawable`'s two launches. 41 since the slot and
+    the drawable test were folded (56 before; docs/performance.md, sixteenth session)."""
+    from ninfer.fast.sampling.draw_variants import LEAN
+    from ninfer.fast.sampling.rows import GREEDY
+    from ninfer.testing.launches import LaunchCounter
+
+    program = make_fast_spec(3, kernels="triton")
+    drafter, plan = program.executor.drafter, program.model.plan
+    drafter.fill([plan.dummy_slot], [plan.dummy_row], [8], [0], [0], [3])
+    drafter.draws.fill_dummy(1, GREEDY, drafter.spec.tables.dummy_row)
+    drafter.start(1)
+    drafter.step(1, GREEDY + LEAN)  # warm: nothing autotunes inside the count
+    drafter.start(1)
+    with LaunchCounter() as counter:
+        drafter.step(1, GREEDY + LEAN)
+    names = counter.names("step")  # the counter's default section
+    assert len(names) <= 41, names
+    assert names.count("_decode_slots_kernel") == 1 and "aten.isnan" not in names, names

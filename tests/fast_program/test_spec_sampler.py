@@ -281,3 +281,26 @@ def test_rounds_without_steps_1_to_4_draw_lean():
     seqs, ctxs = _rows(gen, plain + [SamplingParams(temperature=0.0, presence_penalty=0.5)])
     rows = _spec().draft_rows(seqs, ctxs, K)
     assert draw_variant(rows.steps) == "top_k" and rows.steps.penalties and rows.penalized
+
+
+@pytest.mark.parametrize("kernels", ["naive", "triton"])
+def test_drawable_is_the_hosts_status_check(kernels):
+    """`drawable` (a row's finite maximum) against the sample op's status definition on rows with a NaN, a +inf,
+    both, every entry -inf, one finite entry among -inf, and plain ones."""
+    from ninfer.fast.ops.sample.layout import OK
+    from ninfer.fast.ops.sample.naive import status_naive
+    from ninfer.fast.sampling.spec_steps import drawable
+
+    inf, nan = float("inf"), float("nan")
+    x = torch.randn(7, V, generator=torch.Generator().manual_seed(5))
+    x[0, 3] = nan
+    x[1, 60] = inf
+    x[2, 0], x[2, 1] = inf, nan
+    x[3] = -inf
+    x[4] = -inf
+    x[4, 17] = -1e30
+    x[5, 9] = -inf
+    x = x.to(_device(kernels))
+    want = status_naive(x) == OK
+    assert want.tolist() == [False, False, False, False, True, True, True]
+    assert torch.equal(drawable(x), want)

@@ -40,7 +40,7 @@ from .draw_variants import draw_steps, draw_variant
 from .prefix_masks import PrefixMasks, QueuedMasks, RowSource
 from .rows import SampleRow, fill_row, host_error, mask_words, row_flags
 from .sampler import DeviceSampler
-from .spec_steps import Steps, adjust, draft_counts, status, truncated
+from .spec_steps import Steps, adjust, draft_counts, drawable, truncated
 from .static_draws import StaticDraws
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
@@ -174,7 +174,7 @@ class SpecSampler:
         V = logits.shape[-1]
         extra = draft_counts(prior, upto, V) if steps.penalties and upto is not None else None
         x = adjust(logits, ip, fp, None, self.tables, steps, extra)
-        ok = status(x) == L.OK
+        ok = drawable(x)
         token = torch.argmax(x, dim=-1)
         if not steps.random:
             return token, None, ok
