@@ -139,7 +139,9 @@ class SpecSampler:
         """`draw` on the draft graphs' buffers (graph-safe): draft d.j of rows 0..B-1 from logits [B, V] with the
         variant's steps, recorded in `d` (d.j advanced); returns the tokens [B] long."""
         j = d.j  # [1] long
-        ip, fp = d.ip[:B].index_select(1, j)[:, 0], d.fp[:B].index_select(1, j)[:, 0]  # [B, NI], [B, NF]
+        ip = fp = None  # [B, NI], [B, NF]: read only where a step needs them (not in a lean greedy draw)
+        if steps.reads_params:
+            ip, fp = d.ip[:B].index_select(1, j)[:, 0], d.fp[:B].index_select(1, j)[:, 0]
         token, z, ok = self._draw(ip, fp, steps, d.drafts[:B], j.expand(B), logits)
         if z is not None:
             d.z[:B].index_copy_(1, j, z[:, None])

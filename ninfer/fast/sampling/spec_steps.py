@@ -38,6 +38,11 @@ class Steps:
     bounded: bool = False  # with sort: every such row's top-k is in 1..TOP_K_BOUND (no sort of the whole row)
     min_p: bool = False
 
+    @property
+    def reads_params(self) -> bool:
+        """Whether any step reads the rows' parameters (a lean greedy call draws the argmax of the raw logits)."""
+        return self.bias or self.mask or self.min_tokens or self.penalties or self.random
+
     @classmethod
     def of(cls, flags: list[int], params: list, masked: bool) -> "Steps":
         random = [p for p in params if not p.is_greedy]
@@ -60,6 +65,8 @@ def adjust(logits: torch.Tensor, ip: torch.Tensor, fp: torch.Tensor, masks: torc
            tables: SequenceTables, steps: Steps, extra_counts: torch.Tensor | None) -> torch.Tensor:
     """Steps 1-4 in float32: logits [N, V], ip/fp [N, NI]/[N, NF] (sample layout), masks [N, W] or None,
     extra_counts [N, V] int32 (the drafts before each row) or None -> [N, V]."""
+    if not (steps.bias or steps.mask or steps.min_tokens or steps.penalties):
+        return logits.float()  # no step: ip and fp (None in a lean greedy draw) are not read
     V = logits.shape[-1]
     rows, flags = ip[:, L.ROW], ip[:, L.FLAGS]
 
