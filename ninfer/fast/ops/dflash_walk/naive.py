@@ -8,7 +8,7 @@ penalties, in plain torch: what k slot-by-slot greedy draws over `dflash_select`
                 prev = drafts[:, j]
 
 This is `SpecSampler.draw_static` on a lean greedy round (its adjusted logits are the raw scores, its token the
-argmax, its drawable test `status`), with the [R, V] rows built and read per slot.
+argmax, its drawable test `spec_steps.drawable`), with the [R, V] rows built and read per slot.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 predecessor a register between them, each slot's K candidates scored as ``dflash_select`` does (successor rows and
 the predecessor row gathered by token id, the rank reduction in fp32) and the first maximum taken as the slot's draft
 (ties to the lowest id, a NaN before any number, 0 when every score is -inf: what argmax over the slot's scattered
-[V] row returns). Replaces k rounds of [R, V] scatter, adjust, status and argmax launches."""
+[V] row returns). Replaces k rounds of [R, V] scatter, adjust, drawable test and argmax launches."""
 
 from __future__ import annotations
 
