@@ -147,7 +147,7 @@ class SpecSampler:
             d.z[:B].index_copy_(1, j, z[:, None])
         d.drafts[:B].index_copy_(1, j, token[:, None])
         num = d.num[:B]
-        num += (ok & (num == j) & (j < d.room[:B])).to(torch.int32)
+        num += ok & (num == j) & (j < d.room[:B])  # a bool added in place: no cast launch
         j += 1
         return token
 
