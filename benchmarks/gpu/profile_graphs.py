@@ -141,7 +141,7 @@ def profile_plain(run: Run, name: str, recipe: str = "bf16") -> None:
 
 def profile_round(run: Run, name: str) -> None:
     s = run.s.spec
-    k = s.k if s.method == "mtp" else s.blocks[0] - 1
+    k = bench_spec.ks(s)[0]
     program, engine = bench_spec.build(s, name, k)
     entry = run.results["models"].setdefault(name, {})
     try:

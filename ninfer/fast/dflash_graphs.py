@@ -83,7 +83,7 @@ class DFlashDraftGraphs:
             for j in range(self.spec.k):
                 self.spec.draw_static(self.draws, R, steps, logits[:, j].contiguous())
             return
-        if variant == GREEDY + LEAN:  # argmax draws of the raw scores: the whole walk in one launch
+        if not steps.reads_params:  # a lean greedy round: argmax draws of the raw scores, the walk in one launch
             bk.walk(logits, hidden, self.anchors[:R], self.draws, R)
             return
         select = bk.selector(logits, hidden)

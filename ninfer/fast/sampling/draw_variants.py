@@ -32,7 +32,7 @@ DRAW_VARIANTS = tuple(v + lean for v in DRAW_STEPS for lean in ("", LEAN))
 def draw_variant(steps: Steps) -> str:
     """The draft graph variant whose steps cover `steps` (the round's own): the lean form where steps 1-4 are off."""
     base = (TOP_K if steps.bounded else SORT) if steps.sort else (SAMPLE if steps.random else GREEDY)
-    return base + LEAN if not (steps.bias or steps.min_tokens or steps.penalties or steps.mask) else base
+    return base if steps.adjusts else base + LEAN
 
 
 def draw_steps(variant: str) -> Steps:

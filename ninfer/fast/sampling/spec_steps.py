@@ -39,9 +39,15 @@ class Steps:
     min_p: bool = False
 
     @property
+    def adjusts(self) -> bool:
+        """Whether any of steps 1-4 runs (`adjust` is otherwise the raw logits in fp32; a draft variant's lean form
+        is the one without them)."""
+        return self.bias or self.mask or self.min_tokens or self.penalties
+
+    @property
     def reads_params(self) -> bool:
         """Whether any step reads the rows' parameters (a lean greedy call draws the argmax of the raw logits)."""
-        return self.bias or self.mask or self.min_tokens or self.penalties or self.random
+        return self.adjusts or self.random
 
     @classmethod
     def of(cls, flags: list[int], params: list, masked: bool) -> "Steps":
@@ -65,7 +71,7 @@ def adjust(logits: torch.Tensor, ip: torch.Tensor, fp: torch.Tensor, masks: torc
            tables: SequenceTables, steps: Steps, extra_counts: torch.Tensor | None) -> torch.Tensor:
     """Steps 1-4 in float32: logits [N, V], ip/fp [N, NI]/[N, NF] (sample layout), masks [N, W] or None,
     extra_counts [N, V] int32 (the drafts before each row) or None -> [N, V]."""
-    if not (steps.bias or steps.mask or steps.min_tokens or steps.penalties):
+    if not steps.adjusts:
         return logits.float()  # no step: ip and fp (None in a lean greedy draw) are not read
     V = logits.shape[-1]
     rows, flags = ip[:, L.ROW], ip[:, L.FLAGS]
