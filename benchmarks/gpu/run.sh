@@ -37,7 +37,8 @@
 #        (spec and dflash: "positions" runs the verify pass's GDN recurrence per block position, "blocks" the default),
 #        SPEC_BATCHES (spec and dflash: the batch sizes, default 1,2,4,8), SPEC_PROFILE_HOST (dflash: 1 adds the
 #        cProfile run of the host's share at the largest B), SPEC_METHOD (profile: the round graphs' backend, mtp,
-#        dflash or dflash2)
+#        dflash or dflash2), PROFILE_MODELS (profile: the models whose prefill and decode graphs are profiled, default
+#        BENCH_MODELS; empty: only the round graphs)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -120,7 +121,7 @@ run_micro() {
 run_profile() {
     # issue 14: where the graphed prefill piece's and the speculative round's fixed costs go (docs/performance.md)
     echo "== kernels inside the prefill, decode and ${SPEC_METHOD:-mtp} round graphs"
-    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_graphs.py --models "${BENCH_MODELS:-0.8B,9B}" \
+    timeout $(( $(left) - 5 )) "$PY" benchmarks/gpu/profile_graphs.py --models "${PROFILE_MODELS-${BENCH_MODELS:-0.8B,9B}}" \
         --spec-models "${SPEC_MODELS-9B}" --spec-method "${SPEC_METHOD:-mtp}" --recipes "${PROFILE_RECIPES:-}" \
         --deadline-s $(( $(left) - 20 )) ${OUT:+--out "$OUT"} || echo "profile_graphs rc=$?"
 }
