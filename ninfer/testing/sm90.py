@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import triton
@@ -33,6 +33,17 @@ class Sm90Build:
     spill_bytes: int  # local memory per thread (spills)
     shared_bytes: int  # static + Triton's dynamic shared memory per program
     num_warps: int
+    ttgir: str = field(default="", repr=False)  # the TritonGPU IR, where layouts and their conversions show
+
+    def loop_conversions(self) -> int:
+        """Layout conversions inside the kernel's loops (`ttg.convert_layout` between an `scf.for` and its
+        `scf.yield`): each moves a tile between threads through shared memory, with barriers, every iteration."""
+        count, depth = 0, 0
+        for line in self.ttgir.splitlines():
+            depth += "scf.for" in line
+            count += depth > 0 and "ttg.convert_layout" in line
+            depth -= depth > 0 and "scf.yield" in line
+        return count
 
     @property
     def programs_per_sm(self) -> int:
@@ -65,7 +76,7 @@ def build_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], num
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     compiled = triton.compile(src, target=_TARGET, options=dict(num_warps=num_warps, num_stages=num_stages))
     regs, local, static_shared = _resources(compiled.asm["cubin"])
-    return Sm90Build(regs, local, static_shared + compiled.metadata.shared, num_warps)
+    return Sm90Build(regs, local, static_shared + compiled.metadata.shared, num_warps, compiled.asm["ttgir"])
 
 
 def run_build_script(script: Path, args: list[str]) -> list[dict]:

@@ -3,6 +3,8 @@ prefill dequantizer vs the naive oracle on the same packed planes: every decode 
 block grid, forced split-K, SwiGLU-fused, the MoE pair mode, tl.dot and dot-free forms; NaN-poisoned outputs. The naive dequantization itself is checked against the
 artifact formats' numpy unpack (the stored layout's definition)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from ninfer.fast.ops.qlinear.fastgemv import to_tiles
 from ninfer.fast.ops.qlinear.triton import dequantize, qgemv, qgemv_pairs, qlinear
 from ninfer.testing.numerics import assert_close
 from ninfer.testing.quant import RECIPES, pack_planes, pack_weight
+from ninfer.testing.sm90 import run_build_script
 
 KINDS = ["fp8", "fp8_row", "int4", "int5", "int8", "int4_zp", "int4_act", "nvfp4", "nvfp4_rows"]
 # small groups/blocks on CPU keep the interpreter fast while still spanning several scale blocks per row
@@ -185,6 +188,44 @@ def test_fp8_one_row_dot_free_takes_the_wide_tile_where_k_allows():
                  qgemv(x, w, swiglu=True, out=out, use_dot=False).float(), _tol())
     out = torch.full((1, 24), float("nan"), device=DEVICE, dtype=DTYPE)
     assert_close("fp8 one-row default (tl.dot)", qlinear_naive(x, w), qgemv(x, w, out=out), _tol())
+
+
+@pytest.mark.parametrize("block, N, K", [((16, 64), 40, 192), ((32, 128), 33, 256), (None, 70, 192),
+                                          (None, 24, 256)])
+def test_fp8_one_row_row_form(block, N, K, monkeypatch):
+    """The one-row "row" form (``fastgemv.FP8_ONE_ROW``, `fp8_row`): 64- and 128-column blocks (K tiles of 64 and
+    128), per-row scales over K not a multiple of 128, rows off its 64-row tile, split-K, SwiGLU; NaN-poisoned
+    outputs. A weight it does not fit (32-column blocks) keeps the tl.dot form."""
+    from ninfer.fast.ops.qlinear import fastgemv, fp8_row
+
+    monkeypatch.setattr(fastgemv, "FP8_ONE_ROW", "row")
+    kind, params = ("fp8", {"block": list(block)}) if block else ("fp8_row", {})
+    w = pack_weight(torch.randn(2 * N, K) * K ** -0.5, kind, DEVICE, params=params)
+    assert fp8_row.tile(w) == (128 if K % 128 == 0 else 64)
+    x = torch.randn(1, K, device=DEVICE).to(DTYPE)
+    for splits in (None, 2):
+        out = torch.full((1, 2 * N), float("nan"), device=DEVICE, dtype=DTYPE)
+        assert_close(f"fp8 row {block} splits {splits}", qlinear_naive(x, w), qgemv(x, w, out=out, splits=splits),
+                     _tol())
+    gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)
+    out = torch.full((1, N), float("nan"), device=DEVICE, dtype=DTYPE)
+    assert_close(f"fp8 row {block} swiglu", torch.nn.functional.silu(gate) * up,
+                 qgemv(x, w, swiglu=True, out=out, splits=2).float(), _tol())
+    narrow = pack_weight(torch.randn(N, K), "fp8", "cpu", params={"block": [16, 32]})
+    assert fp8_row.tile(narrow) is None
+
+
+def test_fp8_row_form_sm90_build():
+    # Hopper's compile on the CPU (Triton's ptxas, a subprocess without the interpreter): the row form keeps every
+    # tile in one layout inside its loop (no shared-memory round trip a tile) and fits 5 programs an SM without
+    # spills; the dot-free `_fp8_kernel` form beside it converts layouts in its loop, which the count must show
+    rows = run_build_script(Path(__file__).with_name("_sm90_fp8_row.py"), ["bf16", "vector"])
+    row = [r for r in rows if r["form"].startswith("row")]
+    assert len(row) == 2 and len(rows) == 3
+    for r in row:
+        assert r["spill"] == 0 and r["loop_conversions"] == 0 and r["programs"] >= 4, r
+    vector = next(r for r in rows if r["form"] == "vector")
+    assert vector["loop_conversions"] > 0, vector
 
 
 def test_to_tiles_leaves_other_layouts():

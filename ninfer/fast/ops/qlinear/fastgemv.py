@@ -35,16 +35,17 @@ import triton.language as tl
 
 from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms, _tile_rows
 
+from .fp8_row import ROWS, _fp8_row_kernel, tile as row_tile
 from .layout import QKind, QuantWeight
 
 TILE = 128  # int4 tile: 16 int32 words
 _MAX_SPLITS = 8
 WIDE_BK = 512  # the FP8 one-row K tile over whole 128-column blocks (`_config`)
-# FP8 at one row through tl.dot (x padded to 16 rows, 64 weight rows a program) rather than the dot-free form: the
-# 9B decode step at B=1 through the Engine 5.51 ms against 8.38 (35B-A3B 4.99 against 5.19; thirteenth session, H100,
-# bench_quant.py "fp8:dot" / "fp8:vector"): the micro sweep, which favoured the dot-free form, times independent
-# back-to-back calls, where a model's chain of dependent GEMVs pays each call's split-K tail and latency
-FP8_ONE_ROW_DOT = True
+# FP8's form at one row: "dot" (x padded to 16 rows through tl.dot, 64 weight rows a program), "vector" (the
+# dot-free form of `_fp8_kernel`) or "row" (`fp8_row`, where the weight fits it; else "dot"). "dot" over "vector":
+# the 9B decode step at B=1 through the Engine 5.51 ms against 8.38 (35B-A3B 4.99 against 5.19; thirteenth session,
+# H100, bench_quant.py "fp8:dot" / "fp8:vector"). "row" (seventeenth session) has not yet run on a GPU.
+FP8_ONE_ROW = "dot"
 _WORDS = TILE // 8
 
 
@@ -290,7 +291,7 @@ def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = 
     fewer rows), and at 32 rows tl.dot's four warps decode each weight twice. Measured
     (bench_qgemv.py, H100, the six 9B projections, eighth session, docs/performance.md): FP8 with tl.dot at M = 8
     runs 1.2-1.4x faster at 64 rows a program than at 32 in every shape (x is padded to 16 rows, so every M > 1 runs
-    the same tile; one row too by default, ``FP8_ONE_ROW_DOT``); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x
+    the same tile; one row too by default, ``FP8_ONE_ROW``); FP8 dot-free at M = 1 is best at 32 (64: 1.2-1.4x
     slower), and a 512-wide K tile over four 128-column blocks at 16 rows beats that by 2-5% in in_proj_qkvz,
     gate_up and down (twelfth session, H100: 33.7 / 64.0 / 34.7 us against 34.8 / 65.6 / 36.6), so it is the
     dot-free one-row tile where K allows; int4's defaults are within 15% of the best swept configuration in both
@@ -316,12 +317,15 @@ def _config(w: QuantWeight, M: int, dot: bool, bw: int | None, bk: int | None = 
 def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, splits: int | None, bw: int | None,
                num_warps: int, num_stages: int, use_dot: bool | None, bk: int | None = None) -> torch.Tensor:
     """``qgemv`` for a ``fast_kind`` weight (x contiguous along K, y allocated): ``use_dot`` None takes tl.dot for
-    M > 1 and the dot-free form for one row (FP8's through tl.dot too with ``FP8_ONE_ROW_DOT``, unless a K tile
-    ``bk`` is asked for: the dot-free one-row tile)."""
+    M > 1 and the dot-free form for one row (FP8's by ``FP8_ONE_ROW`` unless a K tile ``bk`` is asked for: the
+    dot-free one-row tile)."""
     M, K = x.shape
     R = w.n
     n_out = R // 2 if swiglu else R
-    dot = (M > 1 or (FP8_ONE_ROW_DOT and not w.tiled and bk is None)) if use_dot is None else use_dot
+    one_row = M == 1 and not w.tiled and use_dot is None and bk is None
+    if one_row and FP8_ONE_ROW == "row" and row_tile(w) is not None:
+        return _fp8_row(x, w, y, swiglu, splits, bw, num_warps, num_stages)
+    dot = (M > 1 or (one_row and FP8_ONE_ROW != "vector")) if use_dot is None else use_dot
     bm, bw, bk, sb = _config(w, M, dot, bw, bk)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     k_per, splits, part, arrivals = split_plan(x, y, blocks, M, R, K, bk, splits)
@@ -339,4 +343,20 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
             x, w.data, w.scales, y, part, arrivals, M, R, K, k_per, splits, n_out, w.block_rows, w.block_cols,
             x.stride(0), w.data.stride(0), w.scales.stride(-2), y.stride(0), BK=bk, SB=sb, EVEN_K=K % bk == 0,
             **common)
+    return y
+
+
+def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, splits: int | None, bw: int | None,
+             num_warps: int, num_stages: int) -> torch.Tensor:
+    """The one-row "row" form (`fp8_row`) for a weight it fits."""
+    bk = row_tile(w)
+    bw = bw or ROWS
+    R = w.n
+    n_out = R // 2 if swiglu else R
+    blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
+    k_per, splits, part, arrivals = split_plan(x, y, blocks, 1, R, w.k, bk, splits)
+    _fp8_row_kernel[(blocks, splits)](
+        x, w.data, w.scales, y, part, arrivals, R, w.k, k_per, splits, n_out, w.block_rows, w.block_cols,
+        w.data.stride(0), w.scales.stride(-2), y.stride(0), BW=bw, BK=bk, SPLIT=splits > 1, SWIGLU=swiglu,
+        num_warps=num_warps, num_stages=num_stages)
     return y

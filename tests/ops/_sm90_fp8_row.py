@@ -1,0 +1,43 @@
+"""Builds the one-row FP8 GEMV (`qlinear.fp8_row`) for sm_90 at its default tile (64 rows, 128-column K tile, 4
+warps; ``ninfer.testing.sm90``) and prints one JSON line a build: registers, spills, programs an SM, layout
+conversions inside its loop; "vector" builds `fastgemv`'s dot-free one-row form (its 512-wide tile at 16 rows) for
+comparison. Run without TRITON_INTERPRET: ``test_qlinear.py`` starts it as a subprocess."""
+
+import json
+import sys
+
+from ninfer.fast.ops.qlinear import fastgemv, fp8_row
+from ninfer.testing.sm90 import build_sm90
+
+INTS = ("R", "K", "k_per", "num_splits", "half", "BR", "BC", "stride_w", "stride_s", "stride_y")
+
+
+def _report(form: str, swiglu: bool, b) -> None:
+    print(json.dumps(dict(form=form, swiglu=swiglu, registers=b.registers, spill=b.spill_bytes,
+                          programs=b.programs_per_sm, loop_conversions=b.loop_conversions())), flush=True)
+
+
+def vector() -> None:
+    types = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", arrive_ptr="*i32",
+                 M="i32", stride_x="i32", **{n: "i32" for n in INTS})
+    b = build_sm90(fastgemv._fp8_kernel, types, dict(BM=1, BW=16, BK=512, SB=128, EVEN_K=True, SPLIT=True,
+                                                      SWIGLU=False, USE_DOT=False, FP32_DOT=False),
+                   num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y"))
+    _report("vector", False, b)
+
+
+def build(x_dtype: str, swiglu: bool) -> None:
+    types = dict(x_ptr=f"*{x_dtype}", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr=f"*{x_dtype}", part_ptr="*fp32",
+                 arrive_ptr="*i32", **{n: "i32" for n in INTS})
+    b = build_sm90(fp8_row._fp8_row_kernel, types, dict(BW=fp8_row.ROWS, BK=128, SPLIT=True, SWIGLU=swiglu),
+                   num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y"))
+    _report(f"row {x_dtype}", swiglu, b)
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        if arg == "vector":
+            vector()
+        else:
+            build(arg, swiglu=False)
+            build(arg, swiglu=True)
