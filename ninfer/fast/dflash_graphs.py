@@ -33,7 +33,8 @@ from ninfer.fast.hostcopy import to_device
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant, draw_steps, draw_variant
-from ninfer.fast.sampling.spec import RowParams, SpecSampler
+from ninfer.fast.sampling.row_params import RowParams
+from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.models.qwen3_5.drafter import DrafterKind
 
@@ -143,8 +144,8 @@ class DFlashDraftGraphs:
         self.packed[:, :R].copy_(to_device([[s.pending for s in rows], [s.frontier for s in rows], deltas, first,
                                             [ks[i] for i in live]], self.packed.device))
         at = to_device(live, self.packed.device, torch.long)
-        self.draws.load(params.ip, params.fp, at, R)
         variant = draw_variant(params.steps)
+        self.draws.load(params, draw_steps(variant), at, R)
         one_pass = not params.penalized and True in self.block_draws(variant)
         graph = self.graphs.get((R, variant, one_pass))
         if graph is not None:

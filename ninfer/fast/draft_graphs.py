@@ -31,7 +31,8 @@ from ninfer.fast.model.layers import StepInputs
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant, draw_steps, draw_variant
-from ninfer.fast.sampling.spec import RowParams, SpecSampler
+from ninfer.fast.sampling.row_params import RowParams
+from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.fast.sampling.static_draws import StaticDraws
 
 _ROWS = ("slot_ids", "table_rows", "frontiers", "pending", "rope_deltas", "room")
@@ -169,8 +170,8 @@ class DraftGraphRunner:
         deltas = [0 if m is None else m.rope_delta for m in (media or [None] * len(ks))]
         B = self.fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas, ks)))
         at = to_device(live, self.model.device, torch.long)
-        self.draws.load(params.ip, params.fp, at, B)
         variant = draw_variant(params.steps)
+        self.draws.load(params, draw_steps(variant), at, B)
         self.run("start", B)
         for _ in range(max(ks)):
             self.run("step", B, variant)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ninfer.contracts import RowFailure
+from ninfer.fast.ops.sample import layout as L
 from ninfer.fast.ops.sample.layout import pack_bits
 from ninfer.fast.sampling import DeviceSampler
 from ninfer.fast.sampling.draft_block import DraftBlock
@@ -143,7 +144,7 @@ def test_static_draws_equal_the_eager_draws(kernels, cutoff):
         logits = (3 * torch.randn(steps, B, V, generator=gen)).to(dev)
         if steps < K:
             logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn
-        draws.load(rows.ip, rows.fp, live, B)
+        draws.load(rows, rows.steps, live, B)
         draws.room[:B] = torch.tensor([rooms[b] for b in live.tolist()], dtype=torch.int32)
         draws.reset(B)
         for j in range(steps):
@@ -156,6 +157,27 @@ def test_static_draws_equal_the_eager_draws(kernels, cutoff):
     assert static.num.tolist() == eager.num.tolist() == [1, 2, 1, 1, 0]
     assert torch.equal(static.tokens, eager.tokens)
     torch.testing.assert_close(static.z, eager.z, rtol=0, atol=0, equal_nan=True)  # the NaN row's q is NaN
+
+
+def test_a_lean_greedy_round_never_builds_its_draft_rows():
+    """`draft_rows` decides the steps at once and builds the parameter rows on their first read (`RowParams`);
+    `StaticDraws.load` reads them only for a variant whose steps do, so a lean greedy round (the draft graphs'
+    common case) neither fills nor copies them, while a round with a bias loads exactly its live rows."""
+    from ninfer.fast.sampling.draw_variants import draw_steps, draw_variant
+
+    gen = torch.Generator().manual_seed(3)
+    spec, dev = _spec("naive"), _device("naive")
+    lean = spec.draft_rows(*_rows(gen, [SamplingParams(temperature=0.0)] * 2), K)
+    draws = StaticDraws(2, K, V, dev)
+    live = torch.arange(2, device=dev)
+    draws.load(lean, draw_steps(draw_variant(lean.steps)), live, 2)
+    assert not lean.steps.reads_params and not lean.staged
+    biased = spec.draft_rows(*_rows(gen, [SamplingParams(temperature=0.0, logit_bias=((7, 3.0),))] * 3), K)
+    assert not biased.staged
+    draws.load(biased, draw_steps(draw_variant(biased.steps)), torch.tensor([2, 0], device=dev), 2)
+    assert biased.staged
+    ip = biased.ip.reshape(3, K, -1)
+    assert torch.equal(draws.ip[:2], ip[[2, 0]]) and draws.ip[0, 1, L.POSITION] == ip[2, 0, L.POSITION] + 1
 
 
 # the rows of a round without penalties (a DFlash block's draws are then independent): greedy, top-k/top-p, min-p,
@@ -182,7 +204,7 @@ def test_block_draws_equal_the_slot_draws(kernels):
     out = []
     for block in (False, True):
         draws = StaticDraws(B, K, V, dev)
-        draws.load(rows.ip, rows.fp, live, B)
+        draws.load(rows, rows.steps, live, B)
         draws.room[:B] = torch.tensor(rooms, dtype=torch.int32)
         draws.reset(B)
         if block:

@@ -38,6 +38,7 @@ from ninfer.sampling.philox import STREAM_DRAFT
 from .draft_block import DraftBlock
 from .draw_variants import draw_steps, draw_variant
 from .prefix_masks import PrefixMasks, QueuedMasks, RowSource
+from .row_params import RowParams
 from .rows import SampleRow, fill_row, host_error, mask_words, row_flags
 from .sampler import DeviceSampler
 from .spec_steps import Steps, adjust, draft_counts, drawable, truncated
@@ -45,18 +46,6 @@ from .static_draws import StaticDraws
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 _FAILURE = {L.BAD_LOGITS: RowFailure.NON_FINITE_LOGITS, L.ALL_MASKED: RowFailure.NOTHING_ALLOWED}
-@dataclass
-class RowParams:
-    """Sample-layout parameter rows of one call on the device: ip [N, NI] int64, fp [N, NF] float64."""
-
-    ip: torch.Tensor
-    fp: torch.Tensor
-    steps: Steps
-    # some row has a penalty on (so each draft depends on the ones before it); `steps` may be a graph variant's,
-    # which runs the penalty step for every call
-    penalized: bool = True
-
-
 @dataclass
 class RoundGrammar:
     """A round's grammar: each row's source and the rows queued for acceptance."""
@@ -87,23 +76,25 @@ class SpecSampler:
               masked: Sequence[Sequence[bool]] | None = None) -> RowParams:
         """Parameter rows b * n + i (i < n): bases[b] (drawn at its position) i positions on, with i more outputs
         (the drafts before it) for min_tokens, and masked[b][i] saying whether a grammar row constrains it; a plain
-        row runs as plain greedy. One host fill per base row, copied once."""
-        B = len(bases)
-        base = np.zeros((B, NI + NF), dtype=np.int64)
+        row runs as plain greedy. The flags decide the steps now; the rows are filled (one host fill per base row)
+        and copied once, when first read."""
         flags: list[int] = []
         for b, (r, pl) in enumerate(zip(bases, plain)):
-            fill_row(base[b, :NI], base[b, NI:].view(np.float64), r, 0)
             flags += [L.GREEDY] * n if pl else \
                 [row_flags(r, self.sampler.eos, i, bool(masked and masked[b][i])) for i in range(n)]
-        host = torch.from_numpy(np.repeat(base, n, axis=0))  # [B * n, NI | NF]
-        ints = host[:, :NI].numpy()
-        ints[:, L.POSITION] += np.tile(np.arange(n), B)
-        ints[:, L.FLAGS] = flags
-        dev = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else \
-            host.to(self.device)
+
+        def stage() -> torch.Tensor:
+            base = np.zeros((len(bases), NI + NF), dtype=np.int64)
+            for b, r in enumerate(bases):
+                fill_row(base[b, :NI], base[b, NI:].view(np.float64), r, 0)
+            host = torch.from_numpy(np.repeat(base, n, axis=0))  # [B * n, NI | NF]
+            ints = host[:, :NI].numpy()
+            ints[:, L.POSITION] += np.tile(np.arange(n), len(bases))
+            ints[:, L.FLAGS] = flags
+            return host
         params = [r.params for r, pl in zip(bases, plain) if not pl]
         any_mask = masked is not None and any(any(m) for m in masked)
-        return RowParams(dev[:, :NI], dev[:, NI:].view(torch.float64), Steps.of(flags, params, any_mask))
+        return RowParams(stage, self.device, Steps.of(flags, params, any_mask))
 
     def _base(self, seq, ctx: RowContext) -> SampleRow:
         """The row's draw at frontier + 1, its tables bound."""

@@ -2,7 +2,8 @@
 (`ninfer/fast/draft_graphs.py`, `SpecSampler.draw_static`), for up to max_batch drafting rows of k drafts each.
 
 The parameter rows are the sample layout's (``ninfer.fast.ops.sample.layout``): row (b, j) draws draft j of row b
-at its position frontier + 1 + j; they are copied in once a round from the round's `RowParams` (`load`). The draft
+at its position frontier + 1 + j; they are copied in once a round from the round's `RowParams` (`load`, where the
+variant reads them). The draft
 index j is a device scalar the step graph advances, so one graph serves every draft position. The drafts, their
 processed logits z (q = softmax z, random rows) and the count of drawable drafts per row are written here and copied
 into the round's `DraftBlock` after the last step (`store`).
@@ -15,7 +16,9 @@ import torch
 from ninfer.fast.ops.sample import layout as L
 
 from .draft_block import DraftBlock
+from .row_params import RowParams
 from .rows import GREEDY, SORT, TOP_K
+from .spec_steps import Steps
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 
@@ -39,12 +42,15 @@ class StaticDraws:
         self.j.zero_()
         self.z[:B].fill_(float("-inf"))
 
-    def load(self, ip: torch.Tensor, fp: torch.Tensor, live: torch.Tensor, B: int) -> None:
+    def load(self, params: RowParams, steps: Steps, live: torch.Tensor, B: int) -> None:
         """The round's parameter rows (ip [N * k, NI], fp [N * k, NF] of all N rows) of the drafting rows `live`
-        [B] long, in order."""
+        [B] long, in order, where the draw variant's `steps` read them (a lean greedy variant reads none: the rows
+        are then neither built nor copied, `RowParams`)."""
+        if not steps.reads_params:
+            return
         k = self.k
-        self.ip[:B].copy_(ip.reshape(-1, k, NI).index_select(0, live))
-        self.fp[:B].copy_(fp.reshape(-1, k, NF).index_select(0, live))
+        self.ip[:B].copy_(params.ip.reshape(-1, k, NI).index_select(0, live))
+        self.fp[:B].copy_(params.fp.reshape(-1, k, NF).index_select(0, live))
 
     def fill_dummy(self, B: int, variant: str, dummy_row: int) -> None:
         """Capture inputs: rows on the sampler tables' dummy row, every table flag off, greedy or not as the variant
