@@ -4,8 +4,9 @@ per token at B = 1, 2, 4, 8 (512-token contexts) against the bandwidth floor of 
 to first token at 2048 / 8192 tokens; the issue's targets with pass/fail at the end.
 
 Weights are random planes made on the device (quant_weights.py; shapes.py for the dense ones), so the numbers are
-speed only. A recipe "fp8:dot", "fp8:vector" or "fp8:row" picks FP8's one-row GEMV form (`fastgemv.FP8_ONE_ROW`);
-"fp8:qmoe" runs FP8 expert stacks through `qmoe`'s per-pair GEMVs instead of the fused `moe_decode`
+speed only. A recipe "fp8:dot", "fp8:vector" or "fp8:row" picks FP8's one-row GEMV form
+(`fastgemv.FP8_ONE_ROW`), "fp8:f16" its tl.dot form's operand type (`fastgemv.FP8_F16_DOT`; forms combine:
+"fp8:row+f16"); "fp8:qmoe" runs FP8 expert stacks through `qmoe`'s per-pair GEMVs instead of the fused `moe_decode`
 (`kernels.FP8_MOE_DECODE` off).
 Run: python benchmarks/gpu/bench_quant.py [--models 9B,35B-A3B] [--recipes bf16,fp8,q4,nvfp4]
 [--deadline-s 290] [--out DIR];  --smoke runs the same code on a CPU (tiny shape, naive kernels).
@@ -81,18 +82,20 @@ def build(run: Run, name: str, recipe: str) -> tuple[FastProgram, Engine, dict]:
 
 
 def bench_one(run: Run, name: str, recipe: str) -> None:
-    """One recipe; "fp8:dot" / "fp8:vector" / "fp8:row" run FP8 with that one-row GEMV form
-    (`fastgemv.FP8_ONE_ROW`), "fp8:qmoe" its expert stacks through `qmoe` (`kernels.FP8_MOE_DECODE` off),
-    each set for this build and its graphs."""
+    """One recipe; after the colon, forms joined by "+": "dot" / "vector" / "row" run FP8's one-row GEMV in that
+    form (`fastgemv.FP8_ONE_ROW`), "f16" its tl.dot form with f16 operands (`fastgemv.FP8_F16_DOT`), "qmoe" its
+    expert stacks through `qmoe` (`kernels.FP8_MOE_DECODE` off), each set for this build and its graphs."""
     base, _, form = recipe.partition(":")
-    saved = fastgemv.FP8_ONE_ROW, kernels.FP8_MOE_DECODE
-    if form in ("dot", "vector", "row"):
-        fastgemv.FP8_ONE_ROW = form
-    kernels.FP8_MOE_DECODE = saved[1] and form != "qmoe"
+    forms = set(form.split("+")) if form else set()
+    saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, kernels.FP8_MOE_DECODE
+    for one_row in forms & {"dot", "vector", "row"}:
+        fastgemv.FP8_ONE_ROW = one_row
+    fastgemv.FP8_F16_DOT = saved[1] or "f16" in forms
+    kernels.FP8_MOE_DECODE = saved[2] and "qmoe" not in forms
     try:
         _bench(run, name, recipe, base)
     finally:
-        fastgemv.FP8_ONE_ROW, kernels.FP8_MOE_DECODE = saved
+        fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, kernels.FP8_MOE_DECODE = saved
 
 
 def _bench(run: Run, name: str, recipe: str, base: str) -> None:

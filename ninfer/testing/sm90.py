@@ -34,6 +34,12 @@ class Sm90Build:
     shared_bytes: int  # static + Triton's dynamic shared memory per program
     num_warps: int
     ttgir: str = field(default="", repr=False)  # the TritonGPU IR, where layouts and their conversions show
+    cubin: bytes = field(default=b"", repr=False)
+
+    def opcodes(self, prefix: str) -> int:
+        """SASS instructions whose opcode starts with `prefix` (e.g. "F2F." for the quarter-rate conversions)."""
+        sass = _cuobjdump(self.cubin, "-sass")
+        return len(re.findall(rf"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?{re.escape(prefix)}", sass, re.M))
 
     def loop_conversions(self) -> int:
         """Layout conversions inside the kernel's loops (`ttg.convert_layout` between an `scf.for` and its
@@ -51,12 +57,16 @@ class Sm90Build:
         return min(_SM_REGISTERS // (self.registers * 32 * self.num_warps), _SM_WARPS // self.num_warps)
 
 
-def _resources(cubin: bytes) -> tuple[int, int, int]:
+def _cuobjdump(cubin: bytes, flag: str) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _resources(cubin: bytes) -> tuple[int, int, int]:
+    out = _cuobjdump(cubin, "-res-usage")
     found = {k: int(re.search(rf"{k}:(\d+)", out).group(1)) for k in ("REG", "LOCAL", "SHARED")}
     return found["REG"], found["LOCAL"], found["SHARED"]
 
@@ -76,7 +86,8 @@ def build_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], num
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     compiled = triton.compile(src, target=_TARGET, options=dict(num_warps=num_warps, num_stages=num_stages))
     regs, local, static_shared = _resources(compiled.asm["cubin"])
-    return Sm90Build(regs, local, static_shared + compiled.metadata.shared, num_warps, compiled.asm["ttgir"])
+    return Sm90Build(regs, local, static_shared + compiled.metadata.shared, num_warps, compiled.asm["ttgir"],
+                     compiled.asm["cubin"])
 
 
 def run_build_script(script: Path, args: list[str]) -> list[dict]:

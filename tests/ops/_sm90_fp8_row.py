@@ -1,7 +1,7 @@
 """Builds the one-row FP8 GEMV (`qlinear.fp8_row`) for sm_90 at its default tile (64 rows, 128-column K tile, 4
 warps; ``ninfer.testing.sm90``) and prints one JSON line a build: registers, spills, programs an SM, layout
-conversions inside its loop; "vector" builds `fastgemv`'s dot-free one-row form (its 512-wide tile at 16 rows) for
-comparison. Run without TRITON_INTERPRET: ``test_qlinear.py`` starts it as a subprocess."""
+conversions inside its loop, quarter-rate F2F conversions; "vector" builds `fastgemv`'s dot-free one-row form (its
+512-wide tile at 16 rows) for comparison, "dot-bf16" / "dot-f16" its tl.dot form with bf16 or f16 operands. Run without TRITON_INTERPRET: ``test_qlinear.py`` starts it as a subprocess."""
 
 import json
 import sys
@@ -14,16 +14,27 @@ INTS = ("R", "K", "k_per", "num_splits", "half", "BR", "BC", "stride_w", "stride
 
 def _report(form: str, swiglu: bool, b) -> None:
     print(json.dumps(dict(form=form, swiglu=swiglu, registers=b.registers, spill=b.spill_bytes,
-                          programs=b.programs_per_sm, loop_conversions=b.loop_conversions())), flush=True)
+                          programs=b.programs_per_sm, loop_conversions=b.loop_conversions(),
+                          f2f=b.opcodes("F2F."))), flush=True)
+
+
+def _fp8_kernel(form: str, **constexprs):
+    types = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", arrive_ptr="*i32",
+                 M="i32", stride_x="i32", **{n: "i32" for n in INTS})
+    b = build_sm90(fastgemv._fp8_kernel, types, dict(EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
+                                                      **constexprs),
+                   num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y",
+                                                         "stride_x"))
+    _report(form, False, b)
 
 
 def vector() -> None:
-    types = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", arrive_ptr="*i32",
-                 M="i32", stride_x="i32", **{n: "i32" for n in INTS})
-    b = build_sm90(fastgemv._fp8_kernel, types, dict(BM=1, BW=16, BK=512, SB=128, EVEN_K=True, SPLIT=True,
-                                                      SWIGLU=False, USE_DOT=False, FP32_DOT=False),
-                   num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y"))
-    _report("vector", False, b)
+    _fp8_kernel("vector", BM=1, BW=16, BK=512, SB=128, USE_DOT=False, F16_DOT=False)
+
+
+def dot(f16: bool) -> None:
+    # the tl.dot form at 16 padded rows (every M > 1), bf16 or f16 operands
+    _fp8_kernel("dot f16" if f16 else "dot bf16", BM=16, BW=64, BK=128, SB=128, USE_DOT=True, F16_DOT=f16)
 
 
 def build(x_dtype: str, swiglu: bool) -> None:
@@ -38,6 +49,8 @@ if __name__ == "__main__":
     for arg in sys.argv[1:]:
         if arg == "vector":
             vector()
+        elif arg.startswith("dot"):
+            dot(arg == "dot-f16")
         else:
             build(arg, swiglu=False)
             build(arg, swiglu=True)

@@ -215,17 +215,46 @@ def test_fp8_one_row_row_form(block, N, K, monkeypatch):
     assert fp8_row.tile(narrow) is None
 
 
-def test_fp8_row_form_sm90_build():
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_fp8_f16_dot(M, monkeypatch):
+    """FP8 through tl.dot in f16 (`fastgemv.FP8_F16_DOT`): each row of x scaled by its own power of two into f16's
+    range, so rows far outside it (1e6, past f16's 65504, and 1e-6) keep their precision; split-K (each split its
+    own scale), SwiGLU; NaN-poisoned outputs. bf16 activations (fp32 ones keep the fp32 dot)."""
+    from ninfer.fast.ops.qlinear import fastgemv
+
+    monkeypatch.setattr(fastgemv, "FP8_F16_DOT", True)
+    N, K = (40, 256) if not ON_GPU else (1024, 4096)
+    w = pack_weight(torch.randn(2 * N, K) * K ** -0.5, "fp8", DEVICE, params={"block": [16, 64]} if not ON_GPU
+                    else {"block": [128, 128]})
+    x = torch.randn(M, K) * torch.tensor([1e6, 1e-6, 1.0, 30.0] * 2)[:M, None]
+    x = x.to(DEVICE).to(torch.bfloat16)
+    want = qlinear_naive(x.float(), w)
+    for splits in (None, 2):
+        out = torch.full((M, 2 * N), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+        got = qgemv(x, w, out=out, splits=splits, use_dot=True).float()
+        for r in range(M):  # each row on its own scale
+            assert_close(f"fp8 f16 dot M={M} row {r} splits {splits}", want[r], got[r], 1e-2)
+    gate, up = want.chunk(2, dim=-1)
+    out = torch.full((M, N), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    got = qgemv(x, w, out=out, swiglu=True, splits=2, use_dot=True).float()
+    ref = torch.nn.functional.silu(gate) * up
+    for r in range(M):
+        assert_close(f"fp8 f16 dot M={M} row {r} swiglu", ref[r], got[r], 1e-2)
+
+
+def test_fp8_forms_sm90_build():
     # Hopper's compile on the CPU (Triton's ptxas, a subprocess without the interpreter): the row form keeps every
     # tile in one layout inside its loop (no shared-memory round trip a tile) and fits 5 programs an SM without
-    # spills; the dot-free `_fp8_kernel` form beside it converts layouts in its loop, which the count must show
-    rows = run_build_script(Path(__file__).with_name("_sm90_fp8_row.py"), ["bf16", "vector"])
-    row = [r for r in rows if r["form"].startswith("row")]
-    assert len(row) == 2 and len(rows) == 3
-    for r in row:
-        assert r["spill"] == 0 and r["loop_conversions"] == 0 and r["programs"] >= 4, r
-    vector = next(r for r in rows if r["form"] == "vector")
-    assert vector["loop_conversions"] > 0, vector
+    # spills; the dot-free `_fp8_kernel` form beside it converts layouts in its loop, which the count must show.
+    # The tl.dot form with f16 operands has no quarter-rate F2F; with bf16 it has one per weight of its tile
+    rows = run_build_script(Path(__file__).with_name("_sm90_fp8_row.py"), ["bf16", "vector", "dot-bf16", "dot-f16"])
+    by = {(r["form"], r["swiglu"]): r for r in rows}
+    assert len(rows) == 5
+    for r in (by["row bf16", False], by["row bf16", True]):
+        assert r["spill"] == 0 and r["loop_conversions"] == 0 and r["programs"] >= 4 and r["f2f"] == 0, r
+    assert by["vector", False]["loop_conversions"] > 0, by["vector", False]
+    assert by["dot f16", False]["f2f"] == 0 and by["dot f16", False]["spill"] == 0, by["dot f16", False]
+    assert by["dot bf16", False]["f2f"] >= 64, by["dot bf16", False]
 
 
 def test_to_tiles_leaves_other_layouts():

@@ -46,6 +46,10 @@ WIDE_BK = 512  # the FP8 one-row K tile over whole 128-column blocks (`_config`)
 # the 9B decode step at B=1 through the Engine 5.51 ms against 8.38 (35B-A3B 4.99 against 5.19; thirteenth session,
 # H100, bench_quant.py "fp8:dot" / "fp8:vector"). "row" (seventeenth session) has not yet run on a GPU.
 FP8_ONE_ROW = "dot"
+# FP8 through tl.dot in f16 instead of bf16 (x scaled per row by a power of two into f16's range, `_f16_scales`):
+# the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in until a GPU measures
+# it (seventeenth session: written without device time left)
+FP8_F16_DOT = False
 _WORDS = TILE // 8
 
 
@@ -215,7 +219,7 @@ def _int4_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, part_ptr, arrive_ptr, M, R, 
 def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_splits, half, BR, BC,
                 stride_x, stride_w, stride_s, stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr,
                 SB: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr,
-                USE_DOT: tl.constexpr, FP32_DOT: tl.constexpr):
+                USE_DOT: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr):
     pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     m = tl.arange(0, BM)
@@ -226,6 +230,8 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per
     k_lo = tl.program_id(1) * k_per
     k_hi = tl.minimum(k_lo + k_per, K)
     kk = tl.arange(0, BK)
+    if F16_DOT:
+        up, down = _f16_scales(x_rows, mask_m, k_lo, k_hi, K, BM, BK)  # [BM] each
     if USE_DOT:
         acc = tl.zeros((BW, BM), dtype=tl.float32)
     else:
@@ -246,7 +252,12 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per
         else:
             s = tl.load(s_rows + k0 // BC, mask=valid, other=0.0).to(tl.float32)  # the tile's column block
             if USE_DOT:
-                if FP32_DOT:
+                if F16_DOT:
+                    # e4m3 -> f16 is one native conversion for two weights (bf16 costs one more, quarter-rate, per
+                    # weight); x scaled by a power of two per row into f16's range, undone after the loop
+                    xs = (x.to(tl.float32) * up[:, None]).to(tl.float16)
+                    part = tl.dot(w.to(tl.float16), tl.trans(xs))
+                elif FP32_DOT:
                     part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
                 else:
                     part = tl.dot(w.to(tl.bfloat16), tl.trans(x.to(tl.bfloat16)))
@@ -256,12 +267,29 @@ def _fp8_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per
                 acc += (w.to(tl.float32) * s[:, None] * tl.sum(x.to(tl.float32), axis=0)[None, :])[None, :, :]
             else:
                 acc += (w.to(tl.float32) * s[:, None])[None, :, :] * x.to(tl.float32)[:, None, :]
+    if F16_DOT:
+        acc = acc * down[None, :]
     if USE_DOT:
         out = tl.trans(acc)
     else:
         out = tl.sum(acc, axis=2)
     _finish(out, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
             SPLIT, SWIGLU, y_ptr, 0, False)
+
+
+@triton.jit
+def _f16_scales(x_rows, mask_m, k_lo, k_hi, K, BM: tl.constexpr, BK: tl.constexpr):
+    """Per row of x over this program's columns: (2^s, 2^-s) [BM] fp32 with max|x| * 2^s in [2^14, 2^15), so the
+    scaled row fits f16 (max 65504) with its 11 significant bits, exactly (a power of two; s clamped to +-100)."""
+    kk = tl.arange(0, BK)
+    amax = tl.zeros((BM,), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        k = k0 + kk
+        x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # amax in [2^e, 2^(e + 1))
+    s = tl.minimum(tl.maximum(14 - e, -100), 100)
+    return ((s + 127) << 23).to(tl.float32, bitcast=True), ((127 - s) << 23).to(tl.float32, bitcast=True)
 
 
 def fp32_dot(x: torch.Tensor) -> bool:
@@ -342,7 +370,7 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
         _fp8_kernel[(blocks, splits)](
             x, w.data, w.scales, y, part, arrivals, M, R, K, k_per, splits, n_out, w.block_rows, w.block_cols,
             x.stride(0), w.data.stride(0), w.scales.stride(-2), y.stride(0), BK=bk, SB=sb, EVEN_K=K % bk == 0,
-            **common)
+            F16_DOT=dot and FP8_F16_DOT and x.dtype != torch.float32 and sb == bk, **common)
     return y
 
 
