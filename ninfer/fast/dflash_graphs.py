@@ -143,9 +143,11 @@ class DFlashDraftGraphs:
         deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
         self.packed[:, :R].copy_(to_device([[s.pending for s in rows], [s.frontier for s in rows], deltas, first,
                                             [ks[i] for i in live]], self.packed.device))
-        at = to_device(live, self.packed.device, torch.long)
         variant = draw_variant(params.steps)
-        self.draws.load(params, draw_steps(variant), at, R)
+        steps = draw_steps(variant)
+        # the drafting rows' indices on the device, where the rows' parameters or a partial block need them
+        at = to_device(live, self.packed.device, torch.long) if steps.reads_params or R < len(block) else None
+        self.draws.load(params, steps, at, R)
         one_pass = not params.penalized and True in self.block_draws(variant)
         graph = self.graphs.get((R, variant, one_pass))
         if graph is not None:

@@ -169,9 +169,11 @@ class DraftGraphRunner:
             return
         deltas = [0 if m is None else m.rope_delta for m in (media or [None] * len(ks))]
         B = self.fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas, ks)))
-        at = to_device(live, self.model.device, torch.long)
         variant = draw_variant(params.steps)
-        self.draws.load(params, draw_steps(variant), at, B)
+        steps = draw_steps(variant)
+        # the drafting rows' indices on the device, where the rows' parameters or a partial block need them
+        at = to_device(live, self.model.device, torch.long) if steps.reads_params or B < len(block) else None
+        self.draws.load(params, steps, at, B)
         self.run("start", B)
         for _ in range(max(ks)):
             self.run("step", B, variant)

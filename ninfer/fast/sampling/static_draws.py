@@ -42,7 +42,7 @@ class StaticDraws:
         self.j.zero_()
         self.z[:B].fill_(float("-inf"))
 
-    def load(self, params: RowParams, steps: Steps, live: torch.Tensor, B: int) -> None:
+    def load(self, params: RowParams, steps: Steps, live: torch.Tensor | None, B: int) -> None:
         """The round's parameter rows (ip [N * k, NI], fp [N * k, NF] of all N rows) of the drafting rows `live`
         [B] long, in order, where the draw variant's `steps` read them (a lean greedy variant reads none: the rows
         are then neither built nor copied, `RowParams`)."""
@@ -65,8 +65,9 @@ class StaticDraws:
         self.fp[:B].copy_(floats[:, None].expand(B, self.k, NF))
         self.room[:B].fill_(self.k)
 
-    def store(self, block: DraftBlock, live: torch.Tensor, B: int) -> None:
-        """The drawn drafts into the round's block at its drafting rows `live` [B] long."""
+    def store(self, block: DraftBlock, live: torch.Tensor | None, B: int) -> None:
+        """The drawn drafts into the round's block at its drafting rows `live` [B] long (None: every row of the
+        block drafts, in order)."""
         if B == len(block):
             block.tokens.copy_(self.drafts[:B])
             block.num.copy_(self.num[:B])
