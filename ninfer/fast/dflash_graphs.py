@@ -38,7 +38,7 @@ from ninfer.fast.sampling.spec import SpecSampler
 from ninfer.fast.sampling.static_draws import StaticDraws
 from ninfer.models.qwen3_5.drafter import DrafterKind
 
-_ROWS = ("anchors", "frontiers", "deltas", "first_keys", "room")
+_ROWS = ("anchors", "frontiers", "deltas", "first_keys", "room", "partial_src", "partial_dst")
 
 
 class DFlashDraftGraphs:
@@ -52,8 +52,9 @@ class DFlashDraftGraphs:
         self.draws = StaticDraws(max_batch, spec.k, backend.drafter.cfg.vocab_size, dev)
         on_cuda = dev.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [5, max_batch]
-        self.anchors, self.frontiers, self.deltas, self.first_keys, self.draws.room = self.packed.unbind(0)
+        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [7, max_batch]
+        (self.anchors, self.frontiers, self.deltas, self.first_keys, self.draws.room, self.partial_src,
+         self.partial_dst) = self.packed.unbind(0)
         # a frontier below max_context plus a block: at most max_pages_per_seq + scratch_pages pages
         self.table = torch.zeros(max_batch, plan.max_pages_per_seq + plan.scratch_pages, dtype=torch.int32,
                                  device=dev)
@@ -71,6 +72,7 @@ class DFlashDraftGraphs:
         """The graph body: the block pass of rows 0..R-1 and every slot's draw into ``draws`` (``block_draw``: all
         slots in one pass, a round without penalties)."""
         bk = self.backend
+        bk.copy_partial(self.partial_src[:R], self.partial_dst[:R])
         first = None if bk.window is None else self.first_keys[:R]
         logits, hidden = bk.drafter.block_on(self.anchors[:R], self.frontiers[:R], self.deltas[:R], first,
                                              self.table[:R], bk.block_size, bk.k_pages, bk.v_pages,
@@ -113,7 +115,8 @@ class DFlashDraftGraphs:
         width, n = self.table.shape[1], self.backend.pools.plan.scratch_pages
         tables = [[self.backend.pools.scratch_page(r, j % n) for j in range(width)] for r in range(R)]
         self.table[:R].copy_(to_device(tables, self.packed.device))
-        self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R],
+        scratch = [self.backend.pools.scratch_page(r, 0) for r in range(R)]  # copied onto themselves
+        self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R, scratch, scratch],
                                            self.packed.device))
 
     def dummy_draft(self, R: int, drafts: int) -> Callable[[], object]:
@@ -138,11 +141,13 @@ class DFlashDraftGraphs:
         """The drafts of the drafting rows (`live`: their indices in the round, `rows` their sequences, ks[i] the
         drafts row i may take) through the graph of their count and variant, into `block`."""
         bk, R = self.backend, len(live)
-        self.table[:R].copy_(bk.tables(rows, self.table.shape[1]))
+        tables, partial = bk.tables(rows, self.table.shape[1])
+        self.table[:R].copy_(to_device(tables, self.packed.device))
         first = [0 if bk.window is None else max(0, s.frontier - bk.window) for s in rows]
         deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
+        scratch = [bk.pools.scratch_page(s.row, 0) for s in rows]
         self.packed[:, :R].copy_(to_device([[s.pending for s in rows], [s.frontier for s in rows], deltas, first,
-                                            [ks[i] for i in live]], self.packed.device))
+                                            [ks[i] for i in live], partial, scratch], self.packed.device))
         variant = draw_variant(params.steps)
         steps = draw_steps(variant)
         # the drafting rows' indices on the device, where the rows' parameters or a partial block need them

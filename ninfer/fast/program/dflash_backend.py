@@ -98,22 +98,28 @@ class FastDFlashBackend:
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             self.selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
 
-    def tables(self, seqs: Sequence[ActiveSequence], width: int) -> torch.Tensor:
-        """Each row's pages for positions < F + B: its context pages, then its scratch pages, the partial page at
-        the frontier copied into the first one (so the block's K/V land beside the context keys of that page);
-        [R, width] int32, padded with the last scratch page (width: the draft graphs' table, wide enough for any
-        frontier below the context plus a block)."""
-        ps = self.page_size
-        out = []
+    def tables(self, seqs: Sequence[ActiveSequence], width: int) -> tuple[list[list[int]], list[int]]:
+        """Each row's pages for positions < F + B: its context pages, then its scratch pages (rows of `width`
+        entries, padded with the last scratch page: entries past F + B are never read; width: the draft graphs'
+        table, wide enough for any frontier below the context plus a block); and per row the page whose partial
+        prefix the block pass needs in its first scratch page (the page at the frontier, so the block's K/V land
+        beside that page's context keys; the scratch page itself where the frontier starts a page), copied there by
+        `copy_partial` inside the draft graph."""
+        ps, out, partial = self.page_size, [], []
         for s in seqs:
-            full, partial = divmod(s.frontier, ps)
+            full, offset = divmod(s.frontier, ps)
             scratch = [self.pools.scratch_page(s.row, j) for j in range(self.pools.plan.scratch_pages)]
-            if partial:
-                for pool in (self.pools.dk, self.pools.dv):
-                    pool[:, scratch[0]].copy_(pool[:, s.table[full]])  # [n_draft, ps, nkv', d']
+            partial.append(s.table[full] if offset else scratch[0])
             row = list(s.table[:full]) + scratch
-            out.append((row + [scratch[-1]] * width)[:width])  # entries past F + B are never read
-        return to_device(out, self.pools.k.device)  # [R, width] int32
+            out.append((row + [scratch[-1]] * width)[:width])
+        return out, partial
+
+    def copy_partial(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Drafter pages src [R] into dst [R] (int32, each row's first scratch page) in both K/V pools, every layer
+        (graph-safe: device indices; a row whose src is its dst copies its page onto itself)."""
+        src, dst = src.long(), dst.long()
+        for pool in (self.pools.dk, self.pools.dv):  # [n_draft, pages, ps, nkv', d']
+            pool.index_copy_(1, dst, pool.index_select(1, src))
 
     def draft(self, seqs: Sequence[ActiveSequence], ctxs: Sequence[RowContext], ks: Sequence[int],
               spec: SpecSampler) -> DraftBlock:
