@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
-from ninfer.fast.hostcopy import to_device
+from ninfer.fast.hostcopy import HostMirror, to_device
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant, draw_steps, draw_variant
@@ -52,12 +52,13 @@ class DFlashDraftGraphs:
         self.draws = StaticDraws(max_batch, spec.k, backend.drafter.cfg.vocab_size, dev)
         on_cuda = dev.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [7, max_batch]
+        # a frontier below max_context plus a block: at most max_pages_per_seq + scratch_pages pages a table row
+        width, rows = plan.max_pages_per_seq + plan.scratch_pages, len(_ROWS) * max_batch
+        self.mirror = HostMirror(rows + max_batch * width, dev)  # the rows' fields, then their tables: one copy
+        self.packed = self.mirror.device[:rows].view(len(_ROWS), max_batch)  # [7, max_batch]
+        self.table = self.mirror.device[rows:].view(max_batch, width)
         (self.anchors, self.frontiers, self.deltas, self.first_keys, self.draws.room, self.partial_src,
          self.partial_dst) = self.packed.unbind(0)
-        # a frontier below max_context plus a block: at most max_pages_per_seq + scratch_pages pages
-        self.table = torch.zeros(max_batch, plan.max_pages_per_seq + plan.scratch_pages, dtype=torch.int32,
-                                 device=dev)
         self.graphs: dict[tuple[int, str, bool], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
@@ -114,10 +115,17 @@ class DFlashDraftGraphs:
         the dummy row; capture runs before any sequence exists, so nothing any request reads is written)."""
         width, n = self.table.shape[1], self.backend.pools.plan.scratch_pages
         tables = [[self.backend.pools.scratch_page(r, j % n) for j in range(width)] for r in range(R)]
-        self.table[:R].copy_(to_device(tables, self.packed.device))
         scratch = [self.backend.pools.scratch_page(r, 0) for r in range(R)]  # copied onto themselves
-        self.packed[:, :R].copy_(to_device([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R, scratch, scratch],
-                                           self.packed.device))
+        self._send([[0] * R, [0] * R, [0] * R, [0] * R, [self.spec.k] * R, scratch, scratch], tables)
+
+    def _send(self, fields: list[list[int]], tables: list[list[int]]) -> None:
+        """R rows' fields (in `_ROWS` order) and block tables into the inputs, in one copy (up to row R's table:
+        a long context's tables are most of the buffer)."""
+        host, R = self.mirror.open(), len(tables)
+        rows, width = len(_ROWS) * self.max_batch, self.table.shape[1]
+        host[:rows].reshape(len(_ROWS), self.max_batch)[:, :R] = fields
+        host[rows:].reshape(self.max_batch, width)[:R] = tables
+        self.mirror.send(rows + R * width)
 
     def dummy_draft(self, R: int, drafts: int) -> Callable[[], object]:
         """A greedy draft over R rows on their scratch pages, for timing (`fill_dummy`): its graph's replay, or the
@@ -142,12 +150,11 @@ class DFlashDraftGraphs:
         drafts row i may take) through the graph of their count and variant, into `block`."""
         bk, R = self.backend, len(live)
         tables, partial = bk.tables(rows, self.table.shape[1])
-        self.table[:R].copy_(to_device(tables, self.packed.device))
         first = [0 if bk.window is None else max(0, s.frontier - bk.window) for s in rows]
         deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
         scratch = [bk.pools.scratch_page(s.row, 0) for s in rows]
-        self.packed[:, :R].copy_(to_device([[s.pending for s in rows], [s.frontier for s in rows], deltas, first,
-                                            [ks[i] for i in live], partial, scratch], self.packed.device))
+        self._send([[s.pending for s in rows], [s.frontier for s in rows], deltas, first, [ks[i] for i in live],
+                    partial, scratch], tables)
         variant = draw_variant(params.steps)
         steps = draw_steps(variant)
         # the drafting rows' indices on the device, where the rows' parameters or a partial block need them

@@ -24,6 +24,7 @@ import torch
 
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
 from ninfer.fast.graph_runner import graphs_available
+from ninfer.fast.hostcopy import HostMirror
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import GDN_CHUNK
 
@@ -46,11 +47,8 @@ class PrefillInputs:
 
     def __init__(self, largest: int, device: torch.device):
         self.largest = largest
-        self.packed = torch.zeros(largest + self.SCALARS, dtype=torch.int32, device=device)
-        pin = device.type == "cuda" and torch.cuda.is_available()
-        self.staging = torch.zeros(largest + self.SCALARS, dtype=torch.int32, pin_memory=pin)
-        self._staging_np = self.staging.numpy()
-        self._copied = torch.cuda.Event() if pin else None  # the mirror's last copy; reuse waits for it
+        self.mirror = HostMirror(largest + self.SCALARS, device)
+        self.packed = self.mirror.device
         self.tokens = self.packed[:largest]
         # [1] each: GDN slot, block-table row, the piece's first position, its real token count
         self.slot, self.row, self.start, self.length = (self.packed[largest + i:largest + i + 1]
@@ -58,15 +56,11 @@ class PrefillInputs:
 
     def fill(self, tokens: Sequence[int], slot: int, row: int, start: int, bucket: int) -> None:
         """The piece padded with id 0 to `bucket` tokens, and its addressing, in one copy."""
-        if self._copied is not None:
-            self._copied.synchronize()
-        n = len(tokens)
-        self._staging_np[:n] = tokens
-        self._staging_np[n:bucket] = 0
-        self._staging_np[self.largest:] = (slot, row, start, n)
-        self.packed.copy_(self.staging, non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        host, n = self.mirror.open(), len(tokens)
+        host[:n] = tokens
+        host[n:bucket] = 0
+        host[self.largest:] = (slot, row, start, n)
+        self.mirror.send()
 
     def fill_dummy(self, bucket: int, dummy_slot: int, dummy_row: int) -> None:
         """Warm-up / capture inputs: a whole bucket of token 0 at position 0 in the dummy slot and row."""

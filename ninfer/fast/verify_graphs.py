@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture
+from ninfer.fast.hostcopy import HostMirror
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
 from ninfer.fast.model.addressing import step_slots
@@ -74,17 +75,13 @@ class VerifyInputs:
                        ("rope_positions", T), ("block", T), ("h_src", T), ("step_rows", width * max_batch),
                        ("step_slots", width * max_batch), ("step_outs", width * max_batch),
                        ("h_dst", width * max_batch))
-        size = sum(n for _, n in self.layout)
-        self.packed = torch.zeros(size, dtype=torch.int32, device=device)
-        pin = device.type == "cuda" and torch.cuda.is_available()
-        self.staging = torch.zeros(size, dtype=torch.int32, pin_memory=pin)  # the host mirror
-        self._staging_np = self.staging.numpy()
-        self._copied = torch.cuda.Event() if pin else None  # the mirror's last copy; reuse waits for it
+        self.mirror = HostMirror(sum(n for _, n in self.layout), device)
+        self.packed = self.mirror.device
         self.tokens = torch.zeros(T, dtype=torch.long, device=device)  # [T]
         self.views, self._host_views, at = {}, {}, 0
         for name, n in self.layout:
             self.views[name] = self.packed[at:at + n]
-            self._host_views[name] = self._staging_np[at:at + n]
+            self._host_views[name] = self.mirror.host[at:at + n]
             at += n
         for name in ("step_rows", "step_slots", "step_outs", "h_dst"):  # [width, max_batch]
             self.views[name] = self.views[name].view(width, max_batch)
@@ -101,8 +98,7 @@ class VerifyInputs:
         B, W = len(lens), self.width
         if not 1 <= B <= self.max_batch or min(lens) < 1 or max(lens) > W:
             raise ValueError(f"a verify pass takes 1..{self.max_batch} blocks of 1..{W} tokens, got {list(lens)}")
-        if self._copied is not None:
-            self._copied.synchronize()
+        self.mirror.open()
         h = self._host_views
         T, N = B * W, sum(lens)
         h["slot_ids"][:B], h["slot_ids"][B] = slots, pad_slot
@@ -130,9 +126,7 @@ class VerifyInputs:
             h["step_outs"][j, :B] = [w[j] if n > j else -1 for w, n in zip(writes, lens)]
             h["h_dst"][j, :B] = [w[j] if n > j and (w[j] != s or n == j + 1) else pad_slot
                                  for w, s, n in zip(writes, slots, lens)]
-        self.packed.copy_(self.staging, non_blocking=True)
-        if self._copied is not None:
-            self._copied.record()
+        self.mirror.send()
         return B
 
     def fill_dummy(self, B: int, dummy_slot: int, dummy_row: int, start: int = 1) -> None:
