@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ninfer.contracts.media import PromptMedia
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
-from ninfer.fast.hostcopy import to_device
+from ninfer.fast.hostcopy import HostMirror, to_device
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
 from ninfer.fast.sampling.rows import GREEDY
@@ -50,7 +50,8 @@ class DraftGraphRunner:
         self.draws = StaticDraws(max_batch, spec.k, model.cfg.vocab_size, dev)
         on_cuda = dev.type == "cuda" and torch.cuda.is_available()
         self.use_graphs = on_cuda if use_graphs is None else (use_graphs and on_cuda)
-        self.packed = torch.zeros(len(_ROWS), max_batch, dtype=torch.int32, device=dev)  # [6, max_batch]
+        self.mirror = HostMirror(len(_ROWS) * max_batch, dev)
+        self.packed = self.mirror.device.view(len(_ROWS), max_batch)  # [6, max_batch]
         self.slot_ids, self.table_rows, self.frontiers, self.pending, self.rope_deltas, self.draws.room = \
             self.packed.unbind(0)
         self.table = torch.zeros(max_batch, plan.max_pages_per_seq, dtype=torch.int32, device=dev)  # private
@@ -143,8 +144,9 @@ class DraftGraphRunner:
         """The rows' (slot, block-table row, frontier, pending token, rope delta, drafts it may take) into the
         inputs, one copy; returns B."""
         B = len(slots)
-        self.packed[:, :B].copy_(to_device([list(slots), list(rows), list(frontiers), list(pending),
-                                            list(rope_deltas), list(room)], self.model.device))
+        self.mirror.open().reshape(len(_ROWS), self.max_batch)[:, :B] = (slots, rows, frontiers, pending,
+                                                                          rope_deltas, room)
+        self.mirror.send()
         return B
 
     def run(self, kind: str, B: int, variant: str | None = None) -> None:
