@@ -10,7 +10,8 @@ that layout, so nothing crosses threads inside the loop. Per weight: half an e4m
 f16 -> f32 (HADD2.F32, full rate) and one FMA, plus half an FMA to apply the column block's scale to the [BW, 64]
 partial of BK columns (BK = 128 with 128-column blocks: one scale per row per iteration).
 
-Requires K and the column blocks in multiples of 64 (``fits``); otherwise ``fastgemv`` keeps its other forms.
+Requires K and the column blocks in multiples of 64 (`tile` says which K tile, or None); otherwise ``fastgemv`` keeps
+its other forms.
 """
 
 from __future__ import annotations
