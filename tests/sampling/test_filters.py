@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ninfer.sampling.filters import (
-    apply_temperature, min_p_keep, rank_order, top_k_keep, top_p_keep, truncate,
+    apply_temperature, min_p_keep, rank_order, softmax64, top_k_keep, top_p_keep, truncate,
 )
 
 SETTINGS = settings(max_examples=80, deadline=None, derandomize=True)
@@ -117,3 +117,15 @@ def test_filters_are_per_row_in_a_batch():
     assert top_k_keep(order, torch.tensor([1, 0])).tolist() == [[True, False, False], [True] * 3]
     assert top_p_keep(z, order, torch.tensor([1.0, 0.5])).tolist() == [[True] * 3, [True, False, False]]
     assert min_p_keep(z, torch.tensor([0.0, 0.3])).tolist() == [[True] * 3, [True, True, False]]
+
+
+def test_softmax64_is_torch_softmax_in_float64():
+    # the same formula in ops that spread a long row over the device: equal to float64 rounding on rows with
+    # masked (-inf) entries, and NaN for a row with nothing finite, as torch.softmax gives
+    gen = torch.Generator().manual_seed(0)
+    z = 8 * torch.randn(3, 1000, generator=gen)
+    z[0, ::3] = float("-inf")
+    z[2] = float("-inf")
+    got, want = softmax64(z), torch.softmax(z.to(torch.float64), dim=-1)
+    torch.testing.assert_close(got[:2], want[:2], rtol=1e-14, atol=1e-300)
+    assert got.dtype == torch.float64 and torch.isnan(got[2]).all() and torch.isnan(want[2]).all()
