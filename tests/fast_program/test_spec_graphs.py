@@ -264,9 +264,9 @@ def test_many_short_blocks_beside_a_small_context(make_fast_spec, prompt_of):
 def test_a_lean_greedy_mtp_draft_step_launches(make_fast_spec):
     """A lean greedy draft step's launches (`LaunchCounter`; on a CPU the Triton table interpreted), what its graph
     replays k times a round: the MTP layer (2 input norms, fc, attention with its KV slot from `decode_slots`, MLP,
-    final norm), the draft vocabulary's lm_head and the draw with `drawable`'s two launches. 38 since the slot,
-    the drawable test, the parameter rows (unread) and a cast were folded (56 before; docs/performance.md, sixteenth
-    session)."""
+    final norm), the draft vocabulary's lm_head and the draw in one launch (`greedy_draw`: argmax, the draft's
+    column and the drawable count). 26 since the draw's ten torch kernels became one (seventeenth session; 38
+    after the slot, the drawable test, the parameter rows and a cast were folded in the sixteenth, 56 before)."""
     from ninfer.fast.sampling.draw_variants import LEAN
     from ninfer.fast.sampling.rows import GREEDY
     from ninfer.testing.launches import LaunchCounter
@@ -281,5 +281,6 @@ def test_a_lean_greedy_mtp_draft_step_launches(make_fast_spec):
     with LaunchCounter() as counter:
         drafter.step(1, GREEDY + LEAN)
     names = counter.names("step")  # the counter's default section
-    assert len(names) <= 38, names
-    assert names.count("_decode_slots_kernel") == 1 and "aten.isnan" not in names, names
+    assert len(names) <= 26, names
+    assert names.count("_decode_slots_kernel") == 1 and names.count("_greedy_draw_kernel") == 1, names
+    assert "aten.argmax" not in names and "aten.amax" not in names, names

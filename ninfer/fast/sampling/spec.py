@@ -26,6 +26,7 @@ import torch
 from ninfer.contracts import RowFailure
 from ninfer.fast import hostcopy
 from ninfer.fast.hostcopy import to_device
+from ninfer.fast.ops.greedy_draw import greedy_draw, greedy_draw_naive
 from ninfer.fast.ops.gumbel_race import RaceWorkspace, gumbel_race, gumbel_race_naive
 from ninfer.fast.ops.logprobs import LogprobsWorkspace, logprobs, logprobs_naive
 from ninfer.fast.ops.logprobs import layout as LP
@@ -130,9 +131,11 @@ class SpecSampler:
         """`draw` on the draft graphs' buffers (graph-safe): draft d.j of rows 0..B-1 from logits [B, V] with the
         variant's steps, recorded in `d` (d.j advanced); returns the tokens [B] long."""
         j = d.j  # [1] long
-        ip = fp = None  # [B, NI], [B, NF]: read only where a step needs them (not in a lean greedy draw)
-        if steps.reads_params:
-            ip, fp = d.ip[:B].index_select(1, j)[:, 0], d.fp[:B].index_select(1, j)[:, 0]
+        if not steps.reads_params:  # a lean greedy draw: the argmax, its column and the count in one op
+            token = (greedy_draw if self.triton else greedy_draw_naive)(logits, d.drafts, d.num, d.room, j)
+            j += 1
+            return token
+        ip, fp = d.ip[:B].index_select(1, j)[:, 0], d.fp[:B].index_select(1, j)[:, 0]  # [B, NI], [B, NF]
         token, z, ok = self._draw(ip, fp, steps, d.drafts[:B], j.expand(B), logits)
         if z is not None:
             d.z[:B].index_copy_(1, j, z[:, None])

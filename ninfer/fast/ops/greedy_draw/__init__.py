@@ -1,0 +1,4 @@
+from .naive import greedy_draw_naive
+from .triton import greedy_draw
+
+__all__ = ["greedy_draw", "greedy_draw_naive"]
