@@ -47,6 +47,8 @@ from .static_draws import StaticDraws
 
 NI, NF = L.INT_COLUMNS, L.FLOAT_COLUMNS
 _FAILURE = {L.BAD_LOGITS: RowFailure.NON_FINITE_LOGITS, L.ALL_MASKED: RowFailure.NOTHING_ALLOWED}
+
+
 @dataclass
 class RoundGrammar:
     """A round's grammar: each row's source and the rows queued for acceptance."""

@@ -3,10 +3,9 @@
 
 The parameter rows are the sample layout's (``ninfer.fast.ops.sample.layout``): row (b, j) draws draft j of row b
 at its position frontier + 1 + j; they are copied in once a round from the round's `RowParams` (`load`, where the
-variant reads them). The draft
-index j is a device scalar the step graph advances, so one graph serves every draft position. The drafts, their
-processed logits z (q = softmax z, random rows) and the count of drawable drafts per row are written here and copied
-into the round's `DraftBlock` after the last step (`store`).
+variant reads them). The draft index j is a device scalar the step graph advances, so one graph serves every draft
+position. The drafts, their processed logits z (q = softmax z, random rows) and the count of drawable drafts per row
+are written here and copied into the round's `DraftBlock` after the last step (`store`).
 """
 
 from __future__ import annotations
