@@ -6,7 +6,7 @@ conversions inside its loop, quarter-rate F2F conversions; "vector" builds `fast
 import json
 import sys
 
-from ninfer.fast.ops.qlinear import fastgemv, fp8_row
+from ninfer.fast.ops.qlinear import fp8_gemv, fp8_row
 from ninfer.testing.sm90 import build_sm90
 
 INTS = ("R", "K", "k_per", "num_splits", "half", "BR", "BC", "stride_w", "stride_s", "stride_y")
@@ -21,7 +21,7 @@ def _report(form: str, swiglu: bool, b) -> None:
 def _fp8_kernel(form: str, **constexprs):
     types = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", arrive_ptr="*i32",
                  M="i32", stride_x="i32", **{n: "i32" for n in INTS})
-    b = build_sm90(fastgemv._fp8_kernel, types, dict(EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
+    b = build_sm90(fp8_gemv._fp8_kernel, types, dict(EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
                                                       **constexprs),
                    num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y",
                                                          "stride_x"))

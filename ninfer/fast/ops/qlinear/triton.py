@@ -21,8 +21,9 @@ import triton.language as tl
 
 from ninfer.fast.ops.gemv.triton import _finish, _tile_rows
 
-from .fastgemv import _blocks, _scaled, fast_kind, fp32_dot, qgemv_fast, split_plan
+from .fastgemv import fast_kind, fp32_dot, qgemv_fast, split_plan
 from .layout import DEQUANT_CHUNK_BYTES, QKind, QuantWeight
+from .planes import _blocks, _scaled
 
 MAX_ROWS = 16
 _KIND_ID = {QKind.FP8: 0, QKind.INT4: 1, QKind.INT5: 2, QKind.NVFP4: 3, QKind.INT8: 4}
