@@ -120,11 +120,15 @@ class DFlashDraftGraphs:
 
     def _send(self, fields: list[list[int]], tables: list[list[int]]) -> None:
         """R rows' fields (in `_ROWS` order) and block tables into the inputs, in one copy (up to row R's table:
-        a long context's tables are most of the buffer)."""
+        a long context's tables are most of the buffer). A table row shorter than the buffer's fills its start:
+        what the block pass reads (its context and scratch pages), so the host's work follows the context read,
+        not the longest context the plan allows."""
         host, R = self.mirror.open(), len(tables)
         rows, width = len(_ROWS) * self.max_batch, self.table.shape[1]
         host[:rows].reshape(len(_ROWS), self.max_batch)[:, :R] = fields
-        host[rows:].reshape(self.max_batch, width)[:R] = tables
+        table = host[rows:].reshape(self.max_batch, width)
+        for r, pages in enumerate(tables):
+            table[r, :len(pages)] = pages
         self.mirror.send(rows + R * width)
 
     def dummy_draft(self, R: int, drafts: int) -> Callable[[], object]:
@@ -149,7 +153,7 @@ class DFlashDraftGraphs:
         """The drafts of the drafting rows (`live`: their indices in the round, `rows` their sequences, ks[i] the
         drafts row i may take) through the graph of their count and variant, into `block`."""
         bk, R = self.backend, len(live)
-        tables, partial = bk.tables(rows, self.table.shape[1])
+        tables, partial = bk.tables(rows)
         first = [0 if bk.window is None else max(0, s.frontier - bk.window) for s in rows]
         deltas = [0 if s.media is None else s.media.rope_delta for s in rows]
         scratch = [bk.pools.scratch_page(s.row, 0) for s in rows]

@@ -98,20 +98,18 @@ class FastDFlashBackend:
         if self.drafter.cfg.kind is DrafterKind.DFLASH2:
             self.selector(logits, hidden)(0, torch.zeros(len(rows), dtype=torch.long, device=dev))
 
-    def tables(self, seqs: Sequence[ActiveSequence], width: int) -> tuple[list[list[int]], list[int]]:
-        """Each row's pages for positions < F + B: its context pages, then its scratch pages (rows of `width`
-        entries, padded with the last scratch page: entries past F + B are never read; width: the draft graphs'
-        table, wide enough for any frontier below the context plus a block); and per row the page whose partial
-        prefix the block pass needs in its first scratch page (the page at the frontier, so the block's K/V land
-        beside that page's context keys; the scratch page itself where the frontier starts a page), copied there by
-        `copy_partial` inside the draft graph."""
+    def tables(self, seqs: Sequence[ActiveSequence]) -> tuple[list[list[int]], list[int]]:
+        """Each row's pages for positions < F + B: its context pages, then its scratch pages (what the block pass
+        reads of the draft graphs' table row; the entries after them are never read, so they are not written);
+        and per row the page whose partial prefix the block pass needs in its first scratch page (the page at the
+        frontier, so the block's K/V land beside that page's context keys; the scratch page itself where the
+        frontier starts a page), copied there by `copy_partial` inside the draft graph."""
         ps, out, partial = self.page_size, [], []
         for s in seqs:
             full, offset = divmod(s.frontier, ps)
             scratch = [self.pools.scratch_page(s.row, j) for j in range(self.pools.plan.scratch_pages)]
             partial.append(s.table[full] if offset else scratch[0])
-            row = list(s.table[:full]) + scratch
-            out.append((row + [scratch[-1]] * width)[:width])
+            out.append(list(s.table[:full]) + scratch)
         return out, partial
 
     def copy_partial(self, src: torch.Tensor, dst: torch.Tensor) -> None:
