@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
-from ninfer.fast.hostcopy import HostMirror, to_device
+from ninfer.fast.hostcopy import HostMirror
 from ninfer.fast.sampling.rows import GREEDY
 from ninfer.fast.sampling.draft_block import DraftBlock
 from ninfer.fast.sampling.draw_variants import DRAW_VARIANTS, LEAN, base_variant, draw_steps, draw_variant
@@ -160,10 +160,7 @@ class DFlashDraftGraphs:
         self._send([[s.pending for s in rows], [s.frontier for s in rows], deltas, first, [ks[i] for i in live],
                     partial, scratch], tables)
         variant = draw_variant(params.steps)
-        steps = draw_steps(variant)
-        # the drafting rows' indices on the device, where the rows' parameters or a partial block need them
-        at = to_device(live, self.packed.device, torch.long) if steps.reads_params or R < len(block) else None
-        self.draws.load(params, steps, at, R)
+        at = self.draws.load(params, draw_steps(variant), live, len(block))
         one_pass = not params.penalized and True in self.block_draws(variant)
         graph = self.graphs.get((R, variant, one_pass))
         if graph is not None:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ninfer.contracts.media import PromptMedia
 from ninfer.fast.capture import no_collection_during_capture, warm_and_capture
-from ninfer.fast.hostcopy import HostMirror, to_device
+from ninfer.fast.hostcopy import HostMirror
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.layers import StepInputs
 from ninfer.fast.sampling.rows import GREEDY
@@ -172,10 +172,7 @@ class DraftGraphRunner:
         deltas = [0 if m is None else m.rope_delta for m in (media or [None] * len(ks))]
         B = self.fill(*([seq[i] for i in live] for seq in (slots, rows, frontiers, pending, deltas, ks)))
         variant = draw_variant(params.steps)
-        steps = draw_steps(variant)
-        # the drafting rows' indices on the device, where the rows' parameters or a partial block need them
-        at = to_device(live, self.model.device, torch.long) if steps.reads_params or B < len(block) else None
-        self.draws.load(params, steps, at, B)
+        at = self.draws.load(params, draw_steps(variant), live, len(block))
         self.run("start", B)
         for _ in range(max(ks)):
             self.run("step", B, variant)

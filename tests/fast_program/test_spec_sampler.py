@@ -144,7 +144,7 @@ def test_static_draws_equal_the_eager_draws(kernels, cutoff):
         logits = (3 * torch.randn(steps, B, V, generator=gen)).to(dev)
         if steps < K:
             logits[1, 0, :] = float("nan")  # row 0's second draft cannot be drawn
-        draws.load(rows, rows.steps, live, B)
+        draws.load(rows, rows.steps, live.tolist(), len(PARAMS))
         draws.room[:B] = torch.tensor([rooms[b] for b in live.tolist()], dtype=torch.int32)
         draws.reset(B)
         for j in range(steps):
@@ -169,13 +169,13 @@ def test_a_lean_greedy_round_never_builds_its_draft_rows():
     spec, dev = _spec("naive"), _device("naive")
     lean = spec.draft_rows(*_rows(gen, [SamplingParams(temperature=0.0)] * 2), K)
     draws = StaticDraws(2, K, V, dev)
-    live = torch.arange(2, device=dev)
-    draws.load(lean, draw_steps(draw_variant(lean.steps)), live, 2)
+    # every row of the round drafts and nothing reads the rows: not even their index tensor is made
+    assert draws.load(lean, draw_steps(draw_variant(lean.steps)), [0, 1], 2) is None
     assert not lean.steps.reads_params and not lean.staged
     biased = spec.draft_rows(*_rows(gen, [SamplingParams(temperature=0.0, logit_bias=((7, 3.0),))] * 3), K)
     assert not biased.staged
-    draws.load(biased, draw_steps(draw_variant(biased.steps)), torch.tensor([2, 0], device=dev), 2)
-    assert biased.staged
+    at = draws.load(biased, draw_steps(draw_variant(biased.steps)), [2, 0], 3)
+    assert biased.staged and at.tolist() == [2, 0]
     ip = biased.ip.reshape(3, K, -1)
     assert torch.equal(draws.ip[:2], ip[[2, 0]]) and draws.ip[0, 1, L.POSITION] == ip[2, 0, L.POSITION] + 1
 
@@ -204,7 +204,7 @@ def test_block_draws_equal_the_slot_draws(kernels):
     out = []
     for block in (False, True):
         draws = StaticDraws(B, K, V, dev)
-        draws.load(rows, rows.steps, live, B)
+        draws.load(rows, rows.steps, live.tolist(), B)
         draws.room[:B] = torch.tensor(rooms, dtype=torch.int32)
         draws.reset(B)
         if block:

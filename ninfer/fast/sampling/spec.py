@@ -26,7 +26,7 @@ import torch
 from ninfer.contracts import RowFailure
 from ninfer.fast import hostcopy
 from ninfer.fast.hostcopy import to_device
-from ninfer.fast.ops.greedy_draw import greedy_draw, greedy_draw_naive
+from ninfer.fast.ops.greedy_draw import greedy_draw, greedy_draw_naive, record_draft
 from ninfer.fast.ops.gumbel_race import RaceWorkspace, gumbel_race, gumbel_race_naive
 from ninfer.fast.ops.logprobs import LogprobsWorkspace, logprobs, logprobs_naive
 from ninfer.fast.ops.logprobs import layout as LP
@@ -141,9 +141,7 @@ class SpecSampler:
         token, z, ok = self._draw(ip, fp, steps, d.drafts[:B], j.expand(B), logits)
         if z is not None:
             d.z[:B].index_copy_(1, j, z[:, None])
-        d.drafts[:B].index_copy_(1, j, token[:, None])
-        num = d.num[:B]
-        num += ok & (num == j) & (j < d.room[:B])  # a bool added in place: no cast launch
+        record_draft(d.drafts, d.num, d.room, j, token, ok)
         j += 1
         return token
 

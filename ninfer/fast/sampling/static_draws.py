@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ninfer.fast.hostcopy import to_device
 from ninfer.fast.ops.sample import layout as L
 
 from .draft_block import DraftBlock
@@ -41,15 +42,19 @@ class StaticDraws:
         self.j.zero_()
         self.z[:B].fill_(float("-inf"))
 
-    def load(self, params: RowParams, steps: Steps, live: torch.Tensor | None, B: int) -> None:
-        """The round's parameter rows (ip [N * k, NI], fp [N * k, NF] of all N rows) of the drafting rows `live`
-        [B] long, in order, where the draw variant's `steps` read them (a lean greedy variant reads none: the rows
-        are then neither built nor copied, `RowParams`)."""
-        if not steps.reads_params:
-            return
-        k = self.k
-        self.ip[:B].copy_(params.ip.reshape(-1, k, NI).index_select(0, live))
-        self.fp[:B].copy_(params.fp.reshape(-1, k, NF).index_select(0, live))
+    def load(self, params: RowParams, steps: Steps, live: list[int], rows: int) -> torch.Tensor | None:
+        """The round's parameter rows (ip [N * k, NI], fp [N * k, NF] of all N rows) of its drafting rows `live`
+        (indices into the round's `rows` rows), in order, where the draw variant's `steps` read them (a lean greedy
+        variant reads none: the rows are then neither built nor copied, `RowParams`). Returns `live` on the device
+        [B] long where this or `store` needs it (parameter rows read, or fewer drafting rows than the round has),
+        else None."""
+        B = len(live)
+        at = to_device(live, self.ip.device, torch.long) if steps.reads_params or B < rows else None
+        if steps.reads_params:
+            k = self.k
+            self.ip[:B].copy_(params.ip.reshape(-1, k, NI).index_select(0, at))
+            self.fp[:B].copy_(params.fp.reshape(-1, k, NF).index_select(0, at))
+        return at
 
     def fill_dummy(self, B: int, variant: str, dummy_row: int) -> None:
         """Capture inputs: rows on the sampler tables' dummy row, every table flag off, greedy or not as the variant
