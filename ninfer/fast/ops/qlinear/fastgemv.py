@@ -259,8 +259,9 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
     R = w.n
     n_out = R // 2 if swiglu else R
     one_row = M == 1 and not w.tiled and use_dot is None and bk is None
-    if one_row and FP8_ONE_ROW == "row" and row_tile(w) is not None:
-        return _fp8_row(x, w, y, swiglu, splits, bw, num_warps, num_stages)
+    row_bk = row_tile(w) if one_row and FP8_ONE_ROW == "row" else None
+    if row_bk is not None:
+        return _fp8_row(x, w, y, row_bk, swiglu, splits, bw, num_warps, num_stages)
     dot = (M > 1 or (one_row and FP8_ONE_ROW != "vector")) if use_dot is None else use_dot
     bm, bw, bk, sb = _config(w, M, dot, bw, bk)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
@@ -282,10 +283,9 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
     return y
 
 
-def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, splits: int | None, bw: int | None,
-             num_warps: int, num_stages: int) -> torch.Tensor:
-    """The one-row "row" form (`fp8_row`) for a weight it fits."""
-    bk = row_tile(w)
+def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, bk: int, swiglu: bool, splits: int | None,
+             bw: int | None, num_warps: int, num_stages: int) -> torch.Tensor:
+    """The one-row "row" form (`fp8_row`) for a weight it fits, at its K tile `bk` (`fp8_row.tile`)."""
     bw = bw or ROWS
     R = w.n
     n_out = R // 2 if swiglu else R
