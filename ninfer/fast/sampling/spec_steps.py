@@ -136,4 +136,3 @@ def drawable(x: torch.Tensor) -> torch.Tensor:
     the host's checks (`ops/sample/naive.status_naive` is OK). Two launches: the row's maximum is finite exactly
     then (amax propagates a NaN). -> [N] bool"""
     return torch.isfinite(x.amax(-1))
-
