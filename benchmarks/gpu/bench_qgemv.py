@@ -1,7 +1,8 @@
 """Quantized decode GEMV micro-benchmark: ``qgemv`` (FP8 128x128, int4 g128 in the load-time tile order and, as
 ``q4_generic``, in the stored order through the generic kernel, NVFP4) on the 9B and 35B-A3B decode projections at
 M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, with a sweep of kernel configurations (weight rows
-per program, stages, warps, tl.dot or dot-free, splits) to tune the heuristic.
+per program, stages, warps, tl.dot or dot-free, splits) to tune the heuristic; ``fp8row``: the FP8 weights at M = 1
+through the one-row "row" form (its prefetch and PDL swept too).
 
 Each case is timed inside a CUDA graph of back-to-back calls cycling through weight copies larger than the L2
 cache, so every call streams its weight from HBM. Printed: us per call and GB/s of the bytes really stored, and the
@@ -19,6 +20,7 @@ Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--shapes ...] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -35,7 +37,7 @@ from quant_weights import RECIPES, random_planes  # noqa: E402
 from shapes import config  # noqa: E402
 
 from ninfer.fast.ops.gemv import gemv  # noqa: E402
-from ninfer.fast.ops.qlinear import from_planes, qlinear_naive  # noqa: E402
+from ninfer.fast.ops.qlinear import fastgemv, from_planes, qlinear_naive  # noqa: E402
 from ninfer.fast.ops.qlinear.fastgemv import to_tiles  # noqa: E402
 from ninfer.fast.ops.qlinear.triton import qgemv  # noqa: E402
 
@@ -56,8 +58,15 @@ SWEEP = {
     ("fp8", 8): [(32, 4, 4, True, None), (64, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 1): [(32, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 8): [(32, 4, 4, True, None), (64, 3, 8, True, None)],
+    # FP8's one-row "row" form (`fp8_row`): (rows, stages, warps, form, splits), form "" / "ahead" (each K tile's
+    # first sub-tile one tile ahead, `fastgemv.FP8_ROW_AHEAD`) / "pdl" (that and programmatic dependent launch)
+    ("fp8row", 1): [(64, 4, 4, "ahead", None), (64, 4, 4, "ahead", 2), (64, 4, 4, "pdl", None),
+                    (32, 4, 4, "", None), (32, 4, 4, "ahead", None), (128, 4, 8, "", None),
+                    (128, 4, 8, "ahead", None), (64, 4, 4, "", 2), (64, 4, 4, "", 4), (64, 4, 4, "ahead", 4),
+                    (64, 1, 4, "", None), (64, 4, 8, "ahead", None)],
 }
-VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4"]  # q4_generic: int4 in the stored order, the generic kernel
+# q4_generic: int4 in the stored order, the generic kernel; fp8row: the FP8 weights through the one-row "row" form
+VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4", "fp8row"]
 
 
 def shapes(model: str) -> list[tuple[str, int, int]]:
@@ -75,7 +84,7 @@ def shapes(model: str) -> list[tuple[str, int, int]]:
 
 def _weights(variant: str, N: int, K: int, device: str, smoke: bool) -> list:
     """Copies of one random weight in the variant's device layout, together past the L2 cache (one on the CPU)."""
-    fmt, dtype, params, _ = RECIPES["q4" if variant == "q4_generic" else variant]
+    fmt, dtype, params, _ = RECIPES[{"q4_generic": "q4", "fp8row": "fp8"}.get(variant, variant)]
     gen = torch.Generator(device=device).manual_seed(0)
 
     def make():
@@ -97,25 +106,43 @@ def _config_name(cfg) -> str:
     if cfg is None:
         return "default"
     bw, stages, warps, dot, splits = cfg[:5]
-    return f"{bw}r{stages}s{warps}w{'dot' if dot else 'fma'}" + (f"{splits}k" if splits else "") + \
+    form = dot if isinstance(dot, str) else "dot" if dot else "fma"
+    return f"{bw}r{stages}s{warps}w{form}" + (f"{splits}k" if splits else "") + \
         (f"{cfg[5]}bk" if len(cfg) > 5 else "")
 
 
+@contextlib.contextmanager
+def _form(variant: str, cfg):
+    """fastgemv's module switches for the variant and configuration (fp8row: the row form, its prefetch, PDL)."""
+    saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_ROW_AHEAD, fastgemv.PDL
+    if variant == "fp8row":
+        form = "" if cfg is None else cfg[3]
+        fastgemv.FP8_ONE_ROW, fastgemv.FP8_ROW_AHEAD, fastgemv.PDL = "row", form == "ahead", form == "pdl"
+    try:
+        yield
+    finally:
+        fastgemv.FP8_ONE_ROW, fastgemv.FP8_ROW_AHEAD, fastgemv.PDL = saved
+
+
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:
+    if variant == "fp8row" and M > 1:
+        return  # a one-row form
     it = iter(range(1 << 30))
     nbytes = ws[0].nbytes
     best = None
     for cfg in _sweep(variant, M, smoke):
-        kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], use_dot=cfg[3],
-                                         splits=cfg[4], bk=cfg[5] if len(cfg) > 5 else None)
+        kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], splits=cfg[4])
+        if cfg is not None and variant != "fp8row":
+            kw.update(use_dot=cfg[3], bk=cfg[5] if len(cfg) > 5 else None)
         name = _config_name(cfg)
         try:
-            us = graph_us(lambda: qgemv(x, ws[next(it) % len(ws)], **kw), 2 * len(ws))
-            if smoke:
-                ref = qlinear_naive(x, ws[0]).float()
-                err = ((qgemv(x, ws[0], **kw).float() - ref).norm() / ref.norm()).item()
-                if not err < 1e-4:
-                    errors[f"{row['shape']} M={M} {variant} {name}"] = f"relative error {err:.3g}"
+            with _form(variant, cfg):
+                us = graph_us(lambda: qgemv(x, ws[next(it) % len(ws)], **kw), 2 * len(ws))
+                if smoke:
+                    ref = qlinear_naive(x, ws[0]).float()
+                    err = ((qgemv(x, ws[0], **kw).float() - ref).norm() / ref.norm()).item()
+                    if not err < 1e-4:
+                        errors[f"{row['shape']} M={M} {variant} {name}"] = f"relative error {err:.3g}"
         except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported and skipped
             print(f"  {variant} {name}: {type(exc).__name__}: {str(exc)[:200]}")
             continue

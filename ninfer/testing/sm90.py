@@ -41,6 +41,14 @@ class Sm90Build:
         sass = _cuobjdump(self.cubin, "-sass")
         return len(re.findall(rf"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?{re.escape(prefix)}", sass, re.M))
 
+    def before(self, marker: str, prefix: str) -> int:
+        """SASS instructions starting with `prefix` placed before the first `marker` instruction (all of them
+        without one): e.g. the loads a kernel issues before PDL's wait on the kernel before it (ACQBULK)."""
+        sass = _cuobjdump(self.cubin, "-sass")
+        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(\S+)", sass, re.M)
+        end = next((i for i, op in enumerate(ops) if op.startswith(marker)), len(ops))
+        return sum(op.startswith(prefix) for op in ops[:end])
+
     def loop_conversions(self) -> int:
         """Layout conversions inside the kernel's loops (`ttg.convert_layout` between an `scf.for` and its
         `scf.yield`): each moves a tile between threads through shared memory, with barriers, every iteration."""

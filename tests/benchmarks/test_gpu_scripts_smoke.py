@@ -181,9 +181,9 @@ def test_bench_qgemv_smoke(tmp_path):
     assert [r["M"] for r in rows] == [1, 8]
     for r in rows:
         assert _positive(r["bf16_us"])
-        for v in ("fp8", "q4", "q4_generic", "nvfp4"):
+        for v in ("fp8", "q4", "q4_generic", "nvfp4") + (("fp8row",) if r["M"] == 1 else ()):
             assert _positive(r[f"{v}_best"]["us"]) and _positive(r[f"{v}_bytes"])
-        assert r["q4_bytes"] < r["fp8_bytes"]
+        assert r["q4_bytes"] < r["fp8_bytes"] and ("fp8row_best" in r) == (r["M"] == 1)
 
 
 def test_bench_pp_smoke(tmp_path):

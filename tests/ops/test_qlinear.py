@@ -190,15 +190,20 @@ def test_fp8_one_row_dot_free_takes_the_wide_tile_where_k_allows():
     assert_close("fp8 one-row default (tl.dot)", qlinear_naive(x, w), qgemv(x, w, out=out), _tol())
 
 
-@pytest.mark.parametrize("block, N, K", [((16, 64), 40, 192), ((32, 128), 33, 256), (None, 70, 192),
-                                          (None, 24, 256)])
-def test_fp8_one_row_row_form(block, N, K, monkeypatch):
+@pytest.mark.parametrize("block, N, K, ahead", [((16, 64), 40, 192, False), ((32, 128), 33, 256, False),
+                                                 (None, 70, 192, False), (None, 24, 256, False),
+                                                 ((16, 64), 40, 192, True), ((32, 128), 33, 256, True),
+                                                 (None, 70, 320, True)])
+def test_fp8_one_row_row_form(block, N, K, ahead, monkeypatch):
     """The one-row "row" form (``fastgemv.FP8_ONE_ROW``, `fp8_row`): 64- and 128-column blocks (K tiles of 64 and
     128), per-row scales over K not a multiple of 128, rows off its 64-row tile, split-K, SwiGLU; NaN-poisoned
-    outputs. A weight it does not fit (32-column blocks) keeps the tl.dot form."""
+    outputs; each K tile's first sub-tile loaded one tile ahead (``FP8_ROW_AHEAD``; on a GPU with PDL too, whose
+    launch the interpreter cannot run). A weight it does not fit (32-column blocks) keeps the tl.dot form."""
     from ninfer.fast.ops.qlinear import fastgemv, fp8_row
 
     monkeypatch.setattr(fastgemv, "FP8_ONE_ROW", "row")
+    monkeypatch.setattr(fastgemv, "FP8_ROW_AHEAD", ahead)
+    monkeypatch.setattr(fastgemv, "PDL", ahead and ON_GPU)
     kind, params = ("fp8", {"block": list(block)}) if block else ("fp8_row", {})
     w = pack_weight(torch.randn(2 * N, K) * K ** -0.5, kind, DEVICE, params=params)
     assert fp8_row.tile(w) == (128 if K % 128 == 0 else 64)
@@ -247,11 +252,17 @@ def test_fp8_forms_sm90_build():
     # tile in one layout inside its loop (no shared-memory round trip a tile) and fits 5 programs an SM without
     # spills; the dot-free `_fp8_kernel` form beside it converts layouts in its loop, which the count must show.
     # The tl.dot form with f16 operands has no quarter-rate F2F; with bf16 it has one per weight of its tile
-    rows = run_build_script(Path(__file__).with_name("_sm90_fp8_row.py"), ["bf16", "vector", "dot-bf16", "dot-f16"])
+    # The row form with its first sub-tile ahead and PDL: one trigger of the next kernel (PREEXIT) and one wait on
+    # the kernel before (ACQBULK), after the prefetched weight loads and before any read of x
+    rows = run_build_script(Path(__file__).with_name("_sm90_fp8_row.py"),
+                            ["bf16", "vector", "dot-bf16", "dot-f16", "pdl"])
     by = {(r["form"], r["swiglu"]): r for r in rows}
-    assert len(rows) == 5
-    for r in (by["row bf16", False], by["row bf16", True]):
+    assert len(rows) == 6
+    for r in (by["row bf16", False], by["row bf16", True], by["row pdl", False]):
         assert r["spill"] == 0 and r["loop_conversions"] == 0 and r["programs"] >= 4 and r["f2f"] == 0, r
+    pdl = by["row pdl", False]
+    assert pdl["trigger"] == pdl["wait"] == 1 and by["row bf16", False]["wait"] == 0, pdl
+    assert 0 < pdl["loads_before_wait"] <= 2, pdl  # the first sub-tile: 16 bytes a thread, [64, 64] e4m3 a program
     assert by["vector", False]["loop_conversions"] > 0, by["vector", False]
     assert by["dot f16", False]["f2f"] == 0 and by["dot f16", False]["spill"] == 0, by["dot f16", False]
     assert by["dot bf16", False]["f2f"] >= 64, by["dot bf16", False]

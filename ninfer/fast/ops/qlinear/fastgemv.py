@@ -52,6 +52,11 @@ FP8_ONE_ROW = "dot"
 # the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in until a GPU measures
 # it (seventeenth session: written without device time left)
 FP8_F16_DOT = False
+# the row form loads each K tile's first sub-tile one tile ahead (more weight bytes in flight a program), and with
+# PDL (programmatic dependent launch, sm_90) it starts while the kernel before it finishes: its first weights are
+# loaded before `gdc_wait`, the first read of x after it. Both opt-in until a GPU measures them (eighteenth session)
+FP8_ROW_AHEAD = False
+PDL = False
 _WORDS = TILE // 8
 
 
@@ -291,8 +296,10 @@ def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, bk: int, swiglu: 
     n_out = R // 2 if swiglu else R
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     k_per, splits, part, arrivals = split_plan(x, y, blocks, 1, R, w.k, bk, splits)
+    pdl = PDL and x.is_cuda  # griddepcontrol is PTX: neither the interpreter nor a CPU has it
+    launch = {"launch_pdl": True} if pdl else {}
     _fp8_row_kernel[(blocks, splits)](
         x, w.data, w.scales, y, part, arrivals, R, w.k, k_per, splits, n_out, w.block_rows, w.block_cols,
         w.data.stride(0), w.scales.stride(-2), y.stride(0), BW=bw, BK=bk, SPLIT=splits > 1, SWIGLU=swiglu,
-        num_warps=num_warps, num_stages=num_stages)
+        AHEAD=FP8_ROW_AHEAD or pdl, PDL=pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     return y
