@@ -13,7 +13,8 @@ speed-up over bf16. ``--smoke`` runs every case once on the CPU (interpreter, ti
 activation quantization alone), dequantize-then-cuBLAS per recipe, and ``torch._scaled_mm``'s blockwise FP8 (1x128
 activations x 128x128 weights) in the scale layouts cuBLAS may take, each with its error against the naive A8.
 
-Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--shapes ...] [--gemm 8192] [--out DIR] [--smoke]
+Run: python benchmarks/gpu/bench_qgemv.py [--models 9B,35B-A3B] [--shapes ...] [--variants fp8,fp8row]
+[--gemm 8192] [--out DIR] [--smoke]
 (or ``bash benchmarks/gpu/run.sh qgemv``)
 """
 
@@ -159,25 +160,26 @@ def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, err
                               "speedup_vs_bf16": row["bf16_us"] / best[0]}
 
 
-def bench_shape(name: str, N: int, K: int, results: list, errors: dict, smoke: bool) -> None:
+def bench_shape(name: str, N: int, K: int, results: list, errors: dict, smoke: bool,
+                variants: list[str] = VARIANTS) -> None:
     device = "cpu" if smoke else "cuda"
     dtype = torch.float32 if smoke else torch.bfloat16
     copies = 1 if smoke else max(2, ROTATE_BYTES // (N * K * 2))
     dense = [torch.randn(N, K, device=device, dtype=dtype) * K ** -0.5 for _ in range(copies)]
-    weights = {v: _weights(v, N, K, device, smoke) for v in VARIANTS}
+    weights = {v: _weights(v, N, K, device, smoke) for v in variants}
     for M in (1, 8):
         x = torch.randn(M, K, device=device, dtype=dtype)
         it = iter(range(1 << 30))
         bf16 = min(graph_us(lambda: F.linear(x, dense[next(it) % len(dense)]), 2 * len(dense)),
                    graph_us(lambda: gemv(x, dense[next(it) % len(dense)]), 2 * len(dense)))
         row = {"shape": name, "N": N, "K": K, "M": M, "bf16_us": bf16, "bf16_gb_s": N * K * 2 / bf16 / 1e3}
-        for variant in VARIANTS:
+        for variant in variants:
             _time_variant(variant, x, weights[variant], M, smoke, row, errors)
         results.append(row)
         print(f"{name:14} M={M} N={N:6} K={K:6} bf16 {bf16:7.1f} us {row['bf16_gb_s']:5.0f} GB/s | " + " | ".join(
             f"{v} {row.get(f'{v}_default_us', float('nan')):6.1f} us ({row.get(f'{v}_default_gb_s', 0):5.0f} GB/s)"
             f" best {row[f'{v}_best']['us']:6.1f} {row[f'{v}_best']['config']} "
-            f"x{row[f'{v}_best']['speedup_vs_bf16']:.2f}" for v in VARIANTS if f"{v}_best" in row), flush=True)
+            f"x{row[f'{v}_best']['speedup_vs_bf16']:.2f}" for v in variants if f"{v}_best" in row), flush=True)
     del dense, weights
     if not smoke:
         torch.cuda.empty_cache()
@@ -246,6 +248,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="9B")
     ap.add_argument("--shapes", default=None, help="comma-separated projection names (default: all)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (default: all)")
     ap.add_argument("--gemm", type=int, default=0, help="instead: the prefill GEMMs at this many rows")
     ap.add_argument("--smoke", action="store_true", help="CPU: the interpreter on a tiny shape, results checked")
     ap.add_argument("--out", default=os.environ.get("OUT"))
@@ -258,7 +261,7 @@ def main() -> int:
     for model in () if args.gemm and not args.smoke else models:
         for name, N, K in shapes(model):
             if args.shapes is None or name in args.shapes.split(","):
-                bench_shape(f"{model}.{name}", N, K, results, errors, args.smoke)
+                bench_shape(f"{model}.{name}", N, K, results, errors, args.smoke, args.variants.split(","))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_qgemv.json"), "w") as f:

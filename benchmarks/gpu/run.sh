@@ -38,7 +38,8 @@
 #        SPEC_BATCHES (spec and dflash: the batch sizes, default 1,2,4,8), SPEC_PROFILE_HOST (dflash: 1 adds the
 #        cProfile run of the host's share at the largest B), SPEC_METHOD (profile: the round graphs' backend, mtp,
 #        dflash or dflash2), PROFILE_MODELS (profile: the models whose prefill and decode graphs are profiled, default
-#        BENCH_MODELS; empty: only the round graphs)
+#        BENCH_MODELS; empty: only the round graphs), QGEMV_VARIANTS / QGEMV_SHAPES (qgemv: bench_qgemv's
+#        --variants, e.g. fp8,fp8row, and --shapes)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -183,7 +184,8 @@ run_quant() {
 run_qgemv() {
     echo "== quantized decode GEMV per projection (fp8, int4 tiled and generic, nvfp4) beside bf16, with its sweep"
     timeout $(( $(left) < 230 ? $(left) - 5 : 225 )) "$PY" benchmarks/gpu/bench_qgemv.py \
-        --models "${BENCH_MODELS:-9B}" ${OUT:+--out "$OUT"} || echo "bench_qgemv rc=$?"
+        --models "${BENCH_MODELS:-9B}" ${QGEMV_VARIANTS:+--variants "$QGEMV_VARIANTS"} \
+        ${QGEMV_SHAPES:+--shapes "$QGEMV_SHAPES"} ${OUT:+--out "$OUT"} || echo "bench_qgemv rc=$?"
 }
 
 run_llamacpp() {
