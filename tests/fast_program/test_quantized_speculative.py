@@ -5,7 +5,9 @@ the MTP head dequantized at load): greedy with MTP equals greedy without on the 
 equals the cold run (so the checkpoint carries the MTP state of its frontier), the fast Program's drafts equal the
 reference's (its dequantized head drafts as the oracle does), and a token grammar constrains every draft prefix.
 The random MTP head's drafts are rarely accepted, so greedy and grammar also run under ForcedDrafts (the reference
-model over the same file as teacher: blocks of several tokens really occur). NINFER_TEST_DEVICE=cuda: the fast
+model over the same file as teacher: blocks of several tokens really occur). The same artifacts carry a DFlash2
+drafter (`ninfer convert --quantize ... --drafter`: the drafter stays dense over the quantized target), served
+with it as with MTP (issue 12's "every feature of the plain path"). NINFER_TEST_DEVICE=cuda: the fast
 Program on the GPU with the Triton kernels."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from ninfer.artifact import open_artifact
 from ninfer.convert.convert import convert_checkpoint
+from ninfer.convert.hf_source import HFSource
 from ninfer.engine.records import GenerationRequest
 from ninfer.fast.program import FastProgram
 from ninfer.models.qwen3_5.params import MTP, TEXT
@@ -25,6 +28,7 @@ from ninfer.reference.program import ReferenceProgram, ReferenceProgramConfig
 from ninfer.reference.weights import load_model
 from ninfer.sampling import SamplingParams
 from ninfer.testing.checkpoints import make_hf_checkpoint
+from ninfer.testing.drafters import make_drafter_checkpoint
 from ninfer.testing.serving import assert_drained, serve
 from ninfer.testing.sessions import ParityMask, TokenSession, token_request
 from ninfer.testing.spec_driving import (assert_greedy_unchanged, assert_resumed_drafts_equal,
@@ -42,13 +46,18 @@ PROGRAM = dict(max_concurrency=2, max_context=256, page_size=4, kv_pages=160, ch
 def quantized(tmp_path_factory):
     """{recipe: artifact path} of one bf16 checkpoint with an MTP head (mtp.* quantized like the text weights)."""
     src = make_hf_checkpoint(tmp_path_factory.mktemp("bf16"), dtype=torch.bfloat16, mtp=True, tokenizer=False)
+    source = HFSource(src)
+    source.close()
+    draft = make_drafter_checkpoint(tmp_path_factory.mktemp("draft") / "d", source.config, "dflash2", block_size=8)
     out = tmp_path_factory.mktemp("quantized")
     paths = {recipe: convert_checkpoint(src, out / f"{recipe}.ninfer", quantize=recipe, group_size=32,
-                                        progress=False) for recipe in ("q4", "fp8")}
+                                        progress=False, drafter=draft) for recipe in ("q4", "fp8")}
     for path in paths.values():
-        with open_artifact(path, features=(TEXT, MTP)) as art:
+        with open_artifact(path, features=(TEXT, MTP, "dflash2")) as art:
             formats = {art.objects[b.object].format for n, b in art.bindings.items() if n.startswith("mtp.")}
+            drafter = {art.objects[b.object].format for n, b in art.bindings.items() if n.startswith("dflash.")}
         assert formats - {"dense"}, formats  # the MTP head itself is quantized
+        assert drafter == {"dense"}, drafter
     return paths
 
 
@@ -60,17 +69,17 @@ def prompt_of():
     return make
 
 
-def _maker(program: str, path):
-    """make(k, forced=False): the `program` Program over `path`, drafting k tokens with MTP (k = 0: no backend);
-    `forced` puts ForcedDrafts in front of the drafter."""
+def _maker(program: str, path, method: str = "mtp"):
+    """make(k, forced=False): the `program` Program over `path`, drafting k tokens with `method` (k = 0: no
+    backend); `forced` puts ForcedDrafts in front of the drafter."""
     teacher = []
 
     def make(k: int, forced: bool = False):
         if program == "reference":
-            spec = SpeculativeConfig(SpeculativeMethod.MTP, k, adaptive=False) if k else None
+            spec = SpeculativeConfig(SpeculativeMethod(method), k, adaptive=False) if k else None
             made = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**PROGRAM, speculative=spec))
         else:
-            spec = {"method": "mtp", "num_speculative_tokens": k, "adaptive": False} if k else None
+            spec = {"method": method, "num_speculative_tokens": k, "adaptive": False} if k else None
             made = FastProgram.from_artifact(path, speculative_config=spec, budget_bytes=1 << 30, device=DEVICE,
                                              kernels="triton" if ON_GPU else "naive", **PROGRAM)
         if not forced:
@@ -89,6 +98,20 @@ def test_greedy_with_mtp_equals_greedy_without(quantized, prompt_of, program, re
     make = _maker(program, quantized[recipe])
     assert make(3).limits.speculative == "mtp (k=3, fixed width)"
     assert_greedy_unchanged(make, prompt_of, 3, forced=forced)
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["dflash2", "forced"])
+@pytest.mark.parametrize("program, recipe", CASES)
+def test_greedy_with_dflash2_equals_greedy_without(quantized, prompt_of, program, recipe, forced):
+    make = _maker(program, quantized[recipe], "dflash2")
+    assert make(3).limits.speculative == "dflash2 (k=3, fixed width)"
+    assert_greedy_unchanged(make, prompt_of, 3, forced=forced)
+
+
+@pytest.mark.parametrize("program, recipe", CASES)
+def test_sampled_prefix_hit_with_dflash2_equals_the_cold_run(quantized, prompt_of, program, recipe):
+    make = _maker(program, quantized[recipe], "dflash2")
+    assert_sampled_hit_equals_cold(lambda: make(7), prompt_of, 100, 64)
 
 
 @pytest.mark.parametrize("recipe", ["q4", "fp8"])
