@@ -2,7 +2,7 @@
 ``q4_generic``, in the stored order through the generic kernel, NVFP4) on the 9B and 35B-A3B decode projections at
 M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, with a sweep of kernel configurations (weight rows
 per program, stages, warps, tl.dot or dot-free, splits) to tune the heuristic; ``fp8row``: the FP8 weights at M = 1
-through the one-row "row" form (its prefetch and PDL swept too).
+through the one-row "row" form (with and without PDL), ``fp8`` at M = 1 through the tl.dot form.
 
 Each case is timed inside a CUDA graph of back-to-back calls cycling through weight copies larger than the L2
 cache, so every call streams its weight from HBM. Printed: us per call and GB/s of the bytes really stored, and the
@@ -59,12 +59,11 @@ SWEEP = {
     ("fp8", 8): [(32, 4, 4, True, None), (64, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 1): [(32, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 8): [(32, 4, 4, True, None), (64, 3, 8, True, None)],
-    # FP8's one-row "row" form (`fp8_row`): (rows, stages, warps, form, splits), form "" / "ahead" (each K tile's
-    # first sub-tile one tile ahead, `fastgemv.FP8_ROW_AHEAD`) / "pdl" (that and programmatic dependent launch)
-    ("fp8row", 1): [(64, 4, 4, "ahead", None), (64, 4, 4, "ahead", 2), (64, 4, 4, "pdl", None),
-                    (32, 4, 4, "", None), (32, 4, 4, "ahead", None), (128, 4, 8, "", None),
-                    (128, 4, 8, "ahead", None), (64, 4, 4, "", 2), (64, 4, 4, "", 4), (64, 4, 4, "ahead", 4),
-                    (64, 1, 4, "", None), (64, 4, 8, "ahead", None)],
+    # FP8's one-row "row" form (`fp8_row`): (rows, stages, warps, form, splits), form "" or "pdl" (programmatic
+    # dependent launch, `fastgemv.PDL`)
+    ("fp8row", 1): [(64, 4, 4, "", None), (64, 4, 4, "pdl", None), (128, 4, 8, "", None), (128, 4, 8, "pdl", None),
+                    (32, 4, 4, "", None), (64, 4, 4, "", 2), (64, 4, 4, "", 4), (128, 4, 8, "", 2),
+                    (128, 4, 4, "", None), (256, 4, 8, "", None)],
 }
 # q4_generic: int4 in the stored order, the generic kernel; fp8row: the FP8 weights through the one-row "row" form
 VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4", "fp8row"]
@@ -114,15 +113,16 @@ def _config_name(cfg) -> str:
 
 @contextlib.contextmanager
 def _form(variant: str, cfg):
-    """fastgemv's module switches for the variant and configuration (fp8row: the row form, its prefetch, PDL)."""
-    saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_ROW_AHEAD, fastgemv.PDL
-    if variant == "fp8row":
-        form = "" if cfg is None else cfg[3]
-        fastgemv.FP8_ONE_ROW, fastgemv.FP8_ROW_AHEAD, fastgemv.PDL = "row", form == "ahead", form == "pdl"
+    """fastgemv's module switches for the variant and configuration (fp8: the tl.dot form at one row; fp8row: the
+    row form, with PDL where the configuration asks)."""
+    saved = fastgemv.FP8_ONE_ROW, fastgemv.PDL
+    if variant in ("fp8", "fp8row"):
+        fastgemv.FP8_ONE_ROW = "row" if variant == "fp8row" else "dot"
+        fastgemv.PDL = variant == "fp8row" and cfg is not None and cfg[3] == "pdl"
     try:
         yield
     finally:
-        fastgemv.FP8_ONE_ROW, fastgemv.FP8_ROW_AHEAD, fastgemv.PDL = saved
+        fastgemv.FP8_ONE_ROW, fastgemv.PDL = saved
 
 
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:

@@ -1,7 +1,7 @@
 """Builds the one-row FP8 GEMV (`qlinear.fp8_row`) for sm_90 at its default tile (64 rows, 128-column K tile, 4
 warps; ``ninfer.testing.sm90``) and prints one JSON line a build: registers, spills, programs an SM, layout
 conversions inside its loop, quarter-rate F2F conversions, PDL's trigger and wait and the loads before the wait.
-"pdl" builds the row form with its first sub-tile ahead and PDL; "vector" builds `fastgemv`'s dot-free one-row
+"pdl" builds the row form with PDL, "narrow" its 128-row tile at 8 warps; "vector" builds `fastgemv`'s dot-free one-row
 form (its 512-wide tile at 16 rows) for comparison, "dot-bf16" / "dot-f16" its tl.dot form with bf16 or f16
 operands. Run without TRITON_INTERPRET: ``test_qlinear.py`` starts it as a subprocess."""
 
@@ -40,13 +40,12 @@ def dot(f16: bool) -> None:
     _fp8_kernel("dot f16" if f16 else "dot bf16", BM=16, BW=64, BK=128, SB=128, USE_DOT=True, F16_DOT=f16)
 
 
-def build(x_dtype: str, swiglu: bool, pdl: bool = False) -> None:
+def build(x_dtype: str, swiglu: bool, pdl: bool = False, rows: int = fp8_row.ROWS, warps: int = 4) -> None:
     types = dict(x_ptr=f"*{x_dtype}", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr=f"*{x_dtype}", part_ptr="*fp32",
                  arrive_ptr="*i32", **{n: "i32" for n in INTS})
-    b = build_sm90(fp8_row._fp8_row_kernel, types, dict(BW=fp8_row.ROWS, BK=128, SPLIT=True, SWIGLU=swiglu,
-                                                        AHEAD=pdl, PDL=pdl),
-                   num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y"))
-    _report("row pdl" if pdl else f"row {x_dtype}", swiglu, b)
+    b = build_sm90(fp8_row._fp8_row_kernel, types, dict(BW=rows, BK=128, SPLIT=True, SWIGLU=swiglu, PDL=pdl),
+                   num_warps=warps, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y"))
+    _report("row pdl" if pdl else f"row {x_dtype}" + (f" {rows}" if rows != fp8_row.ROWS else ""), swiglu, b)
 
 
 if __name__ == "__main__":
@@ -55,8 +54,10 @@ if __name__ == "__main__":
             vector()
         elif arg.startswith("dot"):
             dot(arg == "dot-f16")
-        elif arg == "pdl":  # the first sub-tile ahead, with programmatic dependent launch
+        elif arg == "pdl":  # with programmatic dependent launch
             build("bf16", swiglu=False, pdl=True)
+        elif arg == "narrow":  # the tile of weights of at most fastgemv.NARROW_R rows
+            build("bf16", swiglu=False, rows=128, warps=8)
         else:
             build(arg, swiglu=False)
             build(arg, swiglu=True)

@@ -43,19 +43,21 @@ from .layout import QKind, QuantWeight
 TILE = 128  # int4 tile: 16 int32 words
 _MAX_SPLITS = 8
 WIDE_BK = 512  # the FP8 one-row K tile over whole 128-column blocks (`_config`)
+NARROW_R = 4096  # the row form's weights of at most this many rows take 128-row tiles (`_fp8_row`)
 # FP8's form at one row: "dot" (x padded to 16 rows through tl.dot, 64 weight rows a program), "vector" (the
 # dot-free form of `_fp8_kernel`) or "row" (`fp8_row`, where the weight fits it; else "dot"). "dot" over "vector":
 # the 9B decode step at B=1 through the Engine 5.51 ms against 8.38 (35B-A3B 4.99 against 5.19; thirteenth session,
-# H100, bench_quant.py "fp8:dot" / "fp8:vector"). "row" (seventeenth session) has not yet run on a GPU.
-FP8_ONE_ROW = "dot"
+# H100, bench_quant.py "fp8:dot" / "fp8:vector"). "row" over "dot" (seventeenth and eighteenth sessions, H100): the 9B
+# step at B=1 4.72-4.74 ms against 5.26, and each 9B projection 10-20% faster alone (bench_qgemv.py)
+FP8_ONE_ROW = "row"
 # FP8 through tl.dot in f16 instead of bf16 (x scaled per row by a power of two into f16's range, `_f16_scales`):
 # the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in until a GPU measures
 # it (seventeenth session: written without device time left)
 FP8_F16_DOT = False
-# the row form loads each K tile's first sub-tile one tile ahead (more weight bytes in flight a program), and with
-# PDL (programmatic dependent launch, sm_90) it starts while the kernel before it finishes: its first weights are
-# loaded before `gdc_wait`, the first read of x after it. Both opt-in until a GPU measures them (eighteenth session)
-FP8_ROW_AHEAD = False
+# the row form launched with PDL (programmatic dependent launch, sm_90): its programs are placed while the kernel
+# before it finishes and wait for it (`gdc_wait`) before any load. Opt-in: in the eighteenth session's sweep
+# (bench_qgemv.py, H100) it took 0.2-0.8 us off a call only beside a prefetch of the first weight tile before the
+# wait, which itself cost 5-15 us a call (a weight tile carried across iterations stalls the loop), so it went
 PDL = False
 _WORDS = TILE // 8
 
@@ -290,9 +292,13 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
 
 def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, bk: int, swiglu: bool, splits: int | None,
              bw: int | None, num_warps: int, num_stages: int) -> torch.Tensor:
-    """The one-row "row" form (`fp8_row`) for a weight it fits, at its K tile `bk` (`fp8_row.tile`)."""
-    bw = bw or ROWS
+    """The one-row "row" form (`fp8_row`) for a weight it fits, at its K tile `bk` (`fp8_row.tile`); `bw` None takes
+    the measured tile: 128 rows at 8 warps for at most `NARROW_R` rows, else 64 at 4 (eighteenth session,
+    bench_qgemv.py on an H100, the four 9B projections: 9B out_proj 9.6 us against 10.9, down 22.3 against 25.4,
+    while in_proj_qkvz and gate_up ran 10-25% slower at 128)."""
     R = w.n
+    if bw is None:
+        bw, num_warps = (128, 8) if R <= NARROW_R else (ROWS, 4)
     n_out = R // 2 if swiglu else R
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     k_per, splits, part, arrivals = split_plan(x, y, blocks, 1, R, w.k, bk, splits)
@@ -301,5 +307,5 @@ def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, bk: int, swiglu: 
     _fp8_row_kernel[(blocks, splits)](
         x, w.data, w.scales, y, part, arrivals, R, w.k, k_per, splits, n_out, w.block_rows, w.block_cols,
         w.data.stride(0), w.scales.stride(-2), y.stride(0), BW=bw, BK=bk, SPLIT=splits > 1, SWIGLU=swiglu,
-        AHEAD=FP8_ROW_AHEAD or pdl, PDL=pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+        PDL=pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     return y

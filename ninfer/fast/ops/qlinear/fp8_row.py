@@ -42,34 +42,24 @@ def tile(w: QuantWeight) -> int | None:
 @triton.jit
 def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, R, K, k_per, num_splits, half, BR, BC,
                     stride_w, stride_s, stride_y, BW: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                    SWIGLU: tl.constexpr, AHEAD: tl.constexpr = False, PDL: tl.constexpr = False):
-    pid = tl.program_id(0)
-    if PDL:  # the next kernel may take SM room now: it waits on this one's results itself (`gdc_wait`)
+                    SWIGLU: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch: the next kernel may take SM room now, and this one reads x (and the
+        # split-K tables) only once the kernel before it has finished
         gdc_launch_dependents()
+        gdc_wait()
+    pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w  # [BW, 1]
     s_rows = s_ptr + (rows // BR).to(tl.int64) * stride_s  # [BW]
     k_lo = tl.program_id(1) * k_per
     k_hi = tl.minimum(k_lo + k_per, K)
     kk = tl.arange(0, 64)
-    if AHEAD:  # the first K tile's first sub-tile: weights only, so before the wait on the kernel before
-        ahead = tl.load(w_rows + (k_lo + kk)[None, :], mask=valid[:, None] & ((k_lo + kk)[None, :] < k_hi),
-                        other=0.0)
-    if PDL:  # x (and the split-K tables) are the previous kernel's: read them only after it has finished
-        gdc_wait()
     acc = tl.zeros((BW, 64), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         part = tl.zeros((BW, 64), dtype=tl.float32)
-        if AHEAD:  # this tile's first sub-tile came one tile ago; the next tile's goes out now
-            first = ahead
-            nxt = k0 + BK + kk
-            ahead = tl.load(w_rows + nxt[None, :], mask=valid[:, None] & (nxt[None, :] < k_hi), other=0.0)
         for i in tl.static_range(BK // 64):
             k = k0 + i * 64 + kk
-            if AHEAD and i == 0:
-                w = first
-            else:
-                w = tl.load(w_rows + k[None, :], mask=valid[:, None], other=0.0)  # [BW, 64] e4m3
+            w = tl.load(w_rows + k[None, :], mask=valid[:, None], other=0.0)  # [BW, 64] e4m3
             x = tl.load(x_ptr + k).to(tl.float32)  # [64], a slice of w's layout
             part += w.to(tl.float32) * x[None, :]
         s = tl.load(s_rows + k0 // BC, mask=valid, other=0.0).to(tl.float32)  # [BW]: this tile's column block
