@@ -118,7 +118,7 @@ def _form(variant: str, cfg):
     saved = fastgemv.FP8_ONE_ROW, fastgemv.PDL
     if variant in ("fp8", "fp8row"):
         fastgemv.FP8_ONE_ROW = "row" if variant == "fp8row" else "dot"
-        fastgemv.PDL = variant == "fp8row" and cfg is not None and cfg[3] == "pdl"
+        fastgemv.PDL = variant == "fp8row" and (saved[1] if cfg is None else cfg[3] == "pdl")
     try:
         yield
     finally:

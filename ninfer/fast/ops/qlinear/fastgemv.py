@@ -54,11 +54,12 @@ FP8_ONE_ROW = "row"
 # the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in until a GPU measures
 # it (seventeenth session: written without device time left)
 FP8_F16_DOT = False
-# the row form launched with PDL (programmatic dependent launch, sm_90): its programs are placed while the kernel
-# before it finishes and wait for it (`gdc_wait`) before any load. Opt-in: in the eighteenth session's sweep
-# (bench_qgemv.py, H100) it took 0.2-0.8 us off a call only beside a prefetch of the first weight tile before the
-# wait, which itself cost 5-15 us a call (a weight tile carried across iterations stalls the loop), so it went
-PDL = False
+# the row form launched with PDL (programmatic dependent launch, sm_90, CUDA only): its programs are placed while
+# the kernel before it finishes and wait for it (`gdc_wait`) before any load. Eighteenth session, H100: 0.3-0.8 us
+# off a call (bench_qgemv.py: 9B out_proj 8.8 against 9.6 us, down 21.7 against 22.4), the 9B step at B=1 4.51 ms
+# against 4.56 (bench_quant.py "fp8:pdl"); a prefetch of the first weight tile before the wait, carried across
+# the loop's iterations, made each call 5-15 us slower and went
+PDL = True
 _WORDS = TILE // 8
 
 
