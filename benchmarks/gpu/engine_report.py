@@ -43,6 +43,11 @@ def print_table(r: dict, lanes: int) -> None:
             print(f"  {name:8} TTFT {h['prompt']} tokens with a {h['prefix']}-token checkpoint hit: "
                   f"{h['ttft_ms']:.1f} ms (reused {h['reused']}; the {suffix}-token suffix "
                   f"{'fits a prefill graph bucket' if graphed else 'runs eagerly'}); cold {h['cold_ttft_ms']:.1f} ms")
+            if "suffix_cold_ttft_ms" in h:
+                ratio = h["hit_vs_suffix_cold"]
+                print(f"  {name:8} the hit against a cold {h['prompt'] - h['prefix']}-token prompt "
+                      f"({h['suffix_cold_ttft_ms']:.1f} ms): {ratio:.2f}x (target <= 1.3: "
+                      f"{'PASS' if ratio <= 1.3 else 'FAIL'})")
             print_phases(h)
         print_itl(name, m.get("itl"))
         print_itl(name, m.get("itl_alternating"))

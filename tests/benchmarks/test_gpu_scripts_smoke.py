@@ -41,6 +41,7 @@ def test_bench_engine_smoke(tmp_path):
     assert all(_positive(d["step_ms"]) for d in tiny["sampled"])
     assert tiny["prefix_hit"]["reused"] == tiny["prefix_hit"]["prefix"]  # the retained checkpoint was hit
     assert tiny["prefix_hit"]["cold_reused"] == 0
+    assert _positive(tiny["prefix_hit"]["suffix_cold_ttft_ms"]) and _positive(tiny["prefix_hit"]["hit_vs_suffix_cold"])
     phases = tiny["prefix_hit"]["phases"]  # the timed hit: its transitions, the suffix prefill and its first draw
     assert tiny["prefix_hit"]["phased_reused"] == 64 and phases["model prefill"]["calls"] == 1
     assert all(_positive(phases[p]["host_ms"]) for p in ("advance", "prefill", "model prefill", "first draw"))
