@@ -51,8 +51,8 @@ NARROW_R = 4096  # the row form's weights of at most this many rows take 128-row
 # step at B=1 4.72-4.74 ms against 5.26, and each 9B projection 10-20% faster alone (bench_qgemv.py)
 FP8_ONE_ROW = "row"
 # FP8 through tl.dot in f16 instead of bf16 (x scaled per row by a power of two into f16's range, `_f16_scales`):
-# the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in until a GPU measures
-# it (seventeenth session: written without device time left)
+# the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in: the 9B step at B = 2,
+# 4, 8 5.41 / 5.61 / 6.13 ms against bf16 operands' 5.39 / 5.58 / 6.03 (eighteenth session, H100, "fp8:f16")
 FP8_F16_DOT = False
 # the row form launched with PDL (programmatic dependent launch, sm_90, CUDA only): its programs are placed while
 # the kernel before it finishes and wait for it (`gdc_wait`) before any load. Eighteenth session, H100: 0.3-0.8 us
@@ -295,7 +295,7 @@ def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, bk: int, swiglu: 
              bw: int | None, num_warps: int, num_stages: int) -> torch.Tensor:
     """The one-row "row" form (`fp8_row`) for a weight it fits, at its K tile `bk` (`fp8_row.tile`); `bw` None takes
     the measured tile: 128 rows at 8 warps for at most `NARROW_R` rows, else 64 at 4 (eighteenth session,
-    bench_qgemv.py on an H100, the four 9B projections: 9B out_proj 9.6 us against 10.9, down 22.3 against 25.4,
+    bench_qgemv.py on an H100, the 9B projections: out_proj 9.6 us against 10.9, down 22.3 against 25.4,
     while in_proj_qkvz and gate_up ran 10-25% slower at 128)."""
     R = w.n
     if bw is None:
