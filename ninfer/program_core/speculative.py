@@ -10,7 +10,10 @@ Program's measured round costs and the acceptance seen so far say a narrower rou
 drafts from the token ids below N alone: the draft's lm_head reads N rows instead of the whole vocabulary (Qwen's
 byte-level BPE ids follow merge order, so the lowest ids are the most frequent pieces; FR-Spec's observation that a
 small hot vocabulary keeps most accepted drafts), and acceptance stays lossless (a draft distribution with less
-support is still a distribution). Unknown keys, an unknown method or a value out of
+support is still a distribution). `quantization` "fp8" (MTP only, vLLM's field for the draft model's weights)
+drafts with the MTP head's projections in FP8, one scale per row (`ninfer.models.qwen3_5.draft_quant`): half the
+bytes each draft step reads, and acceptance stays lossless (the target verifies). Unknown keys, an unknown method or
+a value out of
 range are start-up errors naming the field; whether the artifact carries the backend's weights (and a drafter
 trained for that block) is the Program's check.
 """
@@ -49,7 +52,8 @@ class SpeculativeMethod(enum.StrEnum):
 
 
 MAX_SPECULATIVE_TOKENS = {SpeculativeMethod.MTP: 7, SpeculativeMethod.DFLASH: 15, SpeculativeMethod.DFLASH2: 15}
-FIELDS = ("method", "num_speculative_tokens", "draft_window_size", "adaptive", "draft_vocab_size")
+FIELDS = ("method", "num_speculative_tokens", "draft_window_size", "adaptive", "draft_vocab_size", "quantization")
+DRAFT_QUANTIZATIONS = ("fp8",)
 
 
 class SpeculativeConfigError(ValueError):
@@ -75,6 +79,7 @@ class SpeculativeConfig:
     draft_window_size: int | None = None  # DFlash: context positions the drafter keeps (None: all)
     adaptive: bool = True  # each round's width from the measured costs and acceptance (DraftPolicy)
     draft_vocab_size: int | None = None  # drafts from token ids < this (None: the whole vocabulary)
+    quantization: str | None = None  # "fp8": the MTP head's projections in FP8 (None: as the model stores them)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SpeculativeMethod):
@@ -95,6 +100,14 @@ class SpeculativeConfig:
         n = self.draft_vocab_size
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise SpeculativeConfigError("draft_vocab_size", f"must be a positive int, got {n!r}")
+        q = self.quantization
+        if q is not None:
+            if q not in DRAFT_QUANTIZATIONS:
+                raise SpeculativeConfigError("quantization", f"must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "
+                                                             f"got {q!r}")
+            if self.method is not SpeculativeMethod.MTP:
+                raise SpeculativeConfigError("quantization", f"quantizes the MTP head; method "
+                                                             f"{self.method.value!r} drafts with its own drafter")
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | None) -> "SpeculativeConfig | None":
@@ -114,7 +127,7 @@ class SpeculativeConfig:
         if method not in known:
             raise SpeculativeConfigError("method", f"unknown method {method!r} (known: {', '.join(known)})")
         return cls(SpeculativeMethod(method), raw["num_speculative_tokens"], raw.get("draft_window_size"),
-                   raw.get("adaptive", True), raw.get("draft_vocab_size"))
+                   raw.get("adaptive", True), raw.get("draft_vocab_size"), raw.get("quantization"))
 
     @property
     def name(self) -> str:
@@ -122,7 +135,8 @@ class SpeculativeConfig:
         window = "" if self.draft_window_size is None else f", window {self.draft_window_size}"
         fixed = "" if self.adaptive else ", fixed width"
         vocab = "" if self.draft_vocab_size is None else f", draft vocab {self.draft_vocab_size}"
-        return f"{self.method} (k={self.num_speculative_tokens}{window}{fixed}{vocab})"
+        quant = "" if self.quantization is None else f", {self.quantization} draft weights"
+        return f"{self.method} (k={self.num_speculative_tokens}{window}{fixed}{vocab}{quant})"
 
     def for_vocab(self, vocab_size: int) -> "SpeculativeConfig":
         """This config against a model of `vocab_size` ids: a draft vocabulary of the whole vocabulary is none, one

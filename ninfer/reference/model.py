@@ -38,6 +38,14 @@ class ReferenceModel:
         self.weights = _prepare_weights(cfg, weights, dtype, self.has_mtp)
         self.root = Scope(self.weights, "")
 
+    def with_weights(self, replaced: Mapping[str, torch.Tensor]) -> "ReferenceModel":
+        """A new model object over these weights with `replaced` in place of theirs (the others shared; this model
+        unchanged): the MTP head's FP8 draft weights (`draft_quant.fp8_values`)."""
+        out = copy.copy(self)
+        out.weights = {**self.weights, **replaced}
+        out.root = Scope(out.weights, "")
+        return out
+
     def placed(self, plan, link) -> "ReferenceModel":
         """This model cut into `plan`'s pipeline stages (`ninfer.pipeline.StagePlan`): each layer's weights on its
         rank's device, the embedding, final norm, head and MTP head on rank 0's, and the residual passed through

@@ -74,7 +74,8 @@ RUNTIME_OPTIONS = [
               'Programs, with a drafter converted beside the target). "adaptive": false drafts the full block '
               'every round (default true: fewer drafts, down to none, where the measured round costs and the '
               'acceptance so far say so); "draft_vocab_size": N drafts from the token ids below N alone (a '
-              'smaller draft lm_head).'),
+              'smaller draft lm_head); "quantization": "fp8" (MTP) drafts with the MTP head\'s projections in '
+              'FP8.'),
     _opt("--default-chat-template-kwargs", env="DEFAULT_CHAT_TEMPLATE_KWARGS", group="Frontend", default=None,
          help='JSON defaults for every chat request, e.g. \'{"enable_thinking": false}\'.'),
     _opt("--json-whitespace", env="JSON_WHITESPACE", group="Frontend", type=click.Choice(["compact", "pretty"]),

@@ -52,13 +52,14 @@ def quantized(tmp_path_factory):
     out = tmp_path_factory.mktemp("quantized")
     paths = {recipe: convert_checkpoint(src, out / f"{recipe}.ninfer", quantize=recipe, group_size=32,
                                         progress=False, drafter=draft) for recipe in ("q4", "fp8")}
+    bf16 = convert_checkpoint(src, out / "bf16.ninfer", progress=False)  # for the FP8 draft weights alone
     for path in paths.values():
         with open_artifact(path, features=(TEXT, MTP, "dflash2")) as art:
             formats = {art.objects[b.object].format for n, b in art.bindings.items() if n.startswith("mtp.")}
             drafter = {art.objects[b.object].format for n, b in art.bindings.items() if n.startswith("dflash.")}
         assert formats - {"dense"}, formats  # the MTP head itself is quantized
         assert drafter == {"dense"}, drafter
-    return paths
+    return {**paths, "bf16": bf16}
 
 
 @pytest.fixture(scope="module")
@@ -69,17 +70,19 @@ def prompt_of():
     return make
 
 
-def _maker(program: str, path, method: str = "mtp"):
+def _maker(program: str, path, method: str = "mtp", quantization: str | None = None):
     """make(k, forced=False): the `program` Program over `path`, drafting k tokens with `method` (k = 0: no
-    backend); `forced` puts ForcedDrafts in front of the drafter."""
+    backend; `quantization`: the MTP head's draft weights); `forced` puts ForcedDrafts in front of the drafter."""
     teacher = []
 
     def make(k: int, forced: bool = False):
         if program == "reference":
-            spec = SpeculativeConfig(SpeculativeMethod(method), k, adaptive=False) if k else None
+            spec = SpeculativeConfig(SpeculativeMethod(method), k, adaptive=False,
+                                     quantization=quantization) if k else None
             made = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**PROGRAM, speculative=spec))
         else:
-            spec = {"method": method, "num_speculative_tokens": k, "adaptive": False} if k else None
+            spec = {"method": method, "num_speculative_tokens": k, "adaptive": False,
+                    "quantization": quantization} if k else None
             made = FastProgram.from_artifact(path, speculative_config=spec, budget_bytes=1 << 30, device=DEVICE,
                                              kernels="triton" if ON_GPU else "naive", **PROGRAM)
         if not forced:
@@ -114,8 +117,39 @@ def test_sampled_prefix_hit_with_dflash2_equals_the_cold_run(quantized, prompt_o
     assert_sampled_hit_equals_cold(lambda: make(7), prompt_of, 100, 64)
 
 
-@pytest.mark.parametrize("recipe", ["q4", "fp8"])
-def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, recipe):
+@pytest.mark.parametrize("program", ["reference", "fast"])
+def test_fp8_draft_weights_keep_greedy(quantized, prompt_of, program):
+    """`"quantization": "fp8"` drafts with the MTP head's projections in FP8 (`draft_quant`): greedy equals the run
+    without drafts on a bf16 artifact."""
+    make = _maker(program, quantized["bf16"], quantization="fp8")
+    assert make(3).limits.speculative == "mtp (k=3, fixed width, fp8 draft weights)"
+    assert_greedy_unchanged(make, prompt_of, 3, forced=False)
+
+
+def test_fp8_draft_weights_are_the_heads_projections_in_fp8(quantized):
+    """The fast MTP head holds FP8 QuantWeights (one scale per row) where the dense head holds tensors, and the
+    reference's draft model differs from its target model in exactly those weights, by the FP8 rounding."""
+    from ninfer.fast.ops.qlinear import QuantWeight
+    from ninfer.models.qwen3_5.draft_quant import draft_linears
+
+    fast = _maker("fast", quantized["bf16"], quantization="fp8")(3).model.weights.mtp
+    assert isinstance(fast.fc, QuantWeight) and fast.fc.data.dtype == torch.float8_e4m3fn
+    assert isinstance(fast.layer.ffn.down, QuantWeight) and isinstance(fast.layer.mixer.qkv, QuantWeight)
+    dense = _maker("fast", quantized["bf16"])(3).model.weights.mtp
+    assert isinstance(dense.fc, torch.Tensor)
+    ref = _maker("reference", quantized["bf16"], quantization="fp8")(3)
+    target, drafting = ref.model.weights, ref.executor.backend.model.weights
+    names = set(draft_linears(ref.model.cfg))
+    for name, w in target.items():
+        if name in names:
+            err = ((drafting[name] - w).norm() / w.norm()).item()
+            assert 0 < err < 0.1, (name, err)  # e4m3 keeps 3 mantissa bits: a few % relative error
+        else:
+            assert drafting[name] is w, name
+
+
+@pytest.mark.parametrize("recipe, draft", [("q4", None), ("fp8", None), ("bf16", "fp8")])
+def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, recipe, draft):
     """The fast Program dequantizes the quantized MTP head at load; the reference dequantizes it exactly: the same
     drafts at every round with q within fp32 rounding (TF32 attention on the GPU), the same tokens and accepted
     counts. Sampled (seeded) requests: a greedy draft of the random head flips at its near ties, which the fp8
@@ -126,7 +160,7 @@ def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, reci
     sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
     runs = []
     for program in ("fast", "reference"):
-        made = _maker(program, quantized[recipe])(3)
+        made = _maker(program, quantized[recipe], quantization=draft)(3)
         blocks = record_blocks(made)
         out = serve(made, [token_request(p, 24, **sampled) for p in prompts], max_concurrency=2, prefill_chunk=8)
         runs.append((blocks, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))

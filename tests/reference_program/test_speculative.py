@@ -27,7 +27,11 @@ from ninfer.testing.spec_driving import (assert_draft_vocab_bounds, assert_every
                                         ({"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": 0},
                                          "draft_vocab_size"),
                                         ({"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": "8k"},
-                                         "draft_vocab_size")])
+                                         "draft_vocab_size"),
+                                        ({"method": "mtp", "num_speculative_tokens": 2, "quantization": "int4"},
+                                         "quantization"),
+                                        ({"method": "dflash", "num_speculative_tokens": 7, "quantization": "fp8"},
+                                         "quantization")])
 def test_bad_speculative_config_names_the_field(raw, field):
     with pytest.raises(SpeculativeConfigError) as e:
         SpeculativeConfig.parse(raw)
@@ -44,6 +48,8 @@ def test_speculative_config_parses_vllm_shape():
     hot = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3, "draft_vocab_size": 32768})
     assert hot.draft_vocab_size == 32768 and hot.name == "mtp (k=3, draft vocab 32768)"
     assert hot.for_vocab(248320) is hot and hot.for_vocab(32768).draft_vocab_size is None  # the whole one: no bound
+    fp8 = SpeculativeConfig.parse({"method": "mtp", "num_speculative_tokens": 3, "quantization": "fp8"})
+    assert fp8.quantization == "fp8" and fp8.name == "mtp (k=3, fp8 draft weights)"
     with pytest.raises(SpeculativeConfigError, match="must be a SpeculativeMethod") as e:
         SpeculativeConfig("mtp", 3)
     assert e.value.field == "method"

@@ -18,7 +18,7 @@ angles and the recurrent state S in fp32; logits are returned in fp32.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -79,11 +79,14 @@ class FastModel:
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
-              kernels: str | Kernels = "triton", stages: StagePlan | None = None) -> "FastModel":
+              kernels: str | Kernels = "triton", stages: StagePlan | None = None,
+              mtp_quant: Callable | None = None) -> "FastModel":
         """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once. ``stages``:
-        each rank's layers and pools on its device (rank 0's is ``device``)."""
+        each rank's layers and pools on its device (rank 0's is ``device``); ``mtp_quant``: the MTP head's
+        projections quantized for drafting (`load_fast_weights`)."""
         check_mtp(cfg, plan.mtp)
-        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp, stages=stages)
+        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp, stages=stages,
+                                    mtp_quant=mtp_quant)
         return cls(cfg, weights, allocate_stage_pools(cfg, plan, device, stages), kernels, stages)
 
     def tap(self, layers: Sequence[int]) -> None:

@@ -75,3 +75,22 @@ def artifact_quant(art: Any, device, tied: bool) -> tuple[Callable[[str], QuantW
         return from_planes(o.format, o.dtype, o.params, tuple(b.shape), _planes(art, name, device), _a8(art, name))
 
     return quant, sorted(objects)
+
+
+def draft_fp8(cfg: Any, src: Callable[[str], torch.Tensor], device) -> Callable[[str], QuantWeight | None]:
+    """``quant`` for the MTP head under ``"quantization": "fp8"`` (`ninfer.models.qwen3_5.draft_quant`): each of its
+    projections an FP8 QuantWeight with one scale per row, packed from the source's values as the reference
+    Program packs them (decode only: a8 off, so a prefill's MTP advance dequantizes exactly)."""
+    from ninfer.models.qwen3_5 import draft_quant as dq
+
+    names = set(dq.draft_linears(cfg))
+
+    def quant(name: str) -> QuantWeight | None:
+        if name not in names:
+            return None
+        planes = dq.fp8_planes(src(name))
+        data = torch.from_numpy(planes["data"]).view(torch.float8_e4m3fn).to(device)
+        scales = torch.from_numpy(planes["scales"]).to(device)
+        return from_planes(dq.FORMAT.name, dq.DTYPE, dq.PARAMS, tuple(data.shape), {"data": data, "scales": scales},
+                           False)
+    return quant

@@ -256,19 +256,21 @@ def _layer(src: Source, specs: dict, p: str, kind: str, cfg: Qwen35Config, dtype
                         mixer=mixer, ffn=_ffn(src, specs, f"{p}.mlp", cfg, dtype, device, quant))
 
 
-def _mtp(src: Source, specs: dict, cfg: Qwen35Config, dtype: torch.dtype, device) -> MtpWeights:
+def _mtp(src: Source, specs: dict, cfg: Qwen35Config, dtype: torch.dtype, device, quant: Quant) -> MtpWeights:
     return MtpWeights(norm_embedding=_one(src, "mtp.pre_fc_norm_embedding.weight", dtype, device),
                       norm_hidden=_one(src, "mtp.pre_fc_norm_hidden.weight", dtype, device),
-                      fc=_one(src, "mtp.fc.weight", dtype, device),
-                      layer=_layer(src, specs, "mtp.layers.0", FULL, cfg, dtype, device),
+                      fc=_one(src, "mtp.fc.weight", dtype, device, quant),
+                      layer=_layer(src, specs, "mtp.layers.0", FULL, cfg, dtype, device, quant),
                       norm=_one(src, "mtp.norm.weight", dtype, device))
 
 
 def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device, mtp: bool = False,
-                      quant: Quant = _no_quant, stages: StagePlan | None = None) -> FastWeights:
+                      quant: Quant = _no_quant, stages: StagePlan | None = None,
+                      mtp_quant: Quant | None = None) -> FastWeights:
     """Build the resident weights from ``src(logical_name) -> tensor`` (any device/dtype; cast and copied here),
     or ``quant(logical_name)`` where that returns a QuantWeight (text projections, experts and an untied lm_head;
-    the MTP head is always dense). ``A_log`` and ``dt_bias`` stay fp32; a tied lm_head is the embedding tensor
+    the MTP head is dense, its stored quantization dequantized, unless ``mtp_quant`` gives its projections: the
+    draft's FP8, `quantized.draft_fp8`). ``A_log`` and ``dt_bias`` stay fp32; a tied lm_head is the embedding tensor
     itself. ``mtp`` also loads the MTP head (one layer: the fast Program drafts with ``mtp.layers.0``). ``stages``:
     pipeline stages (docs/pipeline.md), each rank's layer range loaded on its device (``load_layers``); the
     embedding, final norm, head and MTP head stay on ``device``, rank 0's."""
@@ -279,7 +281,7 @@ def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device
     embed = _one(src, "embed_tokens.weight", dtype, device)
     lm_head = embed if cfg.tie_word_embeddings else _one(src, "lm_head.weight", dtype, device, quant)
     return FastWeights(embed=embed, lm_head=lm_head, final_norm=_one(src, "norm.weight", dtype, device), layers=layers,
-                       mtp=_mtp(src, specs, cfg, dtype, device) if mtp else None)
+                       mtp=_mtp(src, specs, cfg, dtype, device, mtp_quant or _no_quant) if mtp else None)
 
 
 def load_layers(cfg: Qwen35Config, src: Source, specs: dict, dtype: torch.dtype, device, layers: range,
