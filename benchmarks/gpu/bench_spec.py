@@ -70,6 +70,7 @@ class Settings:
     budget_bytes: int | None = None  # None: 90% of the free device memory
     profile_host: bool = False  # one more run of the largest B at L = 3 under cProfile (`host_profile` in the JSON)
     draft_vocab: int | None = None  # the backend's draft_vocab_size (None: the whole vocabulary)
+    draft_quant: str | None = None  # the backend's quantization ("fp8": the MTP head's FP8 draft weights)
     phases_everywhere: bool = False  # the synced phase run at every forced length (else at the full block alone)
 
 
@@ -122,7 +123,8 @@ def steady(trackers: list[Tracker], max_tokens: int, room: int = 1) -> dict:
 def build(s: Settings, name: str, k: int):
     """(program, engine) for model `name`, speculating with k drafts (k = 0: plain decoding)."""
     cfg = config(name)
-    spec = SpeculativeConfig(SpeculativeMethod(s.method), k, draft_vocab_size=s.draft_vocab) if k else None
+    spec = SpeculativeConfig(SpeculativeMethod(s.method), k, draft_vocab_size=s.draft_vocab,
+                             quantization=s.draft_quant) if k else None
     dflash = k and s.method != "mtp"
     features = (TEXT, MTP) if k and not dflash else (TEXT,)
     drafter = published_drafter(cfg, s.method, max(s.blocks)) if dflash else None
@@ -335,13 +337,16 @@ def main() -> int:
     ap.add_argument("--blocks", default=None, help="DFlash block sizes, comma-separated (default: 16,8)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="the backend's draft_vocab_size: drafts from the token ids below it alone")
+    ap.add_argument("--draft-quant", choices=("fp8",), default=None,
+                    help="the backend's quantization: the MTP head's projections in FP8 for drafting")
     ap.add_argument("--gdn-verify", choices=("blocks", "positions"), default="blocks",
                     help="the verify pass's GDN recurrence over whole blocks (gdn_verify, the default) or per block "
                          "position (gdn_decode once per position): kernels.GDN_BLOCK_VERIFY")
     args = ap.parse_args()
     kernel_table.GDN_BLOCK_VERIFY = args.gdn_verify == "blocks"  # before any Program builds its op table
     s = SMOKE if args.smoke else Settings()
-    s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host, draft_vocab=args.draft_vocab)
+    s = dataclasses.replace(s, method=args.method, profile_host=args.profile_host, draft_vocab=args.draft_vocab,
+                            draft_quant=args.draft_quant)
     if args.method != "mtp":  # the longest block runs 16 tokens a round: fewer rounds keep the part short
         blocks = (8,) if args.smoke else tuple(int(b) for b in args.blocks.split(",")) if args.blocks else s.blocks
         s = dataclasses.replace(s, steps=min(s.steps, 4), blocks=blocks)
@@ -351,7 +356,7 @@ def main() -> int:
         s = dataclasses.replace(s, batches=tuple(int(b) for b in args.batches.split(",")))
     run = Run(args.deadline_s, args.out, s, "bench_spec.json")
     run.results.update(program=s.program, k=s.k if s.method == "mtp" else ks(s), method=s.method,
-                       draft_vocab=s.draft_vocab, gdn_verify=args.gdn_verify)
+                       draft_vocab=s.draft_vocab, draft_quant=s.draft_quant, gdn_verify=args.gdn_verify)
     if not run.need_cuda(args.smoke, print_table):
         return 1
     run.each_model(["tiny"] if args.smoke else args.models.split(","), MIN_SECONDS, bench_model)

@@ -39,7 +39,7 @@
 #        cProfile run of the host's share at the largest B), SPEC_METHOD (profile: the round graphs' backend, mtp,
 #        dflash or dflash2), PROFILE_MODELS (profile: the models whose prefill and decode graphs are profiled, default
 #        BENCH_MODELS; empty: only the round graphs), QGEMV_VARIANTS / QGEMV_SHAPES (qgemv: bench_qgemv's
-#        --variants, e.g. fp8,fp8row, and --shapes)
+#        --variants, e.g. fp8,fp8row, and --shapes), SPEC_DRAFT_QUANT (spec: fp8, the MTP head's FP8 draft weights)
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the GPU image's torch lives in python3
@@ -150,7 +150,7 @@ run_spec() {
     local budget=$(left)
     timeout $(( budget - 5 )) "$PY" benchmarks/gpu/bench_spec.py --models "$MODELS" --deadline-s $(( budget - 20 )) \
         ${OUT:+--out "$OUT"} ${SPEC_BATCHES:+--batches "$SPEC_BATCHES"} ${SPEC_DRAFT_VOCAB:+--draft-vocab "$SPEC_DRAFT_VOCAB"} ${GDN_VERIFY:+--gdn-verify "$GDN_VERIFY"} \
-        || echo "bench_spec rc=$?"
+        ${SPEC_DRAFT_QUANT:+--draft-quant "$SPEC_DRAFT_QUANT"} || echo "bench_spec rc=$?"
 }
 
 run_dflash() {

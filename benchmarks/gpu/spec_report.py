@@ -162,7 +162,8 @@ def print_table(r: dict) -> None:
     print(f"speculative decoding (forced acceptance) through the Engine, {r.get('program')} Program on "
           f"{r.get('device')}, k={r.get('k')}, random weights; wall {r.get('wall_s', 0):.0f} s")
     vocab = "" if r.get("draft_vocab") is None else f", draft vocabulary: token ids below {r['draft_vocab']}"
-    print(f"method {r.get('method', 'mtp')}{vocab}")
+    quant = "" if r.get("draft_quant") is None else f", {r['draft_quant']} draft weights"
+    print(f"method {r.get('method', 'mtp')}{vocab}{quant}")
     print(f"{'model':8} {'k':>2} {'B':>2} {'L':>2} {'got L':>6} {'step ms':>8} {'ms/token':>9} {'tok/s':>7} "
           f"{'draft ms':>8} {'AR step':>8} {'AR tok/s':>8} | {'verify':>7} {'accept':>7} {'commit':>7} {'replay':>7} "
           f"{'host':>7}")
