@@ -11,8 +11,9 @@ drafts from the token ids below N alone: the draft's lm_head reads N rows instea
 byte-level BPE ids follow merge order, so the lowest ids are the most frequent pieces; FR-Spec's observation that a
 small hot vocabulary keeps most accepted drafts), and acceptance stays lossless (a draft distribution with less
 support is still a distribution). `quantization` "fp8" (MTP only, vLLM's field for the draft model's weights)
-drafts with the MTP head's projections in FP8, one scale per row (`ninfer.models.qwen3_5.draft_quant`): half the
-bytes each draft step reads, and acceptance stays lossless (the target verifies). Unknown keys, an unknown method or
+drafts with the MTP head's projections (and, under a draft vocabulary, its draft head) in FP8, one scale per row
+(`ninfer.models.qwen3_5.draft_quant`): half the bytes each draft step reads, and acceptance stays lossless (the
+target verifies). Unknown keys, an unknown method or
 a value out of
 range are start-up errors naming the field; whether the artifact carries the backend's weights (and a drafter
 trained for that block) is the Program's check.

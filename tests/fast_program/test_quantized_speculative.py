@@ -70,19 +70,21 @@ def prompt_of():
     return make
 
 
-def _maker(program: str, path, method: str = "mtp", quantization: str | None = None):
+def _maker(program: str, path, method: str = "mtp", quantization: str | None = None,
+           draft_vocab: int | None = None):
     """make(k, forced=False): the `program` Program over `path`, drafting k tokens with `method` (k = 0: no
-    backend; `quantization`: the MTP head's draft weights); `forced` puts ForcedDrafts in front of the drafter."""
+    backend; `quantization`: the MTP head's draft weights; `draft_vocab`: the draft vocabulary); `forced` puts
+    ForcedDrafts in front of the drafter."""
     teacher = []
 
     def make(k: int, forced: bool = False):
         if program == "reference":
-            spec = SpeculativeConfig(SpeculativeMethod(method), k, adaptive=False,
-                                     quantization=quantization) if k else None
+            spec = SpeculativeConfig(SpeculativeMethod(method), k, adaptive=False, quantization=quantization,
+                                     draft_vocab_size=draft_vocab) if k else None
             made = ReferenceProgram.from_artifact(path, ReferenceProgramConfig(**PROGRAM, speculative=spec))
         else:
-            spec = {"method": method, "num_speculative_tokens": k, "adaptive": False,
-                    "quantization": quantization} if k else None
+            spec = {"method": method, "num_speculative_tokens": k, "adaptive": False, "quantization": quantization,
+                    "draft_vocab_size": draft_vocab} if k else None
             made = FastProgram.from_artifact(path, speculative_config=spec, budget_bytes=1 << 30, device=DEVICE,
                                              kernels="triton" if ON_GPU else "naive", **PROGRAM)
         if not forced:
@@ -126,30 +128,37 @@ def test_fp8_draft_weights_keep_greedy(quantized, prompt_of, program):
     assert_greedy_unchanged(make, prompt_of, 3, forced=False)
 
 
-def test_fp8_draft_weights_are_the_heads_projections_in_fp8(quantized):
-    """The fast MTP head holds FP8 QuantWeights (one scale per row) where the dense head holds tensors, and the
-    reference's draft model differs from its target model in exactly those weights, by the FP8 rounding."""
+@pytest.mark.parametrize("draft_vocab", [None, 256])
+def test_fp8_draft_weights_are_the_heads_projections_in_fp8(quantized, draft_vocab):
+    """The fast MTP head holds FP8 QuantWeights (one scale per row) where the dense head holds tensors, under a
+    draft vocabulary also an FP8 draft head (the lm_head's first rows); the reference's draft model differs from
+    its target model in exactly those weights (the lm_head's draft rows alone), by the FP8 rounding."""
     from ninfer.fast.ops.qlinear import QuantWeight
     from ninfer.models.qwen3_5.draft_quant import draft_linears
 
-    fast = _maker("fast", quantized["bf16"], quantization="fp8")(3).model.weights.mtp
+    fast = _maker("fast", quantized["bf16"], quantization="fp8", draft_vocab=draft_vocab)(3).model.weights.mtp
     assert isinstance(fast.fc, QuantWeight) and fast.fc.data.dtype == torch.float8_e4m3fn
     assert isinstance(fast.layer.ffn.down, QuantWeight) and isinstance(fast.layer.mixer.qkv, QuantWeight)
-    dense = _maker("fast", quantized["bf16"])(3).model.weights.mtp
-    assert isinstance(dense.fc, torch.Tensor)
-    ref = _maker("reference", quantized["bf16"], quantization="fp8")(3)
+    assert (fast.head is None) == (draft_vocab is None) and (fast.head is None or fast.head.shape[0] == 256)
+    dense = _maker("fast", quantized["bf16"], draft_vocab=draft_vocab)(3).model.weights.mtp
+    assert isinstance(dense.fc, torch.Tensor) and dense.head is None
+    ref = _maker("reference", quantized["bf16"], quantization="fp8", draft_vocab=draft_vocab)(3)
     target, drafting = ref.model.weights, ref.executor.backend.model.weights
-    names = set(draft_linears(ref.model.cfg))
+    names = set(draft_linears(ref.model.cfg)) | ({"lm_head.weight"} if draft_vocab else set())
     for name, w in target.items():
         if name in names:
-            err = ((drafting[name] - w).norm() / w.norm()).item()
+            rows = slice(0, draft_vocab) if name == "lm_head.weight" else slice(None)
+            err = ((drafting[name][rows] - w[rows]).norm() / w[rows].norm()).item()
             assert 0 < err < 0.1, (name, err)  # e4m3 keeps 3 mantissa bits: a few % relative error
+            if name == "lm_head.weight":
+                assert torch.equal(drafting[name][draft_vocab:], w[draft_vocab:])
         else:
             assert drafting[name] is w, name
 
 
-@pytest.mark.parametrize("recipe, draft", [("q4", None), ("fp8", None), ("bf16", "fp8")])
-def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, recipe, draft):
+@pytest.mark.parametrize("recipe, draft, vocab", [("q4", None, None), ("fp8", None, None), ("bf16", "fp8", None),
+                                                  ("bf16", "fp8", 256)])
+def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, recipe, draft, vocab):
     """The fast Program dequantizes the quantized MTP head at load; the reference dequantizes it exactly: the same
     drafts at every round with q within fp32 rounding (TF32 attention on the GPU), the same tokens and accepted
     counts. Sampled (seeded) requests: a greedy draft of the random head flips at its near ties, which the fp8
@@ -160,7 +169,7 @@ def test_fast_mtp_drafts_equal_the_reference_programs(quantized, prompt_of, reci
     sampled = dict(sampling=SamplingParams(temperature=0.9), seed=5)
     runs = []
     for program in ("fast", "reference"):
-        made = _maker(program, quantized[recipe], quantization=draft)(3)
+        made = _maker(program, quantized[recipe], quantization=draft, draft_vocab=vocab)(3)
         blocks = record_blocks(made)
         out = serve(made, [token_request(p, 24, **sampled) for p in prompts], max_concurrency=2, prefill_chunk=8)
         runs.append((blocks, [(r.token_ids, r.usage.accepted_draft_tokens) for r in out]))

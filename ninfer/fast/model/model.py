@@ -18,7 +18,7 @@ angles and the recurrent state S in fp32; logits are returned in fp32.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -79,14 +79,11 @@ class FastModel:
 
     @classmethod
     def build(cls, cfg: Qwen35Config, source: Source, plan: MemoryPlan, device: torch.device | str,
-              kernels: str | Kernels = "triton", stages: StagePlan | None = None,
-              mtp_quant: Callable | None = None) -> "FastModel":
+              kernels: str | Kernels = "triton", stages: StagePlan | None = None) -> "FastModel":
         """Weights first (``source(logical_name)``), then the planned pools: all large allocations, once. ``stages``:
-        each rank's layers and pools on its device (rank 0's is ``device``); ``mtp_quant``: the MTP head's
-        projections quantized for drafting (`load_fast_weights`)."""
+        each rank's layers and pools on its device (rank 0's is ``device``)."""
         check_mtp(cfg, plan.mtp)
-        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp, stages=stages,
-                                    mtp_quant=mtp_quant)
+        weights = load_fast_weights(cfg, source, plan.dtype, device, mtp=plan.mtp, stages=stages)
         return cls(cfg, weights, allocate_stage_pools(cfg, plan, device, stages), kernels, stages)
 
     def tap(self, layers: Sequence[int]) -> None:
@@ -347,7 +344,10 @@ class FastModel:
         """Final-normed hidden [N, H] -> logits [N, V] fp32 (only the rows that need logits are passed in).
         `draft_vocab`: a draft's logits, the ids at and past it -inf (a dense lm_head reads only the rows below
         it; a quantized one computes them all)."""
-        lm_head = self.weights.lm_head
+        lm_head, mtp = self.weights.lm_head, self.weights.mtp
+        if draft_vocab is not None and mtp is not None and mtp.head is not None:  # the FP8 draft head
+            return F.pad(self.kernels.linear(hidden, mtp.head).float(), (0, self.cfg.vocab_size - draft_vocab),
+                         value=float("-inf"))
         if isinstance(lm_head, torch.Tensor):
             return head_logits(hidden, lm_head, draft_vocab)
         return draft_vocabulary(self.kernels.linear(hidden, lm_head).float(), draft_vocab)

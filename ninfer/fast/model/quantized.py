@@ -86,11 +86,15 @@ def draft_fp8(cfg: Any, src: Callable[[str], torch.Tensor], device) -> Callable[
     names = set(dq.draft_linears(cfg))
 
     def quant(name: str) -> QuantWeight | None:
-        if name not in names:
-            return None
-        planes = dq.fp8_planes(src(name))
-        data = torch.from_numpy(planes["data"]).view(torch.float8_e4m3fn).to(device)
-        scales = torch.from_numpy(planes["scales"]).to(device)
-        return from_planes(dq.FORMAT.name, dq.DTYPE, dq.PARAMS, tuple(data.shape), {"data": data, "scales": scales},
-                           False)
+        return fp8_weight(src(name), device) if name in names else None
     return quant
+
+
+def fp8_weight(weight: torch.Tensor, device) -> QuantWeight:
+    """`weight` [N, K] as an FP8 QuantWeight on `device`, one scale per row (`draft_quant.fp8_planes`)."""
+    from ninfer.models.qwen3_5 import draft_quant as dq
+
+    planes = dq.fp8_planes(weight)
+    data = torch.from_numpy(planes["data"]).view(torch.float8_e4m3fn).to(device)
+    scales = torch.from_numpy(planes["scales"]).to(device)
+    return from_planes(dq.FORMAT.name, dq.DTYPE, dq.PARAMS, tuple(data.shape), {"data": data, "scales": scales}, False)

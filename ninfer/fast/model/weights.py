@@ -83,6 +83,8 @@ class MtpWeights:
     fc: torch.Tensor  # [H, 2H], embedding half first
     layer: LayerWeights
     norm: torch.Tensor  # [H]
+    # "quantization": "fp8" under a draft vocabulary N: the lm_head's first N rows in FP8 [N, H], the draft's head
+    head: QuantWeight | None = None
 
 
 @dataclass
@@ -139,6 +141,8 @@ def _weights(w: FastWeights):
     layers = list(w.layers)
     if w.mtp is not None:
         yield from (w.mtp.norm_embedding, w.mtp.norm_hidden, w.mtp.fc, w.mtp.norm)
+        if w.mtp.head is not None:
+            yield w.mtp.head
         layers.append(w.mtp.layer)
     for lw in layers:
         yield from _layer_weights(lw)
@@ -265,7 +269,7 @@ def _mtp(src: Source, specs: dict, cfg: Qwen35Config, dtype: torch.dtype, device
 
 
 def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device, mtp: bool = False,
-                      quant: Quant = _no_quant, stages: StagePlan | None = None,
+                      quant: Quant | None = None, stages: StagePlan | None = None,
                       mtp_quant: Quant | None = None) -> FastWeights:
     """Build the resident weights from ``src(logical_name) -> tensor`` (any device/dtype; cast and copied here),
     or ``quant(logical_name)`` where that returns a QuantWeight (text projections, experts and an untied lm_head;
@@ -275,6 +279,7 @@ def load_fast_weights(cfg: Qwen35Config, src: Source, dtype: torch.dtype, device
     pipeline stages (docs/pipeline.md), each rank's layer range loaded on its device (``load_layers``); the
     embedding, final norm, head and MTP head stay on ``device``, rank 0's."""
     specs = logical_parameters(cfg, (TEXT, MTP) if mtp else (TEXT,))
+    quant = quant or _no_quant
     stages = stages or StagePlan((str(device),), (cfg.num_hidden_layers,))
     layers = [lw for rank, r in enumerate(stages.ranges())
               for lw in load_layers(cfg, src, specs, dtype, device if rank == 0 else stages.devices[rank], r, quant)]

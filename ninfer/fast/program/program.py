@@ -24,7 +24,7 @@ from ninfer.fast.drafter_memory import scratch_pages_per_row
 from ninfer.fast.model import FastModel
 from ninfer.fast.model.dflash import FastDrafter, load_drafter_weights
 from ninfer.fast.model.model import allocate_stage_pools, check_mtp
-from ninfer.fast.model.quantized import artifact_quant, draft_fp8
+from ninfer.fast.model.quantized import artifact_quant, draft_fp8, fp8_weight
 from ninfer.fast.model.vision import FastVisionTower
 from ninfer.fast.model.weights import has_a8_weights, load_fast_weights, quant_workspace_bytes, rank_nbytes
 from ninfer.fast.mixed_graphs import MixedGraphRunner
@@ -229,16 +229,20 @@ class FastProgram(Program):
             if drafter.attention_bias:
                 raise UnavailableError("the fast Program's drafter has no projection biases").locate(
                     "attention_bias", hint="run it on --program reference")
-        # the MTP head's projections in FP8 for drafting ("quantization": "fp8", `draft_quant`)
-        mtp_quant = draft_fp8(cfg, source, device) if spec is not None and spec.quantization == "fp8" else None
-        if quant is None:
+        # the MTP head's projections, and under a draft vocabulary its draft head, in FP8 for drafting
+        # ("quantization": "fp8", `draft_quant`)
+        fp8_draft = spec is not None and spec.quantization == "fp8"
+        if quant is None and not fp8_draft:
             model = FastModel.build(cfg, source, config.plan(cfg, budget_bytes, drafter=drafter), device, kernels,
-                                    stages, mtp_quant)
-        else:
+                                    stages)
+        else:  # weights first: the plan counts their resident bytes and dequantization transient
             mtp = spec is not None and spec.method is SpeculativeMethod.MTP
             check_mtp(cfg, mtp)
             weights = load_fast_weights(cfg, source, config.dtype, device, mtp=mtp, quant=quant, stages=stages,
-                                        mtp_quant=mtp_quant)
+                                        mtp_quant=draft_fp8(cfg, source, device) if fp8_draft else None)
+            if fp8_draft and spec.draft_vocab_size is not None:
+                head = "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+                weights.mtp.head = fp8_weight(source(head)[:spec.draft_vocab_size], device)
             if has_a8_weights(weights):  # a short piece padded to a bucket would quantize its activations
                 config = dataclasses.replace(config, prefill_graph_tokens=0)
             act = torch.finfo(config.dtype).bits // 8

@@ -14,7 +14,7 @@ from ninfer.pipeline.link import PeerLink
 from ninfer.program_core import HostTier, IdPool, Program
 from ninfer.program_core.speculative import (MissingBackendWeights, SpeculativeConfig, SpeculativeMethod,
                                              drafter_fit)
-from ninfer.models.qwen3_5.draft_quant import draft_linears, fp8_values
+from ninfer.models.qwen3_5.draft_quant import draft_linears, fp8_values, head_rows_values
 from ninfer.reference.dflash import Drafter
 from ninfer.reference.model import ReferenceModel
 from ninfer.reference.vision import VisionTower
@@ -35,8 +35,12 @@ def _backend(spec: SpeculativeConfig | None, model: ReferenceModel, drafter: Dra
     if spec.method is SpeculativeMethod.MTP:
         if not model.has_mtp:
             raise MissingBackendWeights(spec.method, spec.method.needs)
-        if spec.quantization == "fp8":  # the MTP head drafts with its projections' FP8 values (`draft_quant`)
-            model = model.with_weights({n: fp8_values(model.weights[n]) for n in draft_linears(model.cfg)})
+        if spec.quantization == "fp8":  # the MTP head drafts with its projections' FP8 values (`draft_quant`),
+            # and under a draft vocabulary with its draft head's
+            replaced = {n: fp8_values(model.weights[n]) for n in draft_linears(model.cfg)}
+            if spec.draft_vocab_size is not None:
+                replaced["lm_head.weight"] = head_rows_values(model.weights["lm_head.weight"], spec.draft_vocab_size)
+            model = model.with_weights(replaced)
         return MTPBackend(model, spec.draft_vocab_size)
     block, window = drafter_fit(spec, None if drafter is None else drafter.cfg)
     return DFlashBackend(drafter, block, window, spec.draft_vocab_size)
