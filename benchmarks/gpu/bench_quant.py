@@ -85,8 +85,8 @@ def build(run: Run, name: str, recipe: str) -> tuple[FastProgram, Engine, dict]:
 def bench_one(run: Run, name: str, recipe: str) -> None:
     """One recipe; after the colon, forms joined by "+": "dot" / "vector" / "row" run FP8's one-row GEMV in that
     form (`fastgemv.FP8_ONE_ROW`), "f16" its tl.dot form with f16 operands (`fastgemv.FP8_F16_DOT`), "pdl" /
-    "nopdl" the row form with or without PDL (`fastgemv.PDL`), "qmoe" its expert stacks through `qmoe` (`kernels.FP8_MOE_DECODE` off),
-    each set for this build and its graphs."""
+    "nopdl" the row form with or without PDL (`fastgemv.PDL`), "qmoe" its expert stacks through `qmoe`
+    (`kernels.FP8_MOE_DECODE` off), each set for this build and its graphs."""
     base, _, form = recipe.partition(":")
     forms = set(form.split("+")) if form else set()
     saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, fastgemv.PDL, kernels.FP8_MOE_DECODE

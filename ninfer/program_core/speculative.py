@@ -13,8 +13,7 @@ small hot vocabulary keeps most accepted drafts), and acceptance stays lossless 
 support is still a distribution). `quantization` "fp8" (MTP only, vLLM's field for the draft model's weights)
 drafts with the MTP head's projections (and, under a draft vocabulary, its draft head) in FP8, one scale per row
 (`ninfer.models.qwen3_5.draft_quant`): half the bytes each draft step reads, and acceptance stays lossless (the
-target verifies). Unknown keys, an unknown method or
-a value out of
+target verifies). Unknown keys, an unknown method or a value out of
 range are start-up errors naming the field; whether the artifact carries the backend's weights (and a drafter
 trained for that block) is the Program's check.
 """

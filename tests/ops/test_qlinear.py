@@ -170,7 +170,8 @@ def test_fp8_gemv_wide_tiles_one_row(kind, blocks):
 def test_fp8_one_row_dot_free_takes_the_wide_tile_where_k_allows():
     """At one row without tl.dot (``use_dot=False``; FP8's one-row default is the row form, ``FP8_ONE_ROW``),
     128-column blocks and K a multiple of 512 take the 512-wide tile at 16 rows (measured 2-5% faster in the 9B
-    shapes); other K, more rows or an asked-for tile keep the 128-column tile. The wide path against the oracle, NaN-poisoned."""
+    shapes); other K, more rows or an asked-for tile keep the 128-column tile. The wide path against the oracle,
+    NaN-poisoned."""
     from ninfer.fast.ops.qlinear.fastgemv import _config
 
     blocked = {"block": [128, 128]}

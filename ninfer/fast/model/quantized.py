@@ -20,6 +20,7 @@ from ninfer.artifact.formats import TORCH_DTYPES
 from ninfer.errors import NotSupportedError
 from ninfer.fast.ops.qlinear import QuantWeight, from_planes
 from ninfer.fast.ops.qlinear.layout import unsupported
+from ninfer.models.qwen3_5 import draft_quant as dq
 
 _QUANT_KINDS = ("linear", "router", "experts")
 
@@ -81,8 +82,6 @@ def draft_fp8(cfg: Any, src: Callable[[str], torch.Tensor], device) -> Callable[
     """``quant`` for the MTP head under ``"quantization": "fp8"`` (`ninfer.models.qwen3_5.draft_quant`): each of its
     projections an FP8 QuantWeight with one scale per row, packed from the source's values as the reference
     Program packs them (decode only: a8 off, so a prefill's MTP advance dequantizes exactly)."""
-    from ninfer.models.qwen3_5 import draft_quant as dq
-
     names = set(dq.draft_linears(cfg))
 
     def quant(name: str) -> QuantWeight | None:
@@ -92,9 +91,8 @@ def draft_fp8(cfg: Any, src: Callable[[str], torch.Tensor], device) -> Callable[
 
 def fp8_weight(weight: torch.Tensor, device) -> QuantWeight:
     """`weight` [N, K] as an FP8 QuantWeight on `device`, one scale per row (`draft_quant.fp8_planes`)."""
-    from ninfer.models.qwen3_5 import draft_quant as dq
-
     planes = dq.fp8_planes(weight)
     data = torch.from_numpy(planes["data"]).view(torch.float8_e4m3fn).to(device)
     scales = torch.from_numpy(planes["scales"]).to(device)
-    return from_planes(dq.FORMAT.name, dq.DTYPE, dq.PARAMS, tuple(data.shape), {"data": data, "scales": scales}, False)
+    return from_planes(dq.FORMAT.name, dq.DTYPE, dq.PARAMS, tuple(data.shape), {"data": data, "scales": scales},
+                       False)

@@ -3,9 +3,10 @@
 A draft step reads the MTP layer's projections once per drafted token (about 0.47 GB at the 9B shape in bf16,
 three times a k = 3 round) and the draft head, the lm_head's first `draft_vocab_size` rows (0.27 GB at 32,768), so
 the draft is bandwidth bound like a decode step; e4m3 with one fp32 scale per row halves those bytes. The draft
-head is quantized only under a draft vocabulary (an FP8 copy of the whole head would be 1 GB more at 9B). The drafts only propose: the target verifies every one, so acceptance stays lossless and only
-the acceptance rate can move. Both Programs quantize the same way (the artifact format's FP8 pack, per-row scales),
-so the reference Program, drafting with these values dequantized exactly, stays the fast Program's oracle.
+head is quantized only under a draft vocabulary (an FP8 copy of the whole head would be 1 GB more at 9B). The
+drafts only propose: the target verifies every one, so acceptance stays lossless and only the acceptance rate can
+move. Both Programs quantize the same way (the artifact format's FP8 pack, per-row scales), so the reference
+Program, drafting with these values dequantized exactly, stays the fast Program's oracle.
 """
 
 from __future__ import annotations
@@ -41,13 +42,8 @@ def fp8_values(weight: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(values).to(device=weight.device, dtype=weight.dtype)
 
 
-
 def head_rows_values(lm_head: torch.Tensor, draft_vocab: int) -> torch.Tensor:
     """lm_head [V, H] with its first `draft_vocab` rows (the draft head) replaced by their FP8 values, the rest as
     they are: the reference's drafting lm_head (rows past the draft vocabulary are never drawn)."""
     return torch.cat([fp8_values(lm_head[:draft_vocab]), lm_head[draft_vocab:]])
 
-
-def head_bytes(hidden_size: int, draft_vocab: int) -> int:
-    """The fast Program's FP8 draft head copy: e4m3 rows and one fp32 scale a row."""
-    return draft_vocab * (hidden_size + 4)
