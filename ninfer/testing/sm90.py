@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import triton
@@ -36,16 +37,20 @@ class Sm90Build:
     ttgir: str = field(default="", repr=False)  # the TritonGPU IR, where layouts and their conversions show
     cubin: bytes = field(default=b"", repr=False)
 
+    @cached_property
+    def sass_opcodes(self) -> list[str]:
+        """The SASS opcode of every instruction, in program order (a predicate such as ``@!P0`` stripped)."""
+        sass = _cuobjdump(self.cubin, "-sass")
+        return re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(\S+)", sass, re.M)
+
     def opcodes(self, prefix: str) -> int:
         """SASS instructions whose opcode starts with `prefix` (e.g. "F2F." for the quarter-rate conversions)."""
-        sass = _cuobjdump(self.cubin, "-sass")
-        return len(re.findall(rf"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?{re.escape(prefix)}", sass, re.M))
+        return sum(op.startswith(prefix) for op in self.sass_opcodes)
 
     def before(self, marker: str, prefix: str) -> int:
         """SASS instructions starting with `prefix` placed before the first `marker` instruction (all of them
         without one): e.g. the loads a kernel issues before PDL's wait on the kernel before it (ACQBULK)."""
-        sass = _cuobjdump(self.cubin, "-sass")
-        ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?(\S+)", sass, re.M)
+        ops = self.sass_opcodes
         end = next((i for i, op in enumerate(ops) if op.startswith(marker)), len(ops))
         return sum(op.startswith(prefix) for op in ops[:end])
 

@@ -20,6 +20,7 @@ from ninfer.artifact.formats import TORCH_DTYPES
 from ninfer.errors import NotSupportedError
 from ninfer.fast.ops.qlinear import QuantWeight, from_planes
 from ninfer.fast.ops.qlinear.layout import unsupported
+from ninfer.models.qwen3_5 import Qwen35Config
 from ninfer.models.qwen3_5 import draft_quant as dq
 
 _QUANT_KINDS = ("linear", "router", "experts")
@@ -78,7 +79,7 @@ def artifact_quant(art: Any, device, tied: bool) -> tuple[Callable[[str], QuantW
     return quant, sorted(objects)
 
 
-def draft_fp8(cfg: Any, src: Callable[[str], torch.Tensor], device) -> Callable[[str], QuantWeight | None]:
+def draft_fp8(cfg: Qwen35Config, src: Callable[[str], torch.Tensor], device) -> Callable[[str], QuantWeight | None]:
     """``quant`` for the MTP head under ``"quantization": "fp8"`` (`ninfer.models.qwen3_5.draft_quant`): each of its
     projections an FP8 QuantWeight with one scale per row, packed from the source's values as the reference
     Program packs them (decode only: a8 off, so a prefill's MTP advance dequantizes exactly)."""
