@@ -37,6 +37,7 @@ from measure import cuda_ms, graph_us  # noqa: E402
 from quant_weights import RECIPES, random_planes  # noqa: E402
 from shapes import config  # noqa: E402
 
+from ninfer.fast.ops import pdl  # noqa: E402
 from ninfer.fast.ops.gemv import gemv  # noqa: E402
 from ninfer.fast.ops.qlinear import fastgemv, from_planes, qlinear_naive  # noqa: E402
 from ninfer.fast.ops.qlinear.fastgemv import to_tiles  # noqa: E402
@@ -60,7 +61,7 @@ SWEEP = {
     ("nvfp4", 1): [(32, 4, 4, True, None), (64, 3, 8, True, None), (32, 4, 4, False, None)],
     ("nvfp4", 8): [(32, 4, 4, True, None), (64, 3, 8, True, None)],
     # FP8's one-row "row" form (`fp8_row`): (rows, stages, warps, form, splits), form "" or "pdl" (programmatic
-    # dependent launch, `fastgemv.PDL`)
+    # dependent launch, `ninfer.fast.ops.pdl.ENABLED`)
     ("fp8row", 1): [(64, 4, 4, "", None), (64, 4, 4, "pdl", None), (128, 4, 8, "", None), (128, 4, 8, "pdl", None),
                     (32, 4, 4, "", None), (64, 4, 4, "", 2), (64, 4, 4, "", 4), (128, 4, 8, "", 2),
                     (128, 4, 4, "", None), (256, 4, 8, "", None)],
@@ -115,14 +116,14 @@ def _config_name(cfg) -> str:
 def _form(variant: str, cfg):
     """fastgemv's module switches for the variant and configuration (fp8: the tl.dot form at one row; fp8row: the
     row form, with PDL where the configuration asks)."""
-    saved = fastgemv.FP8_ONE_ROW, fastgemv.PDL
+    saved = fastgemv.FP8_ONE_ROW, pdl.ENABLED
     if variant in ("fp8", "fp8row"):
         fastgemv.FP8_ONE_ROW = "row" if variant == "fp8row" else "dot"
-        fastgemv.PDL = variant == "fp8row" and (saved[1] if cfg is None else cfg[3] == "pdl")
+        pdl.ENABLED = variant == "fp8row" and (saved[1] if cfg is None else cfg[3] == "pdl")
     try:
         yield
     finally:
-        fastgemv.FP8_ONE_ROW, fastgemv.PDL = saved
+        fastgemv.FP8_ONE_ROW, pdl.ENABLED = saved
 
 
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:

@@ -6,7 +6,8 @@ to first token at 2048 / 8192 tokens; the issue's targets with pass/fail at the 
 Weights are random planes made on the device (quant_weights.py; shapes.py for the dense ones), so the numbers are
 speed only. A recipe "fp8:dot", "fp8:vector" or "fp8:row" picks FP8's one-row GEMV form
 (`fastgemv.FP8_ONE_ROW`), "fp8:f16" its tl.dot form's operand type (`fastgemv.FP8_F16_DOT`; forms combine:
-"fp8:row+f16"); "pdl" / "nopdl" launch the row form with or without programmatic dependent launch (`fastgemv.PDL`);
+"fp8:row+f16"); "pdl" / "nopdl" launch the decode path's Triton kernels with or without programmatic dependent
+launch (`ninfer.fast.ops.pdl.ENABLED`; "bf16:nopdl" too);
 "fp8:qmoe" runs FP8 expert stacks through `qmoe`'s per-pair GEMVs instead of the fused `moe_decode`
 (`kernels.FP8_MOE_DECODE` off).
 Run: python benchmarks/gpu/bench_quant.py [--models 9B,35B-A3B] [--recipes bf16,fp8,q4,nvfp4]
@@ -35,6 +36,7 @@ from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
 from ninfer.fast.model import kernels  # noqa: E402
+from ninfer.fast.ops import pdl  # noqa: E402
 from ninfer.fast.ops.qlinear import QuantWeight, fastgemv  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 
@@ -85,20 +87,20 @@ def build(run: Run, name: str, recipe: str) -> tuple[FastProgram, Engine, dict]:
 def bench_one(run: Run, name: str, recipe: str) -> None:
     """One recipe; after the colon, forms joined by "+": "dot" / "vector" / "row" run FP8's one-row GEMV in that
     form (`fastgemv.FP8_ONE_ROW`), "f16" its tl.dot form with f16 operands (`fastgemv.FP8_F16_DOT`), "pdl" /
-    "nopdl" the row form with or without PDL (`fastgemv.PDL`), "qmoe" its expert stacks through `qmoe`
+    "nopdl" the decode kernels with or without PDL (`ninfer.fast.ops.pdl.ENABLED`: every Triton kernel that takes it), "qmoe" its expert stacks through `qmoe`
     (`kernels.FP8_MOE_DECODE` off), each set for this build and its graphs."""
     base, _, form = recipe.partition(":")
     forms = set(form.split("+")) if form else set()
-    saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, fastgemv.PDL, kernels.FP8_MOE_DECODE
+    saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, pdl.ENABLED, kernels.FP8_MOE_DECODE
     for one_row in forms & {"dot", "vector", "row"}:
         fastgemv.FP8_ONE_ROW = one_row
     fastgemv.FP8_F16_DOT = saved[1] or "f16" in forms
-    fastgemv.PDL = (saved[2] or "pdl" in forms) and "nopdl" not in forms
+    pdl.ENABLED = (saved[2] or "pdl" in forms) and "nopdl" not in forms
     kernels.FP8_MOE_DECODE = saved[3] and "qmoe" not in forms
     try:
         _bench(run, name, recipe, base)
     finally:
-        fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, fastgemv.PDL, kernels.FP8_MOE_DECODE = saved
+        fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, pdl.ENABLED, kernels.FP8_MOE_DECODE = saved
 
 
 def _bench(run: Run, name: str, recipe: str, base: str) -> None:

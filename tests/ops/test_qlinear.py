@@ -197,12 +197,13 @@ def test_fp8_one_row_dot_free_takes_the_wide_tile_where_k_allows():
 def test_fp8_one_row_row_form(block, N, K, pdl, monkeypatch):
     """The one-row "row" form (``fastgemv.FP8_ONE_ROW``, `fp8_row`): 64- and 128-column blocks (K tiles of 64 and
     128), per-row scales over K not a multiple of 128, rows off its 64-row tile, split-K, SwiGLU; NaN-poisoned
-    outputs; on a GPU also launched with PDL (``fastgemv.PDL``). A weight it does not fit (32-column blocks) keeps
+    outputs; on a GPU also launched with PDL (``pdl.ENABLED``). A weight it does not fit (32-column blocks) keeps
     the tl.dot form."""
+    from ninfer.fast.ops import pdl as pdl_switch
     from ninfer.fast.ops.qlinear import fastgemv, fp8_row
 
     monkeypatch.setattr(fastgemv, "FP8_ONE_ROW", "row")
-    monkeypatch.setattr(fastgemv, "PDL", pdl)
+    monkeypatch.setattr(pdl_switch, "ENABLED", pdl)
     kind, params = ("fp8", {"block": list(block)}) if block else ("fp8_row", {})
     w = pack_weight(torch.randn(2 * N, K) * K ** -0.5, kind, DEVICE, params=params)
     assert fp8_row.tile(w) == (128 if K % 128 == 0 else 64)

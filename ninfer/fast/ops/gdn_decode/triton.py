@@ -15,10 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 
 @triton.jit
 def _conv_update_kernel(x_ptr, state_ptr, w_ptr, slot_ptr, out_ptr, C, stride_x, stride_slot, stride_o,
-                        K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+                        K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     b = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     j = tl.arange(0, BLOCK_K)
@@ -91,7 +94,8 @@ def _recurrent_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dt
                       stride_b, stride_slot, stride_y, scale, eps, HK: tl.constexpr, HV: tl.constexpr,
                       DK: tl.constexpr, DV: tl.constexpr, G: tl.constexpr, K: tl.constexpr, CONV: tl.constexpr,
                       ROWS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr,
-                      BKW: tl.constexpr):
+                      BKW: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     # program (b, value head, dv block): columns of S are independent in the delta rule, so S [dk, BV] is this
     # program's alone; q/k (and with CONV their conv) are recomputed by each of the G * NV programs of a key head.
     # Sequence b's inputs and output are row r of x/z/a/b/y (ROWS: rows[b]); o and the counters are b's
@@ -184,9 +188,10 @@ def gdn_conv_update(mixed: torch.Tensor, conv_state: torch.Tensor, conv_weight: 
     w = conv_weight.reshape(C, K).contiguous()
     out = torch.empty_like(mixed) if out is None else out
     BLOCK_C = 256
+    on = pdl.active(mixed)
     _conv_update_kernel[(B, triton.cdiv(C, BLOCK_C))](
         mixed, conv_state, w, slot_ids, out, C, mixed.stride(0), conv_state.stride(0), out.stride(0),
-        K=K, BLOCK_C=BLOCK_C, BLOCK_K=triton.next_power_of_2(K - 1))
+        K=K, BLOCK_C=BLOCK_C, BLOCK_K=triton.next_power_of_2(K - 1), PDL=on, **pdl.launch(on))
     return out
 
 
@@ -225,13 +230,14 @@ def _launch(x, conv_state, conv_weight, z, a, b, A_log, dt_bias, norm_weight, ss
     # dv blocks of 32 (128-byte rows of S): 4 programs per head at dv=128, so B=1 already spreads over ~128 SMs
     BV = min(BVF, 32)
     NV = triton.cdiv(DV, BV)
+    on = pdl.active(x)
     _recurrent_kernel[(B, HV, NV)](
         x, conv_state if conv else x, w, z, a, b, A_log, dt_bias, norm_weight, ssm_state, slot_ids,
         slot_ids if out_slot_ids is None else out_slot_ids, slot_ids if rows is None else rows, o,
         _arrival_counters(x.device, B * HK), y, x.stride(0), conv_state.stride(0) if conv else 0, z.stride(0),
         a.stride(0), b.stride(0), ssm_state.stride(0), y.stride(0), DK ** -0.5, eps,
         HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, K=K, CONV=conv, ROWS=rows is not None, BK=BK, BV=BV, NV=NV, BVF=BVF,
-        BKW=triton.next_power_of_2(K), num_warps=4)
+        BKW=triton.next_power_of_2(K), PDL=on, num_warps=4, **pdl.launch(on))
     return y
 
 

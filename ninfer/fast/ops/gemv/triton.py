@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 # tl.dot's smallest tile edge: x is padded to this many rows
 MAX_ROWS = 16
 _MAX_SPLITS = 8
@@ -185,7 +187,8 @@ def _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, 
 def _gemv_kernel(x_ptr, w_ptr, nw_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, k_per, num_splits, half, eps,
                  stride_x, stride_w, stride_r, stride_y, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr,
                  EVEN_K: tl.constexpr, SPLIT: tl.constexpr, SWIGLU: tl.constexpr, FP32_DOT: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     m = tl.arange(0, BM)
@@ -240,12 +243,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: 
     fp32_dot = os.environ.get("TRITON_INTERPRET") == "1" or torch.float32 in (x.dtype, w.dtype)
     r = y if residual is None else residual
     norm = _NORM_NONE if norm_weight is None else (_NORM_PROLOGUE if splits > 1 else _NORM_IN_LOOP)
+    on = pdl.active(x)
     _gemv_kernel[(blocks, splits)](
         x, w, x if norm_weight is None else norm_weight, r, y, part, arrivals, M, R, K, k_per, splits, n_out, eps,
         x.stride(0), w.stride(0), r.stride(0), y.stride(0),
         BM=MAX_ROWS, BW=cfg.rows, BK=cfg.bk, EVEN_K=K % cfg.bk == 0, SPLIT=splits > 1, SWIGLU=swiglu,
-        FP32_DOT=fp32_dot, NORM=norm, RESIDUAL=residual is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        FP32_DOT=fp32_dot, NORM=norm, RESIDUAL=residual is not None, PDL=on, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl.launch(on))
     return y
 
 

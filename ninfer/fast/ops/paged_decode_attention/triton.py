@@ -17,13 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, first_ptr, o_ptr, po_ptr, lse_ptr, g_ptr, scale,
                    stride_qb, stride_qh, stride_page, stride_tok, stride_kvh, stride_bt, stride_ob, stride_oh,
                    stride_gb, stride_gh, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, BG: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
-                   HAS_FIRST: tl.constexpr, GATE: tl.constexpr):
+                   HAS_FIRST: tl.constexpr, GATE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -84,7 +87,8 @@ def _sigmoid_gate(g_ptrs, mask):
 @triton.jit
 def _merge_kernel(po_ptr, lse_ptr, o_ptr, g_ptr, stride_ob, stride_oh, stride_gb, stride_gh, NH: tl.constexpr,
                   D: tl.constexpr, NUM_SPLITS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
-                  GATE: tl.constexpr):
+                  GATE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BS)
@@ -144,13 +148,16 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         po = lse = out
     BG, BD = max(16, triton.next_power_of_2(G)), triton.next_power_of_2(D)
     g = q if gate is None else gate
+    on = pdl.active(q)
     _decode_kernel[(B, nkv, ns)](
         q, k_pages, v_pages, block_table, context_lens, context_lens if first_keys is None else first_keys, out, po,
         lse, g, scale,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2), block_table.stride(0),
         out.stride(0), out.stride(1), g.stride(0), g.stride(1), G=G, D=D, PAGE=page, NUM_SPLITS=ns, BG=BG, BD=BD,
-        BN=BN, HAS_FIRST=first_keys is not None, GATE=gate is not None, num_warps=4, num_stages=2)
+        BN=BN, HAS_FIRST=first_keys is not None, GATE=gate is not None, PDL=on, num_warps=4, num_stages=2,
+        **pdl.launch(on))
     if ns > 1:
         _merge_kernel[(B, nh)](po, lse, out, g, out.stride(0), out.stride(1), g.stride(0), g.stride(1), NH=nh, D=D,
-                               NUM_SPLITS=ns, BS=triton.next_power_of_2(ns), BD=BD, GATE=gate is not None)
+                               NUM_SPLITS=ns, BS=triton.next_power_of_2(ns), BD=BD, GATE=gate is not None,
+                               PDL=on, **pdl.launch(on))
     return out

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
 from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms, _tile_rows
 
 from .fp8_gemv import _fp8_kernel
@@ -54,12 +55,10 @@ FP8_ONE_ROW = "row"
 # the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in: the 9B step at B = 2,
 # 4, 8 5.41 / 5.61 / 6.13 ms against bf16 operands' 5.39 / 5.58 / 6.03 (eighteenth session, H100, "fp8:f16")
 FP8_F16_DOT = False
-# the row form launched with PDL (programmatic dependent launch, sm_90, CUDA only): its programs are placed while
-# the kernel before it finishes and wait for it (`gdc_wait`) before any load. Eighteenth session, H100: 0.3-0.8 us
+# the row form launches with PDL (`ninfer.fast.ops.pdl`) where the switch is on. Eighteenth session, H100: 0.3-0.8 us
 # off a call (bench_qgemv.py: 9B out_proj 8.8 against 9.6 us, down 21.7 against 22.4), the 9B step at B=1 4.51 ms
 # against 4.56 (bench_quant.py "fp8:pdl"); a prefetch of the first weight tile before the wait, carried across
 # the loop's iterations, made each call 5-15 us slower and went
-PDL = True
 _WORDS = TILE // 8
 
 
@@ -303,10 +302,9 @@ def _fp8_row(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, bk: int, swiglu: 
     n_out = R // 2 if swiglu else R
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
     k_per, splits, part, arrivals = split_plan(x, y, blocks, 1, R, w.k, bk, splits)
-    pdl = PDL and x.is_cuda  # griddepcontrol is PTX: neither the interpreter nor a CPU has it
-    launch = {"launch_pdl": True} if pdl else {}
+    on = pdl.active(x)
     _fp8_row_kernel[(blocks, splits)](
         x, w.data, w.scales, y, part, arrivals, R, w.k, k_per, splits, n_out, w.block_rows, w.block_cols,
         w.data.stride(0), w.scales.stride(-2), y.stride(0), BW=bw, BK=bk, SPLIT=splits > 1, SWIGLU=swiglu,
-        PDL=pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+        PDL=on, num_warps=num_warps, num_stages=num_stages, **pdl.launch(on))
     return y

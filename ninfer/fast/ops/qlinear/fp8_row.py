@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ninfer.fast.ops import pdl
 from ninfer.fast.ops.gemv.triton import _finish, _tile_rows
 
 from .layout import QKind, QuantWeight
@@ -43,10 +43,7 @@ def tile(w: QuantWeight) -> int | None:
 def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, R, K, k_per, num_splits, half, BR, BC,
                     stride_w, stride_s, stride_y, BW: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
                     SWIGLU: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # programmatic dependent launch: the next kernel may take SM room now, and this one reads x (and the
-        # split-K tables) only once the kernel before it has finished
-        gdc_launch_dependents()
-        gdc_wait()
+    pdl.enter(PDL)  # reads x (and the split-K tables) only once the kernel before it has finished
     pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w  # [BW, 1]

@@ -6,10 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, stride_x, stride_r, stride_y, stride_h, N, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -51,6 +54,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         h2 = h.view(-1, N)
     BLOCK = triton.next_power_of_2(N)
     num_warps = min(max(BLOCK // 512, 1), 16)
+    on = pdl.active(x)
     _rmsnorm_kernel[(x2.shape[0],)](x2, r2, weight, y2, h2, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0),
-                                    N, eps, HAS_RESIDUAL=residual is not None, BLOCK=BLOCK, num_warps=num_warps)
+                                    N, eps, HAS_RESIDUAL=residual is not None, BLOCK=BLOCK, PDL=on,
+                                    num_warps=num_warps, **pdl.launch(on))
     return y, h

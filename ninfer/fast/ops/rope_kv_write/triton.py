@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 from .naive import mrope_rows, rope_inv_freq
 
 
@@ -36,7 +38,9 @@ def _norm_rope(x_ptr, w_ptr, inv_ptr, pos, eps, HAS_NORM: tl.constexpr, D: tl.co
 def _rope_kv_write_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, pos_ptr, slot_ptr, kp_ptr, vp_ptr, qw_ptr, kw_ptr, inv_ptr,
                           rows_ptr, eps, sq0, sq1, sk0, sk1, sv0, sv1, so0, so1, sp0,
                           NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, RD: tl.constexpr,
-                          HAS_QN: tl.constexpr, HAS_KN: tl.constexpr, BD: tl.constexpr, MROPE: tl.constexpr):
+                          HAS_QN: tl.constexpr, HAS_KN: tl.constexpr, BD: tl.constexpr, MROPE: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BD)
@@ -95,10 +99,11 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
         if key not in _ROWS:
             _ROWS[key] = mrope_rows(rotary_dim // 2, mrope_section).to(device=q.device, dtype=torch.int32)
         rows = _ROWS[key]
+    on = pdl.active(q)
     _rope_kv_write_kernel[(T, NH + NKV)](
         q, k, v, q_out, positions, slot_mapping, k_pages, v_pages, qw, kw, inv, rows, eps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_out.stride(0),
         q_out.stride(1), positions.stride(0) if mrope else 0, NH=NH, NKV=NKV, D=D, RD=rotary_dim,
         HAS_QN=q_norm_weight is not None, HAS_KN=k_norm_weight is not None, BD=triton.next_power_of_2(D),
-        MROPE=mrope)
+        MROPE=mrope, PDL=on, **pdl.launch(on))
     return q_out

@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 
 @triton.jit
-def _swiglu_kernel(x_ptr, o_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr):
+def _swiglu_kernel(x_ptr, o_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -24,5 +27,7 @@ def swiglu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     I = two_i // 2
     out = x.new_empty(T, I) if out is None else out
     BLOCK = min(1024, triton.next_power_of_2(I))
-    _swiglu_kernel[(T, triton.cdiv(I, BLOCK))](x, out, I, x.stride(0), out.stride(0), BLOCK=BLOCK)
+    on = pdl.active(x)
+    _swiglu_kernel[(T, triton.cdiv(I, BLOCK))](x, out, I, x.stride(0), out.stride(0), BLOCK=BLOCK, PDL=on,
+                                               **pdl.launch(on))
     return out

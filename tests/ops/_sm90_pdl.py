@@ -1,0 +1,64 @@
+"""Builds each decode kernel that takes PDL (`ninfer.fast.ops.pdl`) for sm_90 at 9B shapes, with and without its
+``PDL`` constexpr (``ninfer.testing.sm90``), and prints one JSON line a build: PDL's trigger (PREEXIT) and wait
+(ACQBULK) counts and the global loads, stores and atomics placed before the wait. Run without TRITON_INTERPRET:
+``test_pdl.py`` starts it as a subprocess; arguments pick kernels by name (none: all)."""
+
+import json
+import sys
+
+from ninfer.fast.ops.gdn_decode import triton as gdn
+from ninfer.fast.ops.gemv import triton as gemv
+from ninfer.fast.ops.paged_decode_attention import triton as attention
+from ninfer.fast.ops.qlinear import fp8_row
+from ninfer.fast.ops.rmsnorm import triton as rmsnorm
+from ninfer.fast.ops.rope_kv_write import triton as rope
+from ninfer.fast.ops.swiglu import triton as swiglu
+from ninfer.testing.sm90 import build_sm90
+
+INT_POINTERS = {"slot_ptr", "out_slot_ptr", "row_ptr", "cnt_ptr", "bt_ptr", "ctx_ptr", "first_ptr", "arrive_ptr",
+                "pos_ptr", "rows_ptr"}
+FP32_POINTERS = {"s_ptr", "o_ptr@gdn", "po_ptr", "lse_ptr", "part_ptr", "alog_ptr", "dtb_ptr", "inv_ptr",
+                 "state_ptr"}
+# kernel name -> (module kernel, constexprs at 9B shapes, num_warps)
+KERNELS = {
+    "rmsnorm": (rmsnorm._rmsnorm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), 8),
+    "swiglu": (swiglu._swiglu_kernel, dict(BLOCK=1024), 4),
+    "gdn_conv": (gdn._conv_update_kernel, dict(K=4, BLOCK_C=256, BLOCK_K=4), 4),
+    "gdn_recurrent": (gdn._recurrent_kernel, dict(HK=16, HV=32, DK=128, DV=128, G=2, K=4, CONV=True, ROWS=False,
+                                                   BK=128, BV=32, NV=4, BVF=128, BKW=4), 4),
+    "attention": (attention._decode_kernel, dict(G=4, D=256, PAGE=16, NUM_SPLITS=8, BG=16, BD=256, BN=32,
+                                                 HAS_FIRST=False, GATE=True), 4),
+    "attention_merge": (attention._merge_kernel, dict(NH=16, D=256, NUM_SPLITS=8, BS=8, BD=256, GATE=True), 4),
+    "rope_kv_write": (rope._rope_kv_write_kernel, dict(NH=16, NKV=4, D=256, RD=64, HAS_QN=True, HAS_KN=True,
+                                                       BD=256, MROPE=False), 4),
+    "gemv": (gemv._gemv_kernel, dict(BM=16, BW=32, BK=256, EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
+                                     NORM=0, RESIDUAL=True), 4),
+    "fp8_row": (fp8_row._fp8_row_kernel, dict(BW=64, BK=128, SPLIT=True, SWIGLU=False), 4),
+}
+
+
+def _type(kernel_name: str, arg: str) -> str:
+    if arg in INT_POINTERS:
+        return "*i32"
+    if arg in FP32_POINTERS or (kernel_name == "gdn_recurrent" and arg == "o_ptr"):
+        return "*fp32"
+    if kernel_name == "fp8_row" and arg == "w_ptr":
+        return "*fp8e4nv"
+    if arg.endswith("_ptr"):
+        return "*bf16"
+    return "fp32" if arg in ("scale", "eps") else "i32"
+
+
+def build(name: str, pdl: bool) -> None:
+    kernel, constexprs, warps = KERNELS[name]
+    types = {a: _type(name, a) for a in kernel.arg_names if a not in constexprs and a != "PDL"}
+    b = build_sm90(kernel, types, dict(constexprs, PDL=pdl), num_warps=warps, num_stages=2)
+    before = {op: b.before("ACQBULK", op) for op in ("LDG", "STG", "ATOM", "RED.")}  # LDG: LDGSTS too
+    print(json.dumps(dict(kernel=name, pdl=pdl, trigger=b.opcodes("PREEXIT"), wait=b.opcodes("ACQBULK"),
+                          global_before_wait=sum(before.values()), before=before)), flush=True)
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or KERNELS:
+        for pdl in (False, True):
+            build(name, pdl)
