@@ -11,6 +11,8 @@ rows while an 8192-token prompt prefills beside them in chunks sized from the Pr
 the device's idle time between decode steps at B = 1..8 with async scheduling off and on (`step_gaps.py`, issue
 14's target <= 30 us). The Engine runs unthreaded (the caller steps it) so every interval is one or more whole
 worker boundaries; async scheduling is on (as `ninfer serve` runs the fast Program) unless NINFER_BENCH_ASYNC=0.
+NINFER_BENCH_KERNELS=triton-fused builds the Program on the opt-in op table instead of the default "triton"; with
+NINFER_PDL=0 (ninfer.fast.ops.pdl) the decode kernels launch without PDL: the A/Bs of the op tables and of PDL.
 
 Run: python benchmarks/gpu/bench_engine.py [--models 0.8B,9B,35B-A3B] [--deadline-s 240] [--out DIR]
      (env BENCH_ENGINE_PARTS=decode,itl: only those parts)
@@ -40,6 +42,7 @@ from step_gaps import StepGaps  # noqa: E402
 from ninfer.engine.config import EngineConfig  # noqa: E402
 from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
+from ninfer.fast.ops import pdl  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 from ninfer.fast.program.config import GRAPHED_PREFILL_TOKENS  # noqa: E402
 from ninfer.sampling import SamplingParams  # noqa: E402
@@ -280,13 +283,14 @@ def build(s: Settings, name: str) -> tuple[FastProgram, Engine, dict]:
     settings = FastProgramConfig(max_concurrency=LANES, max_context=s.max_context, checkpoint_slots=8,
                                  max_prefill_tokens=s.prefill_chunk, prefill_graph_tokens=GRAPHED_PREFILL_TOKENS)
     budget = s.budget_bytes if s.budget_bytes is not None else device_budget(0.9)
+    kernels = os.environ.get("NINFER_BENCH_KERNELS", s.kernels) if s.device == "cuda" else s.kernels
     program = FastProgram.build(cfg, random_source(cfg, s.device), settings, budget_bytes=budget, device=s.device,
-                                kernels=s.kernels)
+                                kernels=kernels)
     plan = program.model.plan
     overlap = os.environ.get("NINFER_BENCH_ASYNC", "1") != "0"
     engine = Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=s.prefill_chunk,
                                           async_scheduling=overlap), threaded=False)
-    info = {"build_s": time.monotonic() - t, "weight_bytes": program.model.weights.nbytes,
+    info = {"build_s": time.monotonic() - t, "kernels": kernels, "pdl": pdl.ENABLED, "weight_bytes": program.model.weights.nbytes,
             "plan_bytes": plan.total_bytes, "kv_bytes": plan.kv_bytes, "state_bytes": plan.state_bytes,
             # what the chunk sizing sees: the eager piece's fixed cost against the prefill graphs' (docs/engine.md)
             "prefill_costs": dataclasses.asdict(program.limits.prefill),

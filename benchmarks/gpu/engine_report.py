@@ -60,7 +60,8 @@ def print_table(r: dict, lanes: int) -> None:
         gib = lambda k: fmt((m.get(k) or 0) / 2**30)  # noqa: E731
         print(f"  {name:8} memory: weights {gib('weight_bytes')} GiB, KV {gib('kv_bytes')} GiB, GDN state "
               f"{gib('state_bytes')} GiB, plan {gib('plan_bytes')} GiB, peak allocated "
-              f"{gib('peak_allocated_bytes')} GiB, build {fmt(m.get('build_s'), '{:.1f}')} s")
+              f"{gib('peak_allocated_bytes')} GiB, build {fmt(m.get('build_s'), '{:.1f}')} s; op table "
+              f"{m.get('kernels')}, PDL {'on' if m.get('pdl') else 'off'}")
     print_problems(r)
 
 
