@@ -2,7 +2,8 @@
 ``q4_generic``, in the stored order through the generic kernel, NVFP4) on the 9B and 35B-A3B decode projections at
 M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, with a sweep of kernel configurations (weight rows
 per program, stages, warps, tl.dot or dot-free, splits) to tune the heuristic; ``fp8row``: the FP8 weights at M = 1
-through the one-row "row" form (with and without PDL), ``fp8`` at M = 1 through the tl.dot form.
+through the one-row "row" form (with and without PDL), ``fp8`` at M = 1 through the tl.dot form; ``fp8rows``: at M = 2
+and 4 through the few-rows "rows" form (`fastgemv.FP8_ROWS`), ``fp8`` beside it at those M through tl.dot.
 
 Each case is timed inside a CUDA graph of back-to-back calls cycling through weight copies larger than the L2
 cache, so every call streams its weight from HBM. Printed: us per call and GB/s of the bytes really stored, and the
@@ -65,9 +66,14 @@ SWEEP = {
     ("fp8row", 1): [(64, 4, 4, "", None), (64, 4, 4, "pdl", None), (128, 4, 8, "", None), (128, 4, 8, "pdl", None),
                     (32, 4, 4, "", None), (64, 4, 4, "", 2), (64, 4, 4, "", 4), (128, 4, 8, "", 2),
                     (128, 4, 4, "", None), (256, 4, 8, "", None)],
+    # FP8's few-rows "rows" form (`fp8_rows`) at M = 2 and 4: (rows, stages, warps, "", splits)
+    ("fp8rows", 8): [(64, 4, 4, "", None), (32, 4, 4, "", None), (128, 4, 8, "", None), (64, 3, 4, "", None),
+                     (64, 4, 4, "", 2)],
 }
-# q4_generic: int4 in the stored order, the generic kernel; fp8row: the FP8 weights through the one-row "row" form
-VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4", "fp8row"]
+# q4_generic: int4 in the stored order, the generic kernel; fp8row: the FP8 weights through the one-row "row" form;
+# fp8rows: through the few-rows form, at M = 2 and 4 (where "fp8" runs its tl.dot form beside it)
+VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4", "fp8row", "fp8rows"]
+ROWS_FORM_M = (2, 4)
 
 
 def shapes(model: str) -> list[tuple[str, int, int]]:
@@ -85,7 +91,7 @@ def shapes(model: str) -> list[tuple[str, int, int]]:
 
 def _weights(variant: str, N: int, K: int, device: str, smoke: bool) -> list:
     """Copies of one random weight in the variant's device layout, together past the L2 cache (one on the CPU)."""
-    fmt, dtype, params, _ = RECIPES[{"q4_generic": "q4", "fp8row": "fp8"}.get(variant, variant)]
+    fmt, dtype, params, _ = RECIPES[{"q4_generic": "q4", "fp8row": "fp8", "fp8rows": "fp8"}.get(variant, variant)]
     gen = torch.Generator(device=device).manual_seed(0)
 
     def make():
@@ -115,26 +121,29 @@ def _config_name(cfg) -> str:
 @contextlib.contextmanager
 def _form(variant: str, cfg):
     """fastgemv's module switches for the variant and configuration (fp8: the tl.dot form at one row; fp8row: the
-    row form, with PDL where the configuration asks)."""
-    saved = fastgemv.FP8_ONE_ROW, pdl.ENABLED
+    row form, with PDL where the configuration asks; fp8rows: the few-rows form)."""
+    saved = fastgemv.FP8_ONE_ROW, pdl.ENABLED, fastgemv.FP8_ROWS
     if variant in ("fp8", "fp8row"):
         fastgemv.FP8_ONE_ROW = "row" if variant == "fp8row" else "dot"
         pdl.ENABLED = variant == "fp8row" and (saved[1] if cfg is None else cfg[3] == "pdl")
+    fastgemv.FP8_ROWS = variant == "fp8rows"
     try:
         yield
     finally:
-        fastgemv.FP8_ONE_ROW, pdl.ENABLED = saved
+        fastgemv.FP8_ONE_ROW, pdl.ENABLED, fastgemv.FP8_ROWS = saved
 
 
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:
     if variant == "fp8row" and M > 1:
         return  # a one-row form
+    if (variant == "fp8rows") != (M in ROWS_FORM_M) and variant != "fp8":
+        return  # the few-rows form at M = 2 and 4 alone, where only "fp8" (its tl.dot form) runs beside it
     it = iter(range(1 << 30))
     nbytes = ws[0].nbytes
     best = None
     for cfg in _sweep(variant, M, smoke):
         kw = {} if cfg is None else dict(bw=cfg[0], num_stages=cfg[1], num_warps=cfg[2], splits=cfg[4])
-        if cfg is not None and variant != "fp8row":
+        if cfg is not None and variant not in ("fp8row", "fp8rows"):
             kw.update(use_dot=cfg[3], bk=cfg[5] if len(cfg) > 5 else None)
         name = _config_name(cfg)
         try:
@@ -168,7 +177,7 @@ def bench_shape(name: str, N: int, K: int, results: list, errors: dict, smoke: b
     copies = 1 if smoke else max(2, ROTATE_BYTES // (N * K * 2))
     dense = [torch.randn(N, K, device=device, dtype=dtype) * K ** -0.5 for _ in range(copies)]
     weights = {v: _weights(v, N, K, device, smoke) for v in variants}
-    for M in (1, 8):
+    for M in (1, *(ROWS_FORM_M if "fp8rows" in variants else ()), 8):
         x = torch.randn(M, K, device=device, dtype=dtype)
         it = iter(range(1 << 30))
         bf16 = min(graph_us(lambda: F.linear(x, dense[next(it) % len(dense)]), 2 * len(dense)),

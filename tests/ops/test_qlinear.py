@@ -220,6 +220,29 @@ def test_fp8_one_row_row_form(block, N, K, pdl, monkeypatch):
     assert fp8_row.tile(narrow) is None
 
 
+@pytest.mark.parametrize("M", [2, 3, 4])
+@pytest.mark.parametrize("block, N, K", [((16, 64), 40, 192), (None, 70, 192)])
+def test_fp8_few_rows_form(M, block, N, K, monkeypatch):
+    """The few-rows "rows" form (``fastgemv.FP8_ROWS``, `fp8_rows`) at 2..4 rows of x: 64-column blocks and per-row
+    scales, rows off its 64-row tile, M off its power of two (3: a padding row), split-K, a 32-row tile, SwiGLU;
+    NaN-poisoned outputs. At more rows, or a weight the row form does not fit, the tl.dot form runs."""
+    from ninfer.fast.ops.qlinear import fastgemv, fp8_rows
+
+    monkeypatch.setattr(fastgemv, "FP8_ROWS", True)
+    kind, params = ("fp8", {"block": list(block)}) if block else ("fp8_row", {})
+    w = pack_weight(torch.randn(2 * N, K) * K ** -0.5, kind, DEVICE, params=params)
+    x = torch.randn(M, K, device=DEVICE).to(DTYPE)
+    for splits, bw in ((None, None), (2, None), (3, 32)):
+        out = torch.full((M, 2 * N), float("nan"), device=DEVICE, dtype=DTYPE)
+        assert_close(f"fp8 rows M={M} {block} splits {splits} rows {bw}", qlinear_naive(x, w),
+                     qgemv(x, w, out=out, splits=splits, bw=bw), _tol())
+    gate, up = qlinear_naive(x.float(), w).chunk(2, dim=-1)
+    out = torch.full((M, N), float("nan"), device=DEVICE, dtype=DTYPE)
+    assert_close(f"fp8 rows M={M} {block} swiglu", torch.nn.functional.silu(gate) * up,
+                 qgemv(x, w, swiglu=True, out=out, splits=2).float(), _tol())
+    assert fp8_rows.fits(M, 64) and not fp8_rows.fits(fp8_rows.MAX_M + 1, 64) and not fp8_rows.fits(M, None)
+
+
 @pytest.mark.parametrize("M", [1, 3, 8])
 def test_fp8_f16_dot(M, monkeypatch):
     """FP8 through tl.dot in f16 (`fastgemv.FP8_F16_DOT`): each row of x scaled by its own power of two into f16's
@@ -253,11 +276,11 @@ def test_fp8_forms_sm90_build():
     # spills; the dot-free `_fp8_kernel` form beside it converts layouts in its loop, which the count must show.
     # The tl.dot form with f16 operands has no quarter-rate F2F; with bf16 it has one per weight of its tile
     # The row form with PDL: one trigger of the next kernel (PREEXIT) and one wait on the kernel before (ACQBULK),
-    # before any load
+    # before any load. The few-rows form at 2 and 4 rows keeps the row form's properties
     rows = run_build_script(Path(__file__).with_name("_sm90_fp8_row.py"),
-                            ["bf16", "vector", "dot-bf16", "dot-f16", "pdl", "narrow"])
+                            ["bf16", "vector", "dot-bf16", "dot-f16", "pdl", "narrow", "rows2", "rows4"])
     by = {(r["form"], r["swiglu"]): r for r in rows}
-    assert len(rows) == 7
+    assert len(rows) == 9
     for r in (by["row bf16", False], by["row bf16", True], by["row pdl", False]):
         assert r["spill"] == 0 and r["loop_conversions"] == 0 and r["programs"] >= 4 and r["f2f"] == 0, r
     narrow = by["row bf16 128", False]  # 128 rows at 8 warps: twice the threads, the same work a thread
@@ -265,6 +288,8 @@ def test_fp8_forms_sm90_build():
     pdl = by["row pdl", False]
     assert pdl["trigger"] == pdl["wait"] == 1 and by["row bf16", False]["wait"] == 0, pdl
     assert pdl["loads_before_wait"] == 0, pdl
+    for r in (by["rows 2", False], by["rows 4", False]):  # the few-rows form: the row form's tile, no F2F
+        assert r["spill"] == 0 and r["loop_conversions"] == 0 and r["programs"] >= 4 and r["f2f"] == 0, r
     assert by["vector", False]["loop_conversions"] > 0, by["vector", False]
     assert by["dot f16", False]["f2f"] == 0 and by["dot f16", False]["spill"] == 0, by["dot f16", False]
     assert by["dot bf16", False]["f2f"] >= 64, by["dot bf16", False]

@@ -39,6 +39,7 @@ from ninfer.fast.ops.gemv.triton import _arrival_table, _finish, _num_sms, _tile
 
 from .fp8_gemv import _fp8_kernel
 from .fp8_row import ROWS, _fp8_row_kernel, tile as row_tile
+from .fp8_rows import _fp8_rows_kernel, fits as rows_fit
 from .layout import QKind, QuantWeight
 
 TILE = 128  # int4 tile: 16 int32 words
@@ -55,6 +56,10 @@ FP8_ONE_ROW = "row"
 # the weight's conversion loses its quarter-rate F2F per weight (docs/quantization.md). Opt-in: the 9B step at B = 2,
 # 4, 8 5.41 / 5.61 / 6.13 ms against bf16 operands' 5.39 / 5.58 / 6.03 (eighteenth session, H100, "fp8:f16")
 FP8_F16_DOT = False
+# FP8 at 2..4 rows through the dot-free "rows" form (`fp8_rows`: each weight converted once for every row, no
+# quarter-rate F2F) instead of the padded tl.dot. Opt-in until a GPU run says (bench_quant.py "fp8:rows",
+# bench_qgemv.py "fp8rows"); built in the nineteenth session without a device
+FP8_ROWS = False
 # the row form launches with PDL (`ninfer.fast.ops.pdl`) where the switch is on. Eighteenth session, H100: 0.3-0.8 us
 # off a call (bench_qgemv.py: 9B out_proj 8.8 against 9.6 us, down 21.7 against 22.4), the 9B step at B=1 4.51 ms
 # against 4.56 (bench_quant.py "fp8:pdl"); a prefetch of the first weight tile before the wait, carried across
@@ -269,6 +274,8 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
     row_bk = row_tile(w) if one_row and FP8_ONE_ROW == "row" else None
     if row_bk is not None:
         return _fp8_row(x, w, y, row_bk, swiglu, splits, bw, num_warps, num_stages)
+    if FP8_ROWS and use_dot is None and bk is None and not w.tiled and rows_fit(M, row_tile(w)):
+        return _fp8_rows(x, w, y, swiglu, splits, bw, num_warps, num_stages)
     dot = (M > 1 or (one_row and FP8_ONE_ROW != "vector")) if use_dot is None else use_dot
     bm, bw, bk, sb = _config(w, M, dot, bw, bk)
     blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
@@ -287,6 +294,23 @@ def qgemv_fast(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, s
             x, w.data, w.scales, y, part, arrivals, M, R, K, k_per, splits, n_out, w.block_rows, w.block_cols,
             x.stride(0), w.data.stride(0), w.scales.stride(-2), y.stride(0), BK=bk, SB=sb, EVEN_K=K % bk == 0,
             F16_DOT=dot and FP8_F16_DOT and x.dtype != torch.float32 and sb == bk, **common)
+    return y
+
+
+def _fp8_rows(x: torch.Tensor, w: QuantWeight, y: torch.Tensor, swiglu: bool, splits: int | None, bw: int | None,
+              num_warps: int, num_stages: int) -> torch.Tensor:
+    """The few-rows "rows" form (`fp8_rows`) at 2..4 rows of x, 64 weight rows a program at 4 warps unless `bw`
+    says, K split in 64-column sub-tiles."""
+    M, K = x.shape
+    R, bw = w.n, bw or ROWS
+    n_out = R // 2 if swiglu else R
+    blocks = triton.cdiv(n_out, bw // 2) if swiglu else triton.cdiv(R, bw)
+    k_per, splits, part, arrivals = split_plan(x, y, blocks, M, R, K, 64, splits)
+    on = pdl.active(x)
+    _fp8_rows_kernel[(blocks, splits)](
+        x, w.data, w.scales, y, part, arrivals, M, R, K, k_per, splits, n_out, w.block_rows, w.block_cols,
+        x.stride(0), w.data.stride(0), w.scales.stride(-2), y.stride(0), BM=triton.next_power_of_2(M), BW=bw,
+        SPLIT=splits > 1, SWIGLU=swiglu, PDL=on, num_warps=num_warps, num_stages=num_stages, **pdl.launch(on))
     return y
 
 
