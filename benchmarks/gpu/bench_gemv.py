@@ -8,7 +8,8 @@ calls a decode step makes (so the step total can be read off). gate_up rows also
 against cuBLAS followed by the swiglu kernel. The decode layer's fusions are timed beside them: an input
 projection (in_proj, qkv, gate_up, router) as RMSNorm + cuBLAS against the GEMV with the norm in its prologue, an
 output projection (out_proj, o_proj, down) as cuBLAS against the GEMV adding the residual in place: the
-measurements behind ``_norm_gemv_wins`` and ``_residual_gemv_wins`` (ninfer/fast/model/kernels.py). ``--sweep`` adds a few alternative kernel configurations per shape
+measurements behind ``_norm_gemv_wins`` and ``_residual_gemv_wins`` (ninfer/fast/model/kernels.py). At M = 1 the GEMV's
+dot-free one-row form (``gemv.triton.ONE_ROW = "fma"``, opt-in) is timed too. ``--sweep`` adds a few alternative kernel configurations per shape
 and names the fastest, to retune ``pick_config``; ``--lm-head`` adds the [V, H] lm_head (2 GB on 9B).
 
 Run: python benchmarks/gpu/bench_gemv.py [--models 0.8B,9B,35B-A3B] [--sweep] [--lm-head]   # ~20-30 s, H200
@@ -34,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapes import config  # noqa: E402
 
 from ninfer.fast.ops.gemv import GemvConfig, gemv, gemv_swiglu, pick_config  # noqa: E402
+from ninfer.fast.ops.gemv import triton as gemv_triton  # noqa: E402
 from ninfer.fast.ops.rmsnorm import rmsnorm  # noqa: E402
 from ninfer.fast.ops.swiglu import swiglu  # noqa: E402
 
@@ -128,11 +130,26 @@ def bench_shape(s: Shape, M: int, dev: str, sweep: bool, num_sms: int) -> dict:
         r["cublas_swiglu_us"] = time_us(lambda w: swiglu(F.linear(x, w)), weights, reps)
         r["fused_us"] = time_us(lambda w: gemv_swiglu(x, w), weights, reps)
     r.update(bench_fusion(s, x, weights, reps))
+    if M == 1:
+        r.update(bench_fma(s, x, weights, reps))
     if sweep:
         timed = [(time_us(lambda w: gemv(x, w, config=c), weights, reps), c) for c in sweep_configs(M, s, num_sms)]
         best_us, best = min(timed, key=lambda t: t[0])
         r["best_us"], r["best_config"] = best_us, asdict(best)
     return r
+
+
+def bench_fma(s: Shape, x: torch.Tensor, weights: list[torch.Tensor], reps: int) -> dict:
+    """The dot-free one-row form (``gemv.triton.ONE_ROW = "fma"``): the plain GEMV and, on gate_up, its SwiGLU form,
+    beside the tl.dot form's numbers above."""
+    saved, gemv_triton.ONE_ROW = gemv_triton.ONE_ROW, "fma"
+    try:
+        r = {"fma_us": time_us(lambda w: gemv(x, w), weights, reps)}
+        if s.fused:
+            r["fma_fused_us"] = time_us(lambda w: gemv_swiglu(x, w), weights, reps)
+        return r
+    finally:
+        gemv_triton.ONE_ROW = saved
 
 
 def bench_fusion(s: Shape, x: torch.Tensor, weights: list[torch.Tensor], reps: int) -> dict:
@@ -168,6 +185,10 @@ def line(r: dict) -> str:
     if "residual_us" in r:
         text += (f"\n{'':>14} +residual: cuBLAS {r['cublas_us']:8.2f} us   gemv adding the residual "
                  f"{r['residual_us']:8.2f} us   {verdict(r['cublas_us'], r['residual_us'])}")
+    if "fma_us" in r:
+        text += (f"\n{'':>14} dot-free one-row form: {r['fma_us']:8.2f} us {tb(r['fma_us']):4.2f} TB/s   "
+                 f"{verdict(r['cublas_us'], r['fma_us'])}" +
+                 (f"   +swiglu {r['fma_fused_us']:8.2f} us" if "fma_fused_us" in r else ""))
     if "best_us" in r:
         text += f"\n{'':>14} sweep best {r['best_us']:8.2f} us {tb(r['best_us']):4.2f} TB/s {_short(r['best_config'])}"
     return text

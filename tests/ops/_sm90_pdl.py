@@ -1,6 +1,7 @@
 """Builds each decode kernel that takes PDL (`ninfer.fast.ops.pdl`) for sm_90 at 9B shapes, with and without its
 ``PDL`` constexpr (``ninfer.testing.sm90``), and prints one JSON line a build: PDL's trigger (PREEXIT) and wait
-(ACQBULK) counts and the global loads, stores and atomics placed before the wait. Run without TRITON_INTERPRET:
+(ACQBULK) counts, the global loads, stores and atomics placed before the wait, registers, spills and the layout
+conversions inside loops ("gemv_fma": the GEMV's dot-free one-row form). Run without TRITON_INTERPRET:
 ``test_pdl.py`` starts it as a subprocess; arguments pick kernels by name (none: all)."""
 
 import json
@@ -15,6 +16,7 @@ from ninfer.fast.ops.rope_kv_write import triton as rope
 from ninfer.fast.ops.swiglu import triton as swiglu
 from ninfer.testing.sm90 import build_sm90
 
+WIDTHS = {"K", "k_per", "BC", "BR", "N", "I", "C"}
 INT_POINTERS = {"slot_ptr", "out_slot_ptr", "row_ptr", "cnt_ptr", "bt_ptr", "ctx_ptr", "first_ptr", "arrive_ptr",
                 "pos_ptr", "rows_ptr"}
 FP32_POINTERS = {"s_ptr", "o_ptr@gdn", "po_ptr", "lse_ptr", "part_ptr", "alog_ptr", "dtb_ptr", "inv_ptr",
@@ -33,6 +35,8 @@ KERNELS = {
                                                        BD=256, MROPE=False), 4),
     "gemv": (gemv._gemv_kernel, dict(BM=16, BW=32, BK=256, EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
                                      NORM=0, RESIDUAL=True), 4),
+    "gemv_fma": (gemv._gemv_kernel, dict(BM=1, BW=64, BK=64, EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
+                                         NORM=2, RESIDUAL=True), 4),
     "fp8_row": (fp8_row._fp8_row_kernel, dict(BW=64, BK=128, SPLIT=True, SWIGLU=False), 4),
 }
 
@@ -52,10 +56,13 @@ def _type(kernel_name: str, arg: str) -> str:
 def build(name: str, pdl: bool) -> None:
     kernel, constexprs, warps = KERNELS[name]
     types = {a: _type(name, a) for a in kernel.arg_names if a not in constexprs and a != "PDL"}
-    b = build_sm90(kernel, types, dict(constexprs, PDL=pdl), num_warps=warps, num_stages=2)
+    # strides and widths as a launch at model shapes specialises them (multiples of 16): aligned, vectorised loads
+    divisible = tuple(a for a, t in types.items() if t == "i32" and (a.startswith("stride") or a in WIDTHS))
+    b = build_sm90(kernel, types, dict(constexprs, PDL=pdl), num_warps=warps, num_stages=4, divisible=divisible)
     before = {op: b.before("ACQBULK", op) for op in ("LDG", "STG", "ATOM", "RED.")}  # LDG: LDGSTS too
     print(json.dumps(dict(kernel=name, pdl=pdl, trigger=b.opcodes("PREEXIT"), wait=b.opcodes("ACQBULK"),
-                          global_before_wait=sum(before.values()), before=before)), flush=True)
+                          global_before_wait=sum(before.values()), before=before, registers=b.registers,
+                          spill=b.spill_bytes, loop_conversions=b.loop_conversions())), flush=True)
 
 
 if __name__ == "__main__":

@@ -149,3 +149,34 @@ def test_gemv_residual_norm_to_new_buffer():
     y = gemv(x[:, :K], w, out=torch.full((M, N), float("nan"), device=DEVICE), norm_weight=nw, eps=1e-6, residual=h)
     assert_close("gemv.norm_residual", gemv_naive(x, w, norm_weight=nw, eps=1e-6, residual=h0), y, 1e-5)
     assert torch.equal(h, h0)
+
+
+@pytest.mark.parametrize("dtype", IO_DTYPES, ids=str)
+@pytest.mark.parametrize("config", [None] + SPLITS, ids=lambda c: "auto" if c is None else f"s{c.splits}_bk{c.bk}")
+def test_gemv_one_row_fma_form(config, dtype, monkeypatch):
+    """The dot-free one-row form (``ONE_ROW = "fma"``, `row._fma_row`) at one row: widths and K off its tile (K
+    masked), split-K, SwiGLU, both fused norms (in its loop without a split, the prologue's rstd with one: bf16 on
+    the GPU alone, as above) and the residual epilogue in place; NaN-poisoned outputs."""
+    from ninfer.fast.ops.gemv import triton as gemv_triton
+
+    monkeypatch.setattr(gemv_triton, "ONE_ROW", "fma")
+    for N, K in SHAPES:
+        x, w = _inputs(1, N, K, dtype)
+        y = gemv(x, w, out=torch.full((1, N), float("nan"), device=DEVICE, dtype=dtype), config=config)
+        assert_close(f"gemv.fma {N}x{K}", gemv_naive(x, w), y, _tol(dtype))
+        h = torch.randn(1, N, device=DEVICE).to(dtype)
+        ref = gemv_naive(x, w, residual=h)
+        assert gemv(x, w, out=h, config=config, residual=h) is h
+        assert_close(f"gemv.fma residual {N}x{K}", ref, h, _tol(dtype))
+    I, K = (512, 2048) if ON_GPU else (49, 63)
+    x, w = _inputs(1, 2 * I, K, dtype)
+    y = gemv_swiglu(x, w, out=torch.full((1, I), float("nan"), device=DEVICE, dtype=dtype), config=config)
+    assert_close("gemv_swiglu.fma", gemv_swiglu_naive(x, w), y, _tol(dtype))
+    if dtype in DOT_IO_DTYPES:
+        N, K = SHAPES[-1]
+        x, nw = _norm_inputs(1, K, dtype)
+        w = _inputs(1, N, K, dtype)[1]
+        y = gemv(x, w, out=torch.full((1, N), float("nan"), device=DEVICE, dtype=dtype), config=config,
+                 norm_weight=nw, eps=1e-6)
+        assert_close("gemv.fma norm", gemv_naive(x, w, norm_weight=nw, eps=1e-6), y, _tol(dtype))
+    assert _arrivals_clean()

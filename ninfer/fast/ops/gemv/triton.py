@@ -36,6 +36,8 @@ import triton.language as tl
 
 from ninfer.fast.ops import pdl
 
+from .row import _fma_row, _row_rstd
+
 # tl.dot's smallest tile edge: x is padded to this many rows
 MAX_ROWS = 16
 _MAX_SPLITS = 8
@@ -44,6 +46,9 @@ _ARRIVAL_SLOTS = 1024
 _arrivals: dict[torch.device, torch.Tensor] = {}
 # the fused norm's forms, the values _dot_rows's NORM compares against
 _NORM_NONE, _NORM_PROLOGUE, _NORM_IN_LOOP = 0, 1, 2
+# the form at one row of x: "dot" (x padded to 16 rows through tl.dot) or "fma" (`row._fma_row`: the weight tile
+# straight into registers, one FMA a weight; opt-in until a GPU run says, bench_gemv.py "fma"; nineteenth session)
+ONE_ROW = "dot"
 
 
 @dataclass(frozen=True)
@@ -55,27 +60,20 @@ class GemvConfig:
     num_stages: int = 4
 
 
-def pick_config(M: int, rows: int, K: int, elem_bytes: int, num_sms: int, bw: int | None = None) -> GemvConfig:
+def pick_config(M: int, rows: int, K: int, elem_bytes: int, num_sms: int, bw: int | None = None,
+                fma: bool = False) -> GemvConfig:
     """From shapes only, so a captured graph stays valid. Every K tile of x is re-read from L2 by each program, M/BW
     of the weight traffic: BW (unless given) grows with M to keep that near a quarter. Then K is split until there
-    are about two programs per SM, so that every SM has loads in flight."""
-    bw = bw or max(16, min(64, triton.next_power_of_2(4 * M)))
-    # a 64-row tile keeps three pipeline stages within a third of the shared memory
-    bk = min(256 if elem_bytes <= 2 and bw < 64 else 128, max(16, triton.next_power_of_2(K)))
+    are about two programs per SM, so that every SM has loads in flight. The one-row "fma" form (`fma`) takes the
+    FP8 row form's tile: 64 rows by 64 columns, [64, 64] fp32 partials (32 registers a thread at 4 warps)."""
+    if fma:
+        bw, bk = bw or 64, min(64, max(16, triton.next_power_of_2(K)))
+    else:
+        bw = bw or max(16, min(64, triton.next_power_of_2(4 * M)))
+        # a 64-row tile keeps three pipeline stages within a third of the shared memory
+        bk = min(256 if elem_bytes <= 2 and bw < 64 else 128, max(16, triton.next_power_of_2(K)))
     splits = min(triton.cdiv(2 * num_sms, triton.cdiv(rows, bw)), triton.cdiv(K, bk), _MAX_SPLITS)
     return GemvConfig(bw, bk, max(1, splits))
-
-
-@triton.jit
-def _row_rstd(x_rows, mask_m, K, eps, BM: tl.constexpr, BK: tl.constexpr):
-    """1 / rms of each x row over all of K (fp32 [BM]): the norm prologue, the same in every program and split."""
-    kk = tl.arange(0, BK)
-    ss = tl.zeros((BM,), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + kk
-        x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    return 1.0 / tl.sqrt(ss / K + eps)
 
 
 @triton.jit
@@ -194,8 +192,12 @@ def _gemv_kernel(x_ptr, w_ptr, nw_ptr, r_ptr, y_ptr, part_ptr, arrive_ptr, M, R,
     m = tl.arange(0, BM)
     mask_m = m < M
     k_lo = tl.program_id(1) * k_per
-    acc = _dot_rows(x_ptr, w_ptr, nw_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo,
-                    tl.minimum(k_lo + k_per, K), K, eps, BM, BW, BK, EVEN_K, FP32_DOT, NORM)  # [BM, BW]
+    k_hi = tl.minimum(k_lo + k_per, K)
+    if BM == 1:  # the dot-free one-row form (ONE_ROW "fma")
+        acc = _fma_row(x_ptr, w_ptr, nw_ptr, stride_w, rows, valid, k_lo, k_hi, K, eps, BW, BK, EVEN_K, NORM)
+    else:
+        acc = _dot_rows(x_ptr, w_ptr, nw_ptr, stride_x, stride_w, m, mask_m, rows, valid, k_lo, k_hi, K, eps, BM,
+                        BW, BK, EVEN_K, FP32_DOT, NORM)  # [BM, BW]
     _finish(acc, y_ptr, part_ptr, arrive_ptr, pid, num_splits, M, R, m, mask_m, rows, valid, stride_y, half, BM, BW,
             SPLIT, SWIGLU, r_ptr, stride_r, RESIDUAL)
 
@@ -230,7 +232,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: 
     n_out = R // 2 if swiglu else R
     y = x.new_empty(M, n_out) if out is None else out
     assert y.shape == (M, n_out) and y.stride(1) == 1, f"gemv: out {tuple(y.shape)} != ({M}, {n_out})"
-    cfg = config or pick_config(M, R, K, w.element_size(), _num_sms(x.device))
+    fma = M == 1 and ONE_ROW == "fma"
+    cfg = config or pick_config(M, R, K, w.element_size(), _num_sms(x.device), fma=fma)
     # whole tiles per split, and no empty split
     k_per = triton.cdiv(triton.cdiv(K, cfg.splits), cfg.bk) * cfg.bk
     splits = triton.cdiv(K, k_per)
@@ -247,7 +250,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, config: 
     _gemv_kernel[(blocks, splits)](
         x, w, x if norm_weight is None else norm_weight, r, y, part, arrivals, M, R, K, k_per, splits, n_out, eps,
         x.stride(0), w.stride(0), r.stride(0), y.stride(0),
-        BM=MAX_ROWS, BW=cfg.rows, BK=cfg.bk, EVEN_K=K % cfg.bk == 0, SPLIT=splits > 1, SWIGLU=swiglu,
+        BM=1 if fma else MAX_ROWS, BW=cfg.rows, BK=cfg.bk, EVEN_K=K % cfg.bk == 0, SPLIT=splits > 1, SWIGLU=swiglu,
         FP32_DOT=fp32_dot, NORM=norm, RESIDUAL=residual is not None, PDL=on, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl.launch(on))
     return y
