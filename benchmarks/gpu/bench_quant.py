@@ -9,7 +9,9 @@ speed only. A recipe "fp8:dot", "fp8:vector" or "fp8:row" picks FP8's one-row GE
 "fp8:row+f16"); "pdl" / "nopdl" launch the decode path's Triton kernels with or without programmatic dependent
 launch (`ninfer.fast.ops.pdl.ENABLED`; "bf16:nopdl" too);
 "fp8:qmoe" runs FP8 expert stacks through `qmoe`'s per-pair GEMVs instead of the fused `moe_decode`
-(`kernels.FP8_MOE_DECODE` off); "fp8:rows" runs 2..4 rows through the few-rows form (`fastgemv.FP8_ROWS`).
+(`kernels.FP8_MOE_DECODE` off); "fp8:rows" runs 2..4 rows through the few-rows form (`fastgemv.FP8_ROWS`);
+"bf16:fma", "bf16:allgemv", "bf16:fused" (combinable: "bf16:fma+allgemv+fused") run the dense GEMV's dot-free
+one-row form, every dense decode projection through the GEMV, the "triton-fused" op table.
 Run: python benchmarks/gpu/bench_quant.py [--models 9B,35B-A3B] [--recipes bf16,fp8,q4,nvfp4]
 [--deadline-s 290] [--out DIR];  --smoke runs the same code on a CPU (tiny shape, naive kernels).
 """
@@ -37,6 +39,7 @@ from ninfer.engine.engine import Engine  # noqa: E402
 from ninfer.fast.memory import device_budget  # noqa: E402
 from ninfer.fast.model import kernels  # noqa: E402
 from ninfer.fast.ops import pdl  # noqa: E402
+from ninfer.fast.ops.gemv import triton as gemv_triton  # noqa: E402
 from ninfer.fast.ops.qlinear import QuantWeight, fastgemv  # noqa: E402
 from ninfer.fast.program import FastProgram, FastProgramConfig  # noqa: E402
 
@@ -89,21 +92,28 @@ def bench_one(run: Run, name: str, recipe: str) -> None:
     form (`fastgemv.FP8_ONE_ROW`), "f16" its tl.dot form with f16 operands (`fastgemv.FP8_F16_DOT`), "pdl" /
     "nopdl" the decode kernels with or without PDL (`ninfer.fast.ops.pdl.ENABLED`: every Triton kernel that takes
     it), "qmoe" its expert stacks through `qmoe` (`kernels.FP8_MOE_DECODE` off), "rows" FP8 at 2..4 rows through
-    the few-rows form (`fastgemv.FP8_ROWS`), each set for this build and its graphs."""
+    the few-rows form (`fastgemv.FP8_ROWS`), "fma" the dense GEMV's dot-free one-row form (`gemv.triton.ONE_ROW`),
+    "allgemv" every dense decode projection through the GEMV (`kernels.GEMV_EVERY_PROJECTION`), "fused" the
+    "triton-fused" op table, each set for this build and its graphs."""
     base, _, form = recipe.partition(":")
     forms = set(form.split("+")) if form else set()
-    saved = fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, pdl.ENABLED, kernels.FP8_MOE_DECODE, fastgemv.FP8_ROWS
+    saved = (fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, pdl.ENABLED, kernels.FP8_MOE_DECODE, fastgemv.FP8_ROWS,
+             gemv_triton.ONE_ROW, kernels.GEMV_EVERY_PROJECTION, run.s)
     for one_row in forms & {"dot", "vector", "row"}:
         fastgemv.FP8_ONE_ROW = one_row
     fastgemv.FP8_F16_DOT = saved[1] or "f16" in forms
     pdl.ENABLED = (saved[2] or "pdl" in forms) and "nopdl" not in forms
     kernels.FP8_MOE_DECODE = saved[3] and "qmoe" not in forms
     fastgemv.FP8_ROWS = saved[4] or "rows" in forms
+    gemv_triton.ONE_ROW = "fma" if "fma" in forms else saved[5]
+    kernels.GEMV_EVERY_PROJECTION = saved[6] or "allgemv" in forms
+    if "fused" in forms and run.s.device == "cuda":
+        run.s = dataclasses.replace(run.s, kernels="triton-fused")
     try:
         _bench(run, name, recipe, base)
     finally:
-        (fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, pdl.ENABLED, kernels.FP8_MOE_DECODE,
-         fastgemv.FP8_ROWS) = saved
+        (fastgemv.FP8_ONE_ROW, fastgemv.FP8_F16_DOT, pdl.ENABLED, kernels.FP8_MOE_DECODE, fastgemv.FP8_ROWS,
+         gemv_triton.ONE_ROW, kernels.GEMV_EVERY_PROJECTION, run.s) = saved
 
 
 def _bench(run: Run, name: str, recipe: str, base: str) -> None:

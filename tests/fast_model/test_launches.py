@@ -71,6 +71,23 @@ def test_decode_step_launches_per_layer(kernels):
     assert counter.syncs == []
 
 
+def test_every_projection_through_the_gemv(monkeypatch):
+    # kernels.GEMV_EVERY_PROJECTION (the all-Triton decode step's A/B): the default table's layers with each cuBLAS
+    # projection a GEMV launch, the step's own launches (the lm_head among them) unchanged
+    monkeypatch.setattr(kernels_module, "GEMV_EVERY_PROJECTION", True)
+    cfg = tiny_config()
+    pair = build_pair(cfg, torch.float32, "triton", max_context=1024, page_size=16)
+    args = _decode_args(pair.fast, 2, 2)
+    pair.fast.decode(*args)
+    counter = count_step(lambda: pair.fast.decode(*args))
+    gemv = lambda names: ["_gemv_kernel" if n == "aten.mm" else n for n in names]  # noqa: E731
+    gdn, attention, ffn = LAUNCHES["triton"]
+    assert counter.names("gdn") == gemv(gdn) * len(cfg.linear_layers)
+    assert counter.names("attention") == gemv(attention) * len(cfg.attention_layers)
+    assert counter.names("ffn") == gemv(ffn) * (len(cfg.linear_layers) + len(cfg.attention_layers))
+    assert counter.names("step") == STEP
+
+
 # an MoE block at decode: its norm and the router (cuBLAS at the tiny shape), then either the moe_decode op's two
 # launches, which add the block to the stream themselves, or today's path: route, align, the two grouped GEMMs, the
 # combine, the shared expert's SwiGLU GEMV and down projection and its gate (sigmoid, mul, add)

@@ -97,6 +97,9 @@ class Kernels:
 # decode-sized row counts (measured against cuBLAS at 1 and 8 rows) stream the weight through the GEMV kernel;
 # larger ones are GEMMs for cuBLAS
 _GEMV_ROWS = 8
+# every dense decode projection through the GEMV instead of cuBLAS (opt-in, for the A/B of an all-Triton decode step,
+# whose launches chain by PDL where cuBLAS's do not: bench_quant.py's "allgemv" form; nineteenth session, unmeasured)
+GEMV_EVERY_PROJECTION = False
 
 
 def unfused_moe_block(route: Callable, experts: Callable, linear: Callable, linear_swiglu: Callable) -> Callable:
@@ -257,6 +260,8 @@ def _gemv_wins(x, w, fused: bool) -> bool:
     GEMV also fuses SwiGLU. Below ~2 MB neither streams and cuBLAS's lighter launch wins."""
     if x.shape[0] > _GEMV_ROWS:
         return False
+    if GEMV_EVERY_PROJECTION:
+        return True
     size = w.numel() * w.element_size()
     if fused:
         return size <= 16 << 20
