@@ -3,7 +3,8 @@
 M = 1 and 8, beside the bf16 ``gemv``/cuBLAS on the same shape, with a sweep of kernel configurations (weight rows
 per program, stages, warps, tl.dot or dot-free, splits) to tune the heuristic; ``fp8row``: the FP8 weights at M = 1
 through the one-row "row" form (with and without PDL), ``fp8`` at M = 1 through the tl.dot form; ``fp8rows``: at M = 2
-and 4 through the few-rows "rows" form (`fastgemv.FP8_ROWS`), ``fp8`` beside it at those M through tl.dot.
+and 4 through the few-rows "rows" form (`fastgemv.FP8_ROWS`), ``fp8`` beside it at those M through tl.dot and ``q4``
+through tl.dot and (in its sweep) dot-free.
 
 Each case is timed inside a CUDA graph of back-to-back calls cycling through weight copies larger than the L2
 cache, so every call streams its weight from HBM. Printed: us per call and GB/s of the bytes really stored, and the
@@ -71,7 +72,8 @@ SWEEP = {
                      (64, 4, 4, "", 2)],
 }
 # q4_generic: int4 in the stored order, the generic kernel; fp8row: the FP8 weights through the one-row "row" form;
-# fp8rows: through the few-rows form, at M = 2 and 4 (where "fp8" runs its tl.dot form beside it)
+# fp8rows: through the few-rows form, at M = 2 and 4 (where "fp8" runs its tl.dot form beside it, and "q4" its
+# tl.dot and, in the sweep, dot-free forms)
 VARIANTS = ["fp8", "q4", "q4_generic", "nvfp4", "fp8row", "fp8rows"]
 ROWS_FORM_M = (2, 4)
 
@@ -136,8 +138,9 @@ def _form(variant: str, cfg):
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:
     if variant == "fp8row" and M > 1:
         return  # a one-row form
-    if (variant == "fp8rows") != (M in ROWS_FORM_M) and variant != "fp8":
-        return  # the few-rows form at M = 2 and 4 alone, where only "fp8" (its tl.dot form) runs beside it
+    if (variant == "fp8rows") != (M in ROWS_FORM_M) and variant not in ("fp8", "q4"):
+        return  # the few-rows form at M = 2 and 4 alone, where "fp8" (tl.dot) and "q4" (tl.dot, its sweep dot-free
+        # too) run beside it
     it = iter(range(1 << 30))
     nbytes = ws[0].nbytes
     best = None

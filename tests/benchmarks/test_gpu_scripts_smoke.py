@@ -179,16 +179,16 @@ def test_bench_quant_smoke(tmp_path):
 def test_bench_qgemv_smoke(tmp_path):
     # every variant and the first sweep configurations ran and matched qlinear_naive (the script records errors)
     rows = _smoke("bench_qgemv.py", tmp_path)["rows"]
-    # M = 2 and 4 time the few-rows FP8 form beside the tl.dot one, and nothing else
+    # M = 2 and 4 time the few-rows FP8 form beside the tl.dot one, and int4's forms
     assert [r["M"] for r in rows] == [1, 2, 4, 8]
     for r in rows:
         assert _positive(r["bf16_us"])
         few = r["M"] in (2, 4)
-        for v in ("fp8",) + (("fp8rows",) if few else ("q4", "q4_generic", "nvfp4")) + \
+        for v in ("fp8", "q4") + (("fp8rows",) if few else ("q4_generic", "nvfp4")) + \
                 (("fp8row",) if r["M"] == 1 else ()):
             assert _positive(r[f"{v}_best"]["us"]) and _positive(r[f"{v}_bytes"])
-        assert ("fp8row_best" in r) == (r["M"] == 1) and ("fp8rows_best" in r) == few and ("q4_best" in r) != few
-        assert few or r["q4_bytes"] < r["fp8_bytes"]
+        assert ("fp8row_best" in r) == (r["M"] == 1) and ("fp8rows_best" in r) == few and ("nvfp4_best" in r) != few
+        assert r["q4_bytes"] < r["fp8_bytes"]
 
 
 def test_bench_pp_smoke(tmp_path):
