@@ -8,9 +8,10 @@ quarter-rate F2F per weight (docs/quantization.md); the 9B step at B = 2 took 5.
 thread loads 16 contiguous bytes of one weight row, 4 threads along K), converts the [BW, 64] tile to fp32 once
 (half an e4m3 -> f16x2 and one f16 -> f32 a weight), and for each row m of x sums w * x_m along the sub-tile into
 that row's [BW] accumulator, scaled by the sub-tile's column block (a 64-column sub-tile never spans two blocks).
-Per weight that is one FMA a row: at M = 4 four, still below the HBM time of a byte on an H100 (about 30 FP32 FMA
-lanes a byte a clock across the card against ~1.5 bytes a clock of HBM per SM); past that the padded tl.dot wins,
-so `MAX_M` is 4.
+Per weight that is one FMA a row. An H100 SM issues 128 FP32 FMAs a clock against its share of HBM, about 14
+bytes a clock (3.35 TB/s over 132 SMs at ~1.75 GHz): about 9 instructions a weight byte before the ALUs, not HBM,
+set the pace. At M = 4 the form spends about 4 FMAs and 1.5 conversion instructions a weight; past that the padded
+tl.dot wins, so `MAX_M` is 4.
 
 Each row's accumulator is its own [BW] tensor (BM is a constexpr, the rows unrolled), so nothing crosses threads
 inside the loop but the sub-tile's row sums (two shuffle rounds: 4 threads along K); the [BM, BW] result is built
