@@ -40,16 +40,24 @@ def tile(w: QuantWeight) -> int | None:
 
 
 @triton.jit
-def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, R, K, k_per, num_splits, half, BR, BC,
-                    stride_w, stride_s, stride_y, BW: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                    SWIGLU: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.enter(PDL)  # reads x (and the split-K tables) only once the kernel before it has finished
+def _program_tile(w_ptr, s_ptr, R, K, k_per, half, BR, stride_w, stride_s, BW: tl.constexpr, SWIGLU: tl.constexpr):
+    """This program's weight rows (and which exist), their row and scale pointers [BW, 1] / [BW], and its K range
+    (the row forms' shared prologue)."""
     pid = tl.program_id(0)
     rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w  # [BW, 1]
     s_rows = s_ptr + (rows // BR).to(tl.int64) * stride_s  # [BW]
     k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
+    return pid, rows, valid, w_rows, s_rows, k_lo, tl.minimum(k_lo + k_per, K)
+
+
+@triton.jit
+def _fp8_row_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, R, K, k_per, num_splits, half, BR, BC,
+                    stride_w, stride_s, stride_y, BW: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                    SWIGLU: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)  # reads x (and the split-K tables) only once the kernel before it has finished
+    pid, rows, valid, w_rows, s_rows, k_lo, k_hi = _program_tile(w_ptr, s_ptr, R, K, k_per, half, BR, stride_w,
+                                                                 stride_s, BW, SWIGLU)
     kk = tl.arange(0, 64)
     acc = tl.zeros((BW, 64), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):

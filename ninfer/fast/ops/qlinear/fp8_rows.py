@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 
 from ninfer.fast.ops import pdl
-from ninfer.fast.ops.gemv.triton import _finish, _tile_rows
+from ninfer.fast.ops.gemv.triton import _finish
+
+from .fp8_row import _program_tile
 
 MAX_M = 4
 
@@ -42,12 +44,8 @@ def _fp8_rows_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, arrive_ptr, M, R, K, 
                      stride_x, stride_w, stride_s, stride_y, BM: tl.constexpr, BW: tl.constexpr,
                      SPLIT: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)  # reads x (and the split-K tables) only once the kernel before it has finished
-    pid = tl.program_id(0)
-    rows, valid = _tile_rows(pid, half, R, BW, SWIGLU)
-    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w  # [BW, 1]
-    s_rows = s_ptr + (rows // BR).to(tl.int64) * stride_s  # [BW]
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
+    pid, rows, valid, w_rows, s_rows, k_lo, k_hi = _program_tile(w_ptr, s_ptr, R, K, k_per, half, BR, stride_w,
+                                                                 stride_s, BW, SWIGLU)
     kk = tl.arange(0, 64)
     acc0 = tl.zeros((BW,), dtype=tl.float32)
     acc1 = tl.zeros((BW,), dtype=tl.float32)
