@@ -87,12 +87,15 @@ def _resources(cubin: bytes) -> tuple[int, int, int]:
 def build_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], num_warps: int,
                num_stages: int, divisible: tuple[str, ...] = ()) -> Sm90Build:
     """``types``: a Triton signature type ("*bf16", "i32", ...) per runtime argument; ``constexprs``: the value of
-    every ``tl.constexpr`` argument; ``divisible``: the integer arguments a launch passes as multiples of 16.
+    every ``tl.constexpr`` argument without a default (one with a default takes it unless given); ``divisible``:
+    the integer arguments a launch passes as multiples of 16.
 
     Specialised as a launch specialises it: every pointer 16-byte aligned (torch's allocations are) and the
     ``divisible`` integers (strides, K) multiples of 16. Without that the compiler cannot prove a tile's rows
     aligned, loads element by element and pipelines nothing, and the build says little of the launched kernel."""
     names = kernel.arg_names
+    # a constexpr with a default (e.g. PDL) takes it unless given, as a launch that leaves it out does
+    constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
     aligned = [n for n in names if n not in constexprs and (types[n].startswith("*") or n in divisible)]
     src = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},

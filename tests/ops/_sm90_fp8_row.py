@@ -52,7 +52,7 @@ def build(x_dtype: str, swiglu: bool, pdl: bool = False, rows: int = fp8_row.ROW
 def rows(bm: int) -> None:
     types = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", y_ptr="*bf16", part_ptr="*fp32", arrive_ptr="*i32",
                  M="i32", stride_x="i32", **{n: "i32" for n in INTS})
-    constexprs = dict(BM=bm, BW=fp8_row.ROWS, SPLIT=True, SWIGLU=False, PDL=False)
+    constexprs = dict(BM=bm, BW=fp8_row.ROWS, SPLIT=True, SWIGLU=False)
     b = build_sm90(fp8_rows._fp8_rows_kernel, types, constexprs,
                    num_warps=4, num_stages=4, divisible=("K", "k_per", "BC", "BR", "stride_w", "stride_y",
                                                          "stride_x"))

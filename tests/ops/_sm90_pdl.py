@@ -7,8 +7,12 @@ conversions inside loops ("gemv_fma": the GEMV's dot-free one-row form). Run wit
 import json
 import sys
 
+from ninfer.fast.ops.decode_slots import triton as decode_slots
 from ninfer.fast.ops.gdn_decode import triton as gdn
+from ninfer.fast.ops.gdn_verify import triton as gdn_verify
 from ninfer.fast.ops.gemv import triton as gemv
+from ninfer.fast.ops.greedy_draw import triton as greedy_draw
+from ninfer.fast.ops.moe_decode import triton as moe_decode
 from ninfer.fast.ops.paged_decode_attention import triton as attention
 from ninfer.fast.ops.qlinear import fp8_row
 from ninfer.fast.ops.rmsnorm import triton as rmsnorm
@@ -16,11 +20,15 @@ from ninfer.fast.ops.rope_kv_write import triton as rope
 from ninfer.fast.ops.swiglu import triton as swiglu
 from ninfer.testing.sm90 import build_sm90
 
-WIDTHS = {"K", "k_per", "BC", "BR", "N", "I", "C"}
+WIDTHS = {"K", "k_per", "BC", "BR", "N", "I", "C", "H", "IS", "E", "V", "max_pages"}
 INT_POINTERS = {"slot_ptr", "out_slot_ptr", "row_ptr", "cnt_ptr", "bt_ptr", "ctx_ptr", "first_ptr", "arrive_ptr",
-                "pos_ptr", "rows_ptr"}
-FP32_POINTERS = {"s_ptr", "o_ptr@gdn", "po_ptr", "lse_ptr", "part_ptr", "alog_ptr", "dtb_ptr", "inv_ptr",
-                 "state_ptr"}
+                "pos_ptr", "rows_ptr", "cu_ptr", "outs_ptr", "ids_ptr", "table_ptr", "num_ptr", "room_ptr", "j_ptr"}
+FP32_POINTERS = {"s_ptr", "po_ptr", "lse_ptr", "part_ptr", "alog_ptr", "dtb_ptr", "inv_ptr", "state_ptr", "act_ptr",
+                 "rw_ptr"}
+# per kernel, pointers of another type than the rules above give
+OVERRIDES = {"gdn_recurrent": {"o_ptr": "*fp32"}, "gdn_verify": {"o_ptr": "*fp32"}, "fp8_row": {"w_ptr": "*fp8e4nv"},
+             "decode_slots": {"slot_ptr": "*i64"}, "greedy_draw": {"x_ptr": "*fp32", "drafts_ptr": "*i64",
+                                                                   "token_ptr": "*i64"}}
 # kernel name -> (module kernel, constexprs at 9B shapes, num_warps)
 KERNELS = {
     "rmsnorm": (rmsnorm._rmsnorm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), 8),
@@ -38,16 +46,24 @@ KERNELS = {
     "gemv_fma": (gemv._gemv_kernel, dict(BM=1, BW=64, BK=64, EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
                                          NORM=2, RESIDUAL=True), 4),
     "fp8_row": (fp8_row._fp8_row_kernel, dict(BW=64, BK=128, SPLIT=True, SWIGLU=False), 4),
+    "gdn_verify": (gdn_verify._verify_kernel, dict(W=4, HK=16, HV=32, DK=128, DV=128, G=2, BK=128, BV=32, NV=4, BVF=128),
+                   4),
+    "moe_gate_up": (moe_decode._gate_up_kernel, dict(TOPK=8, RENORM=True, BM=1, BE=256, BKK=8, BN=32, BK=256,
+                                                     EVEN_K=True, FP8=False, ONE_BLOCK=False), 4),
+    "moe_down": (moe_decode._down_kernel, dict(TOPK=8, HAS_SHARED=True, RESIDUAL=True, BM=1, BKK=8, BN=32, BK=256,
+                                               FP8=False, ONE_BLOCK=False), 4),
+    "decode_slots": (decode_slots._decode_slots_kernel, dict(PAGE=16, BLOCK=1024), 4),
+    "greedy_draw": (greedy_draw._greedy_draw_kernel, dict(BLOCK=4096), 4),
 }
 
 
 def _type(kernel_name: str, arg: str) -> str:
+    if arg in OVERRIDES.get(kernel_name, {}):
+        return OVERRIDES[kernel_name][arg]
     if arg in INT_POINTERS:
         return "*i32"
-    if arg in FP32_POINTERS or (kernel_name == "gdn_recurrent" and arg == "o_ptr"):
+    if arg in FP32_POINTERS:
         return "*fp32"
-    if kernel_name == "fp8_row" and arg == "w_ptr":
-        return "*fp8e4nv"
     if arg.endswith("_ptr"):
         return "*bf16"
     return "fp32" if arg in ("scale", "eps") else "i32"

@@ -8,10 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 
 @triton.jit
 def _decode_slots_kernel(bt_ptr, row_ptr, pos_ptr, table_ptr, slot_ptr, max_pages, stride_bt, stride_t,
-                         PAGE: tl.constexpr, BLOCK: tl.constexpr):
+                         PAGE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     b = tl.program_id(0)
     src = bt_ptr + tl.load(row_ptr + b).to(tl.int64) * stride_bt
     dst = table_ptr + b.to(tl.int64) * stride_t
@@ -30,6 +33,8 @@ def decode_slots(block_tables: torch.Tensor, rows: torch.Tensor, positions: torc
     assert block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
     table = torch.empty(B, max_pages, dtype=torch.int32, device=block_tables.device)
     slots = torch.empty(B, dtype=torch.int64, device=block_tables.device)
+    on = pdl.active(block_tables)
     _decode_slots_kernel[(B,)](block_tables, rows, positions, table, slots, max_pages, block_tables.stride(0),
-                               table.stride(0), PAGE=page_size, BLOCK=min(1024, triton.next_power_of_2(max_pages)))
+                               table.stride(0), PAGE=page_size, BLOCK=min(1024, triton.next_power_of_2(max_pages)),
+                               PDL=on, **pdl.launch(on))
     return table, slots

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 # one zeroed counter buffer per device for both ops (each launch leaves it at zero; the two never run concurrently)
 from ninfer.fast.ops.gdn_decode.triton import _arrival_counters, _gated_norm_group
 
@@ -62,7 +64,8 @@ def _verify_kernel(x_ptr, conv_ptr, cw_ptr, z_ptr, a_ptr, b_ptr, alog_ptr, dtb_p
                    cu_ptr, outs_ptr, o_ptr, cnt_ptr, y_ptr, stride_x, stride_conv, stride_z, stride_a, stride_b,
                    stride_slot, stride_y, stride_outs, scale, eps, W: tl.constexpr, HK: tl.constexpr,
                    HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr):
+                   BV: tl.constexpr, NV: tl.constexpr, BVF: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     blk = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // G
@@ -147,12 +150,13 @@ def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     BK, BVF = triton.next_power_of_2(DK), triton.next_power_of_2(DV)
     BV = min(BVF, 32)
     NV = triton.cdiv(DV, BV)
+    on = pdl.active(mixed)
     _verify_kernel[(B, HV, NV)](
         mixed, conv_state, conv_weight.reshape(C, K).contiguous(), z, a, b, A_log, dt_bias, norm_weight, ssm_state,
         slot_ids, cu, out_slots, o, _arrival_counters(mixed.device, B * W * HK), out, mixed.stride(0),
         conv_state.stride(0), z.stride(0), a.stride(0), b.stride(0), ssm_state.stride(0), out.stride(0),
         out_slots.stride(0), DK ** -0.5, eps, W=W, HK=HK, HV=HV, DK=DK, DV=DV, G=HV // HK, BK=BK, BV=BV, NV=NV,
-        BVF=BVF, num_warps=4)
+        BVF=BVF, PDL=on, num_warps=4, **pdl.launch(on))
     return out
 
 

@@ -8,10 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 
 @triton.jit
 def _greedy_draw_kernel(x_ptr, drafts_ptr, num_ptr, room_ptr, j_ptr, token_ptr, V, stride_x, stride_d,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     b = tl.program_id(0)
     row = x_ptr + b.to(tl.int64) * stride_x
     best = float("-inf")
@@ -44,6 +47,7 @@ def greedy_draw(logits: torch.Tensor, drafts: torch.Tensor, num: torch.Tensor, r
     B, V = logits.shape
     assert logits.stride(1) == 1 and drafts.stride(1) == 1 and drafts.dtype == torch.int64
     token = torch.empty(B, dtype=torch.int64, device=logits.device)
+    on = pdl.active(logits)
     _greedy_draw_kernel[(B,)](logits, drafts, num, room, j, token, V, logits.stride(0), drafts.stride(0),
-                              BLOCK=min(4096, triton.next_power_of_2(V)))
+                              BLOCK=min(4096, triton.next_power_of_2(V)), PDL=on, **pdl.launch(on))
     return token

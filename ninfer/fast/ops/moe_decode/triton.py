@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.fast.ops import pdl
+
 from ninfer.fast.ops.gemv.triton import _num_sms
 from ninfer.fast.ops.qlinear.layout import QKind, QuantWeight
 
@@ -146,7 +148,8 @@ def _gate_up_kernel(x_ptr, logit_ptr, w_ptr, sw_ptr, act_ptr, ids_ptr, rw_ptr, w
                     BR, BC, stride_x, stride_l, stride_we, stride_wn, stride_sn, stride_act, stride_wse, stride_wsn,
                     stride_swsn, TOPK: tl.constexpr, RENORM: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr,
                     BKK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
-                    ONE_BLOCK: tl.constexpr):
+                    ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     j = tl.program_id(0)  # (row t, slot s) pair t * TOPK + s, or M * TOPK: the shared expert
     P = M * TOPK
     t = j // TOPK
@@ -226,7 +229,8 @@ def _down_kernel(act_ptr, logit_ptr, ids_ptr, rw_ptr, w_ptr, sw_ptr, r_ptr, y_pt
                  BR, BC, stride_l, stride_we, stride_wn, stride_sn, stride_act, stride_r, stride_y, stride_wse,
                  stride_wsn, stride_swsn, TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, RESIDUAL: tl.constexpr,
                  BM: tl.constexpr, BKK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP8: tl.constexpr,
-                 ONE_BLOCK: tl.constexpr):
+                 ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     mask_n = n < H
     m = tl.arange(0, BM)
@@ -354,7 +358,8 @@ def moe_decode(x: torch.Tensor, logits: torch.Tensor, w_gate_up, w_down, top_k: 
     ids = torch.empty(M, top_k, device=x.device, dtype=torch.int32)
     rw = torch.empty(M, top_k, device=x.device, dtype=torch.float32)
     bm, bkk = triton.next_power_of_2(M), triton.next_power_of_2(top_k)
-    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, FP8=fp8)
+    on = pdl.active(x)
+    common = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, FP8=fp8, PDL=on, **pdl.launch(on))
     # FP8: a tile's rows inside one block of rows (gate and up halves, and the shared expert's, on block bounds)
     gate_one = fp8 and gu.br % cfg.gate_bn == 0 and I % gu.br == 0 and IS % gu.br == 0
     down_one = fp8 and dn.br % cfg.down_bn == 0
