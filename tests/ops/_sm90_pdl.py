@@ -14,7 +14,7 @@ from ninfer.fast.ops.gemv import triton as gemv
 from ninfer.fast.ops.greedy_draw import triton as greedy_draw
 from ninfer.fast.ops.moe_decode import triton as moe_decode
 from ninfer.fast.ops.paged_decode_attention import triton as attention
-from ninfer.fast.ops.qlinear import fp8_row
+from ninfer.fast.ops.qlinear import fp8_row, fp8_rows
 from ninfer.fast.ops.rmsnorm import triton as rmsnorm
 from ninfer.fast.ops.rope_kv_write import triton as rope
 from ninfer.fast.ops.swiglu import triton as swiglu
@@ -27,6 +27,7 @@ FP32_POINTERS = {"s_ptr", "po_ptr", "lse_ptr", "part_ptr", "alog_ptr", "dtb_ptr"
                  "rw_ptr"}
 # per kernel, pointers of another type than the rules above give
 OVERRIDES = {"gdn_recurrent": {"o_ptr": "*fp32"}, "gdn_verify": {"o_ptr": "*fp32"}, "fp8_row": {"w_ptr": "*fp8e4nv"},
+             "fp8_rows": {"w_ptr": "*fp8e4nv"},
              "decode_slots": {"slot_ptr": "*i64"}, "greedy_draw": {"x_ptr": "*fp32", "drafts_ptr": "*i64",
                                                                    "token_ptr": "*i64"}}
 # kernel name -> (module kernel, constexprs at 9B shapes, num_warps)
@@ -46,6 +47,7 @@ KERNELS = {
     "gemv_fma": (gemv._gemv_kernel, dict(BM=1, BW=64, BK=64, EVEN_K=True, SPLIT=True, SWIGLU=False, FP32_DOT=False,
                                          NORM=2, RESIDUAL=True), 4),
     "fp8_row": (fp8_row._fp8_row_kernel, dict(BW=64, BK=128, SPLIT=True, SWIGLU=False), 4),
+    "fp8_rows": (fp8_rows._fp8_rows_kernel, dict(BM=4, BW=64, SPLIT=True, SWIGLU=False), 4),
     "gdn_verify": (gdn_verify._verify_kernel, dict(W=4, HK=16, HV=32, DK=128, DV=128, G=2, BK=128, BV=32, NV=4, BVF=128),
                    4),
     "moe_gate_up": (moe_decode._gate_up_kernel, dict(TOPK=8, RENORM=True, BM=1, BE=256, BKK=8, BN=32, BK=256,

@@ -10,7 +10,7 @@ from ninfer.fast.ops import pdl
 from ninfer.testing.sm90 import run_build_script
 
 KERNELS = ("rmsnorm", "swiglu", "gdn_conv", "gdn_recurrent", "attention", "attention_merge", "rope_kv_write", "gemv",
-           "gemv_fma", "fp8_row", "gdn_verify", "moe_gate_up", "moe_down", "decode_slots", "greedy_draw")
+           "gemv_fma", "fp8_row", "fp8_rows", "gdn_verify", "moe_gate_up", "moe_down", "decode_slots", "greedy_draw")
 
 
 def test_pdl_kernels_wait_before_any_global_access():
