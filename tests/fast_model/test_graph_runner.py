@@ -170,3 +170,27 @@ def test_runner_with_sampler_draws_inside_the_step():
         for m, g in zip(members, got):
             hist[m].outputs.append(g[0])
             pos[m] += 1
+
+
+@pytest.mark.skipif(not ON_GPU, reason="PDL is a CUDA launch attribute: the CPU launches nothing with it")
+def test_pdl_changes_no_result(monkeypatch):
+    """The decode graphs captured with programmatic dependent launch (`ninfer.fast.ops.pdl`, on by default) and
+    without it give the same logits bit for bit, step after step: PDL only lets a kernel be placed early, every
+    kernel still waits for the one before."""
+    from ninfer.fast.ops import pdl
+
+    on, off = _twins(torch.bfloat16)
+    lengths = [5, 2]
+    slots, rows = _prefill_both(on, off, lengths)
+    runners = {}
+    for flag, model in ((True, on), (False, off)):
+        monkeypatch.setattr(pdl, "ENABLED", flag)
+        runners[flag] = DecodeGraphRunner(model, max_batch=2, greedy=True)
+        runners[flag].capture()
+    pos = list(lengths)
+    for step in range(4):
+        args = (torch.tensor([(3 * step + p) % 64 for p in pos], device=DEVICE), torch.tensor(slots, **I32),
+                torch.tensor(rows, **I32), torch.tensor([p + 1 for p in pos], **I32), torch.tensor(pos, **I32))
+        got = {flag: runners[flag].run(*args)[0].clone() for flag in (True, False)}
+        assert torch.equal(got[True], got[False]), f"step {step}: PDL changed the logits"
+        pos = [p + 1 for p in pos]
