@@ -58,7 +58,6 @@ class DraftGraphRunner:
         self.positions = torch.zeros(max_batch, dtype=torch.int32, device=dev)  # the chain's next page position
         self.hidden = torch.zeros(max_batch, model.cfg.hidden_size, dtype=plan.dtype, device=dev)  # [B, H]
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)  # the next step's input tokens
-        self._pages = torch.arange(plan.max_pages_per_seq, device=dev)  # [max_pages]
         self._first = torch.ones(max_batch, dtype=torch.int32, device=dev)  # every row's first key
         self._rows = torch.arange(max_batch, dtype=torch.int32, device=dev)  # row b reads private table row b
         self.graphs: dict[tuple[str, int, str | None], torch.cuda.CUDAGraph] = {}
@@ -67,19 +66,11 @@ class DraftGraphRunner:
     def start(self, B: int) -> None:
         """The ``start`` graph's body: private tables, partial pages into the scratch, the chain seeded."""
         plan, pools, mtp = self.model.plan, self.model.pools, self.model.mtp
-        rows, F, ps = self.table_rows[:B].long(), self.frontiers[:B], plan.page_size
-        table = pools.block_tables.index_select(0, rows)  # [B, max_pages]
-        first = (F // ps).long()  # the frontier's page index
-        base = plan.num_pages + 1 + rows * plan.scratch_pages  # each row's first scratch page
-        ahead = self._pages[None, :] - first[:, None]  # [B, max_pages]
-        scratch = base[:, None] + ahead.clamp(0, plan.scratch_pages - 1)
-        self.table[:B] = torch.where(ahead >= 0, scratch, table.long()).to(torch.int32)
-        partial = table.gather(1, first[:, None])[:, 0].long()
-        for pool in (pools.k[mtp.pool], pools.v[mtp.pool]):  # [pages, page_size, nkv, d]
-            pool.index_copy_(0, base, pool.index_select(0, partial))
-        self.hidden[:B].copy_(mtp.hidden.index_select(0, self.slot_ids[:B].long()))
-        self.tokens[:B].copy_(self.pending[:B])
-        self.positions[:B].copy_(F)
+        # one launch (the op table's `draft_start`): tables, the partial pages into the scratch, the chain seeded
+        self.model.kernels.draft_start(pools.block_tables, self.table_rows[:B], self.frontiers[:B], self.pending[:B],
+                                       self.slot_ids[:B], mtp.hidden, pools.k[mtp.pool], pools.v[mtp.pool],
+                                       self.table, self.hidden, self.tokens, self.positions, plan.num_pages,
+                                       plan.scratch_pages)
         self.draws.reset(B)
 
     def step(self, B: int, variant: str) -> None:

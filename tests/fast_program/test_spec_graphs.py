@@ -262,8 +262,8 @@ def test_many_short_blocks_beside_a_small_context(make_fast_spec, prompt_of):
 
 
 def test_a_lean_greedy_mtp_draft_step_launches(make_fast_spec):
-    """A lean greedy draft step's launches (`LaunchCounter`; on a CPU the Triton table interpreted), what its graph
-    replays k times a round: the MTP layer (2 input norms, fc, attention with its KV slot from `decode_slots`, MLP,
+    """A lean greedy draft's start and step launches (`LaunchCounter`; on a CPU the Triton table interpreted): the
+    start's one op and the draws' reset, then what the step graph replays k times a round: the MTP layer (2 input norms, fc, attention with its KV slot from `decode_slots`, MLP,
     final norm), the draft vocabulary's lm_head and the draw in one launch (`greedy_draw`: argmax, the draft's
     column and the drawable count). 26 since the draw's ten torch kernels became one (seventeenth session; 38
     after the slot, the drawable test, the parameter rows and a cast were folded in the sixteenth, 56 before)."""
@@ -277,7 +277,10 @@ def test_a_lean_greedy_mtp_draft_step_launches(make_fast_spec):
     drafter.draws.fill_dummy(1, GREEDY, drafter.spec.tables.dummy_row)
     drafter.start(1)
     drafter.step(1, GREEDY + LEAN)  # warm: nothing autotunes inside the count
-    drafter.start(1)
+    with LaunchCounter() as counter:
+        drafter.start(1)
+    # the start: one `draft_start` launch (25 torch launches before, nineteenth session) and the draws' reset
+    assert counter.names("step") == ["_draft_start_kernel", "aten.zero_", "aten.zero_", "aten.zero_", "aten.fill_"]
     with LaunchCounter() as counter:
         drafter.step(1, GREEDY + LEAN)
     names = counter.names("step")  # the counter's default section

@@ -8,6 +8,7 @@ import json
 import sys
 
 from ninfer.fast.ops.decode_slots import triton as decode_slots
+from ninfer.fast.ops.draft_start import triton as draft_start
 from ninfer.fast.ops.gdn_decode import triton as gdn
 from ninfer.fast.ops.gdn_verify import triton as gdn_verify
 from ninfer.fast.ops.gemv import triton as gemv
@@ -20,16 +21,17 @@ from ninfer.fast.ops.rope_kv_write import triton as rope
 from ninfer.fast.ops.swiglu import triton as swiglu
 from ninfer.testing.sm90 import build_sm90
 
-WIDTHS = {"K", "k_per", "BC", "BR", "N", "I", "C", "H", "IS", "E", "V", "max_pages"}
+WIDTHS = {"K", "k_per", "BC", "BR", "N", "I", "C", "H", "IS", "E", "V", "max_pages", "page_elems"}
 INT_POINTERS = {"slot_ptr", "out_slot_ptr", "row_ptr", "cnt_ptr", "bt_ptr", "ctx_ptr", "first_ptr", "arrive_ptr",
-                "pos_ptr", "rows_ptr", "cu_ptr", "outs_ptr", "ids_ptr", "table_ptr", "num_ptr", "room_ptr", "j_ptr"}
+                "pos_ptr", "rows_ptr", "cu_ptr", "outs_ptr", "ids_ptr", "table_ptr", "num_ptr", "room_ptr", "j_ptr",
+                "f_ptr", "pend_ptr"}
 FP32_POINTERS = {"s_ptr", "po_ptr", "lse_ptr", "part_ptr", "alog_ptr", "dtb_ptr", "inv_ptr", "state_ptr", "act_ptr",
                  "rw_ptr"}
 # per kernel, pointers of another type than the rules above give
 OVERRIDES = {"gdn_recurrent": {"o_ptr": "*fp32"}, "gdn_verify": {"o_ptr": "*fp32"}, "fp8_row": {"w_ptr": "*fp8e4nv"},
-             "fp8_rows": {"w_ptr": "*fp8e4nv"},
-             "decode_slots": {"slot_ptr": "*i64"}, "greedy_draw": {"x_ptr": "*fp32", "drafts_ptr": "*i64",
-                                                                   "token_ptr": "*i64"}}
+             "fp8_rows": {"w_ptr": "*fp8e4nv"}, "decode_slots": {"slot_ptr": "*i64"},
+             "draft_start": {"tok_ptr": "*i64"},
+             "greedy_draw": {"x_ptr": "*fp32", "drafts_ptr": "*i64", "token_ptr": "*i64"}}
 # kernel name -> (module kernel, constexprs at 9B shapes, num_warps)
 KERNELS = {
     "rmsnorm": (rmsnorm._rmsnorm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), 8),
@@ -48,14 +50,15 @@ KERNELS = {
                                          NORM=2, RESIDUAL=True), 4),
     "fp8_row": (fp8_row._fp8_row_kernel, dict(BW=64, BK=128, SPLIT=True, SWIGLU=False), 4),
     "fp8_rows": (fp8_rows._fp8_rows_kernel, dict(BM=4, BW=64, SPLIT=True, SWIGLU=False), 4),
-    "gdn_verify": (gdn_verify._verify_kernel, dict(W=4, HK=16, HV=32, DK=128, DV=128, G=2, BK=128, BV=32, NV=4, BVF=128),
-                   4),
+    "gdn_verify": (gdn_verify._verify_kernel,
+                   dict(W=4, HK=16, HV=32, DK=128, DV=128, G=2, BK=128, BV=32, NV=4, BVF=128), 4),
     "moe_gate_up": (moe_decode._gate_up_kernel, dict(TOPK=8, RENORM=True, BM=1, BE=256, BKK=8, BN=32, BK=256,
                                                      EVEN_K=True, FP8=False, ONE_BLOCK=False), 4),
     "moe_down": (moe_decode._down_kernel, dict(TOPK=8, HAS_SHARED=True, RESIDUAL=True, BM=1, BKK=8, BN=32, BK=256,
                                                FP8=False, ONE_BLOCK=False), 4),
     "decode_slots": (decode_slots._decode_slots_kernel, dict(PAGE=16, BLOCK=1024), 4),
     "greedy_draw": (greedy_draw._greedy_draw_kernel, dict(BLOCK=4096), 4),
+    "draft_start": (draft_start._draft_start_kernel, dict(PAGE=16, BLOCK=1024), 4),
 }
 
 

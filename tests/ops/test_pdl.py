@@ -1,6 +1,6 @@
 """Programmatic dependent launch (`ninfer.fast.ops.pdl`): every decode kernel that takes it waits for the kernel
-before it before touching global memory, in its sm_90 build at 9B shapes (the GPU runs of the ops' tests launch them with
-PDL, as the decode graphs do); the builds also show no spills."""
+before it before touching global memory, in its sm_90 build at 9B shapes (the GPU runs of the ops' tests launch
+them with PDL, as the decode graphs do); the builds also show no spills."""
 
 from pathlib import Path
 
@@ -10,7 +10,8 @@ from ninfer.fast.ops import pdl
 from ninfer.testing.sm90 import run_build_script
 
 KERNELS = ("rmsnorm", "swiglu", "gdn_conv", "gdn_recurrent", "attention", "attention_merge", "rope_kv_write", "gemv",
-           "gemv_fma", "fp8_row", "fp8_rows", "gdn_verify", "moe_gate_up", "moe_down", "decode_slots", "greedy_draw")
+           "gemv_fma", "fp8_row", "fp8_rows", "gdn_verify", "moe_gate_up", "moe_down", "decode_slots", "greedy_draw",
+           "draft_start")
 
 
 def test_pdl_kernels_wait_before_any_global_access():

@@ -86,6 +86,8 @@ class Kernels:
     linear_residual: Callable
     # (block_tables [R, P], rows [B], positions [B], page_size) -> (table [B, P] int32, slot_mapping [B] int64)
     decode_slots: Callable
+    # same arguments as draft_start_naive: the MTP draft's private tables, scratch pages and seeded chain
+    draft_start: Callable
     # (y [T, H], logits [T, E (+1)], w_gate_up, w_down, shared_gate_up | None, shared_down | None, top_k,
     #  renormalize, res) -> None: res gains the MoE block's output (routed experts + gated shared expert)
     moe_block: Callable
@@ -134,8 +136,8 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
     session) and no measurement yet says which pair lost; ``bench_fast.py --kernels triton,triton-fused`` (run.sh
     micro) times both in one call so the rules can be set per shape. The MoE block over dense experts is
     ``moe_decode`` at one row in both tables, and in "triton-fused" at every decode row count."""
-    from ninfer.fast.ops import (decode_slots, gdn_chunk, gdn_decode, gemv, moe, moe_decode, paged_decode_attention,
-                                 prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
+    from ninfer.fast.ops import (decode_slots, draft_start, gdn_chunk, gdn_decode, gemv, moe, moe_decode,
+                                 paged_decode_attention, prefill_attention, rmsnorm, rope_kv_write, slot_copy, swiglu)
     from ninfer.fast.ops.dflash_conv import dflash_conv
     from ninfer.fast.ops.dflash_select import dflash_select
     from ninfer.fast.ops.dflash_walk import dflash_walk
@@ -209,7 +211,7 @@ def triton_kernels(fused_decode: bool = False) -> Kernels:
                    paged_decode_attention.paged_decode_attention, prefill_attention.prefill_attention, moe.moe_route, experts, linear, linear_swiglu,
                    slot_copy.slot_copy, dflash_conv, dflash_select, dflash_walk, stream_norm, norm_linear,
                    norm_linear_swiglu,
-                   linear_residual, decode_slots.decode_slots, moe_block,
+                   linear_residual, decode_slots.decode_slots, draft_start.draft_start, moe_block,
                    gdn_verify=_gdn_verify() if GDN_BLOCK_VERIFY else None)
 
 
@@ -290,6 +292,7 @@ def _norm_gemv_wins(x, w) -> bool:
 def naive_kernels() -> Kernels:
     from ninfer.fast.ops.dflash_conv.naive import dflash_conv_naive
     from ninfer.fast.ops.decode_slots.naive import decode_slots_naive
+    from ninfer.fast.ops.draft_start.naive import draft_start_naive
     from ninfer.fast.ops.dflash_select.naive import dflash_select_naive
     from ninfer.fast.ops.dflash_walk.naive import dflash_walk_naive
     from ninfer.fast.ops.gdn_chunk.naive import gdn_chunk_naive, gdn_conv_prefill_naive
@@ -343,7 +346,8 @@ def naive_kernels() -> Kernels:
                    dflash_walk_naive, stream_norm,
                    lambda res, weight, eps, w: linear(stream_norm(res, weight, eps), w),
                    lambda res, weight, eps, w: linear_swiglu(stream_norm(res, weight, eps), w), linear_residual,
-                   decode_slots_naive, unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu),
+                   decode_slots_naive, draft_start_naive,
+                   unfused_moe_block(moe_route_naive, experts, linear, linear_swiglu),
                    gdn_verify=gdn_verify_naive)
 
 
