@@ -221,7 +221,8 @@ def test_fp8_one_row_row_form(block, N, K, pdl, monkeypatch):
 
 
 @pytest.mark.parametrize("M", [2, 3, 4])
-@pytest.mark.parametrize("block, N, K", [((16, 64), 40, 192), (None, 70, 192)])
+@pytest.mark.parametrize("block, N, K", [((16, 64), 40, 192), (None, 70, 192)] +
+                         [((128, 128), 2048, 4096), ((128, 128), 6144, 4096)] * ON_GPU)  # 9B o_proj, in_proj
 def test_fp8_few_rows_form(M, block, N, K, monkeypatch):
     """The few-rows "rows" form (``fastgemv.FP8_ROWS``, `fp8_rows`) at 2..4 rows of x: 64-column blocks and per-row
     scales, rows off its 64-row tile, M off its power of two (3: a padding row), split-K, a 32-row tile, SwiGLU;
