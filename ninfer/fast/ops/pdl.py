@@ -26,7 +26,8 @@ ENABLED = os.environ.get("NINFER_PDL", "1") != "0"
 
 @functools.cache
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # griddepcontrol is PTX for sm_90 and later; a ROCm build reports its gfx arch as a "capability" too
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def active(t: torch.Tensor) -> bool:
