@@ -71,8 +71,11 @@ class VerifyInputs:
         self.max_batch, self.width = max_batch, width
         T, R = max_batch * width, max_batch + 1  # token rows; rows with the pad block
         # (name, length) in packing order
+        # per token: its table row, its keys (position + 1), whether it is a block's (1) or the pad's (0), the MTP
+        # pair's rotary position (the token's - 1): derived here once, not by a dozen small launches a pass
         self.layout = (("slot_ids", R), ("table_rows", R), ("starts", R), ("cu", R + 1), ("positions", T),
-                       ("rope_positions", T), ("block", T), ("h_src", T), ("step_rows", width * max_batch),
+                       ("rope_positions", T), ("block", T), ("h_src", T), ("token_rows", T), ("key_lens", T),
+                       ("in_block", T), ("mtp_rope", T), ("step_rows", width * max_batch),
                        ("step_slots", width * max_batch), ("step_outs", width * max_batch),
                        ("h_dst", width * max_batch))
         self.mirror = HostMirror(sum(n for _, n in self.layout), device)
@@ -114,6 +117,11 @@ class VerifyInputs:
         h["rope_positions"][:N] += [d for d, n in zip(rope_deltas, lens) for _ in range(n)]
         h["block"][:N] = [i for i, n in enumerate(lens) for _ in range(n)]
         h["block"][N:T] = B
+        h["token_rows"][:N] = [r for r, n in zip(rows, lens) for _ in range(n)]
+        h["token_rows"][N:T] = pad_row
+        h["key_lens"][:T] = h["positions"][:T] + 1
+        h["in_block"][:N], h["in_block"][N:T] = 1, 0
+        h["mtp_rope"][:T] = h["rope_positions"][:T] - 1
         # the MTP pair of token t: the hidden before it, the row's stored one (row T + i) for its first token
         h["h_src"][:T] = range(-1, T - 1)
         h["h_src"][cu[:B]] = [T + i for i in range(B)]
@@ -163,31 +171,32 @@ class VerifyGraphRunner:
         self.graphs: dict[tuple[int, int, bool, bool], torch.cuda.CUDAGraph] = {}  # (B, width, backup, masked)
         self._pool = None
 
-    def _step_inputs(self, B: int, width: int) -> StepInputs:
-        """The pass's addressing from the static buffers, on the device (graph-safe: no host read)."""
-        v, ps, T = self.inputs[width].views, self.model.plan.page_size, B * width
-        table = self.model.pools.block_tables.index_select(0, v["table_rows"][:B + 1].long())  # [B + 1, max_pages]
+    def _step_inputs(self, B: int, width: int) -> tuple[StepInputs, torch.Tensor]:
+        """The pass's addressing from the static buffers, on the device (graph-safe: no host read), and each
+        token's row of the block tables [T, max_pages] (the MTP layer's attention reads it)."""
+        m, v, T = self.model, self.inputs[width].views, B * width
+        tables = m.pools.block_tables
+        table = tables.index_select(0, v["table_rows"][:B + 1])  # [B + 1, max_pages]
         pos = v["positions"][:T]
-        pages = table[v["block"][:T].long(), (pos // ps).long()].long()
-        steps = [(v["step_rows"][j, :B].long(), v["step_slots"][j, :B], v["step_outs"][j, :B])
-                 for j in range(width)]
-        return StepInputs(positions=pos, slot_mapping=pages * ps + (pos % ps).long(), slot_ids=v["slot_ids"][:B],
+        # each token's table row and its KV slot, in one launch
+        token_tables, slots = m.kernels.decode_slots(tables, v["token_rows"][:T], pos, m.plan.page_size)
+        # the per-position recurrence's steps (`GDN_BLOCK_VERIFY` off): their token rows cast where they are used
+        steps = [(v["step_rows"][j, :B], v["step_slots"][j, :B], v["step_outs"][j, :B]) for j in range(width)]
+        return StepInputs(positions=pos, slot_mapping=slots, slot_ids=v["slot_ids"][:B],
                           block_table=table, cu_seqlens=v["cu"][:B + 2], prefix_lens=v["starts"][:B + 1],
                           max_prefix=self.model.plan.max_context, gdn_steps=steps,
-                          gdn_outs=v["step_outs"][:, :B], rope_positions=v["rope_positions"][:T])
+                          gdn_outs=v["step_outs"][:, :B], rope_positions=v["rope_positions"][:T]), token_tables
 
-    def _mtp_inputs(self, B: int, width: int, step: StepInputs) -> StepInputs:
+    def _mtp_inputs(self, B: int, width: int, step: StepInputs, token_tables: torch.Tensor) -> StepInputs:
         """The MTP layer's addressing of the same tokens: pair p = position - 1 at the target's KV slot, one decode
         attention row per token over its row's pages, keys 1..position (the pad block's from key 0), rotating at
         the target's rotary position - 1: p + rope_delta after a prompt with images, which is p's MRoPE position in
         all three rows (for p the prompt's last index too, since a prompt with images ends in text:
         docs/speculative.md, "Images")."""
         v, T = self.inputs[width].views, B * width
-        block = v["block"][:T]
-        pos = step.positions
-        return StepInputs(positions=pos, slot_mapping=step.slot_mapping, slot_ids=v["slot_ids"][:B],
-                          block_table=step.block_table.index_select(0, block.long()), context_lens=pos + 1,
-                          first_keys=(block < B).to(torch.int32), rope_positions=step.rope_positions - 1)
+        return StepInputs(positions=step.positions, slot_mapping=step.slot_mapping, slot_ids=v["slot_ids"][:B],
+                          block_table=token_tables, context_lens=v["key_lens"][:T],
+                          first_keys=v["in_block"][:T], rope_positions=v["mtp_rope"][:T])
 
     def body(self, B: int, backup: bool, width: int | None = None, masked: bool = False) -> None:
         """The graph body: the rows' backup copies (verify), the target pass into ``logits``, and with the MTP head
@@ -201,7 +210,7 @@ class VerifyGraphRunner:
             self.masks.fork(B)
         if backup:
             m.backup_slots(v["slot_ids"][:B], v["table_rows"][:B], self.backup_base)
-        step = self._step_inputs(B, width)
+        step, token_tables = self._step_inputs(B, width)
         tokens = inputs.tokens[:T]
         taps: dict[int, torch.Tensor] | None = None if self.dflash is None else {}
         hidden = m.hidden_states(tokens, step, taps)
@@ -209,8 +218,8 @@ class VerifyGraphRunner:
         if self.dflash is not None:
             self.dflash.extend(taps, step.rope_positions, step.slot_mapping)
         if m.mtp is not None:
-            m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, width, step), v["h_src"][:T], v["slot_ids"][:B + 1],
-                                v["h_dst"][:, :B].flatten(), v["step_rows"][:, :B].flatten())
+            m.mtp.advance_paged(hidden, tokens, self._mtp_inputs(B, width, step, token_tables), v["h_src"][:T],
+                                v["slot_ids"][:B + 1], v["h_dst"][:, :B].flatten(), v["step_rows"][:, :B].flatten())
         if masked:
             self.masks.join()
 

@@ -287,3 +287,21 @@ def test_a_lean_greedy_mtp_draft_step_launches(make_fast_spec):
     assert len(names) <= 26, names
     assert names.count("_decode_slots_kernel") == 1 and names.count("_greedy_draw_kernel") == 1, names
     assert "aten.argmax" not in names and "aten.amax" not in names, names
+
+
+def test_a_verify_pass_addresses_its_tokens_in_two_launches(make_fast_spec):
+    """The verify graph's body (`LaunchCounter`; the Triton table interpreted on a CPU): after the backups' slot
+    copies, its addressing is the rows' table gather and one `decode_slots` launch (each token's table row and KV
+    slot); the MTP layer's per-token tables, key counts, first keys and rotary positions come with the pass's one
+    host copy (`VerifyInputs`). 19 small torch launches did that before (nineteenth session)."""
+    from ninfer.testing.launches import LaunchCounter
+
+    program = make_fast_spec(3, kernels="triton")
+    verifier, plan = program.executor.verifier, program.model.plan
+    verifier.inputs[4].fill_dummy(1, plan.dummy_slot, plan.dummy_row)
+    verifier.body(1, True)  # warm: nothing autotunes inside the count
+    with LaunchCounter() as counter:
+        verifier.body(1, True)
+    names = counter.names("step")
+    assert names[:6] == ["_slot_copy_kernel"] * 3 + ["aten.index_select", "_decode_slots_kernel", "aten.embedding"]
+    assert not {"aten.floor_divide", "aten.remainder", "aten.index", "aten.lt"} & set(names), names
