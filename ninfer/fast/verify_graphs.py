@@ -180,7 +180,7 @@ class VerifyGraphRunner:
         pos = v["positions"][:T]
         # each token's table row and its KV slot, in one launch
         token_tables, slots = m.kernels.decode_slots(tables, v["token_rows"][:T], pos, m.plan.page_size)
-        # the per-position recurrence's steps (`GDN_BLOCK_VERIFY` off): their token rows cast where they are used
+        # the per-position recurrence's steps (`GDN_BLOCK_VERIFY` off; gdn_decode reads int32 token rows)
         steps = [(v["step_rows"][j, :B], v["step_slots"][j, :B], v["step_outs"][j, :B]) for j in range(width)]
         return StepInputs(positions=pos, slot_mapping=slots, slot_ids=v["slot_ids"][:B],
                           block_table=table, cu_seqlens=v["cu"][:B + 2], prefix_lens=v["starts"][:B + 1],
