@@ -160,11 +160,12 @@ class MtpHead:
         attention reads keys 1..p + 1 of its row's pages (``step.first_keys``, ``step.context_lens``) and rotates at
         p. Then slot dst[i] stores hidden[rows[i]] (each row's slot its block's last, a step slot its position's;
         no slot but a scratch one twice)."""
-        h_in = torch.cat([hidden, self.hidden.index_select(0, slots.long())]).index_select(0, h_src.long())
+        # index_select takes the int32 indices as they are (no cast launch each)
+        h_in = torch.cat([hidden, self.hidden.index_select(0, slots)]).index_select(0, h_src)
         pools = self.model.pools
         self.forward(h_in, F.embedding(tokens, self.model.weights.embed), step, pools.k[self.pool],
                      pools.v[self.pool])
-        self.store(dst, hidden.index_select(0, rows.long()))
+        self.store(dst, hidden.index_select(0, rows))
 
     def store(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
         """Slot slots[i] (int, on the device) stores hidden[i] [H] as its last final-normed hidden."""
