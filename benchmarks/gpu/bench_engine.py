@@ -290,8 +290,9 @@ def build(s: Settings, name: str) -> tuple[FastProgram, Engine, dict]:
     overlap = os.environ.get("NINFER_BENCH_ASYNC", "1") != "0"
     engine = Engine(program, EngineConfig(max_concurrency=LANES, prefill_chunk=s.prefill_chunk,
                                           async_scheduling=overlap), threaded=False)
-    info = {"build_s": time.monotonic() - t, "kernels": kernels, "pdl": pdl.ENABLED, "weight_bytes": program.model.weights.nbytes,
-            "plan_bytes": plan.total_bytes, "kv_bytes": plan.kv_bytes, "state_bytes": plan.state_bytes,
+    info = {"build_s": time.monotonic() - t, "kernels": kernels, "pdl": pdl.ENABLED,
+            "weight_bytes": program.model.weights.nbytes, "plan_bytes": plan.total_bytes, "kv_bytes": plan.kv_bytes,
+            "state_bytes": plan.state_bytes,
             # what the chunk sizing sees: the eager piece's fixed cost against the prefill graphs' (docs/engine.md)
             "prefill_costs": dataclasses.asdict(program.limits.prefill),
             "prefill_graph_buckets": list(program.pieces.buckets) if program.pieces is not None else []}

@@ -135,12 +135,17 @@ def _form(variant: str, cfg):
         fastgemv.FP8_ONE_ROW, pdl.ENABLED, fastgemv.FP8_ROWS = saved
 
 
+def _runs_at(variant: str, M: int) -> bool:
+    """Which variants a row count times: at M = 2 and 4 the few-rows form with "fp8" (tl.dot) and "q4" (tl.dot,
+    its sweep dot-free too) beside it; at 1 and 8 the rest, the one-row form at 1 alone."""
+    if M in ROWS_FORM_M:
+        return variant in ("fp8", "q4", "fp8rows")
+    return variant != "fp8rows" and (variant != "fp8row" or M == 1)
+
+
 def _time_variant(variant: str, x, ws: list, M: int, smoke: bool, row: dict, errors: dict) -> None:
-    if variant == "fp8row" and M > 1:
-        return  # a one-row form
-    if (variant == "fp8rows") != (M in ROWS_FORM_M) and variant not in ("fp8", "q4"):
-        return  # the few-rows form at M = 2 and 4 alone, where "fp8" (tl.dot) and "q4" (tl.dot, its sweep dot-free
-        # too) run beside it
+    if not _runs_at(variant, M):
+        return
     it = iter(range(1 << 30))
     nbytes = ws[0].nbytes
     best = None

@@ -78,8 +78,12 @@ def head_logits(hidden: torch.Tensor, lm_head: torch.Tensor, draft_vocab: int | 
     without the other rows' bytes."""
     if draft_vocab is None:
         return F.linear(hidden, lm_head).float()
-    rest = lm_head.shape[0] - draft_vocab
-    return F.pad(F.linear(hidden, lm_head[:draft_vocab]).float(), (0, rest), value=float("-inf"))
+    return past_draft_vocab(F.linear(hidden, lm_head[:draft_vocab]).float(), lm_head.shape[0])
+
+
+def past_draft_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A draft head's logits [N, draft_vocab] widened to [N, vocab_size], the ids past the draft vocabulary -inf."""
+    return F.pad(logits, (0, vocab_size - logits.shape[-1]), value=float("-inf"))
 
 
 def _split_gdn(proj: torch.Tensor, cfg: Qwen35Config):

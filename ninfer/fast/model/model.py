@@ -34,7 +34,7 @@ from ninfer.sampling.speculative import draft_vocabulary
 from .addressing import (mixed_inputs, moved, padded_inputs, padded_mixed_inputs, piece_rows, prefill_inputs,
                          verify_inputs)
 from .kernels import Kernels, Residual, get_kernels
-from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer, head_logits
+from .layers import GDN_CHUNK, StepInputs, attention_mixer, ffn, gdn_mixer, head_logits, past_draft_vocab
 from .mtp import MtpHead
 from .weights import FastWeights, Source, load_fast_weights
 
@@ -346,8 +346,7 @@ class FastModel:
         it; a quantized one computes them all)."""
         lm_head, mtp = self.weights.lm_head, self.weights.mtp
         if draft_vocab is not None and mtp is not None and mtp.head is not None:  # the FP8 draft head
-            return F.pad(self.kernels.linear(hidden, mtp.head).float(), (0, self.cfg.vocab_size - draft_vocab),
-                         value=float("-inf"))
+            return past_draft_vocab(self.kernels.linear(hidden, mtp.head).float(), self.cfg.vocab_size)
         if isinstance(lm_head, torch.Tensor):
             return head_logits(hidden, lm_head, draft_vocab)
         return draft_vocabulary(self.kernels.linear(hidden, lm_head).float(), draft_vocab)
